@@ -1,0 +1,133 @@
+"""``TextEnv``: a Gymnasium env whose observations are chat messages and whose action is a reply.
+
+The contract (DESIGN.md):
+
+* ``reset(seed=None, options=None) -> (messages, info)`` — the opening messages (system/user
+  prompt). ``info["tools"]`` holds OpenAI tool schemas when the env offers tools.
+* ``step(action) -> (messages, reward, terminated, truncated, info)`` — ``action`` is the
+  assistant's reply (text, or a message dict that may carry ``tool_calls``); ``messages``
+  are only the *new* messages since the last step (env feedback, tool results).
+  ``reward`` is the turn-level reward. ``terminated`` means the task reached an end state
+  (solved, answered, failed for good); ``truncated`` means a limit cut it short (step budget).
+* On the final step ``info`` carries ``outcome_reward`` (trajectory-level reward, kept apart
+  from turn rewards), ``success`` and ``metrics`` (env-specific counters).
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Any, ClassVar
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from agentgym.types import Action, Message
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class MessagesSpace(spaces.Space):
+    """A list of OpenAI chat messages (dicts with a ``role`` and ``content``)."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        rng = self.np_random
+        text = "".join(rng.choice(list(string.ascii_letters + " ")) for _ in range(int(rng.integers(1, 40))))
+        return [{"role": "user", "content": text}]
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, list) and all(is_message(m) for m in x)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, MessagesSpace)
+
+    def __repr__(self) -> str:
+        return "MessagesSpace()"
+
+
+class ReplySpace(spaces.Space):
+    """The assistant's reply: a string, or a message dict (``content`` and/or ``tool_calls``)."""
+
+    def __init__(self, max_length: int = 1 << 20, seed: int | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.max_length = max_length
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        rng = self.np_random
+        alphabet = list(string.printable)
+        return "".join(rng.choice(alphabet) for _ in range(int(rng.integers(0, 64))))
+
+    def contains(self, x: Any) -> bool:
+        if isinstance(x, str):
+            return len(x) <= self.max_length
+        return isinstance(x, dict) and x.get("role", "assistant") == "assistant" and (
+            isinstance(x.get("content"), (str, type(None))) or "tool_calls" in x
+        )
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, ReplySpace)
+
+    def __repr__(self) -> str:
+        return "ReplySpace()"
+
+
+def is_message(m: Any) -> bool:
+    return isinstance(m, dict) and m.get("role") in ROLES and (
+        isinstance(m.get("content"), (str, type(None))) or "tool_calls" in m
+    )
+
+
+def reply_text(action: Action) -> str:
+    """The text of an assistant reply, whether it came as a string or a message dict."""
+    if isinstance(action, str):
+        return action
+    if isinstance(action, dict):
+        content = action.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):  # OpenAI content parts
+            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+class TextEnv(gym.Env):
+    """Base class for agentgym environments. Subclasses implement ``reset`` and ``step``.
+
+    Class attributes a subclass may set:
+    ``max_turns`` — default turn budget a runner applies (None: the env ends itself);
+    ``tools`` — OpenAI tool schemas offered to the model (also returned in ``info["tools"]``).
+    Dataset-backed envs implement ``num_tasks()`` and pick a row with ``options={"index": i}``.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    max_turns: int | None = None
+    tools: ClassVar[list[dict[str, Any]]] = []
+
+    observation_space = MessagesSpace()
+    action_space = ReplySpace()
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.render_mode = render_mode
+        self.spec_name: str = type(self).__name__
+
+    def num_tasks(self) -> int | None:
+        """How many distinct tasks the env holds (dataset rows), or None if generated from seeds."""
+        return None
+
+    def task_rng(self) -> random.Random:
+        """A fast stdlib RNG drawn from Gymnasium's ``np_random`` (call after ``super().reset(seed=seed)``)."""
+        return random.Random(int(self.np_random.integers(0, 2**63 - 1)))
+
+    def render(self) -> str | None:  # pragma: no cover - subclasses override
+        return None

@@ -1,0 +1,209 @@
+"""One registry for environments, interactions and tools.
+
+Built-ins and third-party packages arrive the same way: entry points in the groups
+``agentgym.envs``, ``agentgym.interactions`` and ``agentgym.tools``. Entry points are
+listed without importing them; an object is imported the first time it is asked for.
+An ``agentgym.envs`` entry point names a ``TextEnv`` subclass or an ``EnvSpec``;
+the other groups name a class.
+
+Every env is also registered with Gymnasium as ``agentgym/<Name>-v0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from importlib.metadata import entry_points
+from typing import Any
+
+GROUPS = {"env": "agentgym.envs", "interaction": "agentgym.interactions", "tool": "agentgym.tools"}
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """The whole truth about a registered environment.
+
+    ``entry_point`` is a class/factory or a ``"module:attr"`` string; ``kwargs`` are the
+    defaults passed to it (a preset is a spec with the same entry point and other kwargs).
+    """
+
+    name: str
+    entry_point: str | Callable[..., Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    package: str = ""
+
+    @property
+    def gym_id(self) -> str:
+        return f"agentgym/{gym_name(self.name)}-v0"
+
+    def load(self) -> Callable[..., Any]:
+        return _resolve(self.entry_point) if isinstance(self.entry_point, str) else self.entry_point
+
+    def make(self, **kwargs: Any) -> Any:
+        return self.load()(**{**self.kwargs, **kwargs})
+
+
+@dataclass
+class _Entry:
+    """A registered name: ``value`` once loaded, else the loader that produces it."""
+
+    name: str
+    package: str
+    loader: Callable[[], Any] | None = None
+    value: Any = None
+
+
+class UnknownNameError(KeyError):
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0])
+
+
+def gym_name(name: str) -> str:
+    """``gsm8k_tool`` -> ``Gsm8kTool``; ``sokoban-6x6-2`` -> ``Sokoban-6x6-2``."""
+    parts = [p for p in re.split(r"_+", name) if p]
+    return "".join(p[:1].upper() + p[1:] for p in parts)
+
+
+def _resolve(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    if not attr:
+        raise ValueError(f"entry point {target!r} must look like 'package.module:Name'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class Registry:
+    """Names to objects for one kind (``env``, ``interaction`` or ``tool``)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.group = GROUPS[kind]
+        self._entries: dict[str, _Entry] = {}
+        self._discovered = False
+        self._lock = threading.RLock()
+
+    def discover(self, force: bool = False) -> None:
+        """Read the entry points of every installed distribution (no imports happen here)."""
+        with self._lock:
+            if self._discovered and not force:
+                return
+            for ep in entry_points(group=self.group):
+                if ep.name in self._entries and self._entries[ep.name].loader is None:
+                    continue  # registered in code: that wins over an installed entry point
+                package = ep.dist.name if ep.dist is not None else ""
+                self._entries[ep.name] = _Entry(ep.name, package, loader=ep.load)
+            self._discovered = True
+            if self.kind == "env":
+                for name in self._entries:
+                    _register_with_gymnasium(name)
+
+    def register(self, name: str, value: Any, package: str = "") -> None:
+        with self._lock:
+            self._entries[name] = _Entry(name, package or _package_of(value), value=value)
+            if self.kind == "env":
+                _register_with_gymnasium(name)
+
+    def names(self) -> list[str]:
+        self.discover()
+        return sorted(self._entries)
+
+    def package(self, name: str) -> str:
+        return self._entry(name).package
+
+    def get(self, name: str) -> Any:
+        entry = self._entry(name)
+        with self._lock:
+            if entry.loader is not None:
+                try:
+                    entry.value = entry.loader()
+                except Exception as exc:
+                    raise ImportError(
+                        f"{self.kind} {name!r} (from package {entry.package or '?'}) failed to load: {exc}"
+                    ) from exc
+                entry.loader = None
+            return entry.value
+
+    def _entry(self, name: str) -> _Entry:
+        self.discover()
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise UnknownNameError(self._unknown_message(name)) from None
+
+    def _unknown_message(self, name: str) -> str:
+        known = sorted(self._entries)
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        return (
+            f"unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(known) or '(none)'}. "
+            f"Register one with agentgym.register(...) or an {self.group!r} entry point."
+        )
+
+
+def _package_of(value: Any) -> str:
+    module = getattr(value, "__module__", None) or type(value).__module__
+    return module.split(".")[0]
+
+
+ENVS = Registry("env")
+INTERACTIONS = Registry("interaction")
+TOOLS = Registry("tool")
+_REGISTRIES = {"env": ENVS, "interaction": INTERACTIONS, "tool": TOOLS}
+
+
+def env_spec(name: str) -> EnvSpec:
+    """The ``EnvSpec`` for a registered env name (a class entry point gets a plain spec)."""
+    value = ENVS.get(name)
+    package = ENVS.package(name)
+    if isinstance(value, EnvSpec):
+        return replace(value, name=name, package=value.package or package)
+    doc = (getattr(value, "__doc__", None) or "").strip().splitlines()
+    return EnvSpec(name=name, entry_point=value, description=doc[0] if doc else "", package=package)
+
+
+def make(name: str, **kwargs: Any) -> Any:
+    """Build a registered environment: ``agentgym.make("sokoban", dim_room=(8, 8))``."""
+    spec = env_spec(name)
+    env = spec.make(**kwargs)
+    with contextlib.suppress(AttributeError):  # a plain gym.Env may forbid new attributes
+        env.spec_name = name
+    return env
+
+
+def register(name: str, entry_point: Any, *, kind: str = "env", kwargs: dict[str, Any] | None = None,
+             description: str = "") -> None:
+    """Register an env (class, factory, ``"module:attr"`` or ``EnvSpec``), an interaction or a tool."""
+    registry = _REGISTRIES.get(kind)
+    if registry is None:
+        raise ValueError(f"kind must be one of {sorted(_REGISTRIES)}, got {kind!r}")
+    if kind == "env" and not isinstance(entry_point, EnvSpec) and (kwargs or description or isinstance(entry_point, str)):
+        entry_point = EnvSpec(name=name, entry_point=entry_point, kwargs=dict(kwargs or {}), description=description)
+    elif isinstance(entry_point, str):
+        entry_point = _resolve(entry_point)
+    registry.register(name, entry_point)
+
+
+def registered(kind: str = "env") -> list[str]:
+    """Sorted names registered for ``kind`` (``env``, ``interaction`` or ``tool``)."""
+    return _REGISTRIES[kind].names()
+
+
+def _register_with_gymnasium(name: str) -> None:
+    import gymnasium
+
+    gym_id = f"agentgym/{gym_name(name)}-v0"
+    if gym_id in gymnasium.registry:
+        return
+
+    def _factory(**kwargs: Any) -> Any:
+        return make(name, **kwargs)
+
+    gymnasium.register(id=gym_id, entry_point=_factory, disable_env_checker=True)

@@ -1,0 +1,1 @@
+"""agentgym.server"""

@@ -1,0 +1,186 @@
+"""The data that crosses every boundary in agentgym.
+
+Messages and tool calls are plain dicts in OpenAI's chat format (so they go to any
+OpenAI client untouched); a ``Trajectory`` is the token-exact record of one episode
+that the trainer consumes, whatever produced it (a TextEnv rollout or a gateway session).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict
+
+from typing_extensions import NotRequired
+
+
+class FunctionCall(TypedDict):
+    name: str
+    arguments: str  # JSON text, as in OpenAI's API
+
+
+class ToolCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class Message(TypedDict):
+    """One OpenAI chat message: ``{"role": ..., "content": ...}`` plus optional tool fields."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None
+    tool_calls: NotRequired[list[ToolCall]]
+    tool_call_id: NotRequired[str]
+    name: NotRequired[str]
+
+
+Action = str | Message
+"""What a TextEnv's ``step`` takes: the assistant's reply as text or as a message dict."""
+
+EpisodeStatus = Literal["ok", "truncated", "failed"]
+
+
+@dataclass
+class TokenSample:
+    """One generation as the policy server sampled it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: int = 0
+    text: str = ""
+
+
+@dataclass
+class Turn:
+    """One model turn of an episode.
+
+    ``prompt_ids`` are the tokens added to the context before this generation: the whole
+    rendered prompt on the first turn, then only the delta (the env/tool messages and the
+    generation prompt). They are never trained on (loss mask 0). ``response_ids`` are the
+    tokens the server sampled (loss mask 1) with the ``logprobs`` it reported for them.
+    ``reward`` is the turn-level reward the env gave for this turn's action.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    reward: float = 0.0
+    weight_version: int = 0
+    finish_reason: str = "stop"
+    observation: list[Message] = field(default_factory=list)
+    response_text: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"a Turn needs one logprob per response token: got {len(self.logprobs)} logprobs "
+                f"for {len(self.response_ids)} tokens"
+            )
+
+
+@dataclass
+class Trajectory:
+    """The token-exact record of one episode.
+
+    Turn rewards stay on their turns and the trajectory-level ``outcome_reward`` is kept
+    apart, so the algorithm decides how to combine them (see ``token_rewards``).
+    ``group_id`` names the task: episodes with the same task share it (GRPO groups).
+    """
+
+    turns: list[Turn] = field(default_factory=list)
+    outcome_reward: float = 0.0
+    env_id: str = ""
+    group_id: str = ""
+    seed: int | None = None
+    status: EpisodeStatus = "ok"
+    failure: str | None = None
+    data_source: str = ""
+    messages: list[Message] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    task: dict[str, Any] = field(default_factory=dict)
+
+    # ---- token views -------------------------------------------------------------------
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def trainable(self) -> bool:
+        """Failed episodes are kept for inspection but never trained on."""
+        return self.status != "failed" and bool(self.turns)
+
+    def token_ids(self) -> list[int]:
+        """The whole sequence: every turn's prompt delta then its sampled tokens."""
+        ids: list[int] = []
+        for turn in self.turns:
+            ids.extend(turn.prompt_ids)
+            ids.extend(turn.response_ids)
+        return ids
+
+    def loss_mask(self) -> list[int]:
+        """1 on sampled tokens, 0 on everything the model only read."""
+        mask: list[int] = []
+        for turn in self.turns:
+            mask.extend([0] * len(turn.prompt_ids))
+            mask.extend([1] * len(turn.response_ids))
+        return mask
+
+    def token_logprobs(self) -> list[float]:
+        """The server's logprobs on sampled tokens, 0.0 on read-only tokens."""
+        out: list[float] = []
+        for turn in self.turns:
+            out.extend([0.0] * len(turn.prompt_ids))
+            out.extend(turn.logprobs)
+        return out
+
+    def token_rewards(self, turn_reward_coef: float = 1.0, outcome_reward_coef: float = 1.0) -> list[float]:
+        """Rewards placed on tokens: each turn's reward on the last token it sampled, the
+        outcome reward on the last sampled token of the episode. A turn that sampled nothing
+        passes its reward on to the next sampled token (or back to the last one)."""
+        rewards = [0.0] * sum(len(t.prompt_ids) + len(t.response_ids) for t in self.turns)
+        pos = 0
+        carry = 0.0
+        last = -1
+        for turn in self.turns:
+            pos += len(turn.prompt_ids)
+            carry += turn_reward_coef * turn.reward
+            if turn.response_ids:
+                pos += len(turn.response_ids)
+                last = pos - 1
+                rewards[last] += carry
+                carry = 0.0
+        if last >= 0:
+            rewards[last] += carry + outcome_reward_coef * self.outcome_reward
+        return rewards
+
+    def prompt_length(self) -> int:
+        """Tokens before the first sampled token (the first turn's prompt)."""
+        return len(self.turns[0].prompt_ids) if self.turns else 0
+
+    def response_length(self) -> int:
+        """Tokens from the first sampled token to the end (multi-turn 'response')."""
+        return len(self.token_ids()) - self.prompt_length()
+
+    @property
+    def total_reward(self) -> float:
+        return sum(t.reward for t in self.turns) + self.outcome_reward
+
+    # ---- storage -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        data = dict(data)
+        data["turns"] = [Turn(**t) for t in data.get("turns", [])]
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> Trajectory:
+        return cls.from_dict(json.loads(line))
