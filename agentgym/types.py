@@ -43,6 +43,22 @@ EpisodeStatus = Literal["ok", "truncated", "failed"]
 
 
 @dataclass
+class SamplingParams:
+    """Sampling settings for one generation, in OpenAI/vLLM names."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
 class TokenSample:
     """One generation as the policy server sampled it."""
 

@@ -1,0 +1,258 @@
+"""The one client everything above the servers uses: rollout, gateway and trainer.
+
+``PolicyClient.generate`` is token-level: token ids in; sampled token ids, their logprobs,
+the finish reason and the weight version out. It speaks three dialects behind one call:
+
+* ``embedded`` (agentgym's own server) and ``vllm``: ``POST /v1/completions`` with the prompt
+  as token ids, ``logprobs=0`` and ``return_token_ids=true``; the sampled ids come back in
+  ``choices[0].token_ids``. The embedded server also reports ``weight_version``.
+* ``sglang``: ``POST /generate`` with ``input_ids`` and ``return_logprob=true``; ids and
+  logprobs come back in ``meta_info.output_token_logprobs``.
+
+Requests go to the server with the fewest outstanding requests, except that every request
+of a session goes to the server that served its first one (so the server's prefix cache is
+reused across turns). Connection errors and 5xx answers are retried a bounded number of
+times with backoff, then raise ``PolicyServerError`` saying what failed and where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from agentgym.types import SamplingParams, TokenSample
+
+BACKENDS = ("embedded", "vllm", "sglang")
+_RETRYABLE = (httpx.TransportError,)  # connect, read, write, pool, protocol errors
+
+
+class PolicyServerError(RuntimeError):
+    """A policy server could not answer after the retries; the message says which and why."""
+
+
+class _Server:
+    __slots__ = ("url", "outstanding", "version", "healthy")
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.outstanding = 0
+        self.version = 0
+        self.healthy = True
+
+
+class PolicyClient:
+    """Async client over one or more policy servers of the same backend.
+
+    ``urls``: base URLs such as ``http://127.0.0.1:8000`` (no ``/v1``).
+    ``backend``: ``embedded`` | ``vllm`` | ``sglang``.
+    ``model``: the model name sent in OpenAI requests (vLLM checks it; default: ask ``/v1/models``).
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        backend: str = "embedded",
+        model: str | None = None,
+        max_retries: int = 3,
+        timeout: float = 600.0,
+        max_connections: int = 1024,
+        max_sessions: int = 100_000,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        if not urls:
+            raise ValueError("PolicyClient needs at least one server URL")
+        self.backend = backend
+        self.model = model
+        self.max_retries = max_retries
+        self.servers = [_Server(u) for u in urls]
+        self._sticky: OrderedDict[str, _Server] = OrderedDict()
+        self._max_sessions = max_sessions
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    # ---- routing -------------------------------------------------------------------------
+    def _pick(self, session_id: str | None, exclude: _Server | None = None) -> _Server:
+        if session_id is not None:
+            server = self._sticky.get(session_id)
+            if server is not None and server is not exclude and server.healthy:
+                self._sticky.move_to_end(session_id)
+                return server
+        candidates = [s for s in self.servers if s is not exclude and s.healthy] or [
+            s for s in self.servers if s is not exclude
+        ] or self.servers
+        least = min(s.outstanding for s in candidates)
+        server = random.choice([s for s in candidates if s.outstanding == least])
+        if session_id is not None:
+            self._sticky[session_id] = server
+            if len(self._sticky) > self._max_sessions:
+                self._sticky.popitem(last=False)
+        return server
+
+    def release_session(self, session_id: str) -> None:
+        """Forget a finished session's server assignment."""
+        self._sticky.pop(session_id, None)
+
+    async def _post(self, path: str, payload: dict[str, Any], session_id: str | None = None,
+                    server: _Server | None = None) -> tuple[_Server, dict[str, Any]]:
+        """POST with least-outstanding routing and bounded retries on transport errors and 5xx."""
+        last_error = ""
+        failed: _Server | None = None
+        for attempt in range(self.max_retries + 1):
+            target = server or self._pick(session_id, exclude=failed)
+            target.outstanding += 1
+            try:
+                response = await self._http.post(target.url + path, json=payload)
+            except _RETRYABLE as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 400:
+                    target.healthy = True
+                    return target, response.json()
+                if response.status_code < 500 and response.status_code != 429:
+                    raise PolicyServerError(
+                        f"{target.url}{path} refused the request ({response.status_code}): {response.text[:500]}"
+                    )
+                last_error = f"HTTP {response.status_code}: {response.text[:200]}"
+            finally:
+                target.outstanding -= 1
+            if len(self.servers) > 1 and server is None:
+                target.healthy = False
+                failed = target
+            if attempt < self.max_retries:
+                await asyncio.sleep(min(0.2 * 2**attempt, 5.0) * (0.5 + random.random()))
+        where = server.url if server else ", ".join(s.url for s in self.servers)
+        raise PolicyServerError(
+            f"policy server request {path} failed after {self.max_retries + 1} attempts ({where}): {last_error}. "
+            "Check that the server is running and reachable (agentgym serve --model ... --port ...)."
+        )
+
+    # ---- generation ----------------------------------------------------------------------
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None,
+                       session_id: str | None = None) -> TokenSample:
+        """Sample one continuation of ``prompt_ids``; never re-tokenizes anything."""
+        sampling = sampling or SamplingParams()
+        if self.backend == "sglang":
+            server, body = await self._post("/generate", self._sglang_payload(prompt_ids, sampling), session_id)
+            return self._parse_sglang(body, server)
+        server, body = await self._post("/v1/completions", self._completions_payload(prompt_ids, sampling),
+                                        session_id)
+        return self._parse_completions(body, server)
+
+    def _completions_payload(self, prompt_ids: Sequence[int], s: SamplingParams) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": self.model or "default",
+            "prompt": list(prompt_ids),
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if s.top_k > 0:
+            payload["top_k"] = s.top_k
+        if s.stop:
+            payload["stop"] = s.stop
+        if s.stop_token_ids:
+            payload["stop_token_ids"] = s.stop_token_ids
+        if s.seed is not None:
+            payload["seed"] = s.seed
+        return payload
+
+    def _parse_completions(self, body: dict[str, Any], server: _Server) -> TokenSample:
+        choice = body["choices"][0]
+        ids = choice.get("token_ids")
+        if ids is None:
+            raise PolicyServerError(
+                f"{server.url} returned no token ids; a vLLM server must support return_token_ids (vLLM >= 0.10.2)"
+            )
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        if len(logprobs) != len(ids):
+            raise PolicyServerError(f"{server.url} returned {len(logprobs)} logprobs for {len(ids)} tokens")
+        version = body.get("weight_version", server.version)
+        return TokenSample(
+            token_ids=list(ids),
+            logprobs=[float(x) for x in logprobs],
+            finish_reason=choice.get("finish_reason") or "stop",
+            weight_version=int(version) if version is not None else server.version,
+            text=choice.get("text", ""),
+        )
+
+    @staticmethod
+    def _sglang_payload(prompt_ids: Sequence[int], s: SamplingParams) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "max_new_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+        }
+        if s.stop:
+            params["stop"] = s.stop
+        if s.stop_token_ids:
+            params["stop_token_ids"] = s.stop_token_ids
+        if s.seed is not None:
+            params["sampling_seed"] = s.seed
+        return {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True}
+
+    @staticmethod
+    def _parse_sglang(body: dict[str, Any], server: _Server) -> TokenSample:
+        meta = body.get("meta_info", {})
+        pairs = meta.get("output_token_logprobs") or []
+        ids = body.get("output_ids") or [int(p[1]) for p in pairs]
+        finish = meta.get("finish_reason") or {}
+        reason = finish.get("type", "stop") if isinstance(finish, dict) else str(finish)
+        version = meta.get("weight_version")
+        return TokenSample(
+            token_ids=list(ids),
+            logprobs=[float(p[0]) for p in pairs],
+            finish_reason="length" if reason == "length" else ("abort" if reason == "abort" else "stop"),
+            weight_version=int(version) if str(version or "").isdigit() else server.version,
+            text=body.get("text", ""),
+        )
+
+    async def chat_completion(self, session_id: str | None = None, **request: Any) -> dict[str, Any]:
+        """An OpenAI ``/v1/chat/completions`` call (non-streaming); returns the response body."""
+        request.setdefault("model", self.model or "default")
+        _, body = await self._post("/v1/chat/completions", request, session_id)
+        return body
+
+    # ---- weights -------------------------------------------------------------------------
+    async def update_weights_from_disk(self, model_path: str, version: int) -> None:
+        """Every server loads the weights saved at ``model_path`` and reports ``version`` from now on.
+
+        The embedded server and SGLang take SGLang's ``/update_weights_from_disk``; for vLLM use
+        ``agentgym.server.engines`` (its route depends on the vLLM version).
+        """
+        payload = {"model_path": model_path, "weight_version": str(version)}
+        await asyncio.gather(*(self._post("/update_weights_from_disk", payload, server=s) for s in self.servers))
+        for s in self.servers:
+            s.version = version
+
+    async def health(self) -> list[bool]:
+        async def one(server: _Server) -> bool:
+            try:
+                return (await self._http.get(server.url + "/health", timeout=5.0)).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        return list(await asyncio.gather(*(one(s) for s in self.servers)))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> PolicyClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
