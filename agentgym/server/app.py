@@ -1,0 +1,573 @@
+"""The embedded policy server's HTTP routes (FastAPI) over an ``Engine``.
+
+OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``.
+Serving: ``GET /health``, ``GET /weight_version``, ``GET /stats``.
+Weights (SGLang's names): ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``,
+``POST /update_weights_from_tensor`` (a safetensors file as the body, ``?weight_version=N``),
+``POST /pause_generation`` ``{"mode": "wait"|"abort"}``, ``POST /resume_generation``
+(alias ``/continue_generation``).
+
+The server answers to its model name and to ``"default"`` (and to a request with no
+``model``); any other name is a 404 ``model_not_found``. Errors come back in OpenAI's shape
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx status, malformed JSON and
+invalid fields included (400, not FastAPI's 422).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from agentgym.server.engine import Engine, GenerationParams, Sequence, TokenEvent
+from agentgym.server.engine import Request as EngineRequest
+from agentgym.server.openai_types import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessage,
+    ChatStreamChoice,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    PauseRequest,
+    ToolCall,
+    TopLogprob,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightsResponse,
+    UsageInfo,
+)
+from agentgym.server.tool_calls import TOOL_CALL_OPEN, parse_tool_calls
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+
+def error_response(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                   code: str | int | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('msg')}", None
+    return f"{param + ': ' if param else ''}{first.get('msg')}", param
+
+
+def build_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
+    """The FastAPI app serving ``engine`` under ``served_model_name`` (default: the engine's name)."""
+    name = served_model_name or engine.model_name
+    server = _Server(engine, name)
+    app = FastAPI(title="agentgym policy server", docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+
+    async def parse(request: Request, model: type) -> Any:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"the request body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            message, param = _validation_message(exc)
+            raise APIError(400, message, param=param) from exc
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not engine.alive:
+            return JSONResponse({"status": "error", "message": "engine thread stopped"}, status_code=503)
+        return JSONResponse({"status": "ok", "weight_version": engine.weight_version})
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return ModelList(data=[ModelCard(id=name, root=name, max_model_len=engine.max_model_len)]).model_dump()
+
+    @app.get("/weight_version")
+    async def weight_version() -> dict:
+        return {"weight_version": engine.weight_version}
+
+    @app.get("/stats")
+    async def stats() -> dict:
+        return {**engine.stats, "weight_version": engine.weight_version, "paused": engine.paused}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        return await server.chat(await parse(request, ChatCompletionRequest))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        return await server.completions(await parse(request, CompletionRequest))
+
+    @app.post("/update_weights_from_disk")
+    async def update_from_disk(request: Request) -> JSONResponse:
+        from agentgym.server.weights import load_weights
+
+        body = await parse(request, UpdateWeightsFromDiskRequest)
+        try:
+            state = await asyncio.to_thread(load_weights, body.model_path)
+        except (OSError, ValueError, RuntimeError) as exc:
+            return _weights_failed(engine, f"could not read weights from {body.model_path!r}: {exc}")
+        return await server.apply_weights(state, body.weight_version, body.abort_all_requests,
+                                          f"loaded weights from {body.model_path}")
+
+    @app.post("/update_weights_from_tensor")
+    async def update_from_tensor(request: Request) -> JSONResponse:
+        from safetensors.torch import load as load_safetensors
+
+        raw = await request.body()
+        version = request.query_params.get("weight_version")
+        try:
+            version_int = int(version) if version is not None else None
+            state = await asyncio.to_thread(load_safetensors, raw)
+        except Exception as exc:
+            return _weights_failed(engine, f"the body must be a safetensors file and weight_version an integer: {exc}")
+        return await server.apply_weights(state, version_int, False, f"loaded {len(state)} tensors")
+
+    @app.post("/pause_generation")
+    async def pause(request: Request) -> dict:
+        raw = await request.body()
+        body = PauseRequest.model_validate_json(raw) if raw.strip() else PauseRequest()
+        await asyncio.wrap_future(engine.pause(body.mode))
+        return {"success": True, "message": f"paused ({body.mode})", "weight_version": engine.weight_version}
+
+    @app.post("/resume_generation")
+    @app.post("/continue_generation")
+    async def resume() -> dict:
+        engine.resume()
+        return {"success": True, "message": "resumed", "weight_version": engine.weight_version}
+
+    return app
+
+
+def _weights_failed(engine: Engine, message: str) -> JSONResponse:
+    return JSONResponse(UpdateWeightsResponse(success=False, message=message,
+                                              weight_version=engine.weight_version).model_dump(), status_code=400)
+
+
+class _Server:
+    """Request handling: render, validate against the model, submit, build OpenAI responses."""
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.name = name
+        self._token_text: dict[int, str] = {}
+
+    # ---- weights -------------------------------------------------------------------------
+    async def apply_weights(self, state: dict, version: int | None, abort: bool, what: str) -> JSONResponse:
+        engine = self.engine
+        if abort:
+            await asyncio.wrap_future(engine.pause("abort"))
+        try:
+            new_version = await asyncio.wrap_future(engine.update_weights(state, version))
+        except ValueError as exc:
+            return _weights_failed(engine, str(exc))
+        finally:
+            if abort:
+                engine.resume()
+        return JSONResponse(UpdateWeightsResponse(success=True, message=f"{what}; weight version {new_version}",
+                                                  weight_version=new_version).model_dump())
+
+    # ---- shared --------------------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        if model not in (None, "", self.name, "default"):
+            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.name!r} "
+                           "(or use 'default')", type="NotFoundError", param="model", code="model_not_found")
+
+    def params(self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, top_logprobs: int,
+               param: str) -> GenerationParams:
+        limit = self.engine.max_model_len
+        if prompt_len > limit:
+            raise APIError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
+                           f"{prompt_len} tokens", param=param, code="context_length_exceeded")
+        max_tokens = req.requested_max_tokens
+        if max_tokens is None:
+            max_tokens = limit - prompt_len
+        elif prompt_len + max_tokens > limit:
+            raise APIError(400, f"this model's maximum context length is {limit} tokens; the prompt has "
+                           f"{prompt_len} and max_tokens asks for {max_tokens} more", param="max_tokens",
+                           code="context_length_exceeded")
+        if max_tokens < 1:
+            raise APIError(400, f"the prompt ({prompt_len} tokens) leaves no room to generate", param=param,
+                           code="context_length_exceeded")
+        if req.min_tokens > max_tokens:
+            raise APIError(400, "min_tokens must not exceed max_tokens", param="min_tokens")
+        vocab = self.engine.vocab_size
+        for t in req.stop_token_ids or []:
+            if not 0 <= t < vocab:
+                raise APIError(400, f"stop_token_ids: {t} is not a token id (vocabulary size {vocab})",
+                               param="stop_token_ids")
+        return GenerationParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or -1,
+            min_tokens=req.min_tokens,
+            seed=req.seed,
+            stop=list(req.stop or []),
+            stop_token_ids=list(req.stop_token_ids or []),
+            ignore_eos=req.ignore_eos,
+            top_logprobs=top_logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+        )
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_text[token_id] = text
+        return text
+
+    async def wait(self, request: EngineRequest) -> list[Sequence]:
+        try:
+            return await request.done
+        except asyncio.CancelledError:
+            self.engine.abort(request)
+            raise
+
+    # ---- chat ----------------------------------------------------------------------------
+    def render_chat(self, req: ChatCompletionRequest) -> list[int]:
+        messages = [_flatten_content(m) for m in req.messages]
+        tools = req.tools if req.tools and req.tool_choice != "none" else None
+        kwargs = dict(req.chat_template_kwargs or {})
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=req.add_generation_prompt and not
+                req.continue_final_message, continue_final_message=req.continue_final_message, tokenize=False,
+                **kwargs)
+        except Exception as exc:
+            raise APIError(400, f"could not render the messages with the chat template: {exc}",
+                           param="messages") from exc
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def chat(self, req: ChatCompletionRequest) -> Any:
+        self.check_model(req.model)
+        prompt_ids = self.render_chat(req)
+        top = (req.top_logprobs or 0) if req.logprobs else 0
+        params = self.params(req, len(prompt_ids), top, "messages")
+        parse_tools = bool(req.tools) and req.tool_choice != "none"
+        if req.stream:
+            request = self.engine.submit(prompt_ids, params, n=req.n, stream=True)
+            return _sse(self.chat_stream(req, request, parse_tools), self.engine, request)
+        request = self.engine.submit(prompt_ids, params, n=req.n)
+        seqs = await self.wait(request)
+        choices = []
+        for seq in seqs:
+            content, calls = seq.text, []
+            finish = seq.finish_reason
+            if parse_tools:
+                content, calls, _ = parse_tool_calls(seq.text)
+                if calls and finish == "stop":
+                    finish = "tool_calls"
+            choices.append(ChatChoice(
+                index=seq.index,
+                message=ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]),
+                logprobs=self.chat_logprobs(seq.output_ids, seq.logprobs, seq.top_logprobs) if req.logprobs else None,
+                finish_reason=finish,
+                stop_reason=seq.stop_reason,
+                token_ids=seq.output_ids,
+            ))
+        completion = sum(len(s.output_ids) for s in seqs)
+        return ChatCompletionResponse(
+            model=self.name, choices=choices, prompt_token_ids=prompt_ids,
+            usage=UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=completion,
+                            total_tokens=len(prompt_ids) + completion),
+            weight_version=seqs[0].weight_version if seqs else self.engine.weight_version,
+        ).model_dump()
+
+    def chat_logprobs(self, ids: list[int], logprobs: list[float],
+                      tops: list[list[tuple[int, float]]]) -> ChatLogprobs:
+        content = []
+        for i, (tok, lp) in enumerate(zip(ids, logprobs)):
+            text = self.token_text(tok)
+            alts = [TopLogprob(token=self.token_text(t), logprob=v, bytes=list(self.token_text(t).encode()))
+                    for t, v in (tops[i] if i < len(tops) else [])]
+            content.append(ChatTokenLogprob(token=text, logprob=lp, bytes=list(text.encode()), top_logprobs=alts))
+        return ChatLogprobs(content=content)
+
+    async def chat_stream(self, req: ChatCompletionRequest, request: EngineRequest,
+                          parse_tools: bool) -> AsyncIterator[str]:
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        markers = list(req.stop or []) + ([TOOL_CALL_OPEN] if parse_tools else [])
+        streams = [_IncrementalText(self.tokenizer, req.skip_special_tokens, markers) for _ in range(req.n)]
+        version = None
+
+        def chunk(choice: ChatStreamChoice, **extra: Any) -> str:
+            body = ChatCompletionChunk(id=cid, created=created, model=self.name, choices=[choice],
+                                       weight_version=version if version is not None else self.engine.weight_version,
+                                       **extra)
+            return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+
+        first = True
+        async for event in _events(request):
+            if version is None:
+                version = request.sequences[0].weight_version if request.sequences else self.engine.weight_version
+            if first:
+                for i in range(req.n):
+                    yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")),
+                                prompt_token_ids=request.prompt_ids if i == 0 else None)
+                first = False
+            stream = streams[event.index]
+            delta = stream.push(event.token_id) if event.token_id is not None else ""
+            logprobs = None
+            if req.logprobs and event.token_id is not None:
+                logprobs = self.chat_logprobs([event.token_id], [event.logprob], [event.top_logprobs or []])
+            calls = None
+            finish = event.finish_reason
+            if finish is not None:
+                final = event.text or ""
+                if parse_tools:
+                    content, parsed, _ = parse_tool_calls(final)
+                    final = content or ""
+                    if parsed:
+                        calls = [{"index": k, **c} for k, c in enumerate(parsed)]
+                        if finish == "stop":
+                            finish = "tool_calls"
+                delta += stream.finish(final)
+            if delta or calls or logprobs or finish or event.token_id is not None:
+                yield chunk(ChatStreamChoice(
+                    index=event.index, delta=DeltaMessage(content=delta if delta or not calls else None,
+                                                          tool_calls=calls),
+                    logprobs=logprobs, finish_reason=finish,
+                    token_ids=[event.token_id] if event.token_id is not None else []))
+        if include_usage:
+            seqs = request.sequences
+            completion = sum(len(s.output_ids) for s in seqs)
+            usage = UsageInfo(prompt_tokens=len(request.prompt_ids), completion_tokens=completion,
+                              total_tokens=len(request.prompt_ids) + completion)
+            body = ChatCompletionChunk(id=cid, created=created, model=self.name, choices=[], usage=usage,
+                                       weight_version=version if version is not None else self.engine.weight_version)
+            yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    # ---- completions ---------------------------------------------------------------------
+    def completion_prompts(self, prompt: Any) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompts = [self.tokenizer.encode(prompt, add_special_tokens=False)]
+        elif prompt and all(isinstance(p, int) for p in prompt):
+            prompts = [list(prompt)]
+        elif prompt and all(isinstance(p, str) for p in prompt):
+            prompts = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompt]
+        else:
+            prompts = [list(p) for p in prompt]
+        vocab = self.engine.vocab_size
+        for ids in prompts:
+            if not ids:
+                raise APIError(400, "the prompt encodes to no tokens", param="prompt")
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise APIError(400, f"prompt token id {bad} is outside the vocabulary (size {vocab})", param="prompt")
+        return prompts
+
+    async def completions(self, req: CompletionRequest) -> Any:
+        self.check_model(req.model)
+        prompts = self.completion_prompts(req.prompt)
+        top = req.logprobs or 0
+        params = [self.params(req, len(p), top, "prompt") for p in prompts]
+        if req.stream:
+            if len(prompts) != 1:
+                raise APIError(400, "streaming takes one prompt", param="prompt")
+            request = self.engine.submit(prompts[0], params[0], n=req.n, stream=True)
+            return _sse(self.completion_stream(req, request), self.engine, request)
+        requests = [self.engine.submit(p, ps, n=req.n) for p, ps in zip(prompts, params)]
+        try:
+            results = await asyncio.gather(*(self.wait(r) for r in requests))
+        except asyncio.CancelledError:
+            for r in requests:
+                self.engine.abort(r)
+            raise
+        choices = []
+        completion = 0
+        for i, (prompt_ids, seqs) in enumerate(zip(prompts, results)):
+            for seq in seqs:
+                completion += len(seq.output_ids)
+                choices.append(CompletionChoice(
+                    index=i * req.n + seq.index, text=seq.text,
+                    logprobs=self.completion_logprobs(seq.output_ids, seq.logprobs, seq.top_logprobs, req.logprobs)
+                    if req.logprobs is not None else None,
+                    finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                    token_ids=seq.output_ids, prompt_token_ids=prompt_ids,
+                ))
+        prompt_tokens = sum(len(p) for p in prompts)
+        versions = {s.weight_version for seqs in results for s in seqs}
+        return CompletionResponse(
+            model=self.name, choices=choices,
+            prompt_token_ids=prompts[0] if len(prompts) == 1 else None,
+            usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion,
+                            total_tokens=prompt_tokens + completion),
+            weight_version=min(versions) if versions else self.engine.weight_version,
+        ).model_dump()
+
+    def completion_logprobs(self, ids: list[int], logprobs: list[float], tops: list[list[tuple[int, float]]],
+                            k: int | None, offset: int = 0) -> CompletionLogprobs:
+        tokens = [self.token_text(t) for t in ids]
+        offsets = []
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t)
+        top = None
+        if k:
+            top = [{self.token_text(t): v for t, v in (tops[i] if i < len(tops) else [])} for i in range(len(ids))]
+            for i in range(len(ids)):
+                top[i].setdefault(tokens[i], logprobs[i])
+        return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets)
+
+    async def completion_stream(self, req: CompletionRequest, request: EngineRequest) -> AsyncIterator[str]:
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        streams = [_IncrementalText(self.tokenizer, req.skip_special_tokens, list(req.stop or []))
+                   for _ in range(req.n)]
+        offsets = [0] * req.n
+        version = None
+        async for event in _events(request):
+            if version is None:
+                version = request.sequences[0].weight_version if request.sequences else self.engine.weight_version
+            stream = streams[event.index]
+            delta = stream.push(event.token_id) if event.token_id is not None else ""
+            if event.finish_reason is not None:
+                delta += stream.finish(event.text or "")
+            logprobs = None
+            if req.logprobs is not None and event.token_id is not None:
+                logprobs = self.completion_logprobs([event.token_id], [event.logprob], [event.top_logprobs or []],
+                                                    req.logprobs, offsets[event.index])
+                offsets[event.index] += len(self.token_text(event.token_id))
+            choice = CompletionChoice(index=event.index, text=delta, logprobs=logprobs,
+                                      finish_reason=event.finish_reason,
+                                      token_ids=[event.token_id] if event.token_id is not None else [],
+                                      prompt_token_ids=request.prompt_ids if stream.first else None)
+            stream.first = False
+            body = CompletionChunk(id=cid, created=created, model=self.name, choices=[choice], weight_version=version)
+            yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+        if req.stream_options and req.stream_options.include_usage:
+            completion = sum(len(s.output_ids) for s in request.sequences)
+            usage = UsageInfo(prompt_tokens=len(request.prompt_ids), completion_tokens=completion,
+                              total_tokens=len(request.prompt_ids) + completion)
+            body = CompletionChunk(id=cid, created=created, model=self.name, choices=[], usage=usage,
+                                   weight_version=version if version is not None else self.engine.weight_version)
+            yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+        yield "data: [DONE]\n\n"
+
+
+async def _events(request: EngineRequest) -> AsyncIterator[TokenEvent]:
+    while True:
+        event = await request.events.get()
+        if event is None:
+            return
+        yield event
+
+
+def _sse(body: AsyncIterator[str], engine: Engine, request: EngineRequest) -> StreamingResponse:
+    async def guarded() -> AsyncIterator[str]:
+        finished = False
+        try:
+            async for part in body:
+                yield part
+            finished = True
+        finally:
+            if not finished:  # the client went away: stop sampling for it
+                engine.abort(request)
+
+    return StreamingResponse(guarded(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class _IncrementalText:
+    """Turns a growing list of token ids into text deltas, never emitting half a character
+    and holding back text that could be the start of a marker (a stop string, ``<tool_call>``):
+    once a marker appears, everything from it on waits for ``finish``."""
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool, markers: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.markers = [m for m in markers if m]
+        self.ids: list[int] = []
+        self.sent = ""
+        self.held = False
+        self.first = True
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        if self.held:
+            return ""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        if text.endswith("\ufffd"):
+            return ""
+        end = len(text)
+        for m in self.markers:
+            at = text.find(m, max(0, len(self.sent) - len(m)))
+            if at >= 0:
+                end = min(end, at)
+                self.held = True
+            else:
+                for k in range(min(len(m) - 1, len(text)), 0, -1):
+                    if text.endswith(m[:k]):
+                        end = min(end, len(text) - k)
+                        break
+        if end <= len(self.sent):
+            return ""
+        delta = text[len(self.sent):end]
+        self.sent = text[:end]
+        return delta
+
+    def finish(self, final_text: str) -> str:
+        if final_text.startswith(self.sent):
+            delta = final_text[len(self.sent):]
+            self.sent = final_text
+            return delta
+        return ""
+
+
+def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI content parts (``[{"type": "text", "text": ...}]``) -> one string, as templates expect."""
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in ("text", None)]
+        message = {**message, "content": "".join(texts)}
+    if message.get("role") == "developer":
+        message = {**message, "role": "system"}
+    return message

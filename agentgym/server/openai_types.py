@@ -1,0 +1,309 @@
+"""Request and response bodies of the embedded server, mirroring OpenAI's API field by field.
+
+Like vLLM's ``entrypoints/openai/protocol.py``: requests are validated here, at the edge;
+unknown fields are ignored; vLLM's extra sampling fields (``top_k``, ``min_tokens``,
+``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``return_token_ids``, ...) are
+accepted. Responses add ``prompt_token_ids``, ``choices[].token_ids`` (as vLLM does with
+``return_token_ids``) and ``weight_version`` (the policy version that sampled them).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Request):
+    """The sampling fields shared by chat and completions requests."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=128)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_tokens: int = Field(0, ge=0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    return_token_ids: bool | None = None  # accepted for vLLM compatibility; ids are always returned
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = 0.0  # accepted, not applied
+    frequency_penalty: float | None = 0.0  # accepted, not applied
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v: str | list[str] | None) -> list[str] | None:
+        if isinstance(v, str):
+            v = [v]
+        if v is not None and any(not s for s in v):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, v: int | None) -> int | None:
+        if v is not None and not (-(2**63) <= v < 2**63):
+            raise ValueError("seed must fit in 64 bits")
+        return v
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[dict[str, Any]] = Field(..., min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # accepted, not enforced
+
+    @field_validator("messages")
+    @classmethod
+    def _roles(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, m in enumerate(v):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+                raise ValueError(f"messages[{i}] needs a role of system, developer, user, assistant or tool")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(v, str) and v not in ("none", "auto", "required"):
+            raise ValueError("tool_choice must be 'none', 'auto', 'required' or a named function")
+        return v
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and (not v or any(isinstance(p, (list, str)) and not p for p in v)):
+            raise ValueError("prompt must not be empty")
+        if isinstance(v, str) and not v:
+            raise ValueError("prompt must not be empty")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported by the embedded server")
+        return v
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+# ---- responses ----------------------------------------------------------------------------
+class UsageInfo(_Response):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(_Response):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class FunctionCall(_Response):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Response):
+    id: str = Field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class ChatChoice(_Response):
+    index: int
+    message: ChatMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str = Field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+    prompt_token_ids: list[int] | None = None
+    weight_version: int = 0
+
+
+class DeltaMessage(_Response):
+    role: str | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChatStreamChoice(_Response):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None
+    weight_version: int = 0
+
+
+class CompletionLogprobs(_Response):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class CompletionResponse(_Response):
+    id: str = Field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+    prompt_token_ids: list[int] | None = None
+    weight_version: int = 0
+
+
+class CompletionChunk(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+    weight_version: int = 0
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "agentgym"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(_Response):
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(_Response):
+    error: ErrorInfo
+
+
+# ---- weight control -------------------------------------------------------------------------
+class UpdateWeightsFromDiskRequest(_Request):
+    """SGLang's ``/update_weights_from_disk`` body."""
+
+    model_path: str
+    weight_version: int | str | None = None
+    load_format: str | None = None
+    abort_all_requests: bool = False
+
+    @field_validator("weight_version")
+    @classmethod
+    def _int_version(cls, v: int | str | None) -> int | None:
+        if v is None or isinstance(v, int):
+            return v
+        if v.strip().lstrip("-").isdigit():
+            return int(v)
+        raise ValueError("weight_version must be an integer (or a string of one)")
+
+
+class UpdateWeightsResponse(_Response):
+    success: bool
+    message: str
+    weight_version: int | None = None
+
+
+class PauseRequest(_Request):
+    mode: Literal["wait", "abort"] = "wait"

@@ -1,0 +1,99 @@
+"""Moving weights into a policy server: read them from a path, copy them into a model.
+
+Same-host pushes go through shared memory: the trainer writes one safetensors file under
+``/dev/shm`` (``save_for_push``) and the server reads it back (``load_weights``), which is
+a pair of memory copies. ``benchmarks/server.py`` measures it against ``torch.save`` +
+``torch.load``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_counter = itertools.count()
+
+
+def push_dir() -> Path:
+    """``/dev/shm`` where it exists and is writable (RAM-backed), else the temp directory."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    return Path(tempfile.gettempdir())
+
+
+def save_for_push(state_dict: dict[str, torch.Tensor], path: str | os.PathLike[str] | None = None) -> Path:
+    """Write ``state_dict`` as one safetensors file (default: a fresh name under ``push_dir()``).
+
+    Tensors sharing storage (tied embeddings) are written once, under their first name.
+    """
+    from safetensors.torch import save_file
+
+    target = Path(path) if path is not None else push_dir() / f"agentgym-weights-{os.getpid()}-{next(_counter)}.safetensors"
+    seen: set[tuple[int, int]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach()
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset()) if tensor.numel() else (id(tensor), 0)
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.to("cpu").contiguous()
+    tmp = target.with_name(target.name + ".tmp")
+    save_file(out, str(tmp))
+    tmp.rename(target)
+    return target
+
+
+def load_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """A state dict from a safetensors file, a ``.bin``/``.pt`` file, or a Hugging Face model directory."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.glob("*.safetensors")) or sorted(p.glob("pytorch_model*.bin"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin files in {p}")
+    elif p.is_file():
+        files = [p]
+    else:
+        raise FileNotFoundError(f"no weights at {p}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        if f.suffix == ".safetensors":
+            state.update(load_file(str(f)))
+        else:
+            state.update(torch.load(str(f), map_location="cpu", weights_only=True))
+    return state
+
+
+def apply_state_dict(model: Any, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy ``state_dict`` into ``model``'s parameters and buffers in place.
+
+    Every name must be one of the model's (an optional ``model.`` / ``module.`` prefix mismatch
+    is not guessed at); a model parameter may be missing only when it is tied to one that is
+    present (``lm_head.weight`` with tied embeddings). Shapes must match. Raises ``ValueError``
+    before copying anything if they do not.
+    """
+    targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    targets.update(dict(model.named_buffers(remove_duplicate=False)))
+    unknown = [k for k in state_dict if k not in targets]
+    if unknown:
+        raise ValueError(f"weights not in the model: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+    bad = [f"{k}: {tuple(v.shape)} vs {tuple(targets[k].shape)}" for k, v in state_dict.items()
+           if tuple(v.shape) != tuple(targets[k].shape)]
+    if bad:
+        raise ValueError(f"weight shapes differ from the model's: {bad[:5]}")
+    given = {targets[k].data_ptr() for k in state_dict}
+    missing = [k for k, t in model.named_parameters(remove_duplicate=False)
+               if k not in state_dict and t.data_ptr() not in given]
+    if missing:
+        raise ValueError(f"weights missing for: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    with torch.no_grad():
+        for name, tensor in state_dict.items():
+            targets[name].copy_(tensor)
