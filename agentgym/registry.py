@@ -207,3 +207,9 @@ def _register_with_gymnasium(name: str) -> None:
         return make(name, **kwargs)
 
     gymnasium.register(id=gym_id, entry_point=_factory, disable_env_checker=True)
+
+
+# Gymnasium has no plugin discovery of its own, so every installed env is registered with it
+# on import: `import agentgym; gymnasium.make("agentgym/Sokoban-v0")` works. This reads
+# entry-point metadata only; no env module is imported.
+ENVS.discover()
