@@ -140,8 +140,8 @@ class SokobanEnv(TextEnv):
     """Sokoban: push every box onto a target (default 6x6 room, 1 box; generated, always solvable).
 
     ``dim_room`` is (rows, cols) including the wall ring; ``num_boxes`` boxes; ``max_steps``
-    moves per episode (an unreadable reply counts as one); ``search_depth`` bounds the pulls
-    of the reverse-play generator. The plain ``sokoban`` env is 6x6 with one box, the size
+    moves per episode (an unreadable reply counts as one); ``search_depth`` (pulls per path)
+    and ``max_search_nodes`` (states per room) bound the reverse-play generator. The plain ``sokoban`` env is 6x6 with one box, the size
     small models learn on; presets ``sokoban-6x6-2``, ``sokoban-8x8-2`` and
     ``sokoban-10x10-3`` are harder. ``reset(options={"level": Level or text})`` plays a
     given board instead of a generated one.
@@ -154,7 +154,8 @@ class SokobanEnv(TextEnv):
                  max_steps: int = 100, search_depth: int = 100, max_actions_per_turn: int = 5,
                  penalty_for_step: float = -0.1, reward_box_on_target: float = 1.0,
                  penalty_box_off_target: float = -1.0, reward_finished: float = 10.0,
-                 format_penalty: float = -0.1, render_mode: str | None = None) -> None:
+                 format_penalty: float = -0.1, max_search_nodes: int | None = None,
+                 render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
         height, width = (int(x) for x in dim_room)
         if max_steps < 1 or max_actions_per_turn < 1:
@@ -163,6 +164,7 @@ class SokobanEnv(TextEnv):
         self.num_boxes = int(num_boxes)
         self.max_steps = int(max_steps)
         self.search_depth = int(search_depth)
+        self.max_search_nodes = max_search_nodes
         self.max_actions_per_turn = int(max_actions_per_turn)
         self.penalty_for_step = float(penalty_for_step)
         self.reward_box_on_target = float(reward_box_on_target)
@@ -190,7 +192,8 @@ class SokobanEnv(TextEnv):
         super().reset(seed=seed)
         level = (options or {}).get("level")
         if level is None:
-            level = generate_level(self.task_rng(), self.dim_room, self.num_boxes, self.search_depth)
+            level = generate_level(self.task_rng(), self.dim_room, self.num_boxes, self.search_depth,
+                                   self.max_search_nodes)
         elif isinstance(level, str):
             level = Level.from_text(level)
         elif not isinstance(level, Level):

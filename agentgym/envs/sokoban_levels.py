@@ -42,8 +42,8 @@ _SYMBOLS = {
 
 @dataclass(frozen=True)
 class Level:
-    """A Sokoban board: ``walls``, ``targets`` and ``boxes`` are sets of flat cell indices
-    (``row * width + col``); ``player`` is one. Every other cell is floor."""
+    """A Sokoban board: ``walls`` (a set), ``targets`` and ``boxes`` (sorted tuples) hold flat
+    cell indices (``row * width + col``); ``player`` is one. Every other cell is floor."""
 
     height: int
     width: int
@@ -263,8 +263,8 @@ def solve(level: Level, max_states: int = 1_000_000) -> list[str] | None:
         return []
     live = _live_cells(floor, level.targets, offsets)
     start_key = (start, _region(floor & ~start, level.player, w))
-    # key -> (parent key, boxes before, player before, pushed box, direction)
-    parents: dict[tuple[int, int], tuple] = {start_key: None}  # type: ignore[dict-item]
+    # key -> (parent key, boxes before, player before, pushed box, direction); None at the start
+    parents: dict[tuple[int, int], tuple | None] = {start_key: None}
     queue = deque([(start, level.player, start_key)])
     while queue:
         boxes, player, key = queue.popleft()
