@@ -58,6 +58,15 @@ from agentgym.server.openai_types import (
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, parse_tool_calls
 
 
+def _byte_decoder() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None) -> None:
@@ -188,6 +197,18 @@ def _weights_failed(engine: Engine, message: str) -> JSONResponse:
                                               weight_version=engine.weight_version).model_dump(), status_code=400)
 
 
+def chat_message(text: str, finish_reason: str, parse_tools: bool) -> tuple[ChatMessage, str]:
+    """The assistant message for generated ``text``: with tools, Hermes ``<tool_call>`` blocks
+    become ``tool_calls`` and a ``stop`` finish becomes ``tool_calls``; malformed blocks stay
+    in the content."""
+    if not parse_tools:
+        return ChatMessage(content=text), finish_reason
+    content, calls, _ = parse_tool_calls(text)
+    if calls and finish_reason == "stop":
+        finish_reason = "tool_calls"
+    return ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]), finish_reason
+
+
 class _Server:
     """Request handling: render, validate against the model, submit, build OpenAI responses."""
 
@@ -196,6 +217,8 @@ class _Server:
         self.tokenizer = engine.tokenizer
         self.name = name
         self._token_text: dict[int, str] = {}
+        self._token_bytes: dict[int, list[int]] = {}
+        self._added = set(getattr(self.tokenizer, "added_tokens_decoder", {}) or {})
 
     # ---- weights -------------------------------------------------------------------------
     async def apply_weights(self, state: dict, version: int | None, abort: bool, what: str) -> JSONResponse:
@@ -263,6 +286,22 @@ class _Server:
             self._token_text[token_id] = text
         return text
 
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The token's raw bytes (a byte-level BPE token may be part of a UTF-8 character)."""
+        out = self._token_bytes.get(token_id)
+        if out is None:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            if token_id in self._added or not isinstance(piece, str):
+                out = list(self.token_text(token_id).encode())
+            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # byte fallback
+                out = [int(piece[3:5], 16)]
+            elif all(c in _BYTE_DECODER for c in piece):
+                out = [_BYTE_DECODER[c] for c in piece]
+            else:
+                out = list(self.token_text(token_id).encode())
+            self._token_bytes[token_id] = out
+        return out
+
     async def wait(self, request: EngineRequest) -> list[Sequence]:
         try:
             return await request.done
@@ -298,15 +337,9 @@ class _Server:
         seqs = await self.wait(request)
         choices = []
         for seq in seqs:
-            content, calls = seq.text, []
-            finish = seq.finish_reason
-            if parse_tools:
-                content, calls, _ = parse_tool_calls(seq.text)
-                if calls and finish == "stop":
-                    finish = "tool_calls"
+            message, finish = chat_message(seq.text, seq.finish_reason or "stop", parse_tools)
             choices.append(ChatChoice(
-                index=seq.index,
-                message=ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]),
+                index=seq.index, message=message,
                 logprobs=self.chat_logprobs(seq.output_ids, seq.logprobs, seq.top_logprobs) if req.logprobs else None,
                 finish_reason=finish,
                 stop_reason=seq.stop_reason,
@@ -324,10 +357,10 @@ class _Server:
                       tops: list[list[tuple[int, float]]]) -> ChatLogprobs:
         content = []
         for i, (tok, lp) in enumerate(zip(ids, logprobs)):
-            text = self.token_text(tok)
-            alts = [TopLogprob(token=self.token_text(t), logprob=v, bytes=list(self.token_text(t).encode()))
+            alts = [TopLogprob(token=self.token_text(t), logprob=v, bytes=self.token_bytes(t))
                     for t, v in (tops[i] if i < len(tops) else [])]
-            content.append(ChatTokenLogprob(token=text, logprob=lp, bytes=list(text.encode()), top_logprobs=alts))
+            content.append(ChatTokenLogprob(token=self.token_text(tok), logprob=lp, bytes=self.token_bytes(tok),
+                                            top_logprobs=alts))
         return ChatLogprobs(content=content)
 
     async def chat_stream(self, req: ChatCompletionRequest, request: EngineRequest,

@@ -171,7 +171,7 @@ class Engine:
         self._next: torch.Tensor | None = None  # (B,) sampled tokens not yet in the cache
         self._pos: torch.Tensor | None = None  # (B,) their positions
         self._thread = threading.Thread(target=self._run, name="agentgym-engine", daemon=True)
-        self.stats = {"steps": 0, "prefills": 0, "generated_tokens": 0, "max_batch": 0}
+        self.stats = {"requests": 0, "steps": 0, "prefills": 0, "generated_tokens": 0, "max_batch": 0}
         for p in model.parameters():
             p.requires_grad_(False)
 
@@ -195,6 +195,7 @@ class Engine:
         if not self.alive:
             raise EngineError("the engine thread is not running")
         request = Request(list(prompt_ids), params, n, stream, asyncio.get_running_loop())
+        self.stats["requests"] += 1
         self._incoming.put(request)
         self._wake.set()
         return request
