@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -36,13 +37,23 @@ class PolicyServerError(RuntimeError):
 
 
 class _Server:
-    __slots__ = ("url", "outstanding", "version", "healthy")
+    """One server's routing state. A failed server is skipped for ``cooldown`` seconds, then
+    tried again (it may have restarted), instead of being dropped for good."""
+
+    __slots__ = ("url", "outstanding", "version", "unhealthy_until")
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
         self.outstanding = 0
         self.version = 0
-        self.healthy = True
+        self.unhealthy_until = 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return time.monotonic() >= self.unhealthy_until
+
+    def mark(self, healthy: bool, cooldown: float = 5.0) -> None:
+        self.unhealthy_until = 0.0 if healthy else time.monotonic() + cooldown
 
 
 class PolicyClient:
@@ -62,6 +73,8 @@ class PolicyClient:
         timeout: float = 600.0,
         max_connections: int = 1024,
         max_sessions: int = 100_000,
+        backoff: float = 0.2,
+        cooldown: float = 5.0,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -71,6 +84,8 @@ class PolicyClient:
         self.backend = backend
         self.model = model
         self.max_retries = max_retries
+        self.backoff = backoff  # first retry's delay in seconds; doubles per attempt (jittered, at most 5 s)
+        self.cooldown = cooldown  # seconds a failed server is passed over while others are healthy
         self.servers = [_Server(u) for u in urls]
         self._sticky: OrderedDict[str, _Server] = OrderedDict()
         self._max_sessions = max_sessions
@@ -115,7 +130,7 @@ class PolicyClient:
                 last_error = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code < 400:
-                    target.healthy = True
+                    target.mark(True)
                     return target, response.json()
                 if response.status_code < 500 and response.status_code != 429:
                     raise PolicyServerError(
@@ -125,10 +140,10 @@ class PolicyClient:
             finally:
                 target.outstanding -= 1
             if len(self.servers) > 1 and server is None:
-                target.healthy = False
+                target.mark(False, self.cooldown)
                 failed = target
             if attempt < self.max_retries:
-                await asyncio.sleep(min(0.2 * 2**attempt, 5.0) * (0.5 + random.random()))
+                await asyncio.sleep(min(self.backoff * 2**attempt, 5.0) * (0.5 + random.random()))
         where = server.url if server else ", ".join(s.url for s in self.servers)
         raise PolicyServerError(
             f"policy server request {path} failed after {self.max_retries + 1} attempts ({where}): {last_error}. "
@@ -242,9 +257,11 @@ class PolicyClient:
     async def health(self) -> list[bool]:
         async def one(server: _Server) -> bool:
             try:
-                return (await self._http.get(server.url + "/health", timeout=5.0)).status_code == 200
+                ok = (await self._http.get(server.url + "/health", timeout=5.0)).status_code == 200
             except httpx.HTTPError:
-                return False
+                ok = False
+            server.mark(ok, self.cooldown)
+            return ok
 
         return list(await asyncio.gather(*(one(s) for s in self.servers)))
 

@@ -87,26 +87,19 @@ def create_engine(model: str = "tiny", *, device: str | None = None, dtype: str 
     return engine.start()
 
 
-class EmbeddedServerHandle(PolicyServerHandle):
-    """The embedded server running in this process: uvicorn in a daemon thread over an ``Engine``."""
+class AppThread:
+    """Any ASGI app served by uvicorn in a daemon thread of this process (``port=0``: a free port)."""
 
-    backend = "embedded"
-
-    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
         import uvicorn
 
-        from agentgym.server.app import build_app
-
-        self.engine = engine
-        self.model = engine.model_name
-        self.app = build_app(engine)
+        self.app = app
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(self.app, log_level=log_level, access_log=False, lifespan="off",
-                                timeout_keep_alive=30)
+        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name=f"agentgym-http-{self.port}", daemon=True)
@@ -115,8 +108,28 @@ class EmbeddedServerHandle(PolicyServerHandle):
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the embedded server did not start on {host}:{port}")
+                raise RuntimeError(f"uvicorn did not start on {host}:{port}")
             time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        self._sock.close()
+
+
+class EmbeddedServerHandle(PolicyServerHandle):
+    """The embedded server running in this process: uvicorn in a daemon thread over an ``Engine``."""
+
+    backend = "embedded"
+
+    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        from agentgym.server.app import build_app
+
+        self.engine = engine
+        self.model = engine.model_name
+        self._http = AppThread(build_app(engine), host, port, log_level)
+        self.app, self.port, self.url = self._http.app, self._http.port, self._http.url
 
     @property
     def weight_version(self) -> int:
@@ -130,11 +143,8 @@ class EmbeddedServerHandle(PolicyServerHandle):
         return self.engine.update_weights(state, version).result()
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+        self._http.stop()
         self.engine.stop()
-        self._sock.close()
 
 
 def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0.0.1", *, in_process: bool = True,

@@ -1,0 +1,102 @@
+"""PolicyClient against two embedded servers, a dead port and a stand-in that answers 500."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from agentgym.model import load_causal_lm
+from agentgym.server.client import PolicyClient, PolicyServerError
+from agentgym.server.launch import AppThread, free_port, start_embedded_server
+from agentgym.types import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def servers():
+    handles = [start_embedded_server("tiny"), start_embedded_server("tiny")]
+    yield handles
+    for h in handles:
+        h.stop()
+
+
+def requests_seen(handles):
+    return [h.engine.stats["requests"] for h in handles]
+
+
+async def test_generate_returns_the_sampled_tokens_and_their_logprobs(servers):
+    model = load_causal_lm("tiny")
+    prompt = [7, 8, 9, 10]
+    async with PolicyClient(servers[0].url, model="tiny") as client:
+        sample = await client.generate(prompt, SamplingParams(max_tokens=12, temperature=0.8, top_k=40, seed=3))
+        again = await client.generate(prompt, SamplingParams(max_tokens=12, temperature=0.8, top_k=40, seed=3))
+        assert await client.health() == [True]
+    assert sample.token_ids == again.token_ids and len(sample.logprobs) == len(sample.token_ids)
+    assert sample.finish_reason in ("stop", "length") and sample.weight_version == 0
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + sample.token_ids])).logits[0]
+    expected = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(1, torch.tensor(sample.token_ids)[:, None])
+    assert torch.allclose(torch.tensor(sample.logprobs), expected[:, 0], atol=1e-4)
+
+
+async def test_least_outstanding_spreads_and_sessions_stick(servers):
+    async with PolicyClient([h.url for h in servers], model="tiny") as client:
+        before = requests_seen(servers)
+        await asyncio.gather(*(client.generate([1, 2, 3], SamplingParams(max_tokens=8)) for _ in range(16)))
+        after = requests_seen(servers)
+        assert [a - b for a, b in zip(after, before)] == [8, 8]  # all in flight at once: split evenly
+        for session in ("s1", "s2", "s3", "s4"):
+            before = requests_seen(servers)
+            for turn in range(3):
+                await client.generate([1, 2, 3 + turn], SamplingParams(max_tokens=4), session_id=session)
+            grew = sorted(a - b for a, b in zip(requests_seen(servers), before))
+            assert grew == [0, 3], "every turn of a session goes to the server that served its first"
+        # weight updates reach every server
+        state = {k: v for k, v in load_causal_lm("tiny").state_dict().items() if k != "lm_head.weight"}
+        from agentgym.server.weights import save_for_push
+        path = save_for_push(state)
+        try:
+            await client.update_weights_from_disk(str(path), 5)
+        finally:
+            path.unlink()
+        assert [h.engine.weight_version for h in servers] == [5, 5]
+        assert (await client.generate([1, 2], SamplingParams(max_tokens=2))).weight_version == 5
+
+
+async def test_dead_server_fails_over_then_raises():
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with PolicyClient(dead, max_retries=2, backoff=0.01) as client:
+        with pytest.raises(PolicyServerError, match="failed after 3 attempts"):
+            await client.generate([1, 2, 3])
+        assert await client.health() == [False]
+
+
+async def test_5xx_is_retried_a_bounded_number_of_times_and_4xx_is_not(servers):
+    hits = {"n": 0}
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def broken() -> JSONResponse:
+        hits["n"] += 1
+        return JSONResponse({"error": {"message": "boom"}}, status_code=500 if hits["n"] < 100 else 400)
+
+    stand_in = AppThread(app)
+    try:
+        async with PolicyClient(stand_in.url, max_retries=2, backoff=0.01) as client:
+            with pytest.raises(PolicyServerError, match="HTTP 500"):
+                await client.generate([1, 2, 3])
+            assert hits["n"] == 3
+            hits["n"] = 100
+            with pytest.raises(PolicyServerError, match="refused the request"):
+                await client.generate([1, 2, 3])
+            assert hits["n"] == 101
+        # with a healthy server beside it, the failing one is passed over and the request succeeds
+        async with PolicyClient([stand_in.url, servers[0].url], max_retries=2, backoff=0.01) as client:
+            hits["n"] = 0
+            samples = await asyncio.gather(*(client.generate([1, 2], SamplingParams(max_tokens=2)) for _ in range(4)))
+            assert all(s.token_ids for s in samples)
+    finally:
+        stand_in.stop()
