@@ -171,10 +171,12 @@ def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0
         command += ["--device", device]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
+    from agentgym.model import resolve_model_path
     from agentgym.server.engines import EmbeddedWeights
 
-    handle = SubprocessServerHandle(command, f"http://{host}:{port}", "embedded",
-                                    served_model_name or str(model), EmbeddedWeights())
+    # (``agentgym serve`` names the model after --model; served_model_name applies in process only)
+    handle = SubprocessServerHandle(command, f"http://{host}:{port}", "embedded", str(model),
+                                    EmbeddedWeights(model_dir=resolve_model_path(model)))
     handle.wait_ready(timeout)
     return handle
 
@@ -254,14 +256,8 @@ class SubprocessServerHandle(PolicyServerHandle):
     def update_weights(self, weights: str | os.PathLike[str] | dict[str, torch.Tensor], version: int) -> int:
         """A path is handed to the server as is; a state dict goes through shared memory
         (``/dev/shm``, same host only) and the file is removed afterwards."""
-        from agentgym.server.weights import save_for_push
-
         if isinstance(weights, dict):
-            path = save_for_push(weights)
-            try:
-                self.weights.update_from_disk(self.url, str(path), version)
-            finally:
-                path.unlink(missing_ok=True)
+            self.weights.update_from_state_dict(self.url, weights, version)
         else:
             self.weights.update_from_disk(self.url, str(weights), version)
         self.weight_version = version

