@@ -1,0 +1,96 @@
+"""Batch metrics over trajectories: success rate, rewards, pass@k, lengths, failures.
+
+Every episode counts, failed ones included (a failed episode is not a success and its
+reward is what it earned before failing); ``failed`` says how many there were.
+``pass@k`` is the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` (Chen et al., 2021) per
+task (``group_id``: n episodes, c successes), averaged over tasks, for k = 1, 2, 4, ... up
+to the smallest group size. Each metric also appears per data source as
+``{data_source}/{metric}`` (veRL reports validation metrics per data source the same way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from agentgym.types import Trajectory
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task: n samples, c correct: ``1 - C(n-c, k) / C(n, k)``."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    miss = 1.0  # C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i), computed stably
+    for i in range(n - c + 1, n + 1):
+        miss *= 1.0 - k / i
+    return 1.0 - miss
+
+
+def default_ks(n: int) -> list[int]:
+    ks = [1]
+    while ks[-1] * 2 <= n:
+        ks.append(ks[-1] * 2)
+    if ks[-1] != n:
+        ks.append(n)
+    return ks
+
+
+def _success(t: Trajectory) -> bool:
+    return t.metrics.get("success", 0.0) > 0
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _summary(trajs: list[Trajectory], ks: Sequence[int] | None) -> dict[str, float]:
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, []).append(t)
+    n_min = min((len(g) for g in groups.values()), default=0)
+    out = {
+        "episodes": float(len(trajs)),
+        "failed": float(sum(t.status == "failed" for t in trajs)),
+        "truncated": float(sum(t.status == "truncated" for t in trajs)),
+        "success_rate": _mean([float(_success(t)) for t in trajs]),
+        "reward/mean": _mean([t.total_reward for t in trajs]),
+        "outcome_reward/mean": _mean([t.outcome_reward for t in trajs]),
+        "turns/mean": _mean([float(t.num_turns) for t in trajs]),
+        "sampled_tokens/mean": _mean([t.metrics.get("sampled_tokens", 0.0) for t in trajs]),
+        "tokens/mean": _mean([t.metrics.get("tokens", 0.0) for t in trajs]),
+        "template_mismatch": float(sum(t.metrics.get("template_mismatch", 0.0) > 0 for t in trajs)),
+    }
+    for k in (ks if ks is not None else default_ks(n_min)):
+        if 0 < k <= n_min:
+            out[f"pass@{k}"] = _mean([pass_at_k(len(g), sum(_success(t) for t in g), k) for g in groups.values()])
+    return out
+
+
+def summarize(trajectories: Iterable[Trajectory], ks: Sequence[int] | None = None) -> dict[str, float]:
+    """Flat metrics for a batch, plus ``{data_source}/...`` for each data source."""
+    trajs = list(trajectories)
+    out = _summary(trajs, ks)
+    by_source: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by_source.setdefault(t.data_source or t.env_id or "unknown", []).append(t)
+    for source, group in sorted(by_source.items()):
+        for key, value in _summary(group, ks).items():
+            out[f"{source}/{key}"] = value
+    return out
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """A two-column table: overall metrics first, then per data source."""
+    overall = {k: v for k, v in metrics.items() if "/" not in k or k.split("/")[0] in
+               ("reward", "outcome_reward", "turns", "sampled_tokens", "tokens", "time", "throughput")}
+    rest = {k: v for k, v in metrics.items() if k not in overall}
+    width = max((len(k) for k in metrics), default=10)
+    lines = []
+    for block in (overall, rest):
+        if lines and block:
+            lines.append("")
+        for key, value in block.items():
+            text = f"{int(value)}" if float(value).is_integer() and abs(value) < 1e12 else f"{value:.4f}"
+            lines.append(f"{key:<{width}}  {text}")
+    return "\n".join(lines)

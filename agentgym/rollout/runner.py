@@ -1,0 +1,382 @@
+"""The async rollout runner: many multi-turn episodes at once against one or more policy servers.
+
+    runner = RolloutRunner("sokoban", client, tokenizer="tiny", config=RolloutConfig(n=8))
+    result = await runner.run(tasks=16)          # 16 seeds x 8 episodes -> 128 trajectories
+    batch = result.trainable()                   # failed episodes are kept but never trained on
+    await runner.aclose()
+
+Each task (an env seed, or a dataset row for envs with ``num_tasks()``) gets a group of
+``n`` episodes that share a ``group_id`` (veRL's ``actor_rollout_ref.rollout.n``). Episodes
+run concurrently (``max_concurrency``); env calls run where ``env_executor`` says (see
+``agentgym.rollout.executors``).
+
+Token bookkeeping (``agentgym.rollout.chat``): the runner renders the first prompt with the
+chat template, then only appends — the sampled ids exactly as the server returned them
+(loss mask 1), then the env's new messages as a token delta (mask 0). Every request sends
+the whole sequence so far, so ``trajectory.token_ids()`` minus the last response is exactly
+what the server saw on the final turn, and the stored logprobs are the server's. Requests of
+an episode carry its session id (``"{group_id}/{sample}"``) for sticky routing.
+
+Template check: for templates that are not prefix-preserving (Qwen3 drops ``<think>`` blocks
+from earlier assistant turns), the runner's sequence is still exactly what was sampled, but a
+re-render of the finished conversation would differ. Every ``template_check_every``-th
+episode is re-rendered at its end and compared; a difference sets the trajectory metric
+``template_mismatch`` to 1 (``template_mismatch_at``: the first differing character) and is
+counted in the batch metrics. The trajectory is still trainable: its tokens are right.
+
+Limits: ``max_turns`` (else the env's ``max_turns``), ``max_tokens`` per turn,
+``response_length`` tokens per episode after the first prompt (sampled and env tokens
+together; a generation is cut to what is left, and the episode ends ``status="truncated"``),
+``prompt_length`` for the first prompt (longer: ``status="failed"``), ``env_timeout`` per env
+call. An env that raises, a timeout, or a ``PolicyServerError`` after the client's retries
+ends only that episode: ``status="failed"``, the reason in ``failure``, turns kept for
+inspection, ``trainable`` False. ``status="ok"`` means the env terminated the episode;
+``"truncated"`` that the env's step budget, ``max_turns`` or ``response_length`` ended it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentgym.rollout.chat import ChatTokenizer, tools_key
+from agentgym.rollout.executors import EnvBackend, EnvTimeout
+from agentgym.rollout.metrics import summarize
+from agentgym.types import Message, SamplingParams, Trajectory, Turn
+
+try:  # the shared Hermes parser (agentgym.envs.tools.parsing); a minimal one if it is missing
+    from agentgym.envs.tools.parsing import parse_tool_calls
+except ImportError:  # pragma: no cover - only before the tools package exists
+    parse_tool_calls = None  # type: ignore[assignment]
+
+
+@dataclass
+class RolloutConfig:
+    """Rollout settings; veRL's names where veRL has the setting (``actor_rollout_ref.rollout.*``)."""
+
+    n: int = 1                        # episodes per task (one GRPO group)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256             # new tokens per turn
+    prompt_length: int = 4096         # most tokens in the first prompt (veRL data.max_prompt_length)
+    response_length: int = 4096       # most tokens after the first prompt, all turns (veRL response_length)
+    max_turns: int | None = None      # most model turns (veRL multi_turn.max_assistant_turns); None: env's
+    stop_token_ids: list[int] = field(default_factory=list)
+    max_concurrency: int = 64         # episodes in flight
+    env_executor: Literal["thread", "process", "inline"] = "thread"
+    env_workers: int | None = None    # threads (default max_concurrency) or processes (default CPUs)
+    env_timeout: float | None = 60.0  # seconds per reset/step (not for inline)
+    template_check_every: int = 1     # re-render every k-th episode at its end; 0: never
+    seed: int = 0                     # first env seed; task i uses seed + i
+
+    def sampling(self, max_tokens: int | None = None) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens if max_tokens is None else max_tokens,
+                              temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              stop_token_ids=list(self.stop_token_ids))
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: an env seed, and for dataset envs the row ``index`` (passed as ``options["index"]``)."""
+
+    seed: int | None = None
+    index: int | None = None
+    options: dict[str, Any] | None = None
+
+    def reset_options(self) -> dict[str, Any] | None:
+        if self.index is None:
+            return self.options
+        return {**(self.options or {}), "index": self.index}
+
+
+def make_tasks(count: int, start: int = 0, seed: int = 0, num_tasks: int | None = None) -> list[Task]:
+    """``count`` tasks from ``start``: dataset rows (wrapping around ``num_tasks``) or seeds."""
+    if num_tasks is None:
+        return [Task(seed=seed + start + i) for i in range(count)]
+    if num_tasks <= 0:
+        raise ValueError("the env reports no tasks (num_tasks() == 0)")
+    return [Task(seed=seed + start + i, index=(start + i) % num_tasks) for i in range(count)]
+
+
+@dataclass
+class RolloutResult:
+    """The trajectories in task order (each task's ``n`` episodes together) and batch metrics."""
+
+    trajectories: list[Trajectory]
+    metrics: dict[str, float]
+
+    def trainable(self) -> list[Trajectory]:
+        return [t for t in self.trajectories if t.trainable]
+
+    def groups(self) -> dict[str, list[Trajectory]]:
+        out: dict[str, list[Trajectory]] = {}
+        for t in self.trajectories:
+            out.setdefault(t.group_id, []).append(t)
+        return out
+
+
+class EpisodeFailure(RuntimeError):
+    """Ends one episode as failed (prompt too long, malformed server answer, ...)."""
+
+
+def _env_factory(env: str | Callable[[], Any], env_kwargs: dict[str, Any]) -> Callable[[], Any]:
+    if isinstance(env, str):
+        from agentgym.registry import make
+
+        return functools.partial(make, env, **env_kwargs)
+    return functools.partial(env, **env_kwargs) if env_kwargs else env
+
+
+def _minimal_parse(text: str) -> tuple[str, list[dict[str, Any]], list[str]]:
+    """Hermes ``<tool_call>{json}</tool_call>`` blocks (used only without agentgym.envs.tools.parsing)."""
+    import json
+    import re
+
+    calls, errors, kept = [], [], text
+    for i, m in enumerate(re.finditer(r"<tool_call>(.*?)</tool_call>", text, re.S)):
+        try:
+            obj = json.loads(m.group(1))
+            args = obj.get("arguments", {})
+            calls.append({"id": f"call_{i}", "type": "function", "function": {
+                "name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            errors.append(f"tool call {i + 1}: {exc}")
+        kept = kept.replace(m.group(0), "")
+    return kept.strip(), calls, errors
+
+
+def assistant_message(text: str, with_tools: bool) -> Message:
+    """The assistant message an env gets: the sampled text; with tools, Hermes ``<tool_call>``
+    blocks parsed into ``tool_calls`` (content then holds the rest of the text)."""
+    if with_tools and "<tool_call>" in text:
+        content, calls, _errors = (parse_tool_calls or _minimal_parse)(text)
+        if calls:
+            return {"role": "assistant", "content": content, "tool_calls": calls}  # type: ignore[typeddict-item]
+    return {"role": "assistant", "content": text}
+
+
+class RolloutRunner:
+    """Runs groups of episodes of one env against a policy client.
+
+    ``env``: a registered env name or a factory returning a TextEnv; ``env_kwargs`` go to it.
+    ``client``: a ``PolicyClient`` (anything with ``async generate(prompt_ids, sampling, session_id=)``).
+    ``tokenizer``: a model path/``"tiny"`` or a loaded Hugging Face tokenizer (its chat template is used).
+    """
+
+    def __init__(self, env: str | Callable[[], Any], client: Any, tokenizer: Any = "tiny",
+                 config: RolloutConfig | None = None, env_kwargs: dict[str, Any] | None = None) -> None:
+        self.config = config or RolloutConfig()
+        self.env_name = env if isinstance(env, str) else getattr(env, "__name__", type(env).__name__)
+        self.client = client
+        if isinstance(tokenizer, str):
+            from agentgym.model import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer)
+        self.chat = tokenizer if isinstance(tokenizer, ChatTokenizer) else ChatTokenizer(tokenizer)
+        cfg = self.config
+        self.envs = EnvBackend(_env_factory(env, dict(env_kwargs or {})), cfg.env_executor,
+                               workers=cfg.env_workers or (cfg.max_concurrency if cfg.env_executor == "thread"
+                                                           else None),
+                               timeout=cfg.env_timeout)
+        self._env_info: dict[str, Any] | None = None
+        self._episodes_started = 0
+
+    # ---- public API ------------------------------------------------------------------------
+    async def env_info(self) -> dict[str, Any]:
+        """``num_tasks`` (dataset rows, or None) and ``max_turns`` of the env."""
+        if self._env_info is None:
+            self._env_info = await self.envs.describe()
+        return self._env_info
+
+    async def tasks(self, count: int | None = None, start: int = 0) -> list[Task]:
+        """``count`` tasks from ``start`` (default: every dataset row, or a single seed)."""
+        num_tasks = (await self.env_info())["num_tasks"]
+        if count is None:
+            count = num_tasks if num_tasks is not None else 1
+        return make_tasks(count, start=start, seed=self.config.seed, num_tasks=num_tasks)
+
+    async def run(self, tasks: Sequence[Task] | int | None = None, *,
+                  on_trajectory: Callable[[Trajectory], None] | None = None,
+                  progress: bool = False) -> RolloutResult:
+        """Run ``n`` episodes per task; returns every trajectory (failed ones too) and metrics.
+
+        ``tasks``: a list of ``Task``, a count (see ``tasks()``), or None for the default.
+        ``on_trajectory`` is called as each episode finishes (e.g. a ``TrajectoryWriter.write``);
+        ``progress`` shows a tqdm bar.
+        """
+        if tasks is None or isinstance(tasks, int):
+            tasks = await self.tasks(tasks)
+        cfg = self.config
+        env_info = await self.env_info()
+        max_turns = cfg.max_turns if cfg.max_turns is not None else env_info.get("max_turns")
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(tasks) * cfg.n, desc=f"rollout {self.env_name}", unit="ep")
+        batch = uuid.uuid4().hex[:8]
+        jobs = [(j, task, f"{batch}-{i}", k) for j, (i, task, k) in
+                enumerate((i, task, k) for i, task in enumerate(tasks) for k in range(cfg.n))]
+        trajectories: list[Trajectory | None] = [None] * len(jobs)
+        pending = iter(jobs)
+
+        async def worker() -> None:  # max_concurrency workers pull episodes: no queue of waiting tasks
+            for j, task, group_id, k in pending:
+                traj = await self.run_episode(task, group_id, k, max_turns=max_turns)
+                trajectories[j] = traj
+                if on_trajectory is not None:
+                    on_trajectory(traj)
+                if bar is not None:
+                    bar.update(1)
+                    if traj.status == "failed":
+                        bar.set_postfix_str(f"failed: {(traj.failure or '')[:60]}", refresh=False)
+
+        start = time.perf_counter()
+        try:
+            await asyncio.gather(*(worker() for _ in range(max(1, min(cfg.max_concurrency, len(jobs))))))
+        finally:
+            if bar is not None:
+                bar.close()
+        elapsed = time.perf_counter() - start
+        done = [t for t in trajectories if t is not None]
+        metrics = summarize(done)
+        turns = sum(t.num_turns for t in done)
+        metrics.update({"time/rollout_s": elapsed, "throughput/turns_per_s": turns / elapsed if elapsed else 0.0,
+                        "throughput/episodes_per_s": len(trajectories) / elapsed if elapsed else 0.0})
+        return RolloutResult(done, metrics)
+
+    async def run_episode(self, task: Task, group_id: str = "", sample: int = 0,
+                          max_turns: int | None = None) -> Trajectory:
+        """One episode; never raises for env or server failures (the trajectory says ``failed``)."""
+        cfg = self.config
+        chat = self.chat
+        session = f"{group_id}/{sample}"
+        traj = Trajectory(env_id=self.env_name, group_id=group_id, seed=task.seed, data_source=self.env_name,
+                          task={"seed": task.seed, "index": task.index, "sample": sample, "session": session})
+        self._episodes_started += 1
+        default_sampling = cfg.sampling()
+        check = cfg.template_check_every > 0 and self._episodes_started % cfg.template_check_every == 0
+        handle = self.envs.open()
+        healthy = True
+        stage = "env.reset"
+        env_time = gen_time = 0.0
+        tools: list[dict[str, Any]] | None = None
+        info: dict[str, Any] = {}
+        try:
+            t0 = time.perf_counter()
+            observation, info = await handle.reset(task.seed, task.reset_options())
+            env_time += time.perf_counter() - t0
+            traj.data_source = str(info.get("data_source") or self.env_name)
+            tools = info.get("tools") or None
+            tkey = tools_key(tools)
+            observation = list(observation)
+            messages: list[Message] = list(observation)
+            traj.messages = messages
+            stage = "chat template"
+            prompt_ids = chat.prompt_ids(messages, tools, tkey=tkey)
+            if len(prompt_ids) > cfg.prompt_length:
+                raise EpisodeFailure(f"prompt has {len(prompt_ids)} tokens > prompt_length={cfg.prompt_length}")
+            context = list(prompt_ids)    # the whole sequence so far, sent on every turn
+            delta: list[int] = prompt_ids
+            used = 0                      # tokens after the first prompt
+            status = "truncated"
+            while True:
+                max_tokens = min(cfg.max_tokens, cfg.response_length - used)
+                stage = "policy server"
+                t0 = time.perf_counter()
+                sampling = default_sampling if max_tokens == cfg.max_tokens else cfg.sampling(max_tokens)
+                sample_out = await self.client.generate(context, sampling, session_id=session)
+                gen_time += time.perf_counter() - t0
+                ids = sample_out.token_ids
+                if len(ids) > max_tokens:
+                    raise EpisodeFailure(f"server returned {len(ids)} tokens for max_tokens={max_tokens}")
+                text = chat.decode(ids)
+                turn = Turn(prompt_ids=list(delta), response_ids=list(ids), logprobs=list(sample_out.logprobs),
+                            weight_version=sample_out.weight_version, finish_reason=sample_out.finish_reason,
+                            observation=observation, response_text=text)
+                traj.turns.append(turn)
+                context.extend(ids)
+                used += len(ids)
+                action = assistant_message(chat.assistant_content(ids, text), tools is not None)
+                messages.append(action)
+
+                stage = "env.step"
+                t0 = time.perf_counter()
+                observation, reward, terminated, truncated, info = await handle.step(action)
+                env_time += time.perf_counter() - t0
+                turn.reward = float(reward)
+                observation = list(observation)
+                messages.extend(observation)
+                if terminated:
+                    status = "ok"
+                    break
+                if truncated or used >= cfg.response_length or (max_turns is not None and len(traj.turns) >= max_turns):
+                    break
+                stage = "chat template"
+                delta = chat.delta_ids(observation, tools, ids[-1] if ids else None, tkey=tkey)
+                if used + len(delta) >= cfg.response_length:
+                    break
+                context.extend(delta)
+                used += len(delta)
+            traj.status = status
+            traj.outcome_reward = float(info.get("outcome_reward", 0.0) or 0.0)
+        except asyncio.CancelledError:
+            healthy = False
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure ends only this episode
+            healthy = stage not in ("env.reset", "env.step")
+            traj.status = "failed"
+            reason = "timed out" if isinstance(exc, EnvTimeout) else "raised"
+            traj.failure = f"{stage} {reason}: {type(exc).__name__}: {exc}"
+        finally:
+            with contextlib.suppress(Exception):
+                await handle.release(healthy)
+            release = getattr(self.client, "release_session", None)
+            if release is not None:
+                release(session)
+        self._finish(traj, info, tools, check, env_time, gen_time)
+        return traj
+
+    def _finish(self, traj: Trajectory, info: dict[str, Any], tools: list[dict[str, Any]] | None,
+                check: bool, env_time: float, gen_time: float) -> None:
+        m = traj.metrics
+        sampled = sum(len(t.response_ids) for t in traj.turns)
+        m["turns"] = float(traj.num_turns)
+        m["sampled_tokens"] = float(sampled)
+        m["tokens"] = float(sampled + sum(len(t.prompt_ids) for t in traj.turns))
+        m["env_time_s"] = env_time
+        m["gen_time_s"] = gen_time
+        if traj.status != "failed":
+            m["success"] = float(bool(info.get("success", traj.outcome_reward > 0)))
+            for key, value in (info.get("metrics") or {}).items():
+                if isinstance(value, (int, float)):
+                    m[f"env/{key}"] = float(value)
+        else:
+            m["success"] = 0.0
+        if check and traj.turns and traj.status != "failed":
+            at = self.chat.mismatch(self._raw_messages(traj), tools, traj.token_ids())
+            m["template_mismatch"] = 0.0 if at is None else 1.0
+            if at is not None:
+                m["template_mismatch_at"] = float(at)
+
+    def _raw_messages(self, traj: Trajectory) -> list[Message]:
+        """The conversation with each assistant message as its raw sampled text (for the check)."""
+        raw = iter(self.chat.assistant_content(t.response_ids, t.response_text) for t in traj.turns)
+        return [{"role": "assistant", "content": next(raw)} if m.get("role") == "assistant" else m
+                for m in traj.messages]
+
+    async def aclose(self) -> None:
+        self.envs.shutdown()
+
+    async def __aenter__(self) -> RolloutRunner:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
