@@ -367,10 +367,13 @@ class RolloutRunner:
                 m["template_mismatch_at"] = float(at)
 
     def _raw_messages(self, traj: Trajectory) -> list[Message]:
-        """The conversation with each assistant message as its raw sampled text (for the check)."""
+        """The conversation up to the last assistant message (what the token sequence covers), each
+        assistant message as its raw sampled text (for the template check)."""
         raw = iter(self.chat.assistant_content(t.response_ids, t.response_text) for t in traj.turns)
-        return [{"role": "assistant", "content": next(raw)} if m.get("role") == "assistant" else m
-                for m in traj.messages]
+        out: list[Message] = [{"role": "assistant", "content": next(raw)} if m.get("role") == "assistant" else m
+                              for m in traj.messages]
+        last = max(i for i, m in enumerate(out) if m.get("role") == "assistant")
+        return out[:last + 1]
 
     async def aclose(self) -> None:
         self.envs.shutdown()

@@ -1,0 +1,120 @@
+"""Rollout runner overhead: Sokoban turns/s against a stand-in server vs raw client calls/s.
+
+The stand-in server (``benchmarks/standin_server.py``, a separate process) answers every
+``/v1/completions`` instantly with ``<answer>Up</answer><|im_end|>``, so what is measured is
+agentgym's side: the runner (chat-template deltas, env steps, bookkeeping) plus the HTTP
+client. For each concurrency the same number of raw ``client.generate`` calls, with a fixed
+prompt as long as the runner's average request, gives the ceiling the client itself allows.
+
+    python benchmarks/rollout.py                       # concurrency 1, 64, 256
+    python benchmarks/rollout.py --concurrency 256 --turns 20000 --env-executor thread
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agentgym.rollout import RolloutConfig, RolloutRunner
+from agentgym.server.client import PolicyClient
+from agentgym.types import SamplingParams
+
+
+def start_standin() -> tuple[subprocess.Popen, str]:
+    script = Path(__file__).with_name("standin_server.py")
+    proc = subprocess.Popen([sys.executable, str(script), "--port", "0"], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    line = proc.stdout.readline() if proc.stdout else ""
+    if not line.startswith("READY "):
+        proc.kill()
+        raise RuntimeError(f"stand-in server did not start: {line!r}")
+    return proc, f"http://127.0.0.1:{int(line.split()[1])}"
+
+
+async def bench_runner(url: str, concurrency: int, turns: int, args: argparse.Namespace) -> dict[str, float]:
+    episodes = max(1, turns // args.max_turns)
+    n = min(8, episodes)
+    config = RolloutConfig(n=n, max_turns=args.max_turns, max_tokens=32, max_concurrency=concurrency,
+                           env_executor=args.env_executor, template_check_every=args.template_check_every)
+    async with PolicyClient(url, max_connections=max(concurrency, 1)) as client:
+        runner = RolloutRunner(args.env, client, tokenizer="tiny", config=config)
+        await runner.run(tasks=1)  # warm-up: env build, template caches, connections
+        start = time.perf_counter()
+        result = await runner.run(tasks=max(1, episodes // n))
+        elapsed = time.perf_counter() - start
+        await runner.aclose()
+    trajs = result.trajectories
+    done = sum(t.num_turns for t in trajs)
+    # average request length: the sequence sent on each turn
+    sent = []
+    for t in trajs:
+        length = 0
+        for turn in t.turns:
+            length += len(turn.prompt_ids)
+            sent.append(length)
+            length += len(turn.response_ids)
+    failed = sum(t.status == "failed" for t in trajs)
+    return {"turns": done, "elapsed": elapsed, "rate": done / elapsed, "failed": failed,
+            "mean_prompt": sum(sent) / len(sent), "cache_hit": runner.chat.cache_hits /
+            max(1, runner.chat.cache_hits + runner.chat.cache_misses)}
+
+
+async def bench_raw(url: str, concurrency: int, calls: int, prompt_len: int) -> dict[str, float]:
+    prompt = [i % 600 for i in range(prompt_len)]
+    sampling = SamplingParams(max_tokens=32)
+    async with PolicyClient(url, max_connections=max(concurrency, 1)) as client:
+        await asyncio.gather(*(client.generate(prompt, sampling) for _ in range(min(calls, concurrency))))
+        remaining = [calls]
+
+        async def worker(k: int) -> None:
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                await client.generate(prompt, sampling, session_id=f"raw/{k}")
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    return {"calls": calls, "elapsed": elapsed, "rate": calls / elapsed}
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    proc, url = start_standin()
+    try:
+        rows = []
+        for concurrency in args.concurrency:
+            turns = args.turns if concurrency > 1 else max(args.max_turns, args.turns // 8)
+            r = await bench_runner(url, concurrency, turns, args)
+            raw = await bench_raw(url, concurrency, int(r["turns"]), int(r["mean_prompt"]))
+            rows.append((concurrency, r, raw))
+            print(f"  concurrency {concurrency}: runner {r['rate']:.0f} turns/s, raw {raw['rate']:.0f} calls/s",
+                  file=sys.stderr, flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    print(f"\nenv={args.env} env_executor={args.env_executor} max_turns={args.max_turns} "
+          f"template_check_every={args.template_check_every} cpus={os.cpu_count()}")
+    print(f"{'concurrency':>11} {'turns':>7} {'runner turns/s':>15} {'raw calls/s':>12} {'ratio':>6} "
+          f"{'mean prompt':>12} {'delta cache hit':>16} {'failed':>7}")
+    for concurrency, r, raw in rows:
+        print(f"{concurrency:>11} {r['turns']:>7} {r['rate']:>15.0f} {raw['rate']:>12.0f} "
+              f"{r['rate'] / raw['rate']:>6.2f} {r['mean_prompt']:>12.0f} {r['cache_hit']:>16.2f} {r['failed']:>7}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="sokoban")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--turns", type=int, default=8000, help="turns per measurement (1/8 of it at concurrency 1)")
+    parser.add_argument("--max-turns", type=int, default=10)
+    parser.add_argument("--env-executor", default="inline", choices=["inline", "thread", "process"])
+    parser.add_argument("--template-check-every", type=int, default=1)
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
