@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--temperature", type=float, default=1.0 if name == "rollout" else 0.0)
         p.add_argument("--env-arg", action="append", metavar="KEY=VALUE")
         p.add_argument("--out", default=None, help="trajectory file (.jsonl or .parquet)")
+        p.add_argument("--backend", choices=["embedded", "vllm", "sglang"], default="embedded",
+                       help="the API of the --server URLs")
+        p.add_argument("--env-executor", choices=["thread", "process", "inline"], default="thread",
+                       help="where env steps run (inline: on the event loop, for cheap envs)")
         p.set_defaults(func=func)
 
     p = sub.add_parser("train", help="train a policy with PPO/GRPO on an env or an agent program")

@@ -94,3 +94,25 @@ def format_metrics(metrics: dict[str, float]) -> str:
             text = f"{int(value)}" if float(value).is_integer() and abs(value) < 1e12 else f"{value:.4f}"
             lines.append(f"{key:<{width}}  {text}")
     return "\n".join(lines)
+
+
+def format_eval_table(metrics: dict[str, float]) -> str:
+    """One row per data source (then ``all``): episodes, success, reward, pass@k, turns, tokens, failed."""
+    sources = sorted(k[: -len("/episodes")] for k in metrics if k.endswith("/episodes"))
+    ks = sorted(int(k[len("pass@"):]) for k in metrics if k.startswith("pass@"))
+    columns = [("episodes", "episodes", "d"), ("success", "success_rate", ".3f"), ("reward", "reward/mean", ".3f")]
+    columns += [(f"pass@{k}", f"pass@{k}", ".3f") for k in ks]
+    columns += [("turns", "turns/mean", ".2f"), ("sampled", "sampled_tokens/mean", ".1f"),
+                ("tokens", "tokens/mean", ".1f"), ("failed", "failed", "d"), ("truncated", "truncated", "d")]
+    rows = [(source, f"{source}/") for source in sources]
+    if len(sources) != 1:
+        rows.append(("all", ""))
+    width = max([len("data source")] + [len(name) for name, _ in rows])
+    lines = [f"{'data source':<{width}}  " + "  ".join(f"{title:>9}" for title, _, _ in columns)]
+    for name, prefix in rows:
+        cells = []
+        for _, key, fmt in columns:
+            value = metrics.get(prefix + key, 0.0)
+            cells.append(f"{int(value):>9d}" if fmt == "d" else f"{value:>9{fmt}}")
+        lines.append(f"{name:<{width}}  " + "  ".join(cells))
+    return "\n".join(lines)

@@ -204,12 +204,12 @@ class RolloutRunner:
 
     async def run(self, tasks: Sequence[Task] | int | None = None, *,
                   on_trajectory: Callable[[Trajectory], None] | None = None,
-                  progress: bool = False) -> RolloutResult:
+                  progress: bool | str = False) -> RolloutResult:
         """Run ``n`` episodes per task; returns every trajectory (failed ones too) and metrics.
 
         ``tasks``: a list of ``Task``, a count (see ``tasks()``), or None for the default.
         ``on_trajectory`` is called as each episode finishes (e.g. a ``TrajectoryWriter.write``);
-        ``progress`` shows a tqdm bar.
+        ``progress`` shows a tqdm bar (a string: its label).
         """
         if tasks is None or isinstance(tasks, int):
             tasks = await self.tasks(tasks)
@@ -220,7 +220,8 @@ class RolloutRunner:
         if progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(tasks) * cfg.n, desc=f"rollout {self.env_name}", unit="ep")
+            label = progress if isinstance(progress, str) else f"rollout {self.env_name}"
+            bar = tqdm(total=len(tasks) * cfg.n, desc=label, unit="ep")
         batch = uuid.uuid4().hex[:8]
         jobs = [(j, task, f"{batch}-{i}", k) for j, (i, task, k) in
                 enumerate((i, task, k) for i, task in enumerate(tasks) for k in range(cfg.n))]

@@ -1,0 +1,131 @@
+"""``agentgym rollout`` and ``agentgym eval``: run an env against a policy from the command line.
+
+    agentgym rollout --env sokoban --model tiny -n 8 --out runs/x.jsonl
+    agentgym eval --env gsm8k --model PATH --env-arg data_files=data/gsm8k/test.jsonl
+
+Both start an embedded policy server on ``--model`` unless ``--server URL`` is given (then
+``--model`` only names the tokenizer whose chat template renders the prompts). ``rollout``
+saves token-exact trajectories (``--out``, .jsonl or .parquet) and prints batch metrics;
+``eval`` prints success rate, mean reward, pass@k (unbiased estimator), mean turns and tokens,
+overall and per data source, and saves trajectories too when ``--out`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+from typing import Any
+
+DEFAULT_TASKS = {"rollout": 8, "eval_seeds": 32}
+
+
+def parse_env_args(pairs: list[str] | None) -> dict[str, Any]:
+    """``["dim_room=[8,8]", "num_boxes=2"]`` -> kwargs, values read as YAML scalars/lists."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--env-arg expects KEY=VALUE, got {pair!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def rollout_command(args: argparse.Namespace) -> int:
+    return _run(args, "rollout")
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    return _run(args, "eval")
+
+
+def _run(args: argparse.Namespace, mode: str) -> int:
+    from agentgym.registry import UnknownNameError, env_spec
+
+    try:
+        env_spec(args.env)
+    except UnknownNameError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_main(args, mode))
+    except KeyboardInterrupt:
+        print("\ninterrupted; trajectories written so far are complete lines", file=sys.stderr)
+        return 130
+
+
+async def _main(args: argparse.Namespace, mode: str) -> int:
+    from agentgym.model import load_tokenizer
+    from agentgym.rollout.metrics import format_eval_table, format_metrics
+    from agentgym.rollout.runner import RolloutConfig, RolloutRunner
+    from agentgym.rollout.storage import TrajectoryWriter
+    from agentgym.server.client import PolicyClient
+
+    env_kwargs = parse_env_args(args.env_arg)
+    tokenizer = load_tokenizer(args.model)
+    config = RolloutConfig(
+        n=args.n, temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns,
+        max_concurrency=args.concurrency, seed=args.seed,
+        env_executor=getattr(args, "env_executor", None) or "thread",
+    )
+    server = None
+    writer = None
+    async with contextlib.AsyncExitStack() as stack:
+        if args.server:
+            urls, backend = list(args.server), getattr(args, "backend", None) or "embedded"
+        else:
+            from agentgym.server.launch import start_embedded_server
+
+            print(f"starting an embedded policy server on {args.model} ...", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            server = await asyncio.to_thread(start_embedded_server, model=args.model, port=0)
+            stack.callback(server.stop)
+            print(f"server ready at {server.url} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
+            urls, backend = [server.url], "embedded"
+        client = await stack.enter_async_context(PolicyClient(urls, backend=backend))
+        runner = RolloutRunner(args.env, client, tokenizer, config, env_kwargs=env_kwargs)
+        stack.push_async_callback(runner.aclose)
+        try:
+            info = await runner.env_info()
+        except Exception as exc:  # noqa: BLE001 - a bad --env-arg, missing data: say so
+            print(f"error: could not build env {args.env!r} with {env_kwargs}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            return 2
+        count = args.tasks
+        if count is None:
+            if mode == "eval":
+                count = info["num_tasks"] if info["num_tasks"] is not None else DEFAULT_TASKS["eval_seeds"]
+            else:
+                count = DEFAULT_TASKS["rollout"]
+        tasks = await runner.tasks(count)
+        if args.out:
+            writer = TrajectoryWriter(args.out)
+            stack.callback(writer.close)
+        print(f"{mode}: env={args.env} tasks={len(tasks)} n={config.n} -> {len(tasks) * config.n} episodes, "
+              f"concurrency {config.max_concurrency}, temperature {config.temperature}", file=sys.stderr)
+        result = await runner.run(tasks, on_trajectory=writer.write if writer else None,
+                                  progress=f"{mode} {args.env}")
+
+    metrics = result.metrics
+    if mode == "eval":
+        print(format_eval_table(metrics))
+    else:
+        sources = {t.data_source for t in result.trajectories}
+        shown = metrics if len(sources) > 1 else {k: v for k, v in metrics.items()
+                                                    if not any(k.startswith(f"{s}/") for s in sources)}
+        print(format_metrics(shown))
+    failed = [t for t in result.trajectories if t.status == "failed"]
+    if writer is not None:
+        print(f"\nwrote {writer.count} trajectories to {args.out}", file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} of {len(result.trajectories)} episodes failed; first: {failed[0].failure}",
+              file=sys.stderr)
+        if len(failed) == len(result.trajectories):
+            print("every episode failed: check the server (--server URL, or the --model it was started on) "
+                  "and the env arguments (--env-arg KEY=VALUE)", file=sys.stderr)
+            return 1
+    return 0
