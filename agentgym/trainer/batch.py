@@ -1,0 +1,219 @@
+"""Trajectories -> padded tensors, and how a batch is cut into mini- and micro-batches.
+
+One row per trajectory. The whole sequence (every turn's prompt delta, then its sampled
+tokens) is right-padded to ``T`` in ``input_ids`` / ``attention_mask``. The *response
+region* (everything from the first sampled token, veRL's ``responses``) is also laid out
+on its own, right-padded to ``R``: ``responses``, ``response_mask`` (1 on sampled tokens; 0 on
+the observation tokens between turns and on padding), ``rollout_log_probs`` and
+``token_level_scores`` (turn and outcome rewards on tokens, ``Trajectory.token_rewards``).
+``prompt_lengths[i]`` says where row i's response region starts in ``input_ids``.
+
+A trajectory that cannot be trained on (failed, empty, or longer than
+``data.max_prompt_length`` / ``data.max_response_length``) keeps its row with
+``response_mask`` all 0 and ``valid`` False, so batch shapes and group sizes stay as
+configured; it never gets gradient and is left out of every statistic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentgym.trainer import algos
+from agentgym.types import Trajectory
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class Batch:
+    """Row-aligned tensors plus ``uid`` (the group id of each row, veRL's ``index``)."""
+
+    tensors: Tensors
+    uid: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.tensors["input_ids"].shape[0])
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        if value.shape[0] != len(self):
+            raise ValueError(f"{key} has {value.shape[0]} rows for a batch of {len(self)}")
+        self.tensors[key] = value
+
+    def select(self, rows: Sequence[int] | torch.Tensor) -> Batch:
+        index = torch.as_tensor(rows, dtype=torch.long)
+        uid = [self.uid[i] for i in index.tolist()] if self.uid else []
+        return Batch({k: v.index_select(0, index) for k, v in self.tensors.items()}, uid)
+
+
+def skip_reason(traj: Trajectory, max_prompt_length: int, max_response_length: int) -> str | None:
+    """Why a trajectory is not trained on, or None when it is."""
+    if not traj.trainable:
+        return "failed" if traj.status == "failed" else "empty"
+    if traj.prompt_length() == 0:
+        return "no_prompt"
+    if traj.prompt_length() > max_prompt_length:
+        return "prompt_too_long"
+    if traj.response_length() > max_response_length:
+        return "response_too_long"
+    if not any(traj.loss_mask()):
+        return "no_sampled_tokens"
+    return None
+
+
+def build_batch(
+    trajectories: Sequence[Trajectory],
+    pad_token_id: int,
+    turn_reward_coef: float = 1.0,
+    outcome_reward_coef: float = 1.0,
+    max_prompt_length: int = 1 << 30,
+    max_response_length: int = 1 << 30,
+) -> tuple[Batch, dict[str, int]]:
+    """The padded batch and a count of the trajectories left out of training, by reason."""
+    if not trajectories:
+        raise ValueError("build_batch needs at least one trajectory")
+    rows: list[tuple[list[int], int, list[int], list[float], list[float]]] = []
+    uid: list[str] = []
+    skipped: dict[str, int] = {}
+    for i, traj in enumerate(trajectories):
+        reason = skip_reason(traj, max_prompt_length, max_response_length)
+        if reason is None:
+            ids, start = traj.token_ids(), traj.prompt_length()
+            mask = traj.loss_mask()[start:]
+            logprobs = traj.token_logprobs()[start:]
+            rewards = traj.token_rewards(turn_reward_coef, outcome_reward_coef)[start:]
+            uid.append(traj.group_id or f"traj-{i}")
+        else:
+            skipped[reason] = skipped.get(reason, 0) + 1
+            ids = traj.token_ids()[: max_prompt_length + max_response_length] or [pad_token_id]
+            start = min(max(traj.prompt_length(), 1), len(ids))
+            if start == len(ids):
+                ids = ids + [pad_token_id]
+            mask = [0] * (len(ids) - start)
+            logprobs = [0.0] * len(mask)
+            rewards = [0.0] * len(mask)
+            uid.append(f"skipped-{i}")  # a group of its own: it must not shift others' baselines
+        rows.append((ids, start, mask, logprobs, rewards))
+
+    batch_size = len(rows)
+    seq_len = max(len(r[0]) for r in rows)
+    resp_len = max(len(r[0]) - r[1] for r in rows)
+    input_ids = torch.full((batch_size, seq_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch_size, seq_len), dtype=torch.long)
+    responses = torch.full((batch_size, resp_len), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((batch_size, resp_len), dtype=torch.float32)
+    rollout_log_probs = torch.zeros((batch_size, resp_len), dtype=torch.float32)
+    prompt_lengths = torch.zeros(batch_size, dtype=torch.long)
+    reward_rows: list[list[float]] = []
+    for i, (ids, start, mask, logprobs, rewards) in enumerate(rows):
+        n = len(ids)
+        input_ids[i, :n] = torch.tensor(ids)
+        attention_mask[i, :n] = 1
+        prompt_lengths[i] = start
+        responses[i, : n - start] = torch.tensor(ids[start:])
+        response_mask[i, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
+        rollout_log_probs[i, : len(logprobs)] = torch.tensor(logprobs, dtype=torch.float32)
+        reward_rows.append(rewards)
+    token_level_scores = algos.token_level_scores_from_rewards(reward_rows, response_mask)
+    valid = response_mask.sum(-1) > 0
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "prompt_lengths": prompt_lengths,
+        "responses": responses,
+        "response_mask": response_mask,
+        "rollout_log_probs": rollout_log_probs,
+        "token_level_scores": token_level_scores,
+        "valid": valid,
+    }
+    return Batch(tensors, uid), skipped
+
+
+def add_pad_rows(batch: Batch, count: int) -> Batch:
+    """Append ``count`` copies of row 0 with nothing to learn from (``response_mask`` 0,
+    ``valid`` False); they fill worker shares so every rank runs the same passes."""
+    if count <= 0:
+        return batch
+    pad = batch.select([0] * count)
+    for key in ("response_mask", "token_level_scores", "advantages", "returns", "token_level_rewards"):
+        if key in pad.tensors:
+            pad.tensors[key] = torch.zeros_like(pad.tensors[key])
+    pad.tensors["valid"] = torch.zeros_like(pad.tensors["valid"])
+    tensors = {k: torch.cat([batch.tensors[k], pad.tensors[k]]) for k in batch.tensors}
+    return Batch(tensors, batch.uid + [f"pad-{i}" for i in range(count)] if batch.uid else [])
+
+
+def pad_for_workers(batch: Batch, world_size: int, num_mini_batches: Sequence[int]) -> tuple[Batch, list[int]]:
+    """Pad so the rows split evenly over ``world_size`` ranks, and so that every mini-batch
+    (for each count in ``num_mini_batches``) can be topped up to a multiple of ``world_size``.
+    Returns the padded batch and the pad rows' indices."""
+    rows = len(batch)
+    need = 0
+    for count in num_mini_batches:
+        for size in (len(part) for part in even_splits(range(rows), count)):
+            need = max(need, (-size) % world_size)
+    extra = need
+    while (rows + extra) % world_size:
+        extra += 1
+    return add_pad_rows(batch, extra), list(range(rows, rows + extra))
+
+
+def even_splits(items: Sequence[int], parts: int) -> list[list[int]]:
+    """``items`` cut into ``parts`` contiguous pieces whose sizes differ by at most one."""
+    items = list(items)
+    size, rest = divmod(len(items), parts)
+    out, start = [], 0
+    for p in range(parts):
+        end = start + size + (1 if p < rest else 0)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def update_plan(
+    response_mask: torch.Tensor,
+    rows: int,
+    pad_rows: Sequence[int],
+    num_mini_batches: int,
+    epochs: int,
+    world_size: int,
+    shuffle: bool = False,
+    seed: int = 0,
+    loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
+) -> list[list[dict[str, Any]]]:
+    """For each rank, the optimizer steps it takes part in: ``epochs * num_mini_batches``
+    entries of ``{"rows": its share of the mini-batch, "global": agg_loss's global counts}``.
+
+    The first ``rows`` rows are cut into mini-batches (shuffled per epoch when ``shuffle``);
+    a mini-batch is topped up with pad rows to a multiple of ``world_size`` and rank r takes
+    its r-th slice. Mini-batches are therefore the same whatever the number of ranks, and the
+    counts in ``global`` (the whole mini-batch's ``batch_num_tokens`` and
+    ``global_batch_size``) make each rank's loss its share of the global mini-batch loss;
+    averaging gradients over the ``dp_size`` ranks then gives the one-rank step.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    plans: list[list[dict[str, Any]]] = [[] for _ in range(world_size)]
+    for _ in range(epochs):
+        order = torch.randperm(rows, generator=generator).tolist() if shuffle else list(range(rows))
+        for mini in even_splits(order, num_mini_batches):
+            mini_mask = response_mask[mini]
+            info: dict[str, Any] = {
+                "dp_size": world_size,
+                "batch_num_tokens": float(mini_mask.sum().clamp(min=1)),
+                "global_batch_size": float((mini_mask.sum(-1) > 0).sum().clamp(min=1)),
+            }
+            if loss_agg_mode == "seq-mean-token-sum-norm" and loss_scale_factor is not None:
+                info["loss_scale_factor"] = float(loss_scale_factor)
+            short = (-len(mini)) % world_size
+            if short > len(pad_rows):
+                raise ValueError(f"a mini-batch of {len(mini)} rows needs {short} pad rows, got {len(pad_rows)}")
+            for rank, share in enumerate(even_splits(mini + list(pad_rows[:short]), world_size)):
+                plans[rank].append({"rows": share, "global": info})
+    return plans

@@ -1,0 +1,226 @@
+"""What a training run shows and writes: a live progress line and per-step metrics.
+
+``Tracking`` sends each step's metrics to the backends in ``trainer.logger``:
+
+* ``console``: one line per step with the headline numbers (the progress bar stays below);
+* ``jsonl``: every metric, one JSON object per step, in ``<run dir>/metrics.jsonl``;
+* ``tensorboard``: ``<run dir>/tensorboard`` (needs ``pip install tensorboard``);
+* ``wandb``: Weights & Biases, project ``trainer.project_name``, run ``trainer.experiment_name``.
+
+``Progress`` is the tqdm line: step, reward, success rate, seconds per step and ETA.
+``write_samples`` appends a few trajectories per step to ``<run dir>/samples.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentgym.types import Trajectory
+
+HEADLINE = (
+    ("reward/mean", "reward"),
+    ("success_rate", "success"),
+    ("response_length/mean", "resp_len"),
+    ("actor/pg_loss", "pg_loss"),
+    ("actor/entropy", "entropy"),
+    ("actor/grad_norm", "grad_norm"),
+    ("critic/vf_loss", "vf_loss"),
+    ("timing_s/step", "s/step"),
+    ("val/reward/mean", "val_reward"),
+    ("val/success_rate", "val_success"),
+)
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return str(value)
+    if abs(value) >= 1000 or (value != 0 and abs(value) < 1e-3):
+        return f"{value:.3g}"
+    return f"{value:.4f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
+
+
+def headline(metrics: dict[str, float], step: int) -> str:
+    parts = [f"step {step}"]
+    parts += [f"{short} {_fmt(metrics[key])}" for key, short in HEADLINE if key in metrics]
+    return " | ".join(parts)
+
+
+class ConsoleLogger:
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(headline(metrics, step), file=sys.stdout)
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlLogger:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = open(path, "a")  # noqa: SIM115 - open for the run
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardLogger:
+    def __init__(self, directory: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError(
+                "trainer.logger has 'tensorboard' but the tensorboard package is not installed: "
+                "pip install tensorboard (or drop it: trainer.logger=[console,jsonl])"
+            ) from exc
+        self.writer = SummaryWriter(log_dir=str(directory))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    def __init__(self, project: str, name: str, config: dict[str, Any], directory: Path) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ImportError(
+                "trainer.logger has 'wandb' but wandb is not installed: pip install wandb "
+                "(or drop it: trainer.logger=[console,jsonl])"
+            ) from exc
+        self.run = wandb.init(project=project, name=name, config=config, dir=str(directory))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class Tracking:
+    """Fans a step's metrics out to every chosen backend."""
+
+    def __init__(self, loggers: Sequence[str], run_dir: Path, project: str = "agentgym", experiment: str = "",
+                 config: dict[str, Any] | None = None) -> None:
+        self.run_dir = run_dir
+        self.backends: list[Any] = []
+        self.jsonl_path: Path | None = None
+        self.tensorboard_dir: Path | None = None
+        for name in loggers:
+            if name == "console":
+                self.backends.append(ConsoleLogger())
+            elif name == "jsonl":
+                self.jsonl_path = run_dir / "metrics.jsonl"
+                self.backends.append(JsonlLogger(self.jsonl_path))
+            elif name == "tensorboard":
+                self.tensorboard_dir = run_dir / "tensorboard"
+                self.backends.append(TensorBoardLogger(self.tensorboard_dir))
+            elif name == "wandb":
+                self.backends.append(WandbLogger(project, experiment, config or {}, run_dir))
+            else:
+                raise ValueError(f"unknown logger {name!r}; choose from console, jsonl, tensorboard, wandb")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        for backend in self.backends:
+            backend.log(clean, step)
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
+
+
+class Progress:
+    """The live line: ``train  3/8 [00:12<00:20, 4.1s/step, reward=0.12, success=0.05]``."""
+
+    def __init__(self, total: int, initial: int = 0, enabled: bool = True) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True,
+                        disable=not enabled, file=sys.stderr)
+
+    def update(self, metrics: dict[str, float]) -> None:
+        postfix = {}
+        for key, short in (("reward/mean", "reward"), ("success_rate", "success"),
+                           ("val/success_rate", "val_success")):
+            if key in metrics:
+                postfix[short] = f"{metrics[key]:.3f}"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def write_samples(path: Path, trajectories: Sequence[Trajectory], step: int, count: int, tag: str = "train") -> None:
+    """Append ``count`` trajectories (spread over the batch) with their decoded turns."""
+    if count <= 0 or not trajectories:
+        return
+    stride = max(1, len(trajectories) // count)
+    chosen = list(trajectories)[::stride][:count]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for traj in chosen:
+            record = {"step": step, "split": tag, "group_id": traj.group_id, "seed": traj.seed,
+                      "status": traj.status, "total_reward": traj.total_reward,
+                      "outcome_reward": traj.outcome_reward, "metrics": traj.metrics,
+                      "turns": [{"response": t.response_text, "reward": t.reward,
+                                 "weight_version": t.weight_version, "finish_reason": t.finish_reason,
+                                 "observation": t.observation} for t in traj.turns],
+                      "failure": traj.failure}
+            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+
+
+def trajectory_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> dict[str, float]:
+    """Reward, outcome, success, turns and lengths over a batch of episodes (all of them)."""
+    trajs = list(trajectories)
+    if not trajs:
+        return {}
+
+    def mean(xs: Sequence[float]) -> float:
+        return sum(xs) / len(xs) if xs else 0.0
+
+    rewards = [t.total_reward for t in trajs]
+    success = [float(t.metrics.get("success", float(t.outcome_reward > 0))) for t in trajs]
+    response_lengths = [float(t.response_length()) for t in trajs]
+    sampled = [float(sum(len(turn.response_ids) for turn in t.turns)) for t in trajs]
+    out = {
+        "reward/mean": mean(rewards),
+        "reward/max": max(rewards),
+        "reward/min": min(rewards),
+        "reward/std": _std(rewards),
+        "outcome_reward/mean": mean([t.outcome_reward for t in trajs]),
+        "turn_reward/mean": mean([sum(turn.reward for turn in t.turns) for t in trajs]),
+        "success_rate": mean(success),
+        "turns/mean": mean([float(t.num_turns) for t in trajs]),
+        "response_length/mean": mean(response_lengths),
+        "response_length/max": max(response_lengths),
+        "sampled_tokens/mean": mean(sampled),
+        "prompt_length/mean": mean([float(t.prompt_length()) for t in trajs]),
+        "episodes": float(len(trajs)),
+        "failed": float(sum(t.status == "failed" for t in trajs)),
+        "truncated": float(sum(t.status == "truncated" for t in trajs)),
+    }
+    return {prefix + k: v for k, v in out.items()}
+
+
+def _std(xs: Sequence[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))

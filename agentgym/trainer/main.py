@@ -1,0 +1,147 @@
+"""``agentgym train``: build the config, the rollout side and the trainer, run, summarise.
+
+    agentgym train --env sokoban
+    agentgym train --env sokoban data.train_batch_size=8 algorithm=ppo trainer.logger=[console,tensorboard]
+
+From Python, ``train(cfg, source=...)`` runs the same loop on any ``TrajectorySource``
+(``agentgym.trainer.sources``): this is where the gateway plugs in its agent trajectories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from omegaconf import DictConfig
+
+from agentgym.config import ConfigError, load_config, world_size
+
+
+def describe(cfg: DictConfig) -> str:
+    a = cfg.actor_rollout_ref
+    steps = cfg.trainer.total_training_steps
+    return (
+        f"agentgym train: env {cfg.env.name} | model {a.model.path} | {cfg.algorithm.adv_estimator}"
+        f"{' + critic' if cfg.critic.enable else ''} | {cfg.data.train_batch_size} tasks x {a.rollout.n} "
+        f"per step | {steps if steps is not None else str(cfg.trainer.total_epochs) + ' epoch(s)'} steps | "
+        f"{world_size(cfg)} worker(s){' on Ray' if cfg.trainer.use_ray else ' in-process'} | "
+        f"{a.rollout.name} server(s) | run dir {cfg.trainer.default_local_dir}"
+    )
+
+
+def train(cfg: DictConfig, source: Any = None, servers: Any = None, show_progress: bool = True) -> dict[str, Any]:
+    """Run a training config to the end; returns the trainer's summary.
+
+    ``source``: a ``TrajectorySource`` (default: ``EnvRolloutSource`` over ``env.name``).
+    ``servers``: a ``RolloutServers`` (default: started from ``actor_rollout_ref.rollout``);
+    pass ``servers=False`` with a source that needs no policy servers (no weight sync).
+    """
+    from agentgym.trainer.ppo_trainer import PPOTrainer
+    from agentgym.trainer.weight_sync import RolloutServers
+
+    started_ray = False
+    if servers is None:
+        servers = RolloutServers(cfg)
+    elif servers is False:
+        servers = None
+    trainer = None
+    try:
+        if source is None:
+            if not cfg.env.name:
+                raise ConfigError("no env to train on: pass --env NAME (see `agentgym envs`) or set env.name")
+            from agentgym.model import load_tokenizer
+            from agentgym.trainer.sources import EnvRolloutSource
+
+            source = EnvRolloutSource(cfg, servers.client, load_tokenizer(str(cfg.actor_rollout_ref.model.path)))
+        trainer = PPOTrainer(cfg, source, servers, show_progress=show_progress)
+        if cfg.trainer.use_ray:
+            import ray
+
+            started_ray = not ray.is_initialized()
+        return trainer.fit()
+    finally:
+        if trainer is not None:
+            trainer.shutdown()
+        elif servers is not None:
+            servers.stop()
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _check_env(name: str) -> None:
+    from agentgym.registry import env_spec
+
+    try:
+        env_spec(name)
+    except KeyError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _agent_source(cfg: DictConfig, agent: str, servers: Any) -> Any:
+    """The gateway's trajectory source for ``--agent module:function``."""
+    try:
+        from agentgym.server import gateway
+    except ImportError as exc:
+        raise SystemExit(f"agentgym train --agent needs agentgym.server.gateway, which failed to import: {exc}") from exc
+    factory = getattr(gateway, "trajectory_source", None)
+    if factory is None:
+        raise SystemExit("this agentgym's gateway has no trajectory_source(cfg, agent, servers) yet; "
+                         "train on an env with --env NAME")
+    return factory(cfg, agent, servers)
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    metrics = summary.get("metrics") or {}
+    val = summary.get("val_metrics") or {}
+    lines = [f"done: {summary['steps']} steps in {summary['seconds']:.0f} s"]
+    keys = ("reward/mean", "outcome_reward/mean", "success_rate", "response_length/mean", "turns/mean",
+            "actor/pg_loss", "actor/entropy", "actor/grad_norm", "timing_s/step", "weight_sync/save_s",
+            "weight_sync/load_s")
+    shown = [f"{k} {metrics[k]:.4g}" for k in keys if k in metrics]
+    if shown:
+        lines.append("  last step: " + " | ".join(shown))
+    vshown = [f"{k} {val[k]:.4g}" for k in ("val/reward/mean", "val/success_rate", "val/turns/mean") if k in val]
+    if vshown:
+        lines.append("  validation: " + " | ".join(vshown))
+    lines.append(f"  run dir:     {summary['run_dir']}")
+    if summary.get("checkpoint"):
+        lines.append(f"  checkpoint:  {summary['checkpoint']} (resume: run the same command again)")
+    if summary.get("hf_model"):
+        lines.append(f"  final model: {summary['hf_model']} (agentgym serve --model {summary['hf_model']})")
+    if summary.get("metrics_file"):
+        lines.append(f"  metrics:     {summary['metrics_file']}")
+    if summary.get("tensorboard"):
+        lines.append(f"  tensorboard: tensorboard --logdir {summary['tensorboard']}")
+    lines.append(f"  samples:     {summary['samples_file']}")
+    return "\n".join(lines)
+
+
+def train_command(args: argparse.Namespace) -> int:
+    """The ``agentgym train`` subcommand."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    env = getattr(args, "env", None)
+    agent = getattr(args, "agent", None)
+    try:
+        cfg = load_config(env=env, config_file=getattr(args, "config", None), overrides=list(args.overrides or ()))
+        if agent is None:
+            if not cfg.env.name:
+                raise ConfigError("no env to train on: pass --env NAME (see `agentgym envs`) or --agent MODULE:FUNCTION")
+            _check_env(str(cfg.env.name))
+    except ConfigError as exc:
+        print(f"agentgym train: {exc}", file=sys.stderr)
+        return 2
+    print(describe(cfg), flush=True)
+    source = None
+    servers = None
+    if agent is not None:
+        from agentgym.trainer.weight_sync import RolloutServers
+
+        servers = RolloutServers(cfg)
+        source = _agent_source(cfg, agent, servers)
+    summary = train(cfg, source=source, servers=servers)
+    print(summary_text(summary), flush=True)
+    return 0

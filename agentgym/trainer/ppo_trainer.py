@@ -1,0 +1,440 @@
+"""The single-controller PPO driver: one process that owns the loop and calls worker groups.
+
+One training step, top to bottom (each phase timed as ``timing_s/<phase>``):
+
+1. ``gen``: the trajectory source returns this step's trajectories (env episodes from the
+   policy servers, or anything else that yields ``Trajectory`` objects).
+2. ``batch``: trajectories -> padded tensors; turn and outcome rewards go onto tokens
+   weighted by ``algorithm.turn_reward_coef`` / ``algorithm.outcome_reward_coef``.
+3. ``old_log_prob``: the actor's log-probs before the update; or the servers' own
+   (``actor.use_rollout_log_probs``); or, with one epoch over one mini-batch, the update's
+   own first forward pass (the weights have not moved, so it is the same number).
+4. ``ref``: the reference policy's log-probs, only when a KL term is on.
+5. ``values``: the critic's values, only for ``gae``.
+6. ``adv``: KL in the reward (``algorithm.use_kl_in_reward``), then the advantage
+   estimator named by ``algorithm.adv_estimator`` (``algos.compute_advantage``).
+7. ``update_critic`` / ``update_actor``: ``ppo_epochs`` x mini-batches x micro-batches with
+   gradient accumulation and clipping, on every rank (``batch.update_plan``).
+8. ``weight_sync``: the new weights go to every policy server as version ``step``.
+
+Validation runs every ``trainer.test_freq`` steps (and before and after training);
+checkpoints every ``trainer.save_freq`` steps (and at the end); ``resume_mode=auto``
+continues from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from agentgym.config import uses_reference, world_size
+from agentgym.trainer import algos, checkpoint
+from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, update_plan
+from agentgym.trainer.loggers import Progress, Tracking, trajectory_metrics, write_samples
+from agentgym.trainer.workers import CriticWorker, PolicyWorker, WorkerGroup, rng_state, set_rng_state
+from agentgym.types import Trajectory
+
+log = logging.getLogger("agentgym.trainer")
+
+
+@contextlib.contextmanager
+def timer(name: str, timing: dict[str, float]) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
+
+
+def init_ray(cfg: DictConfig) -> None:
+    """Start a local Ray cluster, or join ``ray_init.address``."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if ray.is_initialized():
+        return
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.ray_init, resolve=True).items() if v is not None}
+    address = kwargs.pop("address", None)
+    kwargs.setdefault("logging_level", logging.WARNING)
+    kwargs.setdefault("log_to_driver", True)
+    if address:
+        for local_only in ("num_cpus", "num_gpus", "include_dashboard"):
+            kwargs.pop(local_only, None)
+        ray.init(address=address, **kwargs)
+    else:
+        kwargs.setdefault("num_cpus", os.cpu_count() or 1)
+        ray.init(**kwargs)
+
+
+def _mean_dicts(dicts: list[dict[str, float] | None]) -> dict[str, float]:
+    dicts = [d for d in dicts if d]
+    keys = {k for d in dicts for k in d}
+    return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in sorted(keys)}
+
+
+def _masked_stats(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    if mask.sum() == 0:
+        return {}
+    picked = values[mask.bool()]
+    return {f"{name}/mean": float(picked.mean()), f"{name}/max": float(picked.max()), f"{name}/min": float(picked.min())}
+
+
+class PPOTrainer:
+    """Owns the loop; the maths is in ``algos``, the model work in the worker groups."""
+
+    def __init__(self, cfg: DictConfig, source: Any, servers: Any = None, pad_token_id: int | None = None,
+                 show_progress: bool = True) -> None:
+        self.cfg = cfg
+        self.source = source
+        self.servers = servers
+        self.world_size = world_size(cfg)
+        self.use_ray = bool(cfg.trainer.use_ray)
+        self.run_dir = Path(cfg.trainer.default_local_dir)
+        self.show_progress = show_progress
+        self.loop = asyncio.new_event_loop()
+        if pad_token_id is None:
+            from agentgym.model import load_tokenizer
+
+            tok = load_tokenizer(str(cfg.actor_rollout_ref.model.path))
+            pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.pad_token_id = int(pad_token_id or 0)
+        kl = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = algos.get_kl_controller(type=kl.type, kl_coef=float(kl.kl_coef),
+                                               target_kl=float(kl.target_kl), horizon=float(kl.horizon))
+        self.global_step = 0
+        self.actor: WorkerGroup | None = None
+        self.critic: WorkerGroup | None = None
+        self.weight_sync: Any = None
+        self.tracking: Tracking | None = None
+        self.last_metrics: dict[str, float] = {}
+        self.last_val_metrics: dict[str, float] = {}
+        self.total_steps = 0
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def compute_total_steps(self) -> int:
+        cfg = self.cfg.trainer
+        if cfg.total_training_steps is not None:
+            return int(cfg.total_training_steps)
+        per_epoch = getattr(self.source, "steps_per_epoch", None)
+        if per_epoch is None and hasattr(self.source, "steps_per_epoch_async"):
+            per_epoch = self.run(self.source.steps_per_epoch_async())
+        if not per_epoch:
+            raise ValueError(
+                "this trajectory source has no epochs (its tasks are generated from seeds): "
+                "set trainer.total_training_steps"
+            )
+        return int(per_epoch) * int(cfg.total_epochs)
+
+    def init_workers(self) -> None:
+        """Start Ray (unless ``trainer.use_ray=false``) and the actor/ref and critic groups."""
+        self.total_steps = self.compute_total_steps()
+        if self.use_ray:
+            init_ray(self.cfg)
+        plain = OmegaConf.to_container(self.cfg, resolve=True)
+        cuda = self.cfg.trainer.device == "cuda" or (self.cfg.trainer.device == "auto" and torch.cuda.is_available())
+        groups = 2 if self.cfg.critic.enable else 1
+        num_gpus = 1.0 / groups if cuda and self.use_ray else 0.0
+        self.actor = WorkerGroup(PolicyWorker, plain, self.world_size, self.use_ray, "actor", num_gpus)
+        pending = [self.actor.call_async("init_model", self.total_steps, uses_reference(self.cfg))]
+        if self.cfg.critic.enable:
+            self.critic = WorkerGroup(CriticWorker, plain, self.world_size, self.use_ray, "critic", num_gpus)
+            pending.append(self.critic.call_async("init_model", self.total_steps))
+        self.actor.get(pending[0])
+        if self.critic is not None:
+            self.critic.get(pending[1])
+        if self.servers is not None:
+            from agentgym.trainer.weight_sync import WeightSync
+
+            self.weight_sync = WeightSync(self.servers, self.actor)
+
+    # ---- one step -------------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        actor_cfg = cfg.actor_rollout_ref.actor
+        n = int(cfg.actor_rollout_ref.rollout.n)
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        step_start = time.perf_counter()
+
+        with timer("gen", timing):
+            trajectories: list[Trajectory] = self.run(self.source.collect(step))
+        metrics.update(trajectory_metrics(trajectories))
+        for key in ("template_mismatch", "throughput/episodes_per_s"):
+            if key in getattr(self.source, "last_metrics", {}):
+                metrics[f"rollout/{key}"] = float(self.source.last_metrics[key])
+        write_samples(self.run_dir / "samples.jsonl", trajectories, step, int(cfg.trainer.log_samples))
+
+        with timer("batch", timing):
+            batch, skipped = build_batch(
+                trajectories, self.pad_token_id, float(cfg.algorithm.turn_reward_coef),
+                float(cfg.algorithm.outcome_reward_coef), int(cfg.data.max_prompt_length),
+                int(cfg.data.max_response_length),
+            )
+            rows = len(batch)
+            for reason, count in skipped.items():
+                metrics[f"batch/skipped_{reason}"] = float(count)
+            actor_minis = max(1, rows // (int(actor_cfg.ppo_mini_batch_size) * n))
+            critic_minis = max(1, rows // (int(cfg.critic.ppo_mini_batch_size) * n)) if self.critic else 1
+            batch, pad_rows = pad_for_workers(batch, self.world_size, [actor_minis, critic_minis])
+            shards = [list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
+                      for r in range(self.world_size)]
+        if not bool(batch["valid"].any()):
+            log.warning("step %d: no trajectory in the batch can be trained on (%s); skipping the update",
+                        step, ", ".join(f"{k}: {v}" for k, v in skipped.items()))
+            timing["timing_s/step"] = time.perf_counter() - step_start
+            metrics.update(timing)
+            metrics["batch/trainable"] = 0.0
+            return metrics
+        epochs = int(actor_cfg.ppo_epochs)
+        on_policy_single_pass = epochs == 1 and actor_minis == 1
+        need_old = not actor_cfg.use_rollout_log_probs and (
+            not on_policy_single_pass or cfg.algorithm.use_kl_in_reward)
+
+        # ---- log-probs, reference, values (actor and critic groups work at the same time) ----
+        shared = self.actor.put(batch.tensors)
+        per_rank = [(shard,) for shard in shards]
+        critic_pending = None
+        if self.critic is not None:
+            critic_started = time.perf_counter()
+            critic_pending = self.critic.call_async("compute_values", shared, per_rank=per_rank)
+        if need_old:
+            with timer("old_log_prob", timing):
+                outs = self.actor.call("compute_log_prob", shared, per_rank=per_rank)
+                batch["old_log_probs"] = torch.cat([o["old_log_probs"] for o in outs])
+                entropy = torch.cat([o["entropys"] for o in outs])
+                metrics["actor/entropy_before_update"] = float(algos.masked_mean(entropy, batch["response_mask"]))
+        elif actor_cfg.use_rollout_log_probs:
+            batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+        if uses_reference(cfg):
+            with timer("ref", timing):
+                outs = self.actor.call("compute_ref_log_prob", shared, per_rank=per_rank)
+                batch["ref_log_prob"] = torch.cat([o["ref_log_prob"] for o in outs])
+        if critic_pending is not None:
+            batch["values"] = torch.cat([o["values"] for o in self.critic.get(critic_pending)])
+            timing["timing_s/values"] = time.perf_counter() - critic_started
+
+        # ---- advantages -----------------------------------------------------------------------
+        with timer("adv", timing):
+            mask = batch["response_mask"]
+            rewards = batch["token_level_scores"]
+            if cfg.algorithm.use_kl_in_reward:
+                old = batch["old_log_probs"] if "old_log_probs" in batch.tensors else batch["rollout_log_probs"]
+                rewards, kl_metrics = algos.apply_kl_penalty(rewards, old, batch["ref_log_prob"], mask,
+                                                             self.kl_ctrl, str(cfg.algorithm.kl_penalty))
+                metrics.update(kl_metrics)
+            batch["token_level_rewards"] = rewards
+            advantages, returns = algos.compute_advantage(
+                str(cfg.algorithm.adv_estimator), token_level_rewards=rewards, response_mask=mask,
+                values=batch.tensors.get("values"), index=np.array(batch.uid, dtype=object),
+                gamma=float(cfg.algorithm.gamma), lam=float(cfg.algorithm.lam),
+                norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo),
+            )
+            batch["advantages"] = advantages * mask
+            batch["returns"] = returns
+        metrics.update(self._batch_metrics(batch))
+
+        # ---- updates --------------------------------------------------------------------------
+        shared = self.actor.put(batch.tensors)
+        plan_seed = int(cfg.trainer.seed) * 100_003 + step
+        scale = float(cfg.data.max_response_length)
+        critic_update = None
+        if self.critic is not None:
+            critic_plan = update_plan(mask, rows, pad_rows, critic_minis, int(cfg.critic.ppo_epochs),
+                                      self.world_size, bool(actor_cfg.shuffle), plan_seed,
+                                      str(cfg.critic.loss_agg_mode), scale)
+            critic_started = time.perf_counter()
+            critic_update = self.critic.call_async("update_critic", shared, per_rank=[(p,) for p in critic_plan])
+        actor_plan = update_plan(mask, rows, pad_rows, actor_minis, epochs, self.world_size,
+                                 bool(actor_cfg.shuffle), plan_seed, str(actor_cfg.loss_agg_mode), scale)
+        with timer("update_actor", timing):
+            actor_metrics = _mean_dicts(self.actor.call("update_actor", shared, per_rank=[(p,) for p in actor_plan]))
+        update_tokens = actor_metrics.pop("perf/update_tokens", 0.0) * self.world_size
+        actor_metrics.pop("perf/update_s", None)
+        metrics.update(actor_metrics)
+        if critic_update is not None:
+            metrics.update(_mean_dicts(self.critic.get(critic_update)))
+            timing["timing_s/update_critic"] = time.perf_counter() - critic_started
+
+        # ---- weights back to the servers ------------------------------------------------------------
+        if self.weight_sync is not None:
+            with timer("weight_sync", timing):
+                metrics.update(self.run(self.weight_sync.push(step)))
+
+        timing["timing_s/step"] = time.perf_counter() - step_start
+        metrics.update(timing)
+        total_tokens = float(batch["attention_mask"][: rows].sum())
+        metrics["perf/total_tokens"] = total_tokens
+        metrics["perf/throughput_tokens_per_s"] = total_tokens / timing["timing_s/step"]
+        metrics["perf/update_tokens_per_s"] = update_tokens / max(timing["timing_s/update_actor"], 1e-9)
+        metrics["training/global_step"] = float(step)
+        return metrics
+
+    def _batch_metrics(self, batch: Batch) -> dict[str, float]:
+        """veRL's ``critic/*`` batch statistics over the rows that train."""
+        mask = batch["response_mask"]
+        valid = batch["valid"]
+        out: dict[str, float] = {"batch/trainable": float(valid.sum())}
+        if valid.sum() == 0:
+            return out
+        out["critic/score/mean"] = float(batch["token_level_scores"].sum(-1)[valid].mean())
+        out["critic/rewards/mean"] = float(batch["token_level_rewards"].sum(-1)[valid].mean())
+        out.update(_masked_stats("critic/advantages", batch["advantages"], mask))
+        out.update(_masked_stats("critic/returns", batch["returns"], mask))
+        if "values" in batch.tensors:
+            out.update(_masked_stats("critic/values", batch["values"], mask))
+        out["response_length/sampled_mean"] = float(mask.sum(-1)[valid].mean())
+        return out
+
+    # ---- validation -----------------------------------------------------------------------------
+    def validate(self, step: int) -> dict[str, float]:
+        if not hasattr(self.source, "validate"):
+            return {}
+        started = time.perf_counter()
+        trajectories = self.run(self.source.validate())
+        if not trajectories:
+            return {}
+        metrics = trajectory_metrics(trajectories, prefix="val/")
+        by_source: dict[str, list[Trajectory]] = {}
+        for traj in trajectories:
+            by_source.setdefault(traj.data_source or traj.env_id or "env", []).append(traj)
+        if len(by_source) > 1:
+            for name, group in by_source.items():
+                for key in ("reward/mean", "success_rate"):
+                    metrics[f"val/{name}/{key}"] = trajectory_metrics(group)[key]
+        metrics["timing_s/validate"] = time.perf_counter() - started
+        write_samples(self.run_dir / "samples.jsonl", trajectories, step, int(self.cfg.trainer.log_samples), "val")
+        return metrics
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> Path:
+        directory = checkpoint.step_dir(self.run_dir, step)
+        directory.mkdir(parents=True, exist_ok=True)
+        pending = [self.actor.call_async("save_checkpoint", str(directory))]
+        if self.critic is not None:
+            pending.append(self.critic.call_async("save_checkpoint", str(directory)))
+        self.actor.get(pending[0])
+        if self.critic is not None:
+            self.critic.get(pending[1])
+        state = {
+            "global_step": step,
+            "source": self.source.state_dict() if hasattr(self.source, "state_dict") else None,
+            "kl_ctrl_value": self.kl_ctrl.value,
+            "rng": rng_state(),
+            "config": OmegaConf.to_container(self.cfg, resolve=True),
+        }
+        checkpoint.save_trainer_state(directory, state)
+        checkpoint.mark_latest(self.run_dir, step)
+        checkpoint.prune(self.run_dir, self.cfg.trainer.max_actor_ckpt_to_keep)
+        return directory
+
+    def load_checkpoint(self, directory: Path) -> int:
+        state = checkpoint.load_trainer_state(directory)
+        self.actor.call("load_checkpoint", str(directory))
+        if self.critic is not None:
+            self.critic.call("load_checkpoint", str(directory))
+        if state.get("source") is not None and hasattr(self.source, "load_state_dict"):
+            self.source.load_state_dict(state["source"])
+        self.kl_ctrl.value = float(state["kl_ctrl_value"])
+        set_rng_state(state["rng"])
+        self.global_step = int(state["global_step"])
+        return self.global_step
+
+    def save_hf_model(self) -> Path:
+        target = self.run_dir / "huggingface"
+        self.actor.call("save_hf", str(target))
+        return target
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train to ``total_steps``; returns a summary (final metrics, where things are)."""
+        cfg = self.cfg.trainer
+        if self.actor is None:
+            self.init_workers()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
+        resumed_from = checkpoint.resume_dir(self.run_dir, str(cfg.resume_mode), cfg.resume_from_path)
+        if resumed_from is not None:
+            self.load_checkpoint(resumed_from)
+            if self.weight_sync is not None:  # the servers still hold the initial weights
+                self.run(self.weight_sync.push(self.global_step))
+            log.info("resumed from %s (step %d)", resumed_from, self.global_step)
+        seed = int(cfg.seed)
+        if resumed_from is None:
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+        self.tracking = Tracking(list(cfg.logger), self.run_dir, str(cfg.project_name), str(cfg.experiment_name),
+                                 OmegaConf.to_container(self.cfg, resolve=True))
+        test_freq, save_freq = int(cfg.test_freq), int(cfg.save_freq)
+        started = time.perf_counter()
+        if resumed_from is not None:
+            print(f"resuming from {resumed_from} at step {self.global_step}", flush=True)
+        if cfg.val_before_train and self.global_step == 0:
+            val = self.validate(0)
+            if val:
+                self.last_val_metrics = val
+                self.tracking.log(val, 0)
+        progress = Progress(self.total_steps, initial=self.global_step, enabled=self.show_progress)
+        last_saved: Path | None = None
+        try:
+            for step in range(self.global_step + 1, self.total_steps + 1):
+                metrics = self.train_step(step)
+                self.global_step = step
+                last = step == self.total_steps
+                if (test_freq > 0 and step % test_freq == 0) or last:
+                    val = self.validate(step)
+                    metrics.update(val)
+                    self.last_val_metrics = val or self.last_val_metrics
+                if (save_freq > 0 and step % save_freq == 0) or last:
+                    with timer("save_checkpoint", metrics):
+                        last_saved = self.save_checkpoint(step)
+                self.last_metrics = metrics
+                self.tracking.log(metrics, step)
+                progress.update(metrics)
+        finally:
+            progress.close()
+        hf_dir = self.save_hf_model() if cfg.save_hf_model and self.global_step > 0 else None
+        return {
+            "steps": self.global_step,
+            "seconds": time.perf_counter() - started,
+            "metrics": self.last_metrics,
+            "val_metrics": self.last_val_metrics,
+            "run_dir": str(self.run_dir),
+            "checkpoint": str(last_saved) if last_saved else None,
+            "hf_model": str(hf_dir) if hf_dir else None,
+            "metrics_file": str(self.tracking.jsonl_path) if self.tracking.jsonl_path else None,
+            "tensorboard": str(self.tracking.tensorboard_dir) if self.tracking.tensorboard_dir else None,
+            "samples_file": str(self.run_dir / "samples.jsonl"),
+        }
+
+    def shutdown(self) -> None:
+        if self.tracking is not None:
+            self.tracking.close()
+        if self.weight_sync is not None:
+            self.weight_sync.cleanup()
+        for group in (self.actor, self.critic):
+            if group is not None:
+                group.shutdown()
+        with contextlib.suppress(Exception):
+            if hasattr(self.source, "aclose"):
+                self.run(self.source.aclose())
+        if self.servers is not None:
+            with contextlib.suppress(Exception):
+                self.run(self.servers.aclose())
+            self.servers.stop()
+        self.loop.close()

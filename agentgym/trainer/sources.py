@@ -1,0 +1,207 @@
+"""Where the trainer's trajectories come from.
+
+The trainer asks a ``TrajectorySource`` for one step's trajectories and does not care who
+made them: ``EnvRolloutSource`` runs a registered env against the policy servers with the
+rollout runner; ``FixedTrajectorySource`` replays given trajectories (tests, replays); the
+gateway plugs in its own source for black-box agents (``agentgym train --agent``).
+
+A source must have ``async collect(step) -> list[Trajectory]`` (trajectories of one task
+share a ``group_id``). It may also have
+
+* ``async validate() -> list[Trajectory]``: the validation episodes (greedy by default);
+* ``steps_per_epoch``: steps in one pass over a dataset (None: endless, e.g. seeds);
+* ``state_dict()`` / ``load_state_dict(state)``: its data order, saved in checkpoints;
+* ``async aclose()``.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from agentgym.types import Trajectory
+
+
+@runtime_checkable
+class TrajectorySource(Protocol):
+    """Anything that hands the trainer one step's trajectories."""
+
+    async def collect(self, step: int) -> list[Trajectory]: ...
+
+
+class TaskSampler:
+    """The data order: which tasks each step trains on.
+
+    A dataset env (``num_tasks`` rows) is walked epoch by epoch, each epoch a permutation
+    seeded by ``(seed, epoch)`` when ``shuffle`` (veRL's ``data.shuffle``), dropping the
+    last incomplete batch. A generated env (``num_tasks`` None) takes consecutive seeds from
+    ``seed_start``. ``state_dict`` is the position, so a resumed run sees the same tasks.
+    """
+
+    def __init__(self, num_tasks: int | None, batch_size: int, seed: int = 0, shuffle: bool = True,
+                 seed_start: int = 0) -> None:
+        if num_tasks is not None and num_tasks < batch_size:
+            raise ValueError(
+                f"the env has {num_tasks} tasks, fewer than data.train_batch_size={batch_size}; "
+                "lower data.train_batch_size or give more data"
+            )
+        self.num_tasks = num_tasks
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.seed_start = seed_start
+        self.epoch = 0
+        self.position = 0
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        return None if self.num_tasks is None else self.num_tasks // self.batch_size
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(self.num_tasks or 0))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next_batch(self) -> list[dict[str, int]]:
+        """The next step's tasks as ``{"seed": s}`` or ``{"seed": s, "index": row}``."""
+        if self.num_tasks is None:
+            start = self.seed_start + self.position
+            self.position += self.batch_size
+            return [{"seed": start + i} for i in range(self.batch_size)]
+        if self.position + self.batch_size > self.num_tasks:
+            self.epoch += 1
+            self.position = 0
+        rows = self._order(self.epoch)[self.position : self.position + self.batch_size]
+        self.position += self.batch_size
+        return [{"seed": self.seed_start + self.epoch * self.num_tasks + row, "index": row} for row in rows]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+
+
+class FixedTrajectorySource:
+    """Replays fixed batches: step ``s`` gets ``batches[(s - 1) % len(batches)]`` (fresh copies)."""
+
+    def __init__(self, batches: Sequence[Sequence[Trajectory]], validation: Sequence[Trajectory] = ()) -> None:
+        if not batches:
+            raise ValueError("FixedTrajectorySource needs at least one batch")
+        self.batches = [list(b) for b in batches]
+        self.validation = list(validation)
+        self.steps_per_epoch: int | None = len(self.batches)
+
+    async def collect(self, step: int) -> list[Trajectory]:
+        return copy.deepcopy(self.batches[(step - 1) % len(self.batches)])
+
+    async def validate(self) -> list[Trajectory]:
+        return copy.deepcopy(self.validation)
+
+
+class EnvRolloutSource:
+    """Episodes of a registered env, sampled from the policy servers by the rollout runner.
+
+    Training: ``data.train_batch_size`` tasks per step (``TaskSampler``), ``rollout.n``
+    episodes each. Validation: ``data.val_batch_size`` tasks (seeds from
+    ``env.val_seed_start``, or the rows of ``data.val_files``), sampled with
+    ``rollout.val_kwargs`` (greedy by default).
+    """
+
+    def __init__(self, cfg: Any, client: Any, tokenizer: Any) -> None:
+        from agentgym.rollout.runner import RolloutConfig, RolloutRunner
+
+        self.cfg = cfg
+        rollout = cfg.actor_rollout_ref.rollout
+        env_cfg = cfg.env
+        common = {
+            "max_tokens": int(rollout.max_tokens_per_turn),
+            "prompt_length": int(cfg.data.max_prompt_length),
+            "response_length": int(cfg.data.max_response_length),
+            "max_turns": rollout.multi_turn.max_assistant_turns,
+            "max_concurrency": int(rollout.concurrency),
+            "env_executor": env_cfg.executor,
+            "env_timeout": env_cfg.timeout,
+        }
+        train_kwargs = dict(env_cfg.kwargs)
+        if cfg.data.train_files:
+            train_kwargs["data_files"] = _files(cfg.data.train_files)
+        val_kwargs = {**train_kwargs, **dict(env_cfg.val_kwargs)}
+        if cfg.data.val_files:
+            val_kwargs["data_files"] = _files(cfg.data.val_files)
+        self.train_runner = RolloutRunner(
+            env_cfg.name, client, tokenizer,
+            RolloutConfig(n=int(rollout.n), temperature=float(rollout.temperature), top_p=float(rollout.top_p),
+                          top_k=int(rollout.top_k), **common),
+            env_kwargs=train_kwargs,
+        )
+        val = rollout.val_kwargs
+        self.val_runner = RolloutRunner(
+            env_cfg.name, client, tokenizer,
+            RolloutConfig(n=int(val.n), temperature=float(val.temperature), top_p=float(val.top_p),
+                          top_k=int(val.top_k), **common),
+            env_kwargs=val_kwargs,
+        )
+        self.sampler: TaskSampler | None = None
+        self._pending_state: dict[str, int] | None = None
+        self.last_metrics: dict[str, float] = {}
+
+    async def _sampler(self) -> TaskSampler:
+        if self.sampler is None:
+            info = await self.train_runner.env_info()
+            self.sampler = TaskSampler(info.get("num_tasks"), int(self.cfg.data.train_batch_size),
+                                       seed=int(self.cfg.trainer.seed), shuffle=bool(self.cfg.data.shuffle),
+                                       seed_start=int(self.cfg.env.train_seed_start))
+            if self._pending_state is not None:
+                self.sampler.load_state_dict(self._pending_state)
+        return self.sampler
+
+    async def steps_per_epoch_async(self) -> int | None:
+        return (await self._sampler()).steps_per_epoch
+
+    async def collect(self, step: int) -> list[Trajectory]:
+        from agentgym.rollout.runner import Task
+
+        sampler = await self._sampler()
+        tasks = [Task(seed=t["seed"], index=t.get("index")) for t in sampler.next_batch()]
+        result = await self.train_runner.run(tasks)
+        self.last_metrics = result.metrics
+        return result.trajectories
+
+    async def validate(self) -> list[Trajectory]:
+        from agentgym.rollout.runner import Task
+
+        info = await self.val_runner.env_info()
+        count = int(self.cfg.data.val_batch_size)
+        num_tasks = info.get("num_tasks")
+        if num_tasks is None:
+            start = int(self.cfg.env.val_seed_start)
+            tasks = [Task(seed=start + i) for i in range(count)]
+        else:
+            tasks = [Task(seed=i, index=i) for i in range(min(count, num_tasks))]
+        return (await self.val_runner.run(tasks)).trajectories
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict() if self.sampler is not None else self._pending_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("sampler") is None:
+            return
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state["sampler"])
+        else:
+            self._pending_state = dict(state["sampler"])
+
+    async def aclose(self) -> None:
+        await self.train_runner.aclose()
+        await self.val_runner.aclose()
+
+
+def _files(value: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value

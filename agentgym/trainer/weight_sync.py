@@ -1,0 +1,121 @@
+"""The rollout side's servers, and pushing the trained weights back to them.
+
+``RolloutServers`` starts the policy servers the rollout samples from (``rollout.name``:
+embedded | vllm | sglang; ``rollout.num_servers`` of them), or talks to running ones
+(``rollout.server_urls``), and holds the ``PolicyClient`` over all of them.
+
+``WeightSync.push(version)`` runs after every update: the actor's rank 0 writes the whole
+policy as one safetensors file under ``/dev/shm`` (RAM; the temp directory where there is
+no ``/dev/shm``), and every server loads it and reports ``version`` from then on. When
+the actor lives in this process and a server is an embedded one in this process too, the
+weights are copied straight from the actor's tensors, with no file at all. Both halves
+are timed (``weight_sync/save_s``, ``weight_sync/load_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+
+class RolloutServers:
+    """Policy servers for the rollout: ``handles`` we started, ``urls`` of all, one ``client``."""
+
+    def __init__(self, cfg: Any) -> None:
+        from agentgym.server.client import PolicyClient
+
+        rollout = cfg.actor_rollout_ref.rollout
+        self.backend = str(rollout.name)
+        self.handles: list[Any] = []
+        urls = [str(u) for u in rollout.server_urls]
+        model = str(cfg.actor_rollout_ref.model.path)
+        if not urls:
+            from agentgym.server.launch import start_policy_server
+
+            kwargs: dict[str, Any] = {}
+            if self.backend == "embedded":
+                if rollout.device:
+                    kwargs["device"] = str(rollout.device)
+                kwargs["max_model_len"] = int(cfg.data.max_prompt_length + cfg.data.max_response_length)
+                kwargs["max_batch_size"] = max(1, int(rollout.concurrency))
+            else:
+                kwargs.update(gpu_memory_utilization=float(rollout.gpu_memory_utilization),
+                              tensor_parallel_size=int(rollout.tensor_model_parallel_size),
+                              max_model_len=int(cfg.data.max_prompt_length + cfg.data.max_response_length))
+            try:
+                for _ in range(int(rollout.num_servers)):
+                    self.handles.append(start_policy_server(self.backend, model, port=0, **kwargs))
+            except BaseException:
+                self.stop()
+                raise
+            urls = [h.url for h in self.handles]
+        self.urls = urls
+        self.client = PolicyClient(urls, backend=self.backend,
+                                   model=self.handles[0].model if self.handles else None)
+
+    def in_process_handles(self) -> list[Any]:
+        """Embedded servers running in this process (they take a state dict directly)."""
+        from agentgym.server.launch import EmbeddedServerHandle
+
+        return [h for h in self.handles if isinstance(h, EmbeddedServerHandle)]
+
+    async def update(self, weights: str | dict[str, Any], version: int) -> None:
+        """Every server loads ``weights`` (a path, or a state dict for in-process servers)."""
+        jobs = [asyncio.to_thread(h.update_weights, weights, version) for h in self.handles]
+        if not self.handles:  # servers someone else runs: SGLang's route through the client
+            if isinstance(weights, dict):
+                raise ValueError("servers given by URL load weights from a path, not a state dict")
+            jobs.append(self.client.update_weights_from_disk(str(weights), version))
+        await asyncio.gather(*jobs)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def stop(self) -> None:
+        for handle in self.handles:
+            with contextlib.suppress(Exception):  # stop the others anyway
+                handle.stop()
+        self.handles = []
+
+
+class WeightSync:
+    """Pushes the actor's weights to every rollout server with a version number."""
+
+    def __init__(self, servers: RolloutServers, actor: Any, directory: str | os.PathLike[str] | None = None) -> None:
+        from agentgym.server.weights import push_dir
+
+        self.servers = servers
+        self.actor = actor  # a WorkerGroup of PolicyWorker
+        base = Path(directory) if directory is not None else push_dir()
+        self.path = base / f"agentgym-policy-{os.getpid()}-{uuid.uuid4().hex[:8]}.safetensors"
+        in_process = servers.in_process_handles()
+        self.direct = not actor.use_ray and len(in_process) == len(servers.handles) and bool(in_process)
+
+    async def push(self, version: int) -> dict[str, float]:
+        started = time.perf_counter()
+        if self.direct:
+            state = self.actor.call_rank0("full_state_dict")
+            saved = time.perf_counter()
+            await self.servers.update(state, version)
+            size = float(sum(t.numel() * t.element_size() for t in state.values()))
+        else:
+            results = await asyncio.to_thread(self.actor.call, "push_weights", str(self.path))
+            size = float(results[0]["bytes"])
+            saved = time.perf_counter()
+            await self.servers.update(str(self.path), version)
+        done = time.perf_counter()
+        return {
+            "weight_sync/save_s": saved - started,
+            "weight_sync/load_s": done - saved,
+            "weight_sync/mb": size / 2**20,
+            "weight_sync/version": float(version),
+        }
+
+    def cleanup(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.path.with_name(self.path.name + ".tmp").unlink(missing_ok=True)

@@ -1,0 +1,123 @@
+"""Checkpoints: veRL's layout, exact resume, and a final model that transformers loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_trainer import make_trajectories
+
+from agentgym.config import load_config
+from agentgym.trainer import checkpoint
+from agentgym.trainer.main import train
+from agentgym.trainer.sources import FixedTrajectorySource, TaskSampler
+
+OVERRIDES = [
+    "trainer.use_ray=false", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
+    "data.max_response_length=64",
+    "algorithm=ppo",                                  # critic and GAE: its state must resume too
+    "actor_rollout_ref.actor.use_kl_loss=true",       # and the reference policy
+    "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # two optimizer steps per epoch ...
+    "actor_rollout_ref.actor.ppo_epochs=2",           # ... and two epochs: AdamW state matters
+    "actor_rollout_ref.actor.shuffle=true", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.optim.warmup_style=cosine",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
+]
+
+
+class Interrupted(Exception):
+    pass
+
+
+class _Source(FixedTrajectorySource):
+    """Fixed batches (one per step); optionally the run is killed when it asks for ``stop_at``."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        super().__init__([make_trajectories(4, 2, seed=100 + s) for s in range(4)])
+        self.stop_at = stop_at
+
+    async def collect(self, step: int):
+        if step == self.stop_at:
+            raise Interrupted(f"stopped before step {step}")
+        return await super().collect(step)
+
+
+def _run(directory, steps: int, *extra: str, stop_at: int | None = None) -> list[dict]:
+    cfg = load_config(env="first_letter", overrides=[*OVERRIDES, f"trainer.default_local_dir={directory}",
+                                                     f"trainer.total_training_steps={steps}", *extra])
+    train(cfg, source=_Source(stop_at), servers=False, show_progress=False)
+    with open(directory / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_resume_continues_exactly(tmp_path):
+    straight = _run(tmp_path / "straight", 3, "trainer.save_freq=-1")
+    stopped = tmp_path / "stopped"
+    with pytest.raises(Interrupted):  # the same run, killed after step 2's checkpoint
+        _run(stopped, 3, "trainer.save_freq=1", stop_at=3)
+    assert (stopped / checkpoint.LATEST_FILE).read_text() == "2"
+    for step in (1, 2):
+        d = stopped / f"global_step_{step}"
+        assert (d / "actor" / "model.pt").is_file() and (d / "actor" / "optim.pt").is_file()
+        assert (d / "critic" / "model.pt").is_file() and (d / checkpoint.STATE_FILE).is_file()
+    resumed = _run(stopped, 3, "trainer.save_freq=1")  # resume_mode=auto picks up global_step_2
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    for key in ("actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "actor/grad_norm", "actor/lr"):
+        assert resumed[-1][key] == pytest.approx(straight[-1][key], abs=1e-6), key
+    assert straight[-1]["actor/pg_loss"] != pytest.approx(straight[-2]["actor/pg_loss"], abs=1e-6)
+    a = torch.load(tmp_path / "straight" / "global_step_3" / "actor" / "model.pt")
+    b = torch.load(stopped / "global_step_3" / "actor" / "model.pt")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+def test_final_model_loads_with_transformers_and_agentgym(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym.model import load_causal_lm, load_tokenizer
+
+    _run(tmp_path, 1, "algorithm=grpo", "actor_rollout_ref.actor.use_kl_loss=false",
+         "actor_rollout_ref.actor.optim.lr_warmup_steps=-1")
+    hf = tmp_path / "huggingface"
+    model = AutoModelForCausalLM.from_pretrained(hf)
+    tokenizer = AutoTokenizer.from_pretrained(hf)
+    assert tokenizer.chat_template and tokenizer("hello")["input_ids"] == load_tokenizer("tiny")("hello")["input_ids"]
+    trained = torch.load(tmp_path / "global_step_1" / "actor" / "model.pt")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, trained[name]), name
+    assert not torch.equal(model.state_dict()["model.norm.weight"], load_causal_lm("tiny").state_dict()["model.norm.weight"])
+    served = load_causal_lm(str(hf))  # what `agentgym serve --model DIR` loads
+    ids = torch.tensor([[5, 6, 7]])
+    assert torch.allclose(served(ids).logits, model(ids).logits)
+    assert load_tokenizer(str(hf)).chat_template
+
+
+def test_resume_modes(tmp_path):
+    assert checkpoint.resume_dir(tmp_path, "auto") is None
+    (tmp_path / "global_step_3").mkdir()
+    checkpoint.save_trainer_state(tmp_path / "global_step_3", {"global_step": 3})
+    checkpoint.mark_latest(tmp_path, 3)
+    assert checkpoint.resume_dir(tmp_path, "auto") == tmp_path / "global_step_3"
+    assert checkpoint.resume_dir(tmp_path, "disable") is None
+    assert checkpoint.resume_dir(tmp_path, "resume_path", str(tmp_path / "global_step_3")) == tmp_path / "global_step_3"
+    with pytest.raises(FileNotFoundError, match="global_step_N"):
+        checkpoint.resume_dir(tmp_path, "resume_path", str(tmp_path))
+    for step in (1, 2):
+        (tmp_path / f"global_step_{step}").mkdir()
+    removed = checkpoint.prune(tmp_path, 2)
+    assert sorted(p.name for p in removed) == ["global_step_1"]
+
+
+def test_task_sampler_state_resumes_the_data_order():
+    a = TaskSampler(num_tasks=10, batch_size=4, seed=3, shuffle=True)
+    seen = [a.next_batch() for _ in range(3)]  # crosses an epoch boundary (10 // 4 = 2 per epoch)
+    b = TaskSampler(num_tasks=10, batch_size=4, seed=3, shuffle=True)
+    b.next_batch()
+    state = b.state_dict()
+    c = TaskSampler(num_tasks=10, batch_size=4, seed=3, shuffle=True)
+    c.load_state_dict(state)
+    assert [c.next_batch(), c.next_batch()] == seen[1:]
+    assert len({t["index"] for t in seen[0] + seen[1]}) == 8  # an epoch never repeats a row
+    seeds = TaskSampler(num_tasks=None, batch_size=2, seed_start=50)
+    assert [seeds.next_batch(), seeds.next_batch()] == [[{"seed": 50}, {"seed": 51}], [{"seed": 52}, {"seed": 53}]]
