@@ -123,6 +123,17 @@ def test_vllm_worker_extension_loads_a_pushed_file(tmp_path):
     path = save_for_push({"a": torch.ones(3), "b": torch.zeros(2)}, tmp_path / "w.safetensors")
     assert worker.agentgym_load_weights(str(path)) == 2
     assert torch.equal(received["a"], torch.ones(3)) and set(received) == {"a", "b"}
+    # newer vLLM: the runner's in-place reload; a tied lm_head is sent along with the embedding
+    reloaded = {}
+
+    def reload_weights(weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+        reloaded.update(dict(weights_iterator))
+
+    worker.model_runner = SimpleNamespace(reload_weights=reload_weights, model_config=SimpleNamespace(
+        hf_config=SimpleNamespace(tie_word_embeddings=True)))
+    path = save_for_push({"model.embed_tokens.weight": torch.ones(4, 2)}, tmp_path / "e.safetensors")
+    worker.agentgym_load_weights(str(path))
+    assert set(reloaded) == {"model.embed_tokens.weight", "lm_head.weight"}
 
 
 def test_subprocess_handle_reports_the_log_tail_and_stops_the_group():

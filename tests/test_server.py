@@ -309,3 +309,17 @@ def test_pause_holds_new_requests_until_resume(server):
     httpx.post(server.url + "/resume_generation")
     thread.join(timeout=30)
     assert result["r"].status_code == 200
+
+
+def test_safetensors_files_round_trip_with_the_reference_library(tmp_path):
+    import safetensors.torch as st
+
+    from agentgym.server.weights import read_safetensors, save_for_push
+
+    tensors = {"a": torch.randn(3, 4), "b": torch.randn(5).bfloat16(), "c": torch.arange(7), "e": torch.empty(0, 3)}
+    tied = {**tensors, "a_tied": tensors["a"]}  # shared storage is written once
+    ours = st.load_file(str(save_for_push(tied, tmp_path / "ours.safetensors")))
+    assert set(ours) == set(tensors) and all(torch.equal(ours[k], v) for k, v in tensors.items())
+    st.save_file(tensors, str(tmp_path / "ref.safetensors"))
+    back = read_safetensors(tmp_path / "ref.safetensors")
+    assert all(torch.equal(back[k], v) and back[k].dtype == v.dtype for k, v in tensors.items())

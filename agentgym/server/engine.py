@@ -258,7 +258,9 @@ class Engine:
                         self._finish(seq, "abort", error=exc)
                     self._reset_batch()
                     busy = False
-                if not busy:
+                if busy:
+                    time.sleep(0)  # let the HTTP thread take the GIL between steps (else requests queue up)
+                else:
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
             for seq in list(self._seqs):

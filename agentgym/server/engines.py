@@ -31,6 +31,7 @@ model directory (safetensors + the served model's config files) that the server 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import shutil
 import subprocess
@@ -129,8 +130,12 @@ def start_engine_server(engine: str, model: str, *, host: str = "127.0.0.1", por
                                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                                tool_call_parser=tool_call_parser, dtype=dtype, extra_args=extra_args, python=python)
     weights = {"vllm": VLLMWeights, "sglang": SGLangWeights}[engine](model_dir=model_path)
+    environment = dict(ENVIRONMENTS[engine])
+    if python != sys.executable:  # the engine's interpreter must find agentgym (vLLM's worker extension)
+        root = str(Path(__file__).resolve().parents[2])
+        environment["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     handle = SubprocessServerHandle(command, f"http://{host}:{port}", engine, name, weights,
-                                    env={**ENVIRONMENTS[engine], **(env or {})}, log_path=log_path)
+                                    env={**environment, **(env or {})}, log_path=log_path)
     handle.wait_ready(timeout)
     return handle
 
@@ -262,13 +267,24 @@ class VLLMWorkerWeights:
         from agentgym.server.weights import load_weights
 
         state = load_weights(path)
-        model = self.model_runner.model  # type: ignore[attr-defined]
+        runner = self.model_runner  # type: ignore[attr-defined]
+        tied = getattr(getattr(runner.model_config, "hf_config", None), "tie_word_embeddings", False)
+        if tied and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+            # vLLM's CPU backend keeps a repacked lm_head apart from the embedding it is tied to:
+            # reloading only the embedding would leave the output layer on the old weights
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        reload = getattr(runner, "reload_weights", None)
+        if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+            # vLLM >= 0.12: in-place layerwise reload that redoes kernel-format processing (repacking)
+            reload(weights_iterator=iter(state.items()), is_checkpoint_format=True)
+            return len(state)
+        model = runner.model
         model.load_weights(weights=iter(state.items()))
         try:  # re-run post-load processing (quantization, repacking) where this vLLM has it
             from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
             device = next(model.parameters()).device
-            process_weights_after_loading(model, self.model_runner.model_config, device)  # type: ignore[attr-defined]
+            process_weights_after_loading(model, runner.model_config, device)
         except (ImportError, TypeError, AttributeError):
             pass
         return len(state)

@@ -9,7 +9,10 @@ a pair of memory copies. ``benchmarks/server.py`` measures it against ``torch.sa
 from __future__ import annotations
 
 import itertools
+import json
+import mmap
 import os
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,13 +30,65 @@ def push_dir() -> Path:
     return Path(tempfile.gettempdir())
 
 
+# safetensors dtype names <-> torch dtypes (the format: u64 header length, JSON header, raw data)
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike[str],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write a standard safetensors file, each tensor's bytes straight from its memory (one copy;
+    ``safetensors.torch.save_file`` makes a ``bytes`` of every tensor first)."""
+    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
+    offset = 0
+    for name, t in tensors.items():
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for t in tensors.values():
+            if t.numel():
+                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+
+
+def read_safetensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """A safetensors file as tensors that view a private memory map of it: nothing is copied
+    until the tensors are (on ``/dev/shm`` the pages are already in RAM)."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        if os.fstat(f.fileno()).st_size == 8 + length:
+            mm = None
+        else:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    header.pop("__metadata__", None)
+    start = 8 + length
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        dtype = _DTYPES[info["dtype"]]
+        begin, end = info["data_offsets"]
+        if end == begin or mm is None:
+            out[name] = torch.empty(info["shape"], dtype=dtype)
+            continue
+        flat = torch.frombuffer(mm, dtype=torch.uint8, count=end - begin, offset=start + begin)
+        out[name] = flat.view(dtype).view(info["shape"])
+    return out
+
+
 def save_for_push(state_dict: dict[str, torch.Tensor], path: str | os.PathLike[str] | None = None) -> Path:
     """Write ``state_dict`` as one safetensors file (default: a fresh name under ``push_dir()``).
 
-    Tensors sharing storage (tied embeddings) are written once, under their first name.
+    Tensors sharing storage (tied embeddings) are written once, under their first name. The
+    file appears atomically (written under a temporary name, then renamed).
     """
-    from safetensors.torch import save_file
-
     target = Path(path) if path is not None else push_dir() / f"agentgym-weights-{os.getpid()}-{next(_counter)}.safetensors"
     seen: set[tuple[int, int]] = set()
     out: dict[str, torch.Tensor] = {}
@@ -45,15 +100,16 @@ def save_for_push(state_dict: dict[str, torch.Tensor], path: str | os.PathLike[s
         seen.add(key)
         out[name] = tensor.to("cpu").contiguous()
     tmp = target.with_name(target.name + ".tmp")
-    save_file(out, str(tmp))
+    write_safetensors(out, tmp)
     tmp.rename(target)
     return target
 
 
 def load_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """A state dict from a safetensors file, a ``.bin``/``.pt`` file, or a Hugging Face model directory."""
-    from safetensors.torch import load_file
+    """A state dict from a safetensors file, a ``.bin``/``.pt`` file, or a Hugging Face model directory.
 
+    Safetensors tensors are views of a memory map of the file (see ``read_safetensors``).
+    """
     p = Path(path)
     if p.is_dir():
         files = sorted(p.glob("*.safetensors")) or sorted(p.glob("pytorch_model*.bin"))
@@ -66,7 +122,7 @@ def load_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         if f.suffix == ".safetensors":
-            state.update(load_file(str(f)))
+            state.update(read_safetensors(f))
         else:
             state.update(torch.load(str(f), map_location="cpu", weights_only=True))
     return state

@@ -1,0 +1,167 @@
+"""Embedded policy server: generation throughput and weight-push time.
+
+    .venv/bin/python benchmarks/server.py            # tiny throughput + tiny and Qwen2.5-0.5B-shaped pushes
+    .venv/bin/python benchmarks/server.py --quick    # fewer tokens and repeats
+
+1. Generated tokens/s with 1, 8 and 32 concurrent ``/v1/completions`` requests (token-id
+   prompts, ``ignore_eos``, the server in its own process, called over HTTP) against one
+   in-process ``model.generate`` on the same batch. Target: at 32, server >= 0.8x generate.
+2. Time to push a state dict into a running server (``handle.update_weights``: one
+   safetensors file in /dev/shm + ``/update_weights_from_disk``), and the same tensors as an
+   HTTP body (``/update_weights_from_tensor``), against ``torch.save`` + ``torch.load`` of
+   the same state dict in the same directory. Target: push <= 1.5x save+load.
+
+Every figure is the best of a few interleaved runs: on a shared machine the minimum is the
+least noisy estimate of what the code costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentgym.model import load_causal_lm, resolve_model_path  # noqa: E402
+from agentgym.server.launch import start_embedded_server  # noqa: E402
+from agentgym.server.weights import push_dir  # noqa: E402
+
+
+def generate_tok_s(model, prompts: torch.Tensor, new_tokens: int) -> float:
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = None  # every sequence runs to new_tokens, like ignore_eos on the server
+    config.update(do_sample=True, top_k=0, top_p=1.0, max_new_tokens=new_tokens, pad_token_id=0)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), generation_config=config)
+    elapsed = time.perf_counter() - start
+    return (out.shape[1] - prompts.shape[1]) * prompts.shape[0] / elapsed
+
+
+async def server_tok_s(url: str, prompts: torch.Tensor, new_tokens: int) -> float:
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256)) as client:
+        async def one(ids: list[int]) -> int:
+            r = await client.post(url + "/v1/completions", json={
+                "prompt": ids, "max_tokens": new_tokens, "temperature": 1.0, "logprobs": 0, "ignore_eos": True})
+            r.raise_for_status()
+            return len(r.json()["choices"][0]["token_ids"])
+
+        await one(prompts[0].tolist())  # open a connection per worker slot first
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(one(p.tolist()) for p in prompts))
+        elapsed = time.perf_counter() - start
+    assert all(c == new_tokens for c in counts)
+    return sum(counts) / elapsed
+
+
+def throughput(quick: bool) -> None:
+    new_tokens, prompt_len, repeats = (64, 32, 3) if quick else (128, 32, 5)
+    model = load_causal_lm("tiny")
+    server = start_embedded_server("tiny", in_process=False, max_batch_size=32)
+    print(f"\n## generation throughput: tiny model, CPU fp32, prompts of {prompt_len} tokens, "
+          f"{new_tokens} new tokens each (best of {repeats})\n")
+    print("| concurrent | model.generate (tok/s) | server (tok/s) | server / generate |")
+    print("| ---: | ---: | ---: | ---: |")
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for concurrency in (1, 8, 32):
+            prompts = torch.randint(10, 600, (concurrency, prompt_len), generator=gen)
+            generate_tok_s(model, prompts, 8)  # warm-up
+            asyncio.run(server_tok_s(server.url, prompts, 8))
+            base, served = 0.0, 0.0
+            for _ in range(repeats):  # interleaved, so both see the same background load
+                base = max(base, generate_tok_s(model, prompts, new_tokens))
+                served = max(served, asyncio.run(server_tok_s(server.url, prompts, new_tokens)))
+            print(f"| {concurrency} | {base:,.0f} | {served:,.0f} | {served / base:.2f}x |", flush=True)
+    finally:
+        server.stop()
+
+
+def qwen05_shaped_dir() -> Path:
+    """A Qwen2.5-0.5B-shaped model with random weights and the tiny tokenizer, built once."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    target = Path(tempfile.gettempdir()) / "agentgym-bench-qwen05-random"
+    if (target / "config.json").exists():
+        return target
+    print("building a Qwen2.5-0.5B-shaped random model (once; ~2 GB) ...", flush=True)
+    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768, rope_theta=1000000.0, eos_token_id=151645)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    staging = target.with_name(target.name + ".tmp")
+    model.save_pretrained(staging)
+    tiny = Path(resolve_model_path("tiny"))
+    for f in tiny.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            (staging / f.name).write_bytes(f.read_bytes())
+    staging.rename(target)
+    return target
+
+
+def push_times(name: str, model_dir: str, repeats: int) -> None:
+    from safetensors.torch import save as safetensors_bytes
+
+    state = {k: v + 0.01 for k, v in load_causal_lm(model_dir).state_dict().items() if k != "lm_head.weight"}
+    size_gb = sum(v.numel() * v.element_size() for v in state.values()) / 1e9
+    server = start_embedded_server(model_dir, in_process=False, timeout=600)
+    path = push_dir() / f"agentgym-bench-{os.getpid()}.pt"
+    best = {"save+load": float("inf"), "push": float("inf"), "body": float("inf")}
+    try:
+        for version in range(1, repeats + 1):
+            start = time.perf_counter()
+            torch.save(state, path)
+            loaded = torch.load(path, weights_only=True)
+            best["save+load"] = min(best["save+load"], time.perf_counter() - start)
+            del loaded
+            path.unlink()
+            start = time.perf_counter()
+            server.update_weights(state, version)
+            best["push"] = min(best["push"], time.perf_counter() - start)
+            start = time.perf_counter()
+            r = httpx.post(server.url + f"/update_weights_from_tensor?weight_version={version + 100}",
+                           content=safetensors_bytes(state), timeout=600)
+            r.raise_for_status()
+            best["body"] = min(best["body"], time.perf_counter() - start)
+    finally:
+        path.unlink(missing_ok=True)
+        server.stop()
+    base = best["save+load"]
+    print(f"| {name} ({size_gb:.2f} GB) | {base:.3f} | {best['push']:.3f} ({best['push'] / base:.2f}x) | "
+          f"{best['body']:.3f} ({best['body'] / base:.2f}x) |", flush=True)
+
+
+def weights(quick: bool) -> None:
+    repeats = 2 if quick else 3
+    print(f"\n## weight push into a running server (separate process), fp32, best of {repeats}; "
+          f"files in {push_dir()}\n")
+    print("| model | torch.save + torch.load (s) | update_weights via /dev/shm safetensors (s) | "
+          "safetensors HTTP body (s) |")
+    print("| --- | ---: | ---: | ---: |")
+    push_times("tiny", "tiny", repeats * 3)
+    push_times("Qwen2.5-0.5B shape", str(qwen05_shaped_dir()), repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
+    parser.add_argument("--skip-weights", action="store_true", help="only the throughput table")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
+    throughput(args.quick)
+    if not args.skip_weights:
+        weights(args.quick)
+
+
+if __name__ == "__main__":
+    main()
