@@ -11,6 +11,7 @@ import asyncio
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -196,12 +197,13 @@ def test_tool_call_text_becomes_openai_tool_calls():
     assert len({c.id for c in message.tool_calls}) == 2
     message, finish = chat_message(text, "stop", parse_tools=False)
     assert finish == "stop" and message.content == text and not message.tool_calls
-    # malformed JSON stays in the content and is reported
+    # with no well-formed call the whole text stays the content; errors say what was wrong
     content, calls, errors = parse_tool_calls("<tool_call>{not json}</tool_call> ok")
-    assert not calls and len(errors) == 1 and "{not json}" in content
-    # an unclosed final block (stopped at </tool_call> as a stop string) still parses
-    _, calls, _ = parse_tool_calls('<tool_call>\n{"name": "f", "arguments": {}}')
-    assert calls[0]["function"] == {"name": "f", "arguments": "{}"}
+    assert not calls and len(errors) == 1 and content == "<tool_call>{not json}</tool_call> ok"
+    content, calls, errors = parse_tool_calls('<tool_call>\n{"name": "f", "arguments": {}}')
+    assert not calls and "never closed" in errors[0] and content.startswith("<tool_call>")
+    # a call inside <think> is reasoning, not a call
+    assert parse_tool_calls('<think><tool_call>{"name": "f"}</tool_call></think>hi')[1] == []
 
 
 # ---- errors ------------------------------------------------------------------------------------
@@ -323,3 +325,61 @@ def test_safetensors_files_round_trip_with_the_reference_library(tmp_path):
     st.save_file(tensors, str(tmp_path / "ref.safetensors"))
     back = read_safetensors(tmp_path / "ref.safetensors")
     assert all(torch.equal(back[k], v) and back[k].dtype == v.dtype for k, v in tensors.items())
+
+
+# ---- a scripted model: the tool-call path end to end --------------------------------------------
+SCRIPT = 'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "48 / 2"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    """The real server and engine, but the engine's next token comes from a script."""
+    from agentgym.server.engine import Engine
+    from agentgym.server.launch import EmbeddedServerHandle
+
+    tok = load_tokenizer("tiny")
+    script = tok.encode(SCRIPT, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+
+    class ScriptedEngine(Engine):
+        def choose_tokens(self, logits, seqs):
+            return torch.tensor([script[min(len(s.output_ids), len(script) - 1)] for s in seqs])
+
+    handle = EmbeddedServerHandle(ScriptedEngine(load_causal_lm("tiny"), tok, model_name="tiny").start())
+    yield SimpleNamespace(handle=handle, script=script,
+                          client=openai.OpenAI(base_url=handle.base_url, api_key="x", max_retries=0))
+    handle.stop()
+
+
+def test_generated_tool_calls_come_back_as_openai_tool_calls(scripted):
+    messages = [{"role": "user", "content": "What is 48 / 2?"}]
+    r = scripted.client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=100)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me compute."
+    [call] = choice.message.tool_calls
+    assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "48 / 2"}
+    assert extra(choice, "token_ids") == scripted.script  # the eos that ended it included
+    # without tools the text is just text
+    plain = scripted.client.chat.completions.create(model="tiny", messages=messages, max_tokens=100)
+    assert plain.choices[0].finish_reason == "stop" and plain.choices[0].message.content == SCRIPT
+    assert not plain.choices[0].message.tool_calls
+
+
+def test_streamed_tool_calls_and_stop_strings(scripted):
+    stream = scripted.client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], tools=TOOLS, max_tokens=100, stream=True)
+    content, calls, finish = "", [], None
+    for chunk in stream:
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            calls += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    assert "<tool_call>" not in content and content.strip() == "Let me compute."
+    assert finish == "tool_calls" and [c.function.name for c in calls] == ["calculator"]
+    assert json.loads(calls[0].function.arguments) == {"expression": "48 / 2"} and calls[0].index == 0
+    # a stop string is never streamed, even in part, and the text ends before it
+    stream = scripted.client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=100,
+                                                stop=["calculator"], stream=True)
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == SCRIPT[: SCRIPT.index("calculator")]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"

@@ -412,8 +412,7 @@ class Engine:
 
     def _sample_and_record(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         logits = logits.float()
-        tokens = sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs],
-                               self._default_generator)
+        tokens = self.choose_tokens(logits, seqs)
         logprobs = torch.log_softmax(logits, dim=-1)
         chosen = logprobs.gather(1, tokens[:, None])[:, 0].tolist()
         k = max(s.params.top_logprobs for s in seqs)
@@ -441,6 +440,10 @@ class Engine:
             if reason is not None:
                 seq.request._finish_one()
         return tokens
+
+    def choose_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The next token of every row (tests override this to script an output)."""
+        return sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs], self._default_generator)
 
     def _check_stop(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
