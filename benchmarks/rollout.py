@@ -5,6 +5,8 @@ The stand-in server (``benchmarks/standin_server.py``, a separate process) answe
 agentgym's side: the runner (chat-template deltas, env steps, bookkeeping) plus the HTTP
 client. For each concurrency the same number of raw ``client.generate`` calls, with a fixed
 prompt as long as the runner's average request, gives the ceiling the client itself allows.
+Each measurement alternates runner and raw ``--repeat`` times and shows medians; the CPU
+columns (this process's CPU time per turn / per call) are steadier than rates on a busy machine.
 
     python benchmarks/rollout.py                       # concurrency 1, 64, 256
     python benchmarks/rollout.py --concurrency 256 --turns 20000 --env-executor thread
@@ -15,14 +17,48 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from agentgym.rollout import RolloutConfig, RolloutRunner
 from agentgym.server.client import PolicyClient
 from agentgym.types import SamplingParams
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """Round-robin over ``shards`` httpx transports of ``per_shard`` connections each.
+
+    httpcore's pool scans every connection for every queued request, so one pool of 256
+    connections costs milliseconds per request; small pools avoid that. ``--client-shards``
+    swaps it into the PolicyClient (its private ``_http``) for both measurements, to show what
+    the runner does when the HTTP client is not the bottleneck."""
+
+    def __init__(self, shards: int, per_shard: int) -> None:
+        limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
+        self.transports = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(shards)]
+        self.next = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.next = (self.next + 1) % len(self.transports)
+        return await self.transports[self.next].handle_async_request(request)
+
+    async def aclose(self) -> None:
+        for transport in self.transports:
+            await transport.aclose()
+
+
+async def make_client(url: str, concurrency: int, shards: int) -> PolicyClient:
+    client = PolicyClient(url, max_connections=max(concurrency, 1))
+    if shards > 1 and concurrency > 1:
+        await client._http.aclose()
+        per_shard = max(1, -(-concurrency // shards))
+        client._http = httpx.AsyncClient(transport=ShardedTransport(shards, per_shard), timeout=600.0)
+    return client
 
 
 def start_standin() -> tuple[subprocess.Popen, str]:
@@ -41,12 +77,12 @@ async def bench_runner(url: str, concurrency: int, turns: int, args: argparse.Na
     n = min(8, episodes)
     config = RolloutConfig(n=n, max_turns=args.max_turns, max_tokens=32, max_concurrency=concurrency,
                            env_executor=args.env_executor, template_check_every=args.template_check_every)
-    async with PolicyClient(url, max_connections=max(concurrency, 1)) as client:
+    async with await make_client(url, concurrency, args.client_shards) as client:
         runner = RolloutRunner(args.env, client, tokenizer="tiny", config=config)
         await runner.run(tasks=1)  # warm-up: env build, template caches, connections
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = await runner.run(tasks=max(1, episodes // n))
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         await runner.aclose()
     trajs = result.trajectories
     done = sum(t.num_turns for t in trajs)
@@ -59,15 +95,15 @@ async def bench_runner(url: str, concurrency: int, turns: int, args: argparse.Na
             sent.append(length)
             length += len(turn.response_ids)
     failed = sum(t.status == "failed" for t in trajs)
-    return {"turns": done, "elapsed": elapsed, "rate": done / elapsed, "failed": failed,
+    return {"turns": done, "elapsed": elapsed, "rate": done / elapsed, "failed": failed, "cpu_us": cpu / done * 1e6,
             "mean_prompt": sum(sent) / len(sent), "cache_hit": runner.chat.cache_hits /
             max(1, runner.chat.cache_hits + runner.chat.cache_misses)}
 
 
-async def bench_raw(url: str, concurrency: int, calls: int, prompt_len: int) -> dict[str, float]:
+async def bench_raw(url: str, concurrency: int, calls: int, prompt_len: int, shards: int) -> dict[str, float]:
     prompt = [i % 600 for i in range(prompt_len)]
     sampling = SamplingParams(max_tokens=32)
-    async with PolicyClient(url, max_connections=max(concurrency, 1)) as client:
+    async with await make_client(url, concurrency, shards) as client:
         await asyncio.gather(*(client.generate(prompt, sampling) for _ in range(min(calls, concurrency))))
         remaining = [calls]
 
@@ -76,10 +112,10 @@ async def bench_raw(url: str, concurrency: int, calls: int, prompt_len: int) -> 
                 remaining[0] -= 1
                 await client.generate(prompt, sampling, session_id=f"raw/{k}")
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker(k) for k in range(concurrency)))
-        elapsed = time.perf_counter() - start
-    return {"calls": calls, "elapsed": elapsed, "rate": calls / elapsed}
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {"calls": calls, "elapsed": elapsed, "rate": calls / elapsed, "cpu_us": cpu / calls * 1e6}
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -88,21 +124,32 @@ async def main_async(args: argparse.Namespace) -> None:
         rows = []
         for concurrency in args.concurrency:
             turns = args.turns if concurrency > 1 else max(args.max_turns, args.turns // 8)
-            r = await bench_runner(url, concurrency, turns, args)
-            raw = await bench_raw(url, concurrency, int(r["turns"]), int(r["mean_prompt"]))
-            rows.append((concurrency, r, raw))
-            print(f"  concurrency {concurrency}: runner {r['rate']:.0f} turns/s, raw {raw['rate']:.0f} calls/s",
-                  file=sys.stderr, flush=True)
+            runs, raws = [], []
+            for _ in range(args.repeat):  # alternate, so a burst of load elsewhere hits both sides
+                r = await bench_runner(url, concurrency, turns, args)
+                raw = await bench_raw(url, concurrency, int(r["turns"]), int(r["mean_prompt"]), args.client_shards)
+                runs.append(r)
+                raws.append(raw)
+                print(f"  concurrency {concurrency}: runner {r['rate']:.0f} turns/s, raw {raw['rate']:.0f} calls/s",
+                      file=sys.stderr, flush=True)
+            rows.append((concurrency, runs, raws))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
     print(f"\nenv={args.env} env_executor={args.env_executor} max_turns={args.max_turns} "
-          f"template_check_every={args.template_check_every} cpus={os.cpu_count()}")
+          f"template_check_every={args.template_check_every} client_shards={args.client_shards} "
+          f"repeat={args.repeat} (medians) cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
     print(f"{'concurrency':>11} {'turns':>7} {'runner turns/s':>15} {'raw calls/s':>12} {'ratio':>6} "
-          f"{'mean prompt':>12} {'delta cache hit':>16} {'failed':>7}")
-    for concurrency, r, raw in rows:
-        print(f"{concurrency:>11} {r['turns']:>7} {r['rate']:>15.0f} {raw['rate']:>12.0f} "
-              f"{r['rate'] / raw['rate']:>6.2f} {r['mean_prompt']:>12.0f} {r['cache_hit']:>16.2f} {r['failed']:>7}")
+          f"{'cpu us/turn':>12} {'cpu us/call':>12} {'mean prompt':>12} {'delta cache hit':>16} {'failed':>7}")
+    for concurrency, runs, raws in rows:
+        rate = statistics.median(r["rate"] for r in runs)
+        raw_rate = statistics.median(r["rate"] for r in raws)
+        cpu = statistics.median(r["cpu_us"] for r in runs)
+        raw_cpu = statistics.median(r["cpu_us"] for r in raws)
+        r = runs[0]
+        print(f"{concurrency:>11} {r['turns']:>7} {rate:>15.0f} {raw_rate:>12.0f} {rate / raw_rate:>6.2f} "
+              f"{cpu:>12.0f} {raw_cpu:>12.0f} {r['mean_prompt']:>12.0f} {r['cache_hit']:>16.2f} "
+              f"{sum(x['failed'] for x in runs):>7}")
 
 
 def main() -> None:
@@ -113,6 +160,9 @@ def main() -> None:
     parser.add_argument("--max-turns", type=int, default=10)
     parser.add_argument("--env-executor", default="inline", choices=["inline", "thread", "process"])
     parser.add_argument("--template-check-every", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=3, help="measurements per concurrency (median shown)")
+    parser.add_argument("--client-shards", type=int, default=0,
+                        help="replace the client's single httpx pool by this many small ones (see ShardedTransport)")
     asyncio.run(main_async(parser.parse_args()))
 
 

@@ -34,6 +34,7 @@ tokenization of the same text is not counted as a mismatch.
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -41,6 +42,7 @@ from typing import Any
 from agentgym.types import Message
 
 MARKER = "AGENTGYM_ASSISTANT_CONTENT_MARKER"
+_GENERATION_TAG = re.compile(r"(\{%[-+]?\s*)(end)?generation(\s*[-+]?%\})")
 _DUMMY_USER = "AGENTGYM_DUMMY_USER"
 
 
@@ -121,6 +123,10 @@ class ChatTokenizer:
             from transformers.utils.chat_template_utils import _compile_jinja_template
 
             template = self.tokenizer.get_chat_template(None, None)
+            # {% generation %} only marks assistant spans (for return_assistant_tokens_mask) and costs
+            # a macro call per message; an {% if true %} block renders the same, whitespace control included.
+            template = _GENERATION_TAG.sub(lambda m: m.group(1) + ("endif" if m.group(2) else "if true") + m.group(3),
+                                           template)
             compiled = _compile_jinja_template(template)
         except Exception:  # noqa: BLE001 - any trouble: the public path
             return None
