@@ -53,7 +53,7 @@ def _run(directory, steps: int, *extra: str, stop_at: int | None = None) -> list
 
 
 def test_resume_continues_exactly(tmp_path):
-    straight = _run(tmp_path / "straight", 3, "trainer.save_freq=-1")
+    straight = _run(tmp_path / "straight", 3, "trainer.save_freq=3")
     stopped = tmp_path / "stopped"
     with pytest.raises(Interrupted):  # the same run, killed after step 2's checkpoint
         _run(stopped, 3, "trainer.save_freq=1", stop_at=3)

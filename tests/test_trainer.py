@@ -206,4 +206,22 @@ def test_grpo_learns_first_letter(tmp_path, ray_session):
     assert after - before > 0.25, rewards
     versions = [r["weight_sync/version"] for r in rows if "weight_sync/version" in r]
     assert versions == list(range(1, 16))
+    assert all(r["rollout/weight_version_lag"] == 0 for r in rows if "reward/mean" in r)  # on-policy every step
     assert rows[-1]["training/rollout_probs_diff_mean"] < 1e-3  # trainer and server agree on log-probs
+
+
+def test_loggers_write_jsonl_tensorboard_and_samples(tmp_path, capsys):
+    from agentgym.trainer.loggers import Tracking, trajectory_metrics, write_samples
+
+    tracking = Tracking(["console", "jsonl", "tensorboard"], tmp_path, "p", "e")
+    trajs = make_trajectories(2, 2, seed=8)
+    metrics = {**trajectory_metrics(trajs), "actor/pg_loss": 0.5, "timing_s/step": 1.25}
+    tracking.log(metrics, 1)
+    tracking.close()
+    assert "step 1 | reward" in capsys.readouterr().out
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert row["step"] == 1 and row["actor/pg_loss"] == 0.5 and row["success_rate"] == 1.0
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    write_samples(tmp_path / "samples.jsonl", trajs, 1, 2)
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 and samples[0]["turns"][0]["reward"] in (0.0, 0.5)

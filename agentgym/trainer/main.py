@@ -123,10 +123,18 @@ def summary_text(summary: dict[str, Any]) -> str:
 def train_command(args: argparse.Namespace) -> int:
     """The ``agentgym train`` subcommand."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from agentgym.trainer.workers import quiet_transformers
+
+    quiet_transformers()  # no per-load progress bars between our own progress lines
     env = getattr(args, "env", None)
     agent = getattr(args, "agent", None)
     try:
         cfg = load_config(env=env, config_file=getattr(args, "config", None), overrides=list(args.overrides or ()))
+        for key in ("train_files", "val_files"):
+            value = cfg.data[key]
+            if isinstance(value, str) and "://" not in value and not os.path.exists(value):
+                raise ConfigError(f"data.{key}={value} does not exist; pass data.{key}=PATH (a .jsonl/.parquet "
+                                  f"file or a directory holding train/test files)")
         if agent is None:
             if not cfg.env.name:
                 raise ConfigError("no env to train on: pass --env NAME (see `agentgym envs`) or --agent MODULE:FUNCTION")

@@ -17,9 +17,10 @@ One training step, top to bottom (each phase timed as ``timing_s/<phase>``):
    gradient accumulation and clipping, on every rank (``batch.update_plan``).
 8. ``weight_sync``: the new weights go to every policy server as version ``step``.
 
-Validation runs every ``trainer.test_freq`` steps (and before and after training);
-checkpoints every ``trainer.save_freq`` steps (and at the end); ``resume_mode=auto``
-continues from the latest checkpoint.
+Validation runs before training (``trainer.val_before_train``) and every
+``trainer.test_freq`` steps; checkpoints every ``trainer.save_freq`` steps; as in veRL, a
+positive frequency also fires on the last step and ``-1`` turns it off. ``resume_mode=auto``
+continues from the latest checkpoint; the final policy is saved as a Hugging Face model.
 """
 
 from __future__ import annotations
@@ -174,6 +175,9 @@ class PPOTrainer:
         with timer("gen", timing):
             trajectories: list[Trajectory] = self.run(self.source.collect(step))
         metrics.update(trajectory_metrics(trajectories))
+        lags = [step - 1 - turn.weight_version for traj in trajectories for turn in traj.turns]
+        if lags and self.weight_sync is not None:  # 0: every turn was sampled by the latest weights
+            metrics["rollout/weight_version_lag"] = float(np.mean(lags))
         for key in ("template_mismatch", "throughput/episodes_per_s"):
             if key in getattr(self.source, "last_metrics", {}):
                 metrics[f"rollout/{key}"] = float(self.source.last_metrics[key])
@@ -384,6 +388,10 @@ class PPOTrainer:
         started = time.perf_counter()
         if resumed_from is not None:
             print(f"resuming from {resumed_from} at step {self.global_step}", flush=True)
+            if self.global_step >= self.total_steps:
+                print(f"this run already reached trainer.total_training_steps={self.total_steps}; raise it to "
+                      f"train further, or start over with trainer.resume_mode=disable (or another "
+                      f"trainer.default_local_dir)", flush=True)
         if cfg.val_before_train and self.global_step == 0:
             val = self.validate(0)
             if val:
@@ -396,11 +404,12 @@ class PPOTrainer:
                 metrics = self.train_step(step)
                 self.global_step = step
                 last = step == self.total_steps
-                if (test_freq > 0 and step % test_freq == 0) or last:
+                # veRL's rule: a positive frequency also fires on the last step; <= 0 never fires
+                if test_freq > 0 and (step % test_freq == 0 or last):
                     val = self.validate(step)
                     metrics.update(val)
                     self.last_val_metrics = val or self.last_val_metrics
-                if (save_freq > 0 and step % save_freq == 0) or last:
+                if save_freq > 0 and (step % save_freq == 0 or last):
                     with timer("save_checkpoint", metrics):
                         last_saved = self.save_checkpoint(step)
                 self.last_metrics = metrics

@@ -94,7 +94,7 @@ def lr_lambda(optim: dict[str, Any], total_steps: int) -> Callable[[int], float]
     return factor
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     try:
         from transformers.utils import logging as hf_logging
 
@@ -331,12 +331,19 @@ class Worker:
         if self.device == "cpu":
             torch.set_num_threads(int(threads))
         seed_everything(int(trainer.get("seed", 0)) + rank)
-        _quiet_transformers()
+        quiet_transformers()
 
     # ---- process group ------------------------------------------------------------------------
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 to host the process group."""
-        host = socket.gethostbyname(socket.gethostname()) if self.world_size > 1 else "127.0.0.1"
+        host = "127.0.0.1"
+        if self.world_size > 1:
+            try:  # the address other nodes reach this one at
+                import ray
+
+                host = ray.util.get_node_ip_address() if ray.is_initialized() else host
+            except ImportError:  # pragma: no cover - ray is a dependency
+                pass
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
