@@ -45,15 +45,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentgym.envs.tools.parsing import parse_tool_calls
 from agentgym.rollout.chat import ChatTokenizer, tools_key
 from agentgym.rollout.executors import EnvBackend, EnvTimeout
 from agentgym.rollout.metrics import summarize
 from agentgym.types import Message, SamplingParams, Trajectory, Turn
-
-try:  # the shared Hermes parser (agentgym.envs.tools.parsing); a minimal one if it is missing
-    from agentgym.envs.tools.parsing import parse_tool_calls
-except ImportError:  # pragma: no cover - only before the tools package exists
-    parse_tool_calls = None  # type: ignore[assignment]
 
 
 @dataclass
@@ -134,30 +130,14 @@ def _env_factory(env: str | Callable[[], Any], env_kwargs: dict[str, Any]) -> Ca
     return functools.partial(env, **env_kwargs) if env_kwargs else env
 
 
-def _minimal_parse(text: str) -> tuple[str, list[dict[str, Any]], list[str]]:
-    """Hermes ``<tool_call>{json}</tool_call>`` blocks (used only without agentgym.envs.tools.parsing)."""
-    import json
-    import re
-
-    calls, errors, kept = [], [], text
-    for i, m in enumerate(re.finditer(r"<tool_call>(.*?)</tool_call>", text, re.S)):
-        try:
-            obj = json.loads(m.group(1))
-            args = obj.get("arguments", {})
-            calls.append({"id": f"call_{i}", "type": "function", "function": {
-                "name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            errors.append(f"tool call {i + 1}: {exc}")
-        kept = kept.replace(m.group(0), "")
-    return kept.strip(), calls, errors
-
-
 def assistant_message(text: str, with_tools: bool) -> Message:
-    """The assistant message an env gets: the sampled text; with tools, Hermes ``<tool_call>``
-    blocks parsed into ``tool_calls`` (content then holds the rest of the text)."""
+    """The assistant message an env gets: the sampled text; for envs with tools, Hermes
+    ``<tool_call>`` blocks parsed into ``tool_calls`` (content then holds the rest of the text).
+    A reply with a malformed call stays plain text, so an env that parses text itself (the
+    GSM8K tool env) can tell the model what was wrong."""
     if with_tools and "<tool_call>" in text:
-        content, calls, _errors = (parse_tool_calls or _minimal_parse)(text)
-        if calls:
+        content, calls, errors = parse_tool_calls(text)
+        if calls and not errors:
             return {"role": "assistant", "content": content, "tool_calls": calls}  # type: ignore[typeddict-item]
     return {"role": "assistant", "content": text}
 
