@@ -1,0 +1,329 @@
+"""Training from agents: run a black-box OpenAI-client agent through the gateway, get Trajectories.
+
+    from agentgym.server.gateway import start_gateway
+    gateway = start_gateway(["http://127.0.0.1:8000"], model="tiny")        # or a gateway URL
+    source = AgentTrajectorySource("examples.gsm8k_agent:run", load_agent_tasks("data/gsm8k"),
+                                   n=8, gateway=gateway, tasks_per_step=16,
+                                   sampling={"temperature": 1.0, "max_tokens": 256})
+    trajectories = await source.collect(step)   # the same Trajectory objects the env runner makes
+    async with source.weight_update():           # model calls wait while the weights move
+        ...
+    await source.aclose()
+
+An *agent* is any function ``agent(base_url, api_key, task)``: it talks to ``base_url`` with the
+``openai`` client and that key, however it likes (tools, many turns, re-sent or edited history).
+Sync functions run in a thread pool, ``async def`` ones on the event loop. The return value may
+be a number: it is posted as the session's final reward (added to any reward function the task
+names, e.g. ``{"reward_fn": "gsm8k", "ground_truth": "72"}``). An agent that raises (or runs past
+``agent_timeout``) finishes its session ``failed``: its trajectories are kept for inspection,
+never trained on. ``task`` reaches the agent without its answer (``hidden_keys``).
+
+For each task the source opens ``n`` sessions that share a group id (one GRPO group), runs the
+agent once per session, finishes the sessions and collects their trajectories in a ``DataPool``;
+a group is complete when all ``n`` sessions have finished. A session whose agent edited its
+history yields more than one trajectory (one per branch, see ``agentgym.server.sessions``), so a
+group can hold more than ``n``; ``branches="active"`` keeps only each session's last branch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import numbers
+import os
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal
+
+from agentgym.rollout.metrics import summarize
+from agentgym.server.gateway import GatewayClient
+from agentgym.types import Trajectory
+
+AgentFn = Callable[[str, str, dict[str, Any]], Any]
+HIDDEN_KEYS = ("ground_truth", "reward_model")
+
+
+def load_agent(spec: str | AgentFn) -> AgentFn:
+    """``"package.module:function"`` -> the function (the working directory is importable, so
+    ``examples.gsm8k_agent:run`` works from the repository root)."""
+    if callable(spec):
+        return spec
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"an agent is 'package.module:function', got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"could not import the agent module {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"module {module_name!r} has no {attr!r}; the agent is a function "
+                             "run(base_url, api_key, task)")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{spec!r} is not callable")
+    return obj
+
+
+def load_agent_tasks(data_files: Any, split: str = "train", reward_fn: str | None = None) -> list[dict[str, Any]]:
+    """Dataset rows as agent tasks: ``{"index", "question", "prompt", "ground_truth", "data_source",
+    "extra_info"}`` (plus ``"reward_fn"`` when given). veRL-format rows (``prompt``,
+    ``reward_model.ground_truth``) and raw GSM8K rows (``question``, ``answer``) are both read; with no
+    ``reward_fn`` the gateway picks one from ``data_source`` (``openai/gsm8k`` -> ``gsm8k``)."""
+    from agentgym.envs.data import is_verl_row, load_tasks, verl_task
+    from agentgym.envs.gsm8k import gsm8k_task
+
+    out = []
+    for task in load_tasks(data_files, split, lambda row, where: (verl_task if is_verl_row(row) else gsm8k_task)(row, where)):
+        users = [m.get("content") or "" for m in task.prompt if m.get("role") == "user"]
+        item = {"index": task.index, "question": task.extra_info.get("question") or (users[-1] if users else ""),
+                "prompt": task.prompt, "ground_truth": task.ground_truth, "data_source": task.data_source,
+                "extra_info": task.extra_info}
+        if reward_fn is not None:
+            item["reward_fn"] = reward_fn
+        out.append(item)
+    return out
+
+
+class DataPool:
+    """Finished sessions' trajectories, grouped by group id.
+
+    ``open_group(group_id, size)`` says how many sessions a group waits for; ``add`` files one
+    finished session's trajectories; ``pop_complete`` hands back the complete groups in the order
+    they were opened and forgets them.
+    """
+
+    def __init__(self) -> None:
+        self._size: dict[str, int] = {}
+        self._sessions: dict[str, list[list[Trajectory]]] = {}
+        self._changed = asyncio.Event()
+
+    def open_group(self, group_id: str, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a group needs at least one session, got size={size}")
+        if group_id in self._size:
+            raise ValueError(f"group {group_id!r} is already open")
+        self._size[group_id] = size
+        self._sessions[group_id] = []
+
+    def add(self, group_id: str, trajectories: Sequence[Trajectory]) -> None:
+        """One finished session's trajectories (possibly none: an agent that never called the model)."""
+        if group_id not in self._size:
+            raise KeyError(f"group {group_id!r} was never opened; call open_group(group_id, size) first")
+        sessions = self._sessions[group_id]
+        if len(sessions) >= self._size[group_id]:
+            raise ValueError(f"group {group_id!r} already has all its {self._size[group_id]} sessions")
+        sessions.append(list(trajectories))
+        self._changed.set()
+
+    def complete(self, group_id: str) -> bool:
+        return len(self._sessions.get(group_id, ())) == self._size.get(group_id, -1)
+
+    def pending(self) -> list[str]:
+        return [g for g in self._size if not self.complete(g)]
+
+    def pop(self, group_id: str) -> list[Trajectory]:
+        """A complete group's trajectories (its sessions' in the order they finished); forgets it."""
+        if not self.complete(group_id):
+            raise KeyError(f"group {group_id!r} is not complete ({len(self._sessions.get(group_id, ()))} of "
+                           f"{self._size.get(group_id, '?')} sessions finished)")
+        del self._size[group_id]
+        return [t for session in self._sessions.pop(group_id) for t in session]
+
+    def pop_complete(self) -> list[list[Trajectory]]:
+        """Every complete group, oldest first (see ``pop``)."""
+        return [self.pop(g) for g in [g for g in self._size if self.complete(g)]]
+
+    def discard(self, group_id: str) -> None:
+        """Forget a group whatever its state (a run that failed)."""
+        self._size.pop(group_id, None)
+        self._sessions.pop(group_id, None)
+
+    async def wait_complete(self, groups: int, timeout: float | None = None) -> None:
+        """Until at least ``groups`` groups are complete."""
+        async def until() -> None:
+            while sum(self.complete(g) for g in self._size) < groups:
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(until(), timeout)
+
+    def __len__(self) -> int:
+        return len(self._size)
+
+
+class AgentTrajectorySource:
+    """Runs ``agent`` for every task x ``n`` through a gateway and returns the trajectories.
+
+    ``agent``: a function ``(base_url, api_key, task)`` or ``"module:function"``. ``tasks``: task dicts
+    (see ``load_agent_tasks``). ``gateway``: a ``GatewayHandle`` (``start_gateway``), a
+    ``GatewayClient`` or the gateway's URL; ``close_gateway`` stops a handle at ``aclose``.
+    ``tasks_per_step``: tasks per ``collect`` (default: all), walked through a seeded shuffled order
+    per epoch (``shuffle``); step ``first_step`` (the trainer counts from 1) takes the first slice, so
+    a step's tasks depend only on its number and a resumed run sees the same data. ``sampling``: pinned
+    for every model call (``SamplingParams`` names, e.g. the training temperature). ``val_tasks``,
+    ``val_n`` and ``val_sampling``: what ``validate`` runs (default: the first 16 tasks, greedy, once).
+    ``concurrency``: agents running at once. ``branches``: ``"all"`` (every branch is a trajectory) or
+    ``"active"`` (each session's last branch only).
+    """
+
+    def __init__(self, agent: str | AgentFn, tasks: Iterable[dict[str, Any]], n: int = 1, gateway: Any = None, *,
+                 tasks_per_step: int | None = None, sampling: dict[str, Any] | None = None, concurrency: int = 64,
+                 agent_timeout: float | None = None, admin_key: str | None = None, shuffle: bool = True,
+                 seed: int = 0, first_step: int = 1, val_tasks: Iterable[dict[str, Any]] | None = None, val_n: int = 1,
+                 val_sampling: dict[str, Any] | None = None, hidden_keys: Sequence[str] = HIDDEN_KEYS,
+                 branches: Literal["all", "active"] = "all", close_gateway: bool = False) -> None:
+        if gateway is None:
+            raise ValueError("AgentTrajectorySource needs a gateway: start_gateway(...), a GatewayClient or a URL")
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        if branches not in ("all", "active"):
+            raise ValueError(f"branches must be 'all' or 'active', got {branches!r}")
+        self.agent = load_agent(agent)
+        self.is_async = inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(
+            type(self.agent).__call__)
+        self.tasks = list(tasks)
+        if not self.tasks:
+            raise ValueError("AgentTrajectorySource needs at least one task")
+        self.n = n
+        self.tasks_per_step = tasks_per_step or len(self.tasks)
+        if self.tasks_per_step > len(self.tasks):
+            raise ValueError(f"{len(self.tasks)} tasks are fewer than the {self.tasks_per_step} a step takes; "
+                             "lower the tasks per step (data.train_batch_size) or give more tasks")
+        self.steps_per_epoch = len(self.tasks) // self.tasks_per_step
+        self.sampling = dict(sampling or {})
+        self.val_tasks = list(val_tasks) if val_tasks is not None else self.tasks[:16]
+        self.val_n = val_n
+        self.val_sampling = dict(val_sampling) if val_sampling is not None else {**self.sampling, "temperature": 0.0}
+        self.concurrency = max(1, concurrency)
+        self.agent_timeout = agent_timeout
+        self.shuffle = shuffle
+        self.seed = seed
+        self.first_step = first_step
+        self.hidden_keys = tuple(hidden_keys)
+        self.branches = branches
+        if isinstance(gateway, GatewayClient):
+            self.client = gateway
+        elif isinstance(gateway, str):
+            self.client = GatewayClient(gateway, admin_key)
+        else:  # a GatewayHandle
+            self.client = GatewayClient(gateway.url, admin_key or getattr(gateway, "admin_key", None))
+        self._handle = gateway if close_gateway and hasattr(gateway, "stop") else None
+        self.pool = DataPool()
+        self._threads = None if self.is_async else ThreadPoolExecutor(self.concurrency, thread_name_prefix="agentgym-agent")
+        self.last_metrics: dict[str, float] = {}
+        self._orders: dict[int, list[int]] = {}
+
+    # ---- which tasks ----------------------------------------------------------------------
+    def tasks_for_step(self, step: int) -> list[dict[str, Any]]:
+        """Step ``step``'s tasks: consecutive slices of a per-epoch shuffled order, wrapping around."""
+        count = len(self.tasks)
+        block = step - self.first_step
+        out = []
+        for k in range(block * self.tasks_per_step, (block + 1) * self.tasks_per_step):
+            epoch, at = divmod(k, count)
+            out.append(self.tasks[self._order(epoch)[at]])
+        return out
+
+    def _order(self, epoch: int) -> list[int]:
+        order = self._orders.get(epoch)
+        if order is None:
+            order = list(range(len(self.tasks)))
+            if self.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._orders = {epoch: order}  # steps walk epochs in order: one is enough
+        return order
+
+    # ---- running --------------------------------------------------------------------------
+    async def collect(self, step: int) -> list[Trajectory]:
+        """One training step's trajectories: ``tasks_per_step`` tasks x ``n`` sessions, group by group."""
+        return await self.run(self.tasks_for_step(step), step=step)
+
+    async def validate(self) -> list[Trajectory]:
+        """The validation pass: ``val_tasks`` x ``val_n`` with ``val_sampling`` (greedy by default)."""
+        return await self.run(self.val_tasks, n=self.val_n, sampling=self.val_sampling)
+
+    async def run(self, tasks: Sequence[dict[str, Any]], n: int | None = None, sampling: dict[str, Any] | None = None,
+                  step: int | None = None) -> list[Trajectory]:
+        """Run ``n`` sessions per task (e.g. a validation pass with its own ``n`` and ``sampling``);
+        returns every trajectory, failed ones included, complete groups in task order."""
+        n = n or self.n
+        sampling = self.sampling if sampling is None else sampling
+        batch = f"{'s' + str(step) if step is not None else 'run'}-{uuid.uuid4().hex[:6]}"
+        semaphore = asyncio.Semaphore(self.concurrency)
+        start = time.perf_counter()
+        groups = []
+        for i, task in enumerate(tasks):
+            group_id = f"{batch}-{task.get('index', i)}-{i}"
+            self.pool.open_group(group_id, n)
+            groups.append((group_id, task))
+        try:
+            outcomes = await asyncio.gather(*(self._session(task, group_id, sampling, semaphore)
+                                              for group_id, task in groups for _ in range(n)))
+            trajectories = [t for group_id, _ in groups for t in self.pool.pop(group_id)]
+        finally:
+            for group_id, _ in groups:
+                self.pool.discard(group_id)
+        if self.branches == "active":
+            trajectories = [t for t in trajectories if t.metrics.get("active_branch", 1.0)]
+        elapsed = time.perf_counter() - start
+        metrics = summarize(trajectories)
+        metrics.update({
+            "agent/sessions": float(len(outcomes)),
+            "agent/failed_sessions": float(sum(1 for o in outcomes if o is not None)),
+            "agent/extra_branches": float(sum(max(0.0, t.metrics.get("branches", 1.0) - 1.0) for t in trajectories
+                                              if t.metrics.get("active_branch"))),
+            "time/rollout_s": elapsed,
+            "throughput/episodes_per_s": len(outcomes) / elapsed if elapsed else 0.0,
+        })
+        self.last_metrics = metrics
+        return trajectories
+
+    async def _session(self, task: dict[str, Any], group_id: str, sampling: dict[str, Any],
+                       semaphore: asyncio.Semaphore) -> str | None:
+        """One agent run in its own session; returns the failure (None when the agent returned)."""
+        async with semaphore:
+            info = await self.client.create_session(task=task, group_id=group_id, sampling=sampling)
+            visible = {k: v for k, v in task.items() if k not in self.hidden_keys}
+            failure: str | None = None
+            reward: float | None = None
+            try:
+                result = await asyncio.wait_for(self._call(info["base_url"], info["api_key"], visible),
+                                                self.agent_timeout)
+                if isinstance(result, numbers.Real):
+                    reward = float(result)
+            except asyncio.TimeoutError:
+                failure = f"the agent ran past agent_timeout={self.agent_timeout}s"
+            except Exception as exc:
+                failure = f"the agent raised {type(exc).__name__}: {exc}"
+            trajectories = await self.client.finish_session(info["id"], failure=failure, reward=reward)
+        self.pool.add(group_id, trajectories)
+        return failure
+
+    async def _call(self, base_url: str, api_key: str, task: dict[str, Any]) -> Any:
+        if self.is_async:
+            return await self.agent(base_url, api_key, task)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, self.agent, base_url, api_key, task)
+
+    # ---- weights and shutdown -------------------------------------------------------------
+    def weight_update(self, drain_timeout: float = 60.0) -> AbstractAsyncContextManager[None]:
+        """``async with source.weight_update(): <push weights>``: the gateway holds model calls
+        (in-flight ones finish first, up to ``drain_timeout``) and lets them go afterwards."""
+        return self.client.weight_update(drain_timeout)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        if self._handle is not None:
+            await asyncio.to_thread(self._handle.stop)
+            self._handle = None

@@ -1,0 +1,892 @@
+"""The gateway: train any OpenAI-client agent as a black box.
+
+The trainer (or anyone holding the admin key) opens a *session* per episode; the agent gets a
+``base_url`` and an API key for it and talks plain OpenAI to that URL. The gateway renders each
+chat itself, samples token-in/token-out from the policy servers (``PolicyClient.generate``),
+and records prompt ids, sampled ids, logprobs and weight version per turn. How requests map to
+trajectories (extend / fork / fresh branches) is ``agentgym.server.sessions``.
+
+Admin endpoints (``Authorization: Bearer <admin key>`` when the gateway has one):
+
+* ``POST /sessions`` ``{"task": {...}, "group_id": str, "sampling": {...}}`` ->
+  ``{"id", "api_key", "base_url", "group_id"}``. ``sampling`` (``SamplingParams`` names:
+  ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed``...) is pinned: it
+  overrides what the agent asks for. The task may name a reward function
+  (``"reward_fn": "gsm8k"`` or ``"module:function"``) with its ``ground_truth``.
+* ``GET /sessions/<id>``, ``POST /sessions/<id>/reward`` ``{"reward", "kind": "final"|"turn",
+  "turn", "branch"}``, ``POST /sessions/<id>/finish`` ``{"failure", "reward"}`` -> ``{"trajectories"}``:
+  also open to the session's own key. Finishing twice returns the same trajectories.
+* ``POST /pause`` (waits, bounded, for in-flight generations) and ``POST /resume``: while paused,
+  new model calls wait (up to ``pause_timeout``) instead of failing. ``GET /health``, ``GET /stats``.
+
+OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
+session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
+``logprobs``, ``stream``), ``POST /completions``, ``GET /models``. Another session's key is a
+403, a missing or unknown key a 401; every error has OpenAI's shape.
+
+Choices made:
+
+* ``n > 1``: each sample is recorded on its own branch (its own Trajectory); the first extends
+  the matched branch, the others fork at the same point.
+* ``stream=true``: the whole response is generated, then sent as SSE chunks (role, content,
+  tool calls, finish, optional usage, ``[DONE]``); the agent sees no tokens earlier.
+* ``max_tokens`` left out: ``default_max_tokens``, clipped to what the context has room for.
+* ``tool_choice`` ``required``/named and ``response_format`` are accepted, not enforced;
+  ``top_logprobs`` alternatives are empty (the servers report the sampled token's logprob only).
+* The ``model`` field is ignored: the session decides what answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import threading
+import time
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from agentgym.rollout.chat import ChatTokenizer
+from agentgym.server.client import PolicyClient, PolicyServerError
+from agentgym.server.openai_types import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessage,
+    ChatStreamChoice,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    ToolCall,
+    UsageInfo,
+)
+from agentgym.server.sessions import Plan, Session, SessionError, SessionStore, normalize_message
+from agentgym.server.tool_calls import parse_tool_calls
+from agentgym.types import SamplingParams, TokenSample, Trajectory, Turn
+
+SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+class APIError(Exception):
+    """Answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+
+def error_response(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                   code: str | int | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                409: "conflict_error", 413: "invalid_request_error"}
+
+
+class ShardedPolicy:
+    """``PolicyClient.generate`` over several clients of the same servers, for many concurrent sessions.
+
+    httpx's connection pool does work proportional to (open connections x waiting requests) each
+    time a request starts or ends, so a single pool of 1,000 connections costs the gateway more CPU
+    than everything else it does. Here each session always uses the same client (``shards`` of them,
+    ``connections_per_shard`` each, so sticky routing holds), and requests wait for a free connection
+    in a semaphore rather than inside httpx.
+    """
+
+    def __init__(self, servers: str | Sequence[str], backend: str = "embedded", connections: int = 1024,
+                 connections_per_shard: int = 64, **client_options: Any) -> None:
+        count = max(1, -(-connections // connections_per_shard))
+        self.clients = [PolicyClient(servers, backend=backend, max_connections=connections_per_shard, **client_options)
+                        for _ in range(count)]
+        self._slots = [asyncio.Semaphore(connections_per_shard) for _ in range(count)]
+
+    def _shard(self, session_id: str | None) -> int:
+        return zlib.crc32((session_id or "").encode()) % len(self.clients)
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None,
+                       session_id: str | None = None) -> TokenSample:
+        k = self._shard(session_id)
+        async with self._slots[k]:
+            return await self.clients[k].generate(prompt_ids, sampling, session_id=session_id)
+
+    def release_session(self, session_id: str) -> None:
+        self.clients[self._shard(session_id)].release_session(session_id)
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.clients))
+
+
+class Gateway:
+    """The gateway's state: sessions, the policy client, pause control and counters.
+
+    ``policy``: a ``PolicyClient`` (or ``ShardedPolicy``) over the policy servers. ``tokenizer``: the policy's tokenizer
+    (its chat template renders every request). ``max_model_len``: prompt plus completion tokens
+    (default: the tokenizer's ``model_max_length``). ``upstream_retry_s``: how long a model call
+    keeps retrying while the servers are unreachable (restarts, weight loads) before a 503.
+    ``template_check_every``: re-render every k-th finished session to detect a chat template that
+    is not prefix-preserving (the ``template_mismatch`` metric, as the rollout runner does); 0: never.
+    """
+
+    def __init__(self, policy: PolicyClient | ShardedPolicy, tokenizer: Any, *, model_name: str = "agentgym",
+                 admin_key: str | None = None, max_model_len: int | None = None, default_max_tokens: int = 1024,
+                 max_body_bytes: int = 32 << 20, pause_timeout: float = 600.0, upstream_retry_s: float = 60.0,
+                 public_url: str | None = None, keep_finished: int = 10_000, template_check_every: int = 1) -> None:
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.chat = ChatTokenizer(tokenizer)
+        self.store = SessionStore(self.chat, keep_finished=keep_finished, template_check_every=template_check_every)
+        self.model_name = model_name
+        self.admin_key = admin_key
+        limit = max_model_len or getattr(tokenizer, "model_max_length", None)
+        self.max_model_len = int(limit) if limit and limit < 10**8 else 32768
+        self.default_max_tokens = default_max_tokens
+        self.max_body_bytes = max_body_bytes
+        self.pause_timeout = pause_timeout
+        self.upstream_retry_s = upstream_retry_s
+        self.public_url = public_url.rstrip("/") if public_url else None
+        self.inflight = 0
+        self._running = asyncio.Event()
+        self._running.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._token_text: dict[int, str] = {}
+        self.counts = {"completions": 0, "errors": 0, "upstream_retries": 0, "paused_waits": 0}
+
+    # ---- access ---------------------------------------------------------------------------
+    @staticmethod
+    def bearer(request: Request) -> str | None:
+        header = request.headers.get("authorization") or ""
+        scheme, _, token = header.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+    def require_admin(self, request: Request) -> None:
+        if self.admin_key is not None and self.bearer(request) != self.admin_key:
+            raise APIError(401, "this endpoint needs the gateway's admin key (Authorization: Bearer <admin key>)",
+                           "authentication_error", code="invalid_api_key")
+
+    def session_for(self, sid: str, request: Request, admin: bool = False) -> Session:
+        """The session ``sid`` if the request may use it: with the session's own key, or for the
+        admin endpoints (``admin=True``) with the admin key (or no key, if the gateway has none)."""
+        session = self.store.get(sid)
+        key = self.bearer(request)
+        if key == session.key:
+            return session
+        if admin and self.admin_key is not None and key == self.admin_key:
+            return session
+        owner = self.store.owner(key) if key else None
+        if owner is not None:
+            raise APIError(403, f"this API key belongs to another session, not {sid}; use the api_key that "
+                           "POST /sessions returned with this session's base_url", "permission_error",
+                           code="wrong_session")
+        if admin and self.admin_key is None and key is None:
+            return session
+        if key is None:
+            raise APIError(401, "no API key: pass the session's api_key (Authorization: Bearer <key>)",
+                           "authentication_error", code="invalid_api_key")
+        raise APIError(401, f"invalid API key for session {sid}", "authentication_error", code="invalid_api_key")
+
+    @staticmethod
+    def open_session(session: Session) -> Session:
+        if session.finished:
+            raise APIError(409, f"session {session.id} is finished; it takes no more model calls",
+                           "conflict_error", code="session_finished")
+        return session
+
+    def base_url(self, request: Request, sid: str) -> str:
+        root = self.public_url or str(request.base_url).rstrip("/")
+        return f"{root}/sessions/{sid}/v1"
+
+    # ---- pause for weight updates ---------------------------------------------------------
+    async def pause(self, drain_timeout: float = 60.0) -> dict[str, Any]:
+        """Hold new model calls; return once in-flight ones finished (or after ``drain_timeout``)."""
+        self._running.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), drain_timeout)
+        return {"paused": True, "inflight": self.inflight}
+
+    def resume(self) -> dict[str, Any]:
+        self._running.set()
+        return {"paused": False, "inflight": self.inflight}
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    @contextlib.asynccontextmanager
+    async def weight_update(self, drain_timeout: float = 60.0) -> AsyncIterator[None]:
+        """``async with gateway.weight_update(): <push weights>`` — calls wait meanwhile (same loop only;
+        from elsewhere use ``POST /pause``/``/resume`` or ``GatewayClient.weight_update``)."""
+        await self.pause(drain_timeout)
+        try:
+            yield
+        finally:
+            self.resume()
+
+    # ---- sampling -------------------------------------------------------------------------
+    async def generate(self, session: Session, prompt_ids: list[int], sampling: SamplingParams) -> TokenSample:
+        """One sample from the policy servers, sticky to the session's server; waits out pauses and
+        retries unreachable servers for ``upstream_retry_s``."""
+        if not self._running.is_set():
+            self.counts["paused_waits"] += 1
+            try:
+                await asyncio.wait_for(self._running.wait(), self.pause_timeout)
+            except asyncio.TimeoutError:
+                raise APIError(503, f"the gateway has been paused for a weight update for over {self.pause_timeout:.0f}s; "
+                               "retry later", "server_error", code="paused") from None
+        self.inflight += 1
+        self._idle.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.upstream_retry_s
+        try:
+            while True:
+                try:
+                    return await self.policy.generate(prompt_ids, sampling, session_id=session.id)
+                except PolicyServerError as exc:
+                    if "refused the request (4" in str(exc):  # the server's own 4xx: retrying cannot help
+                        raise APIError(400, f"the policy server refused the request: {exc}") from None
+                    if loop.time() > deadline:
+                        raise APIError(503, f"no policy server answered for {self.upstream_retry_s:.0f}s: {exc}",
+                                       "server_error", code="upstream_unavailable") from None
+                    self.counts["upstream_retries"] += 1
+                    await asyncio.sleep(0.25)
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+
+    def sampling(self, session: Session, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
+                 param: str) -> SamplingParams:
+        """The request's sampling fields, overridden by the session's pinned ones, fitted to the context."""
+        asked = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
+                 "stop": req.stop, "stop_token_ids": req.stop_token_ids, "max_tokens": req.requested_max_tokens}
+        values = {k: v for k, v in asked.items() if v is not None}
+        values.update(session.sampling)
+        room = self.max_model_len - prompt_len
+        if room < 1:
+            raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens, but the prompt "
+                           f"has {prompt_len} tokens", param=param, code="context_length_exceeded")
+        values["max_tokens"] = min(int(values.get("max_tokens") or self.default_max_tokens), room)
+        values["stop"] = list(values.get("stop") or [])
+        values["stop_token_ids"] = list(values.get("stop_token_ids") or [])
+        return SamplingParams(**values)
+
+    def reply_text(self, sample: TokenSample, stop: Sequence[str]) -> str:
+        """The sampled text the agent sees: special tokens dropped, cut before the first stop string."""
+        text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+        cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+        return text[:min(cuts)] if cuts else text
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def chat_logprobs(self, sample: TokenSample) -> ChatLogprobs:
+        content = []
+        for tok, lp in zip(sample.token_ids, sample.logprobs):
+            text = self.token_text(tok)
+            content.append(ChatTokenLogprob(token=text, logprob=lp, bytes=list(text.encode()), top_logprobs=[]))
+        return ChatLogprobs(content=content)
+
+    async def sample_all(self, session: Session, plans: list[Plan], sampling: SamplingParams) -> list[TokenSample]:
+        try:
+            return list(await asyncio.gather(*(self.generate(session, p.context_ids, sampling) for p in plans)))
+        except BaseException:
+            for p in plans:
+                self.store.release(p)
+            self.counts["errors"] += 1
+            raise
+
+    # ---- chat -----------------------------------------------------------------------------
+    async def chat_completion(self, session: Session, req: ChatCompletionRequest) -> Any:
+        if req.continue_final_message or not req.add_generation_prompt:
+            raise APIError(400, "the gateway always starts a new assistant turn; continue_final_message and "
+                           "add_generation_prompt=false are not supported", param="continue_final_message")
+        if req.chat_template_kwargs:
+            raise APIError(400, "chat_template_kwargs are not supported by the gateway: every turn must render "
+                           "with the same template", param="chat_template_kwargs")
+        messages = [normalize_message(m) for m in req.messages]
+        tools = req.tools if req.tools and req.tool_choice != "none" else None
+        try:
+            plan = self.store.plan_chat(session, messages, tools)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise APIError(400, f"could not render the messages with the chat template: {exc}", param="messages") from exc
+        try:
+            sampling = self.sampling(session, req, len(plan.context_ids), "messages")
+        except APIError:
+            self.store.release(plan)
+            raise
+        plans = [plan] + self.store.siblings(session, plan, req.n - 1)
+        samples = await self.sample_all(session, plans, sampling)
+        choices = []
+        for i, (p, sample) in enumerate(zip(plans, samples)):
+            text = self.reply_text(sample, sampling.stop)
+            content: str | None = text
+            calls: list[dict[str, Any]] = []
+            if tools:
+                content, calls, _ = parse_tool_calls(text)
+            finish = "tool_calls" if calls and sample.finish_reason == "stop" else sample.finish_reason
+            reply: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                reply["tool_calls"] = calls
+            self.store.commit(session, p, sample, normalize_message(reply))
+            choices.append(ChatChoice(
+                index=i, message=ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]),
+                logprobs=self.chat_logprobs(sample) if req.logprobs else None, finish_reason=finish,
+                token_ids=list(sample.token_ids) if req.return_token_ids else None))
+        self.counts["completions"] += len(samples)
+        completion = sum(len(s.token_ids) for s in samples)
+        response = ChatCompletionResponse(
+            model=req.model or self.model_name, choices=choices,
+            prompt_token_ids=plan.context_ids if req.return_token_ids else None,
+            usage=UsageInfo(prompt_tokens=len(plan.context_ids), completion_tokens=completion,
+                            total_tokens=len(plan.context_ids) + completion),
+            weight_version=min(s.weight_version for s in samples))
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _sse(_chat_chunks(response, include_usage))
+        return JSONResponse(response.model_dump(exclude_none=True))
+
+    # ---- text completions -----------------------------------------------------------------
+    async def completion(self, session: Session, req: CompletionRequest) -> Any:
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise APIError(400, "the gateway takes one prompt per request (a string or a list of token ids)",
+                               param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, list):
+            bad = next((t for t in prompt if not 0 <= t < len(self.tokenizer)), None)
+            if bad is not None:
+                raise APIError(400, f"prompt token id {bad} is outside the vocabulary (size {len(self.tokenizer)})",
+                               param="prompt")
+        plan = self.store.plan_text(session, prompt)
+        try:
+            sampling = self.sampling(session, req, len(plan.context_ids), "prompt")
+        except APIError:
+            self.store.release(plan)
+            raise
+        plans = [plan] + self.store.siblings(session, plan, req.n - 1)
+        samples = await self.sample_all(session, plans, sampling)
+        choices = []
+        for i, (p, sample) in enumerate(zip(plans, samples)):
+            text = self.reply_text(sample, sampling.stop)
+            self.store.commit(session, p, sample, text=text)
+            logprobs = None
+            if req.logprobs is not None:
+                tokens = [self.token_text(t) for t in sample.token_ids]
+                offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+                logprobs = CompletionLogprobs(tokens=tokens, token_logprobs=list(sample.logprobs), text_offset=offsets)
+            choices.append(CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=sample.finish_reason,
+                                            token_ids=list(sample.token_ids) if req.return_token_ids else None))
+        self.counts["completions"] += len(samples)
+        completion = sum(len(s.token_ids) for s in samples)
+        response = CompletionResponse(
+            model=req.model or self.model_name, choices=choices,
+            prompt_token_ids=plan.context_ids if req.return_token_ids else None,
+            usage=UsageInfo(prompt_tokens=len(plan.context_ids), completion_tokens=completion,
+                            total_tokens=len(plan.context_ids) + completion),
+            weight_version=min(s.weight_version for s in samples))
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _sse(_completion_chunks(response, include_usage))
+        return JSONResponse(response.model_dump(exclude_none=True))
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.store.counts, **self.counts, "open_sessions": len(self.store.open), "inflight": self.inflight,
+                "paused": self.paused}
+
+
+# ---- streaming: a finished response as SSE chunks ---------------------------------------------
+def _sse(chunks: list[str]) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        for chunk in chunks:
+            yield chunk
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _data(model: Any) -> str:
+    return f"data: {model.model_dump_json(exclude_none=True)}\n\n"
+
+
+def _chat_chunks(response: ChatCompletionResponse, include_usage: bool) -> list[str]:
+    def chunk(choice: ChatStreamChoice) -> str:
+        return _data(ChatCompletionChunk(id=response.id, created=response.created, model=response.model,
+                                         choices=[choice], weight_version=response.weight_version))
+
+    out = []
+    for choice in response.choices:
+        message = choice.message
+        out.append(chunk(ChatStreamChoice(index=choice.index, delta=DeltaMessage(role="assistant", content=""))))
+        if message.content:
+            out.append(chunk(ChatStreamChoice(index=choice.index, delta=DeltaMessage(content=message.content),
+                                              logprobs=choice.logprobs)))
+        if message.tool_calls:
+            calls = [{"index": k, **c.model_dump()} for k, c in enumerate(message.tool_calls)]
+            out.append(chunk(ChatStreamChoice(index=choice.index, delta=DeltaMessage(tool_calls=calls))))
+        out.append(chunk(ChatStreamChoice(index=choice.index, delta=DeltaMessage(), finish_reason=choice.finish_reason,
+                                          token_ids=choice.token_ids)))
+    if include_usage:
+        out.append(_data(ChatCompletionChunk(id=response.id, created=response.created, model=response.model,
+                                             choices=[], usage=response.usage, weight_version=response.weight_version)))
+    out.append("data: [DONE]\n\n")
+    return out
+
+
+def _completion_chunks(response: CompletionResponse, include_usage: bool) -> list[str]:
+    out = []
+    for choice in response.choices:
+        out.append(_data(CompletionChunk(id=response.id, created=response.created, model=response.model,
+                                         choices=[choice], weight_version=response.weight_version)))
+    if include_usage:
+        out.append(_data(CompletionChunk(id=response.id, created=response.created, model=response.model, choices=[],
+                                         usage=response.usage, weight_version=response.weight_version)))
+    out.append("data: [DONE]\n\n")
+    return out
+
+
+def trajectory_json(traj: Trajectory) -> dict[str, Any]:
+    """``traj.to_dict()`` without its deep copy of every token id (5 ms for a few hundred tokens)."""
+    out = {f.name: getattr(traj, f.name) for f in dataclasses.fields(traj)}
+    out["turns"] = [{f.name: getattr(t, f.name) for f in _TURN_FIELDS} for t in traj.turns]
+    return out
+
+
+_TURN_FIELDS = dataclasses.fields(Turn)
+
+
+# ---- the HTTP app ---------------------------------------------------------------------------------
+def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    return f"{param + ': ' if param else ''}{first.get('msg')}", param
+
+
+def build_app(gateway: Gateway) -> FastAPI:
+    """The gateway's FastAPI app over ``gateway``."""
+    app = FastAPI(title="agentgym gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gateway = gateway
+    gw = gateway
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(SessionError)
+    async def _session_error(_: Request, exc: SessionError) -> JSONResponse:
+        return error_response(exc.status, exc.message, _ERROR_TYPES.get(exc.status, "invalid_request_error"),
+                              exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), _ERROR_TYPES.get(exc.status_code, "invalid_request_error"))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        gw.counts["errors"] += 1
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+    async def body(request: Request, model: type | None = None, required: bool = True) -> Any:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > gw.max_body_bytes:
+            raise APIError(413, f"the request body is {declared} bytes; the gateway takes at most {gw.max_body_bytes}",
+                           code="request_too_large")
+        raw = await request.body()
+        if len(raw) > gw.max_body_bytes:
+            raise APIError(413, f"the request body is over {gw.max_body_bytes} bytes", code="request_too_large")
+        if not raw.strip():
+            if required:
+                raise APIError(400, "the request needs a JSON body")
+            data: Any = {}
+        else:
+            try:
+                data = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        if model is None:
+            return data
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            message, param = _validation_message(exc)
+            raise APIError(400, message, param=param) from None
+
+    # ---- admin --------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "paused": gw.paused, "open_sessions": len(gw.store.open)}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return gw.stats()
+
+    @app.post("/sessions")
+    async def create(request: Request) -> dict[str, Any]:
+        gw.require_admin(request)
+        data = await body(request, required=False)
+        task, sampling = data.get("task") or {}, data.get("sampling") or {}
+        if not isinstance(task, dict) or not isinstance(sampling, dict):
+            raise APIError(400, "'task' and 'sampling' must be JSON objects")
+        unknown = sorted(set(sampling) - SAMPLING_FIELDS)
+        if unknown:
+            raise APIError(400, f"unknown sampling fields {unknown}; pin any of {sorted(SAMPLING_FIELDS)}",
+                           param="sampling")
+        try:
+            session = gw.store.create(task, data.get("group_id"), sampling)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="task") from None
+        return {"id": session.id, "api_key": session.key, "base_url": gw.base_url(request, session.id),
+                "group_id": session.group_id}
+
+    @app.get("/sessions/{sid}")
+    async def get(sid: str, request: Request) -> dict[str, Any]:
+        return gw.session_for(sid, request, admin=True).summary(request.query_params.get("tokens", "1") != "0")
+
+    @app.post("/sessions/{sid}/reward")
+    async def reward(sid: str, request: Request) -> dict[str, Any]:
+        session = gw.session_for(sid, request, admin=True)
+        data = await body(request)
+        value, kind = data.get("reward"), data.get("kind", "final")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or kind not in ("final", "turn"):
+            raise APIError(400, "post {\"reward\": <number>, \"kind\": \"final\" | \"turn\"} (optional \"turn\", \"branch\")",
+                           param="reward")
+        try:
+            posted = session.post_reward(value, kind, data.get("turn"), data.get("branch"))
+        except ValueError as exc:
+            raise APIError(409 if session.finished else 400, str(exc), param="reward") from None
+        return {"id": sid, "reward": vars(posted)}
+
+    @app.post("/sessions/{sid}/finish")
+    async def finish(sid: str, request: Request) -> dict[str, Any]:
+        session = gw.session_for(sid, request, admin=True)
+        data = await body(request, required=False)
+        value = data.get("reward")
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise APIError(400, "'reward' must be a number", param="reward")
+        was_open = not session.finished
+        trajectories = gw.store.finish(session, failure=data.get("failure"),
+                                       reward=value if was_open else None)
+        if was_open:
+            gw.policy.release_session(session.id)
+        return {"id": sid, "group_id": session.group_id, "trajectories": [trajectory_json(t) for t in trajectories]}
+
+    @app.post("/pause")
+    async def pause(request: Request) -> dict[str, Any]:
+        gw.require_admin(request)
+        data = await body(request, required=False)
+        return await gw.pause(float(data.get("drain_timeout", 60.0)))
+
+    @app.post("/resume")
+    async def resume(request: Request) -> dict[str, Any]:
+        gw.require_admin(request)
+        return gw.resume()
+
+    # ---- OpenAI, per session --------------------------------------------------------------
+    @app.get("/sessions/{sid}/v1/models")
+    async def models(sid: str, request: Request) -> dict[str, Any]:
+        gw.session_for(sid, request)
+        return ModelList(data=[ModelCard(id=gw.model_name, root=gw.model_name, max_model_len=gw.max_model_len)]).model_dump()
+
+    @app.post("/sessions/{sid}/v1/chat/completions")
+    async def chat(sid: str, request: Request) -> Response:
+        session = gw.open_session(gw.session_for(sid, request))
+        return await gw.chat_completion(session, await body(request, ChatCompletionRequest))
+
+    @app.post("/sessions/{sid}/v1/completions")
+    async def completions(sid: str, request: Request) -> Response:
+        session = gw.open_session(gw.session_for(sid, request))
+        return await gw.completion(session, await body(request, CompletionRequest))
+
+    return app
+
+
+# ---- the admin client ---------------------------------------------------------------------------
+class GatewayClient:
+    """Async admin client of a gateway (local or remote): sessions, rewards, pause/resume."""
+
+    def __init__(self, url: str, admin_key: str | None = None, timeout: float = 120.0,
+                 max_connections: int = 64) -> None:
+        self.url = url.rstrip("/")
+        self._slots = asyncio.Semaphore(max_connections)  # wait here, not in httpx's pool (see ShardedPolicy)
+        headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout,
+                                       limits=httpx.Limits(max_connections=max_connections,
+                                                           max_keepalive_connections=max_connections))
+
+    async def _call(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        last: Exception | None = None
+        for attempt in range(4):
+            try:
+                async with self._slots:
+                    response = await self._http.request(method, path, json=payload)
+            except httpx.TransportError as exc:
+                last = exc
+                await asyncio.sleep(0.2 * 2**attempt)
+                continue
+            if response.status_code >= 400:
+                try:
+                    message = response.json()["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = response.text[:300]
+                raise RuntimeError(f"gateway {method} {path} failed ({response.status_code}): {message}")
+            return response.json()
+        raise RuntimeError(f"gateway {self.url} unreachable ({type(last).__name__}: {last}); is `agentgym gateway` running?")
+
+    async def create_session(self, task: dict[str, Any] | None = None, group_id: str | None = None,
+                             sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+        """-> ``{"id", "api_key", "base_url", "group_id"}``."""
+        return await self._call("POST", "/sessions", {"task": task or {}, "group_id": group_id, "sampling": sampling or {}})
+
+    async def post_reward(self, sid: str, reward: float, kind: str = "final", turn: int | None = None) -> None:
+        await self._call("POST", f"/sessions/{sid}/reward", {"reward": reward, "kind": kind, "turn": turn})
+
+    async def finish_session(self, sid: str, failure: str | None = None, reward: float | None = None) -> list[Trajectory]:
+        body = await self._call("POST", f"/sessions/{sid}/finish", {"failure": failure, "reward": reward})
+        return [Trajectory.from_dict(t) for t in body["trajectories"]]
+
+    async def get_session(self, sid: str) -> dict[str, Any]:
+        return await self._call("GET", f"/sessions/{sid}")
+
+    async def pause(self, drain_timeout: float = 60.0) -> dict[str, Any]:
+        return await self._call("POST", "/pause", {"drain_timeout": drain_timeout})
+
+    async def resume(self) -> dict[str, Any]:
+        return await self._call("POST", "/resume")
+
+    @contextlib.asynccontextmanager
+    async def weight_update(self, drain_timeout: float = 60.0) -> AsyncIterator[None]:
+        """``async with client.weight_update(): <push weights to the servers>``."""
+        await self.pause(drain_timeout)
+        try:
+            yield
+        finally:
+            await self.resume()
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._call("GET", "/stats")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+# ---- running it -------------------------------------------------------------------------------------
+class GatewayHandle:
+    """A gateway serving in a background thread of this process: ``.url``, ``.gateway``, ``.stop()``."""
+
+    def __init__(self, servers: str | Sequence[str], model: str = "tiny", host: str = "127.0.0.1", port: int = 0,
+                 backend: str = "embedded", log_level: str = "warning", **options: Any) -> None:
+        import uvicorn
+
+        from agentgym.model import load_tokenizer
+
+        self.admin_key = options.get("admin_key")
+        tokenizer = load_tokenizer(str(model))
+        self._sock = _bind(host, port)
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self.gateway: Gateway | None = None
+        ready = threading.Event()
+
+        server_model = options.pop("server_model", None)
+
+        async def serve() -> None:
+            policy = ShardedPolicy(servers, backend=backend, model=server_model)
+            self.gateway = Gateway(policy, tokenizer, model_name=options.pop("model_name", str(model)), **options)
+            config = uvicorn.Config(build_app(self.gateway), log_level=log_level, access_log=False, lifespan="off",
+                                    timeout_keep_alive=60, backlog=4096)
+            self._server = uvicorn.Server(config)
+            self.loop = asyncio.get_running_loop()
+            ready.set()
+            try:
+                await self._server.serve(sockets=[self._sock])
+            finally:
+                await policy.aclose()
+
+        self._thread = threading.Thread(target=_run, args=(serve(),), name=f"agentgym-gateway-{self.port}",
+                                        daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not (ready.is_set() and self._server.started):
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the gateway did not start on {host}:{port}")
+            time.sleep(0.01)
+
+    def client(self) -> GatewayClient:
+        return GatewayClient(self.url, self.admin_key)
+
+    def stop(self) -> None:
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.should_exit = True
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        self._sock.close()
+
+    def __enter__(self) -> GatewayHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def start_gateway(servers: str | Sequence[str], model: str = "tiny", port: int = 0, host: str = "127.0.0.1",
+                  **options: Any) -> GatewayHandle:
+    """Serve a gateway over ``servers`` (policy server base URLs) in a background thread; ``port=0``
+    picks a free port. ``options``: ``backend`` (the servers' dialect), ``server_model`` (the name the
+    servers answer to; default: asked), and ``Gateway``'s: ``admin_key``, ``max_model_len``,
+    ``default_max_tokens``, ``pause_timeout``, ``upstream_retry_s`` ..."""
+    return GatewayHandle(servers, model=model, host=host, port=port, **options)
+
+
+def _run(main: Any) -> None:
+    """``asyncio.run``, on uvloop when it is installed (uvicorn also picks httptools by itself then)."""
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    if uvloop is None or not hasattr(asyncio, "Runner"):  # asyncio.Runner: Python 3.11+
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # accepted connections inherit it. With proto 0, small responses wait ~40 ms for delayed ACKs.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def gateway_command(args: argparse.Namespace) -> int:
+    """``agentgym gateway --server URL [--server URL ...] --model M --host H --port P``.
+
+    Without ``--server`` an embedded server is started on ``--model``. The admin key comes from
+    ``--admin-key`` or ``$AGENTGYM_GATEWAY_ADMIN_KEY``; the server dialect from ``--backend`` or
+    ``$AGENTGYM_GATEWAY_BACKEND`` (default ``embedded``).
+    """
+    import uvicorn
+
+    from agentgym.model import load_tokenizer
+
+    admin_key = getattr(args, "admin_key", None) or os.environ.get("AGENTGYM_GATEWAY_ADMIN_KEY") or None
+    backend = getattr(args, "backend", None) or os.environ.get("AGENTGYM_GATEWAY_BACKEND", "embedded")
+    servers = list(args.server or [])
+    embedded = None
+    if not servers:
+        from agentgym.server.launch import start_embedded_server
+
+        print(f"no --server given: starting an embedded server on {args.model} ...", flush=True)
+        embedded = start_embedded_server(args.model)
+        servers, backend = [embedded.url], "embedded"
+    tokenizer = load_tokenizer(str(args.model))
+    sock = _bind(args.host, args.port)
+    url = f"http://{args.host}:{sock.getsockname()[1]}"
+
+    async def serve() -> None:
+        policy = ShardedPolicy(servers, backend=backend)
+        gateway = Gateway(policy, tokenizer, model_name=str(args.model), admin_key=admin_key,
+                          max_model_len=getattr(args, "max_model_len", None))
+        config = uvicorn.Config(build_app(gateway), log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=60, backlog=4096)
+        server = uvicorn.Server(config)
+        print(f"agentgym gateway on {url} -> {', '.join(servers)} ({backend}); "
+              f"admin key {'set' if admin_key else 'not set (admin endpoints open)'}; "
+              f"create sessions with POST {url}/sessions", flush=True)
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            await policy.aclose()
+
+    try:
+        _run(serve())
+    finally:
+        sock.close()
+        if embedded is not None:
+            embedded.stop()
+    return 0
+
+
+def trajectory_source(cfg: Any, agent: str, servers: Any) -> Any:
+    """``agentgym train --agent module:function``: a gateway in this process over the trainer's policy
+    servers (``servers.urls``, ``servers.backend``), and an ``AgentTrajectorySource`` running the agent.
+
+    From the config: tasks from ``data.train_files`` / ``data.val_files`` (veRL-format or raw GSM8K
+    rows; each row's reward function from its data source), ``data.train_batch_size`` tasks per step
+    walked in ``data.shuffle`` order seeded by ``trainer.seed``, ``rollout.n`` sessions per task,
+    ``rollout.temperature`` / ``top_p`` / ``top_k`` / ``max_tokens_per_turn`` pinned for every model
+    call, ``rollout.concurrency`` agents at once, ``rollout.val_kwargs`` and ``data.val_batch_size`` for
+    validation; ``data.max_prompt_length + data.max_response_length`` bounds a session's context.
+    """
+    from omegaconf import OmegaConf
+
+    from agentgym.rollout.agent_source import AgentTrajectorySource, load_agent_tasks
+
+    data, rollout = cfg.data, cfg.actor_rollout_ref.rollout
+
+    def files(value: Any) -> Any:
+        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+    if not data.train_files:
+        raise ValueError("agentgym train --agent needs tasks for the agent: set data.train_files=<.jsonl/.parquet, "
+                         "veRL-format or raw GSM8K rows>")
+    tasks = load_agent_tasks(files(data.train_files), "train")
+    val_tasks = load_agent_tasks(files(data.val_files), "test") if data.val_files else tasks
+    pinned = {"temperature": float(rollout.temperature), "top_p": float(rollout.top_p), "top_k": int(rollout.top_k),
+              "max_tokens": int(rollout.max_tokens_per_turn or data.max_response_length)}
+    val = rollout.val_kwargs
+    handle = start_gateway(list(servers.urls), model=str(cfg.actor_rollout_ref.model.path), backend=str(servers.backend),
+                           server_model=getattr(servers.client, "model", None),
+                           max_model_len=int(data.max_prompt_length + data.max_response_length))
+    try:
+        return AgentTrajectorySource(
+            agent, tasks, n=int(rollout.n), gateway=handle, close_gateway=True,
+            tasks_per_step=int(data.train_batch_size), sampling=pinned, concurrency=int(rollout.concurrency),
+            shuffle=bool(data.shuffle), seed=int(cfg.trainer.seed),
+            val_tasks=val_tasks[:int(data.val_batch_size or 16)], val_n=int(val.n),
+            val_sampling={**pinned, "temperature": float(val.temperature), "top_p": float(val.top_p),
+                          "top_k": int(val.top_k)})
+    except BaseException:
+        handle.stop()
+        raise

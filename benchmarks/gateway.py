@@ -1,0 +1,384 @@
+"""Gateway overhead: calls through the gateway vs direct calls to the same instant stand-in server.
+
+    python benchmarks/gateway.py                    # 256 concurrent sessions, 20 s per side
+    python benchmarks/gateway.py --concurrency 64 --seconds 10
+    python benchmarks/gateway.py standin --port 8300 [--mode echo|fixed] [--version N]
+
+Three processes share the machine: this client, the gateway (``agentgym gateway``) and the
+stand-in policy server (``standin``: a bare asyncio HTTP/1.1 server answering
+``/v1/completions`` with token ids + logprobs and ``/v1/chat/completions`` with a canned reply,
+instantly). Both sides send the same chat request with a raw ``httpx`` client:
+
+* direct: ``POST standin/v1/chat/completions``;
+* gateway: ``POST gateway/sessions/<id>/v1/chat/completions`` (one session per concurrent
+  client; every call renders the chat, calls the stand-in's ``/v1/completions`` token-in/out,
+  records the turn and answers in OpenAI's shape).
+
+Printed: throughput (calls/s) and latency p50/p99 per side at the chosen concurrency, the
+gateway's added latency under that load (gateway minus direct), and the unloaded added latency
+(one call at a time). On a small machine the three processes compete for the same cores, so the
+loaded figures measure CPU sharing as much as the gateway: read them with ``nproc`` in mind.
+
+The stand-in is also what ``tests/test_gateway_reliability.py`` runs (and restarts) in a child
+process. Its ``echo`` mode answers deterministically from the prompt, so every session's content
+is its own: the last user block's text comes back as ``echo: <text>``; a block holding
+``CALC: <expr>`` gets a Hermes calculator tool call; a ``<tool_response>`` block gets
+``#### <result>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ---- the stand-in policy server ------------------------------------------------------------------
+_USER_BLOCK = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
+
+
+class StandIn:
+    """Answers like a policy server, instantly. ``mode``: ``echo`` (content from the prompt, see the
+    module docstring) or ``fixed`` (the same short reply every time). ``version``: the weight
+    version it reports."""
+
+    def __init__(self, mode: str = "echo", version: int = 0) -> None:
+        from tokenizers import Tokenizer
+
+        sys.path.insert(0, str(ROOT))
+        from agentgym.model.tiny import tiny_model_path
+
+        self.tok = Tokenizer.from_file(str(tiny_model_path() / "tokenizer.json"))
+        self.eos = self.tok.token_to_id("<|im_end|>")
+        self.mode = mode
+        self.version = version
+        self.fixed = self.tok.encode("The answer is 72.", add_special_tokens=False).ids + [self.eos]
+        self.requests = 0
+
+    def reply_ids(self, prompt: list[int]) -> list[int]:
+        if self.mode == "fixed":
+            return self.fixed
+        text = self.tok.decode(prompt, skip_special_tokens=False)
+        blocks = _USER_BLOCK.findall(text)
+        last = blocks[-1] if blocks else text[-200:]
+        tool = _TOOL_RESPONSE.findall(last)
+        if tool:
+            reply = f"The tool says {tool[-1]}. #### {tool[-1]}"
+        elif "CALC:" in last:
+            expression = last.split("CALC:", 1)[1].strip().splitlines()[0]
+            call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+            reply = f"<tool_call>\n{call}\n</tool_call>"
+        else:
+            reply = f"echo: {last}"
+        return self.tok.encode(reply, add_special_tokens=False).ids + [self.eos]
+
+    @staticmethod
+    def logprobs(ids: list[int]) -> list[float]:
+        return [-0.01 * ((i * 7 + t) % 50 + 1) for i, t in enumerate(ids)]
+
+    def handle(self, method: str, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        self.requests += 1
+        if path == "/health":
+            return 200, {"status": "ok", "weight_version": self.version}
+        if path == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": "standin", "object": "model"}]}
+        if method != "POST":
+            return 404, {"error": {"message": f"no route {path}", "type": "not_found_error"}}
+        try:
+            req = json.loads(body)
+        except ValueError:
+            return 400, {"error": {"message": "bad JSON", "type": "invalid_request_error"}}
+        if path == "/v1/completions":
+            prompt = req.get("prompt")
+            if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+                return 400, {"error": {"message": "the stand-in takes token-id prompts", "type": "invalid_request_error"}}
+            ids = self.reply_ids(prompt)[: int(req.get("max_tokens") or 16)]
+            finish = "stop" if ids and ids[-1] == self.eos else "length"
+            return 200, {"id": "cmpl-standin", "object": "text_completion", "model": "standin",
+                         "choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": finish,
+                                      "logprobs": {"token_logprobs": self.logprobs(ids)}}],
+                         "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
+                         "weight_version": self.version}
+        if path == "/v1/chat/completions":
+            return 200, {"id": "chatcmpl-standin", "object": "chat.completion", "created": 0, "model": "standin",
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "The answer is 72."},
+                                      "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26}}
+        return 404, {"error": {"message": f"no route {path}", "type": "not_found_error"}}
+
+
+class _HTTP(asyncio.Protocol):
+    """Just enough HTTP/1.1 for JSON POSTs with Content-Length, with keep-alive."""
+
+    def __init__(self, standin: StandIn, delay_s: float = 0.0) -> None:
+        self.standin = standin
+        self.delay_s = delay_s
+        self.buffer = b""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            lines = self.buffer[:end].decode("latin-1").split("\r\n")
+            method, path = lines[0].split(" ")[:2]
+            length, close = 0, False
+            for line in lines[1:]:
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if key == "content-length":
+                    length = int(value)
+                elif key == "connection" and value.strip().lower() == "close":
+                    close = True
+            if len(self.buffer) < end + 4 + length:
+                return
+            body = self.buffer[end + 4:end + 4 + length]
+            self.buffer = self.buffer[end + 4 + length:]
+            status, payload = self.standin.handle(method, path.split("?")[0], body)
+            data = json.dumps(payload).encode()
+            response = (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                        % (status, b"OK" if status == 200 else b"Error", len(data), data))
+            if self.delay_s and path.startswith("/v1/"):
+                asyncio.get_running_loop().call_later(self.delay_s, self.transport.write, response)
+            else:
+                self.transport.write(response)
+            if close:
+                self.transport.close()
+                return
+
+
+async def serve_standin(port: int, mode: str = "echo", version: int = 0, host: str = "127.0.0.1",
+                        delay_ms: float = 0.0) -> None:
+    standin = StandIn(mode, version)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _HTTP(standin, delay_ms / 1e3), host, port, reuse_address=True,
+                                      backlog=4096)
+    print(f"stand-in ({mode}, weight version {version}) on http://{host}:{port}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def start_standin(port: int, mode: str = "echo", version: int = 0, timeout: float = 30.0,
+                  delay_ms: float = 0.0) -> subprocess.Popen:
+    """The stand-in in a child process, returned once it answers ``/health``."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "standin", "--port", str(port),
+                             "--mode", mode, "--version", str(version), "--delay-ms", str(delay_ms)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_health(f"http://127.0.0.1:{port}", proc, timeout)
+    return proc
+
+
+def start_gateway_process(port: int, servers: list[str], timeout: float = 120.0,
+                          env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``agentgym gateway`` in a child process, returned once it answers ``/health``."""
+    cmd = [sys.executable, "-m", "agentgym.cli", "gateway", "--model", "tiny", "--port", str(port)]
+    for url in servers:
+        cmd += ["--server", url]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, **(env or {})})
+    _wait_health(f"http://127.0.0.1:{port}", proc, timeout)
+    return proc
+
+
+def _wait_health(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"{url} exited with {proc.returncode} before answering:\n{err[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{url} did not answer /health within {timeout:.0f}s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+
+# ---- the benchmark client --------------------------------------------------------------------------
+class Connection:
+    """One keep-alive HTTP/1.1 connection with just enough client to POST JSON and read the answer:
+    cheaper per call than httpx, so the client takes less of the CPU the servers share."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, payload: dict[str, Any], key: str | None = None) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        body = json.dumps(payload).encode()
+        auth = f"Authorization: Bearer {key}\r\n" if key else ""
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n{auth}"
+                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+TURNS = 4  # chat calls per session; each re-sends the history and adds a user message
+
+
+def _messages(turn: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful assistant."}]
+    for k in range(turn + 1):
+        messages.append({"role": "user", "content": f"Question {k}: what is {k} + 70?"})
+        if k < turn:
+            messages.append({"role": "assistant", "content": "The answer is 72."})
+    return messages
+
+
+async def _worker(kind: str, url: str, seconds: float, warmup: float, latencies: list[float], admin: list[float]) -> None:
+    host, port = url.split("//")[1].split(":")
+    conn = Connection(host, int(port))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    end = start + warmup + seconds
+    try:
+        while loop.time() < end:
+            sid = key = None
+            if kind == "gateway":
+                t = time.perf_counter()
+                status, body = await conn.post("/sessions", {"task": {}, "sampling": {"max_tokens": 16}})
+                admin.append(time.perf_counter() - t)
+                info = json.loads(body)
+                sid, key = info["id"], info["api_key"]
+            for turn in range(TURNS):
+                payload = {"model": "m", "messages": _messages(turn), "max_tokens": 16}
+                path = f"/sessions/{sid}/v1/chat/completions" if sid else "/v1/chat/completions"
+                t = time.perf_counter()
+                status, body = await conn.post(path, payload, key)
+                if status != 200:
+                    raise RuntimeError(f"{kind} call failed ({status}): {body[:300]!r}")
+                if loop.time() - start > warmup and loop.time() < end:
+                    latencies.append(time.perf_counter() - t)
+            if sid:
+                t = time.perf_counter()
+                await conn.post(f"/sessions/{sid}/finish", {})
+                admin.append(time.perf_counter() - t)
+    finally:
+        conn.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(kind: str, url: str, concurrency: int, seconds: float, warmup: float,
+                  pids: dict[str, int]) -> dict[str, float]:
+    """Closed loop: ``concurrency`` workers call as fast as answers come; CPU of each process in ``pids``
+    is read over the whole run (warm-up included) and divided by the calls made."""
+    latencies: list[float] = []
+    admin: list[float] = []
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    started = time.perf_counter()
+    await asyncio.gather(*(_worker(kind, url, seconds, warmup, latencies, admin) for _ in range(concurrency)))
+    ms = sorted(x * 1e3 for x in latencies)
+    out = {"calls_per_s": len(ms) / seconds, "p50_ms": ms[len(ms) // 2], "p99_ms": ms[int(len(ms) * 0.99)],
+           "calls": float(len(ms)), "admin_calls": float(len(admin))}
+    total_calls = len(ms) * (time.perf_counter() - started) / seconds  # calls made in the whole run, roughly
+    for name, pid in pids.items():
+        out[f"{name}_cpu_ms_per_call"] = (cpu_seconds(pid) - before[name]) / max(total_calls, 1.0) * 1e3
+    return out
+
+
+def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: float) -> None:
+    standin_port, gateway_port = free_port(), free_port()
+    standin = start_standin(standin_port, mode="fixed", delay_ms=delay_ms)
+    gateway = None
+    try:
+        gateway = start_gateway_process(gateway_port, [f"http://127.0.0.1:{standin_port}"])
+        direct_url, gateway_url = f"http://127.0.0.1:{standin_port}", f"http://127.0.0.1:{gateway_port}"
+        rows = []
+        for label, c, secs in ((f"{concurrency} concurrent sessions", concurrency, seconds),
+                               ("1 at a time (unloaded)", 1, max(3.0, seconds / 4))):
+            direct = asyncio.run(measure("direct", direct_url, c, secs, warmup, {"standin": standin.pid}))
+            through = asyncio.run(measure("gateway", gateway_url, c, secs, warmup,
+                                          {"gateway": gateway.pid, "standin": standin.pid}))
+            rows.append((label, direct, through))
+    finally:
+        if gateway is not None:
+            stop(gateway)
+        stop(standin)
+
+    print(f"\ngateway vs direct: stand-in answers {'instantly' if not delay_ms else f'after {delay_ms:.0f} ms'}; "
+          f"{TURNS}-turn chats re-sending their history; {os.cpu_count()} CPU(s) shared by client, gateway, stand-in")
+    print(f"{'load':<28} {'path':<8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'gateway CPU ms/call':>20}")
+    for label, direct, through in rows:
+        for name, r in (("direct", direct), ("gateway", through)):
+            cpu = f"{r['gateway_cpu_ms_per_call']:.2f}" if "gateway_cpu_ms_per_call" in r else "-"
+            print(f"{label:<28} {name:<8} {r['calls_per_s']:>9.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {cpu:>20}")
+        print(f"{'':<28} {'ratio':<8} {through['calls_per_s'] / direct['calls_per_s']:>9.2f} "
+              f"{'+' + format(through['p50_ms'] - direct['p50_ms'], '.2f'):>8} "
+              f"{'+' + format(through['p99_ms'] - direct['p99_ms'], '.2f'):>8}   (gateway minus direct)")
+    print(f"(gateway rows also made one session create + finish per {TURNS} calls: not counted in calls/s, but their "
+          "CPU is in the gateway's ms/call; the stand-in spent "
+          f"{rows[0][1]['standin_cpu_ms_per_call']:.3f} ms/call answering directly)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    p = sub.add_parser("standin", help="run the stand-in policy server")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--mode", choices=["echo", "fixed"], default="echo")
+    p.add_argument("--version", type=int, default=0)
+    p.add_argument("--delay-ms", type=float, default=0.0, help="answer each generation after this long")
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per side")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="stand-in latency per generation (0: instant)")
+    args = parser.parse_args(argv)
+    if args.command == "standin":
+        asyncio.run(serve_standin(args.port, args.mode, args.version, delay_ms=args.delay_ms))
+        return 0
+    run_benchmark(args.concurrency, args.seconds, args.warmup, args.delay_ms)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
