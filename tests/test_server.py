@@ -383,3 +383,28 @@ def test_streamed_tool_calls_and_stop_strings(scripted):
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == SCRIPT[: SCRIPT.index("calculator")]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+@pytest.mark.parametrize("fail_at", [0, 2], ids=["prefill", "decode"])
+def test_an_engine_failure_is_a_500_and_the_server_stays_up(fail_at):
+    from agentgym.server.engine import Engine
+    from agentgym.server.launch import EmbeddedServerHandle
+
+    class FlakyEngine(Engine):
+        calls = 0
+
+        def choose_tokens(self, logits, seqs):
+            self.calls += 1
+            if self.calls == fail_at + 1:
+                raise RuntimeError("out of memory (simulated)")
+            return super().choose_tokens(logits, seqs)
+
+    handle = EmbeddedServerHandle(FlakyEngine(load_causal_lm("tiny"), load_tokenizer("tiny")).start())
+    try:
+        r = httpx.post(handle.url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4,
+                                                             "ignore_eos": True})
+        assert r.status_code == 500 and "out of memory (simulated)" in r.json()["error"]["message"]
+        r = httpx.post(handle.url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4})
+        assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) >= 1
+    finally:
+        handle.stop()

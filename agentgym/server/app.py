@@ -304,10 +304,14 @@ class _Server:
 
     async def wait(self, request: EngineRequest) -> list[Sequence]:
         try:
-            return await request.done
+            seqs = await request.done
         except asyncio.CancelledError:
             self.engine.abort(request)
             raise
+        failed = next((s.error for s in seqs if s.error), None)
+        if failed:
+            raise APIError(500, f"the engine failed while generating: {failed}", type="internal_error")
+        return seqs
 
     # ---- chat ----------------------------------------------------------------------------
     def render_chat(self, req: ChatCompletionRequest) -> list[int]:

@@ -77,6 +77,7 @@ class Sequence:
     stop_reason: str | int | None = None
     weight_version: int = 0
     text: str = ""  # final text, set when finished (after stop-string truncation)
+    error: str | None = None  # set when the engine failed while sampling this sequence
 
 
 @dataclass
@@ -304,14 +305,13 @@ class Engine:
             except queue.Empty:
                 return
 
-    def _fail_request(self, req: Request, reason: str) -> None:
-        if not req.sequences:
-            req.sequences = [Sequence(req, i, req.prompt_ids, req.params, weight_version=self.weight_version)
-                             for i in range(req.n)]
+    def _fail_request(self, req: Request, reason: str, error: Exception | None = None) -> None:
+        """End every unfinished sequence of ``req`` (creating them if it never started)."""
+        while len(req.sequences) < req.n:
+            req.sequences.append(Sequence(req, len(req.sequences), req.prompt_ids, req.params,
+                                          weight_version=self.weight_version))
         for seq in req.sequences:
-            if seq.finish_reason is None:
-                seq.finish_reason = reason
-                req._finish_one()
+            self._finish(seq, reason, error)
 
     def _abort(self, request: Request) -> None:
         if request in self._waiting:
@@ -340,7 +340,12 @@ class Engine:
             longest = longest2
             free -= req.n
         if batch:
-            self._prefill(batch)
+            try:
+                self._prefill(batch)
+            except Exception as exc:  # the running batch is untouched; fail only the newcomers
+                log.exception("prefill failed")
+                for req in batch:
+                    self._fail_request(req, "abort", exc)
 
     def _prefill(self, batch: list[Request]) -> None:
         from transformers import DynamicCache
@@ -469,6 +474,8 @@ class Engine:
             return
         seq.finish_reason = reason
         seq.text = self.final_text(seq)
+        if error is not None:
+            seq.error = f"{type(error).__name__}: {error}"
         if seq.request.stream:
             seq.request._emit(TokenEvent(seq.index, None, None, None, reason, seq.text))
         seq.request._finish_one()
