@@ -15,6 +15,7 @@ import importlib.util
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -342,6 +343,49 @@ def test_pause_holds_calls_until_resume(gw):
     assert done.wait(10)
     thread.join()
     assert finish(gw, info)[0].num_turns == 1
+
+
+def test_a_call_that_outlives_its_session_is_refused_and_not_recorded(gw):
+    info = new_session(gw)
+    client = client_for(info)
+    httpx.post(gw.url + "/pause", json={})
+    errors = []
+
+    def call() -> None:
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "late"}])
+        except openai.APIStatusError as exc:
+            errors.append(exc.status_code)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    time.sleep(0.3)
+    assert finish(gw, info) == []  # finished while the call waits for the pause to end
+    httpx.post(gw.url + "/resume")
+    thread.join(10)
+    assert errors == [409] and finish(gw, info) == []
+
+
+def test_a_new_tool_list_starts_a_fresh_branch(gw, tok):
+    info = new_session(gw)
+    client = client_for(info)
+    messages = [{"role": "user", "content": "hi"}]
+    messages += [as_message(client.chat.completions.create(model="m", messages=messages).choices[0].message),
+                 {"role": "user", "content": "again"}]
+    client.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # the system prompt changed
+    first, second = finish(gw, info)
+    assert first.num_turns == 1 and second.num_turns == 1 and second.task["parent"] is None
+    assert "<tools>" not in tok.decode(first.token_ids()) and "<tools>" in tok.decode(second.turns[0].prompt_ids)
+
+
+def test_idle_sessions_expire_as_failed(tok):
+    from agentgym.rollout.chat import ChatTokenizer
+    from agentgym.server.sessions import SessionStore
+
+    store = SessionStore(ChatTokenizer(tok), idle_timeout=0.0)
+    session = store.create()
+    assert store.expire() == 1 and session.finished and "expired" in session.failure
+    assert store.get(session.id) is session and not store.open
 
 
 async def test_gateway_client_weight_update_context(gw):

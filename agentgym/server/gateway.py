@@ -55,6 +55,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jinja2 import TemplateError
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -150,16 +151,19 @@ class Gateway:
     keeps retrying while the servers are unreachable (restarts, weight loads) before a 503.
     ``template_check_every``: re-render every k-th finished session to detect a chat template that
     is not prefix-preserving (the ``template_mismatch`` metric, as the rollout runner does); 0: never.
+    ``idle_timeout``: an open session unused this long is finished as failed (``expired``).
     """
 
     def __init__(self, policy: PolicyClient | ShardedPolicy, tokenizer: Any, *, model_name: str = "agentgym",
                  admin_key: str | None = None, max_model_len: int | None = None, default_max_tokens: int = 1024,
                  max_body_bytes: int = 32 << 20, pause_timeout: float = 600.0, upstream_retry_s: float = 60.0,
-                 public_url: str | None = None, keep_finished: int = 10_000, template_check_every: int = 1) -> None:
+                 public_url: str | None = None, keep_finished: int = 10_000, template_check_every: int = 1,
+                 idle_timeout: float = 3600.0) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer)
-        self.store = SessionStore(self.chat, keep_finished=keep_finished, template_check_every=template_check_every)
+        self.store = SessionStore(self.chat, keep_finished=keep_finished, template_check_every=template_check_every,
+                                  idle_timeout=idle_timeout)
         self.model_name = model_name
         self.admin_key = admin_key
         limit = max_model_len or getattr(tokenizer, "model_max_length", None)
@@ -175,7 +179,7 @@ class Gateway:
         self._idle = asyncio.Event()
         self._idle.set()
         self._token_text: dict[int, str] = {}
-        self.counts = {"completions": 0, "errors": 0, "upstream_retries": 0, "paused_waits": 0}
+        self.counts = {"completions": 0, "errors": 0, "upstream_retries": 0, "paused_waits": 0, "late_completions": 0}
 
     # ---- access ---------------------------------------------------------------------------
     @staticmethod
@@ -315,13 +319,22 @@ class Gateway:
         return ChatLogprobs(content=content)
 
     async def sample_all(self, session: Session, plans: list[Plan], sampling: SamplingParams) -> list[TokenSample]:
+        """Every plan's sample, or none: on any failure every plan is released. A session finished while
+        its samples were generated records nothing more: the agent gets a 409."""
         try:
-            return list(await asyncio.gather(*(self.generate(session, p.context_ids, sampling) for p in plans)))
+            samples = list(await asyncio.gather(*(self.generate(session, p.context_ids, sampling) for p in plans)))
         except BaseException:
             for p in plans:
                 self.store.release(p)
             self.counts["errors"] += 1
             raise
+        if session.finished:
+            self.counts["late_completions"] += 1
+            for p in plans:
+                self.store.release(p)
+            raise APIError(409, f"session {session.id} was finished while this call was generating; its result "
+                           "is not recorded", "conflict_error", code="session_finished")
+        return samples
 
     # ---- chat -----------------------------------------------------------------------------
     async def chat_completion(self, session: Session, req: ChatCompletionRequest) -> Any:
@@ -335,7 +348,7 @@ class Gateway:
         tools = req.tools if req.tools and req.tool_choice != "none" else None
         try:
             plan = self.store.plan_chat(session, messages, tools)
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, TemplateError) as exc:
             raise APIError(400, f"could not render the messages with the chat template: {exc}", param="messages") from exc
         try:
             sampling = self.sampling(session, req, len(plan.context_ids), "messages")

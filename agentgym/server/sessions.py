@@ -13,8 +13,8 @@ its text and tool calls equal what the model produced (see ``same_reply``):
   dropped, edited or re-ordered what came after, retried an earlier call, or asked for ``n > 1``
   samples). A new branch starts whose first prompt is the recorded tokens up to that reply,
   read-only (mask 0, so no sampled token is trained twice), plus the delta.
-* **fresh** — nothing matches (the first call, or an edited first prompt): the request is
-  rendered from scratch.
+* **fresh** — nothing matches (the first call, an edited first prompt, or a different tool list:
+  the template writes the tools into the system prompt): the request is rendered from scratch.
 
 Each branch becomes its own ``Trajectory`` at finish; the session's ``branches`` metric counts
 them. Text completions (``/v1/completions``) keep their own branches: a prompt that starts with
@@ -229,6 +229,7 @@ class Session:
     group_id: str
     sampling: dict[str, Any]  # pinned: overrides what the agent asks for
     created: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
     branches: list[Branch] = field(default_factory=list)
     active: int | None = None  # the branch of the latest completion
     rewards: list[PostedReward] = field(default_factory=list)
@@ -292,12 +293,17 @@ class SessionStore:
 
     ``chat``: the ``ChatTokenizer`` that renders prompts and deltas. Every ``template_check_every``-th
     finished session is re-rendered and compared with its tokens (``template_mismatch``); 0: never.
+    A session nobody has used for ``idle_timeout`` seconds is finished as failed (``"expired"``), so
+    abandoned sessions do not pile up.
     """
 
-    def __init__(self, chat: ChatTokenizer, keep_finished: int = 10_000, template_check_every: int = 1) -> None:
+    def __init__(self, chat: ChatTokenizer, keep_finished: int = 10_000, template_check_every: int = 1,
+                 idle_timeout: float = 3600.0) -> None:
         self.chat = chat
         self.keep_finished = keep_finished
         self.template_check_every = template_check_every
+        self.idle_timeout = idle_timeout
+        self._next_sweep = time.monotonic() + 60.0
         self.open: dict[str, Session] = {}
         self.finished: OrderedDict[str, Session] = OrderedDict()
         self._by_key: dict[str, str] = {}
@@ -318,7 +324,19 @@ class SessionStore:
         self.open[sid] = session
         self._by_key[session.key] = sid
         self.counts["sessions"] += 1
+        if time.monotonic() >= self._next_sweep:
+            self.expire()
         return session
+
+    def expire(self) -> int:
+        """Finish (as failed) every open session idle for over ``idle_timeout``; returns how many."""
+        self._next_sweep = time.monotonic() + 60.0
+        limit = time.monotonic() - self.idle_timeout
+        stale = [s for s in self.open.values() if s.last_used < limit and not any(b.pending for b in s.branches)]
+        for session in stale:
+            self.finish(session, failure=f"expired: no request for {self.idle_timeout:.0f}s and never finished")
+        self.counts["expired"] = self.counts.get("expired", 0) + len(stale)
+        return len(stale)
 
     def get(self, sid: str) -> Session:
         session = self.open.get(sid) or self.finished.get(sid)
@@ -366,6 +384,7 @@ class SessionStore:
             if best is None or key[:3] > best[:3]:
                 best = key
         session.requests += 1
+        session.last_used = time.monotonic()
         self.counts["requests"] += 1
         if best is None:
             ids = self.chat.prompt_ids(messages, tools, tkey=tkey)
@@ -389,6 +408,7 @@ class SessionStore:
     def plan_text(self, session: Session, prompt: str | list[int]) -> Plan:
         """Match a text-completion prompt (a string or token ids) against the session's text branches."""
         session.requests += 1
+        session.last_used = time.monotonic()
         self.counts["requests"] += 1
         for b in reversed(session.branches):
             if b.kind != "text" or b.pending or not b.turns:
