@@ -110,6 +110,12 @@ def test_sglang_adapter_routes(stand_in, tmp_path):
     assert bodies[3]["names"] == ["w"] and bodies[3]["dtypes"] == ["bfloat16"] and bodies[3]["shapes"] == [[2]]
     pushed = bodies[6]["model_path"]
     assert bodies[6]["weight_version"] == "5" and not os.path.exists(pushed)  # written, loaded, removed
+    # a single safetensors file (what the trainer writes) reaches SGLang as a model directory
+    from agentgym.server.weights import save_for_push
+    seen = {}
+    weights._post = lambda url, path, body: seen.update(files=sorted(os.listdir(body["model_path"])))
+    weights.update_from_disk(stand_in.url, str(save_for_push({"w": torch.ones(2)}, tmp_path / "p.safetensors")), 6)
+    assert seen["files"] == ["config.json", "model.safetensors"]
 
 
 def test_vllm_worker_extension_loads_a_pushed_file(tmp_path):

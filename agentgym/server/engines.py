@@ -181,13 +181,17 @@ class _Weights:
         directory = Path(tempfile.mkdtemp(prefix="agentgym-weights-", dir=push_dir()))
         try:
             save_for_push(state, directory / "model.safetensors")
-            if self.model_dir is not None:
-                for f in self.model_dir.glob("*.json"):
-                    if not f.name.endswith(".index.json"):  # the served model's shard index would mislead
-                        shutil.copy(f, directory / f.name)
+            self._copy_config(directory)
             return self.update_from_disk(url, str(directory), version)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+
+    def _copy_config(self, directory: Path) -> None:
+        """The served model's config files, so ``directory`` is a loadable model directory."""
+        if self.model_dir is not None:
+            for f in self.model_dir.glob("*.json"):
+                if not f.name.endswith(".index.json"):  # the served model's shard index would mislead
+                    shutil.copy(f, directory / f.name)
 
 
 class EmbeddedWeights(_Weights):
@@ -201,8 +205,20 @@ class SGLangWeights(_Weights):
     """SGLang's weight routes (``sglang/srt/entrypoints/http_server.py``)."""
 
     def update_from_disk(self, url: str, path: str, version: int, abort_all_requests: bool = False) -> Any:
-        return self._post(url, "/update_weights_from_disk", {
-            "model_path": path, "weight_version": str(version), "abort_all_requests": abort_all_requests})
+        """``path``: a model directory, or one safetensors file (SGLang loads directories only, so a
+        file is linked into a temporary directory beside the served model's config files)."""
+        if not Path(path).is_file():
+            return self._post(url, "/update_weights_from_disk", {
+                "model_path": path, "weight_version": str(version), "abort_all_requests": abort_all_requests})
+        from agentgym.server.weights import push_dir
+
+        directory = Path(tempfile.mkdtemp(prefix="agentgym-weights-", dir=push_dir()))
+        try:
+            (directory / "model.safetensors").symlink_to(Path(path).resolve())
+            self._copy_config(directory)
+            return self.update_from_disk(url, str(directory), version, abort_all_requests)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def update_from_tensors(self, url: str, named_tensors: dict[str, Any], version: int, tp_size: int = 1,
                             serialize: Callable[[list[tuple[str, Any]]], str] | None = None,
