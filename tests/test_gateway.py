@@ -391,11 +391,14 @@ def test_idle_sessions_expire_as_failed(tok):
 async def test_gateway_client_weight_update_context(gw):
     client = GatewayClient(gw.url)
     try:
-        async with client.weight_update():
+        async with client.weight_update(7):
             assert (await client.stats())["paused"] is True
         assert (await client.stats())["paused"] is False
     finally:
         await client.aclose()
+    # servers that report no version with their samples (vLLM, SGLang) are taken to hold version 7 now
+    assert {s.version for c in gw.gateway.policy.clients for s in c.servers} == {7}
+    assert httpx.post(gw.url + "/resume", json={"weight_version": "seven"}).status_code == 400
 
 
 # ---- training from agents ------------------------------------------------------------------------

@@ -172,7 +172,9 @@ class AgentTrajectorySource:
     for every model call (``SamplingParams`` names, e.g. the training temperature). ``val_tasks``,
     ``val_n`` and ``val_sampling``: what ``validate`` runs (default: the first 16 tasks, greedy, once).
     ``concurrency``: agents running at once. ``branches``: ``"all"`` (every branch is a trajectory) or
-    ``"active"`` (each session's last branch only).
+    ``"active"`` (each session's last branch only). ``weight_version``: a function giving the
+    version the policy servers hold, told to the gateway before each run (for servers that do not
+    report it with each sample); or use ``weight_update(version)`` around each weight push.
     """
 
     def __init__(self, agent: str | AgentFn, tasks: Iterable[dict[str, Any]], n: int = 1, gateway: Any = None, *,
@@ -180,7 +182,8 @@ class AgentTrajectorySource:
                  agent_timeout: float | None = None, admin_key: str | None = None, shuffle: bool = True,
                  seed: int = 0, first_step: int = 1, val_tasks: Iterable[dict[str, Any]] | None = None, val_n: int = 1,
                  val_sampling: dict[str, Any] | None = None, hidden_keys: Sequence[str] = HIDDEN_KEYS,
-                 branches: Literal["all", "active"] = "all", close_gateway: bool = False) -> None:
+                 branches: Literal["all", "active"] = "all", close_gateway: bool = False,
+                 weight_version: Callable[[], int] | None = None) -> None:
         if gateway is None:
             raise ValueError("AgentTrajectorySource needs a gateway: start_gateway(...), a GatewayClient or a URL")
         if n < 1:
@@ -217,6 +220,8 @@ class AgentTrajectorySource:
         else:  # a GatewayHandle
             self.client = GatewayClient(gateway.url, admin_key or getattr(gateway, "admin_key", None))
         self._handle = gateway if close_gateway and hasattr(gateway, "stop") else None
+        self.weight_version = weight_version
+        self._told_version: int | None = None
         self.pool = DataPool()
         self._threads = None if self.is_async else ThreadPoolExecutor(self.concurrency, thread_name_prefix="agentgym-agent")
         self.last_metrics: dict[str, float] = {}
@@ -245,10 +250,21 @@ class AgentTrajectorySource:
     # ---- running --------------------------------------------------------------------------
     async def collect(self, step: int) -> list[Trajectory]:
         """One training step's trajectories: ``tasks_per_step`` tasks x ``n`` sessions, group by group."""
+        await self._sync_version()
         return await self.run(self.tasks_for_step(step), step=step)
+
+    async def _sync_version(self) -> None:
+        """Tell the gateway the servers' weight version (for servers that do not report it)."""
+        if self.weight_version is None:
+            return
+        version = int(self.weight_version())
+        if version != self._told_version:
+            await self.client.resume(version)
+            self._told_version = version
 
     async def validate(self) -> list[Trajectory]:
         """The validation pass: ``val_tasks`` x ``val_n`` with ``val_sampling`` (greedy by default)."""
+        await self._sync_version()
         return await self.run(self.val_tasks, n=self.val_n, sampling=self.val_sampling)
 
     async def run(self, tasks: Sequence[dict[str, Any]], n: int | None = None, sampling: dict[str, Any] | None = None,
@@ -315,10 +331,11 @@ class AgentTrajectorySource:
         return await loop.run_in_executor(self._threads, self.agent, base_url, api_key, task)
 
     # ---- weights and shutdown -------------------------------------------------------------
-    def weight_update(self, drain_timeout: float = 60.0) -> AbstractAsyncContextManager[None]:
-        """``async with source.weight_update(): <push weights>``: the gateway holds model calls
+    def weight_update(self, weight_version: int | None = None, drain_timeout: float = 60.0
+                      ) -> AbstractAsyncContextManager[None]:
+        """``async with source.weight_update(version): <push weights>``: the gateway holds model calls
         (in-flight ones finish first, up to ``drain_timeout``) and lets them go afterwards."""
-        return self.client.weight_update(drain_timeout)
+        return self.client.weight_update(weight_version, drain_timeout)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -16,8 +16,10 @@ Admin endpoints (``Authorization: Bearer <admin key>`` when the gateway has one)
 * ``GET /sessions/<id>``, ``POST /sessions/<id>/reward`` ``{"reward", "kind": "final"|"turn",
   "turn", "branch"}``, ``POST /sessions/<id>/finish`` ``{"failure", "reward"}`` -> ``{"trajectories"}``:
   also open to the session's own key. Finishing twice returns the same trajectories.
-* ``POST /pause`` (waits, bounded, for in-flight generations) and ``POST /resume``: while paused,
-  new model calls wait (up to ``pause_timeout``) instead of failing. ``GET /health``, ``GET /stats``.
+* ``POST /pause`` (waits, bounded, for in-flight generations) and ``POST /resume``
+  ``{"weight_version": N}``: while paused, new model calls wait (up to ``pause_timeout``) instead of
+  failing; every turn records the weight version its server reported (or the one given at resume,
+  for servers that report none). ``GET /health``, ``GET /stats``.
 
 OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
 session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
@@ -174,6 +176,7 @@ class Gateway:
         self.upstream_retry_s = upstream_retry_s
         self.public_url = public_url.rstrip("/") if public_url else None
         self.inflight = 0
+        self.weight_version: int | None = None
         self._running = asyncio.Event()
         self._running.set()
         self._idle = asyncio.Event()
@@ -233,23 +236,31 @@ class Gateway:
             await asyncio.wait_for(self._idle.wait(), drain_timeout)
         return {"paused": True, "inflight": self.inflight}
 
-    def resume(self) -> dict[str, Any]:
+    def resume(self, weight_version: int | None = None) -> dict[str, Any]:
+        """Let model calls go; ``weight_version``: the version the servers now hold, recorded on turns
+        whose server does not report one itself (vLLM, SGLang; the embedded server does)."""
+        if weight_version is not None:
+            self.weight_version = int(weight_version)
+            for client in getattr(self.policy, "clients", [self.policy]):
+                for server in getattr(client, "servers", []):
+                    server.version = self.weight_version
         self._running.set()
-        return {"paused": False, "inflight": self.inflight}
+        return {"paused": False, "inflight": self.inflight, "weight_version": self.weight_version}
 
     @property
     def paused(self) -> bool:
         return not self._running.is_set()
 
     @contextlib.asynccontextmanager
-    async def weight_update(self, drain_timeout: float = 60.0) -> AsyncIterator[None]:
-        """``async with gateway.weight_update(): <push weights>`` — calls wait meanwhile (same loop only;
-        from elsewhere use ``POST /pause``/``/resume`` or ``GatewayClient.weight_update``)."""
+    async def weight_update(self, weight_version: int | None = None, drain_timeout: float = 60.0
+                            ) -> AsyncIterator[None]:
+        """``async with gateway.weight_update(version): <push weights>`` — calls wait meanwhile (same loop
+        only; from elsewhere use ``POST /pause``/``/resume`` or ``GatewayClient.weight_update``)."""
         await self.pause(drain_timeout)
         try:
             yield
         finally:
-            self.resume()
+            self.resume(weight_version)
 
     # ---- sampling -------------------------------------------------------------------------
     async def generate(self, session: Session, prompt_ids: list[int], sampling: SamplingParams) -> TokenSample:
@@ -630,7 +641,10 @@ def build_app(gateway: Gateway) -> FastAPI:
     @app.post("/resume")
     async def resume(request: Request) -> dict[str, Any]:
         gw.require_admin(request)
-        return gw.resume()
+        version = (await body(request, required=False)).get("weight_version")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+            raise APIError(400, "'weight_version' must be an integer", param="weight_version")
+        return gw.resume(version)
 
     # ---- OpenAI, per session --------------------------------------------------------------
     @app.get("/sessions/{sid}/v1/models")
@@ -701,17 +715,19 @@ class GatewayClient:
     async def pause(self, drain_timeout: float = 60.0) -> dict[str, Any]:
         return await self._call("POST", "/pause", {"drain_timeout": drain_timeout})
 
-    async def resume(self) -> dict[str, Any]:
-        return await self._call("POST", "/resume")
+    async def resume(self, weight_version: int | None = None) -> dict[str, Any]:
+        return await self._call("POST", "/resume", {"weight_version": weight_version})
 
     @contextlib.asynccontextmanager
-    async def weight_update(self, drain_timeout: float = 60.0) -> AsyncIterator[None]:
-        """``async with client.weight_update(): <push weights to the servers>``."""
+    async def weight_update(self, weight_version: int | None = None, drain_timeout: float = 60.0
+                            ) -> AsyncIterator[None]:
+        """``async with client.weight_update(version): <push weights to the servers>``: model calls wait
+        meanwhile; afterwards turns from servers that report no version record ``version``."""
         await self.pause(drain_timeout)
         try:
             yield
         finally:
-            await self.resume()
+            await self.resume(weight_version)
 
     async def stats(self) -> dict[str, Any]:
         return await self._call("GET", "/stats")
@@ -899,7 +915,18 @@ def trajectory_source(cfg: Any, agent: str, servers: Any) -> Any:
             shuffle=bool(data.shuffle), seed=int(cfg.trainer.seed),
             val_tasks=val_tasks[:int(data.val_batch_size or 16)], val_n=int(val.n),
             val_sampling={**pinned, "temperature": float(val.temperature), "top_p": float(val.top_p),
-                          "top_k": int(val.top_k)})
+                          "top_k": int(val.top_k)},
+            weight_version=lambda: _servers_version(servers))
     except BaseException:
         handle.stop()
         raise
+
+
+def _servers_version(servers: Any) -> int:
+    """The newest weight version the trainer's ``RolloutServers`` know of: their client's per-server
+    versions (set by pushes through it) and the handles' own ``weight_version`` where they have one."""
+    versions = [int(s.version) for s in getattr(servers.client, "servers", [])]
+    for handle in getattr(servers, "handles", []):
+        with contextlib.suppress(Exception):
+            versions.append(int(handle.weight_version))
+    return max(versions, default=0)
