@@ -234,10 +234,13 @@ async def test_async_client_streaming_and_text_completions(gw, oracle):
         second = await client.completions.create(model="m", prompt=prompt, max_tokens=50, logprobs=1)
         assert second.choices[0].text == "echo: xyz"
         assert len(second.choices[0].logprobs.tokens) == len(second.choices[0].logprobs.token_logprobs)
+        stream = await client.completions.create(model="m", prompt="<|im_start|>user\nnew<|im_end|>\n", stream=True)
+        assert "".join([c.choices[0].text async for c in stream if c.choices]) == "echo: new"
         models = await client.models.list()
         assert models.data[0].id == "tiny"
-    chat, text_branch = finish(gw, info)
+    chat, text_branch, streamed = finish(gw, info)
     assert chat.num_turns == 1 and text_branch.num_turns == 2  # the text prompt extended its branch
+    assert streamed.num_turns == 1
     assert_sampled_by_server(text_branch, oracle)
 
 
