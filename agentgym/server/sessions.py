@@ -308,7 +308,7 @@ class SessionStore:
         self.finished: OrderedDict[str, Session] = OrderedDict()
         self._by_key: dict[str, str] = {}
         self.counts = {"sessions": 0, "finished": 0, "requests": 0, "extend": 0, "fork": 0, "fresh": 0,
-                       "branches": 0, "template_mismatch": 0}
+                       "branches": 0, "template_mismatch": 0, "expired": 0}
 
     # ---- sessions --------------------------------------------------------------------------
     def create(self, task: dict[str, Any] | None = None, group_id: str | None = None,
@@ -335,7 +335,7 @@ class SessionStore:
         stale = [s for s in self.open.values() if s.last_used < limit and not any(b.pending for b in s.branches)]
         for session in stale:
             self.finish(session, failure=f"expired: no request for {self.idle_timeout:.0f}s and never finished")
-        self.counts["expired"] = self.counts.get("expired", 0) + len(stale)
+        self.counts["expired"] += len(stale)
         return len(stale)
 
     def get(self, sid: str) -> Session:
