@@ -516,6 +516,9 @@ def test_gateway_over_the_embedded_tiny_model_records_what_it_sampled():
 
 
 def test_stats_count_what_happened(gw):
+    info = new_session(gw)
+    client_for(info).chat.completions.create(model="m", messages=[{"role": "user", "content": "count me"}])
+    finish(gw, info)
     stats = httpx.get(gw.url + "/stats").json()
     assert stats["sessions"] >= stats["finished"] > 0 and stats["completions"] > 0
     assert stats["inflight"] == 0 and not stats["paused"]
