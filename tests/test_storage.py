@@ -84,3 +84,10 @@ def test_errors_say_what_to_do(tmp_path):
     bad.write_text('{"turns": []}\nnot json\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         read_trajectories(bad)
+
+
+def test_fast_record_is_the_same_json_as_to_dict():
+    from agentgym.rollout.storage import record
+
+    for t in sample_trajectories():
+        assert json.dumps(record(t), ensure_ascii=False) == json.dumps(t.to_dict(), ensure_ascii=False)
