@@ -136,7 +136,7 @@ def ray_session():
         ray.shutdown()
 
 
-def _update_once(world_size: int, use_ray: bool, strategy: str = "dp") -> dict[str, torch.Tensor]:
+def _update_once(world_size: int, use_ray: bool, strategy: str = "dp", tmp_path=None) -> dict[str, torch.Tensor]:
     cfg = load_config(env="first_letter", overrides=[
         f"trainer.n_gpus_per_node={world_size}", f"trainer.use_ray={str(use_ray).lower()}",
         "trainer.device=cpu", f"actor_rollout_ref.actor.strategy={strategy}",
@@ -157,19 +157,29 @@ def _update_once(world_size: int, use_ray: bool, strategy: str = "dp") -> dict[s
         group.call("init_model", 10, False)
         metrics = group.call("update_actor", group.put(batch.tensors), per_rank=[(p,) for p in plan])
         assert all(math.isfinite(m["actor/grad_norm"]) for m in metrics)
-        return group.call("full_state_dict")[0]
+        state = group.call("full_state_dict")[0]
+        if strategy == "fsdp2" and tmp_path is not None:  # sharded checkpoints and the HF export
+            group.call("save_checkpoint", str(tmp_path / "ckpt"))
+            assert len(list((tmp_path / "ckpt" / "actor").glob("model_world_size_2_rank_*.pt"))) == 2
+            group.call("load_checkpoint", str(tmp_path / "ckpt"))
+            group.call("save_hf", str(tmp_path / "hf"))
+            from transformers import AutoModelForCausalLM
+
+            exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+            assert all(torch.equal(exported[k], state[k]) for k in state)
+        return state
     finally:
         group.shutdown()
 
 
 @pytest.mark.slow
-def test_two_gloo_workers_take_the_same_step_as_one(ray_session):
+def test_two_gloo_workers_take_the_same_step_as_one(ray_session, tmp_path):
     reference = _update_once(1, use_ray=False)
     initial = __import__("agentgym.model", fromlist=["x"]).load_causal_lm("tiny").state_dict()
     moved = max(float((reference[k] - initial[k]).abs().max()) for k in reference)
     assert moved > 1e-4  # the step did something
     for strategy in ("dp", "fsdp2"):
-        sharded = _update_once(2, use_ray=True, strategy=strategy)
+        sharded = _update_once(2, use_ray=True, strategy=strategy, tmp_path=tmp_path)
         assert sharded.keys() == reference.keys()
         worst = max(float((sharded[k] - reference[k]).abs().max()) for k in reference)
         assert worst < 1e-6, f"{strategy}: parameters differ by {worst}"

@@ -64,6 +64,8 @@ def init_ray(cfg: DictConfig) -> None:
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Ray starts workers at nice 15; the trainer's workers are the main work, not background
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if ray.is_initialized():
         return
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg.ray_init, resolve=True).items() if v is not None}
@@ -150,10 +152,17 @@ class PPOTrainer:
         cuda = self.cfg.trainer.device == "cuda" or (self.cfg.trainer.device == "auto" and torch.cuda.is_available())
         groups = 2 if self.cfg.critic.enable else 1
         num_gpus = 1.0 / groups if cuda and self.use_ray else 0.0
-        self.actor = WorkerGroup(PolicyWorker, plain, self.world_size, self.use_ray, "actor", num_gpus)
+        bundles = None
+        if num_gpus:  # one bundle per GPU: actor rank r and critic rank r share GPU r, ranks never do
+            import ray
+            from ray.util.placement_group import placement_group
+
+            bundles = placement_group([{"GPU": 1}] * self.world_size, strategy="PACK")
+            ray.get(bundles.ready())
+        self.actor = WorkerGroup(PolicyWorker, plain, self.world_size, self.use_ray, "actor", num_gpus, bundles)
         pending = [self.actor.call_async("init_model", self.total_steps, uses_reference(self.cfg))]
         if self.cfg.critic.enable:
-            self.critic = WorkerGroup(CriticWorker, plain, self.world_size, self.use_ray, "critic", num_gpus)
+            self.critic = WorkerGroup(CriticWorker, plain, self.world_size, self.use_ray, "critic", num_gpus, bundles)
             pending.append(self.critic.call_async("init_model", self.total_steps))
         self.actor.get(pending[0])
         if self.critic is not None:

@@ -107,7 +107,10 @@ class WeightSync:
             results = await asyncio.to_thread(self.actor.call, "push_weights", str(self.path))
             size = float(results[0]["bytes"])
             saved = time.perf_counter()
-            await self.servers.update(str(self.path), version)
+            try:
+                await self.servers.update(str(self.path), version)
+            finally:
+                self.path.unlink(missing_ok=True)  # /dev/shm is memory: free it once the servers have read it
         done = time.perf_counter()
         return {
             "weight_sync/save_s": saved - started,

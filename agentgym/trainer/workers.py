@@ -502,6 +502,12 @@ class PolicyWorker(Worker):
         from agentgym.model import load_tokenizer
 
         module = self.actor.module
+        if self.strategy == "fsdp2":  # write from a plain copy, not the sharded module
+            from transformers import AutoModelForCausalLM
+
+            module = AutoModelForCausalLM.from_config(module.config, dtype=next(iter(state.values())).dtype)
+            module.load_state_dict(state, strict=False)
+            module.generation_config = self.actor.module.generation_config
         module.save_pretrained(directory, state_dict=state)
         load_tokenizer(str(self.config["actor_rollout_ref"]["model"]["path"])).save_pretrained(directory)
 
@@ -579,7 +585,7 @@ class WorkerGroup:
     results in rank order; ``per_rank`` arguments give each rank its own value."""
 
     def __init__(self, cls: type[Worker], config: dict[str, Any], world_size: int, use_ray: bool,
-                 name: str = "", num_gpus: float = 0.0) -> None:
+                 name: str = "", num_gpus: float = 0.0, placement_group: Any = None) -> None:
         self.cls = cls
         self.world_size = world_size
         self.use_ray = use_ray
@@ -588,10 +594,15 @@ class WorkerGroup:
             import ray
 
             remote = ray.remote(cls)
-            self.workers = [
-                remote.options(num_cpus=0, num_gpus=num_gpus, name=None).remote(config, rank, world_size)
-                for rank in range(world_size)
-            ]
+            self.workers = []
+            for rank in range(world_size):
+                options: dict[str, Any] = {"num_cpus": 0, "num_gpus": num_gpus}
+                if placement_group is not None:  # rank r of every group shares bundle r (one GPU)
+                    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                    options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                        placement_group, placement_group_bundle_index=rank)
+                self.workers.append(remote.options(**options).remote(config, rank, world_size))
         else:
             if world_size != 1:
                 raise ValueError("a WorkerGroup without Ray holds exactly one worker")
