@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,15 +37,16 @@ from agentgym.server.launch import start_embedded_server  # noqa: E402
 from agentgym.server.weights import push_dir  # noqa: E402
 
 
-def generate_tok_s(model, prompts: torch.Tensor, new_tokens: int) -> float:
+def generate_run(model, prompts: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+    """``(tokens/s, CPU seconds)`` of one ``model.generate`` on the whole batch."""
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None  # every sequence runs to new_tokens, like ignore_eos on the server
     config.update(do_sample=True, top_k=0, top_p=1.0, max_new_tokens=new_tokens, pad_token_id=0)
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     with torch.no_grad():
         out = model.generate(prompts, attention_mask=torch.ones_like(prompts), generation_config=config)
-    elapsed = time.perf_counter() - start
-    return (out.shape[1] - prompts.shape[1]) * prompts.shape[0] / elapsed
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return (out.shape[1] - prompts.shape[1]) * prompts.shape[0] / elapsed, cpu
 
 
 async def server_tok_s(url: str, prompts: torch.Tensor, new_tokens: int) -> float:
@@ -55,7 +57,7 @@ async def server_tok_s(url: str, prompts: torch.Tensor, new_tokens: int) -> floa
             r.raise_for_status()
             return len(r.json()["choices"][0]["token_ids"])
 
-        await one(prompts[0].tolist())  # open a connection per worker slot first
+        await one(prompts[0].tolist())  # open a connection first
         start = time.perf_counter()
         counts = await asyncio.gather(*(one(p.tolist()) for p in prompts))
         elapsed = time.perf_counter() - start
@@ -63,25 +65,42 @@ async def server_tok_s(url: str, prompts: torch.Tensor, new_tokens: int) -> floa
     return sum(counts) / elapsed
 
 
+def server_run(server, prompts: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+    """``(tokens/s, CPU seconds of server and client processes)`` of concurrent requests."""
+    proc = psutil.Process(server.process.pid)
+    before = sum(proc.cpu_times()[:2]), time.process_time()
+    rate = asyncio.run(server_tok_s(server.url, prompts, new_tokens))
+    return rate, sum(proc.cpu_times()[:2]) - before[0] + time.process_time() - before[1]
+
+
 def throughput(quick: bool) -> None:
-    new_tokens, prompt_len, repeats = (64, 32, 3) if quick else (128, 32, 5)
+    new_tokens, prompt_len, repeats = (64, 32, 5) if quick else (128, 32, 7)
     model = load_causal_lm("tiny")
     server = start_embedded_server("tiny", in_process=False, max_batch_size=32)
     print(f"\n## generation throughput: tiny model, CPU fp32, prompts of {prompt_len} tokens, "
-          f"{new_tokens} new tokens each (best of {repeats})\n")
-    print("| concurrent | model.generate (tok/s) | server (tok/s) | server / generate |")
-    print("| ---: | ---: | ---: | ---: |")
+          f"{new_tokens} new tokens each (best of {repeats}, interleaved)\n")
+    print("Wall-clock rates swing with whatever else runs on the machine; CPU seconds per 1,000 "
+          "generated tokens (server + client processes vs the generate process) measure the cost "
+          "itself.\n")
+    print("| concurrent | generate tok/s | server tok/s | ratio | generate CPU s/1k tok | "
+          "server+client CPU s/1k tok | CPU ratio |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     try:
         gen = torch.Generator().manual_seed(0)
         for concurrency in (1, 8, 32):
             prompts = torch.randint(10, 600, (concurrency, prompt_len), generator=gen)
-            generate_tok_s(model, prompts, 8)  # warm-up
-            asyncio.run(server_tok_s(server.url, prompts, 8))
-            base, served = 0.0, 0.0
+            generate_run(model, prompts, 8)  # warm-up
+            server_run(server, prompts, 8)
+            base = served = 0.0
+            base_cpu = served_cpu = float("inf")
+            tokens = concurrency * new_tokens / 1000
             for _ in range(repeats):  # interleaved, so both see the same background load
-                base = max(base, generate_tok_s(model, prompts, new_tokens))
-                served = max(served, asyncio.run(server_tok_s(server.url, prompts, new_tokens)))
-            print(f"| {concurrency} | {base:,.0f} | {served:,.0f} | {served / base:.2f}x |", flush=True)
+                rate, cpu = generate_run(model, prompts, new_tokens)
+                base, base_cpu = max(base, rate), min(base_cpu, cpu / tokens)
+                rate, cpu = server_run(server, prompts, new_tokens)
+                served, served_cpu = max(served, rate), min(served_cpu, cpu / tokens)
+            print(f"| {concurrency} | {base:,.0f} | {served:,.0f} | {served / base:.2f}x | {base_cpu:.3f} | "
+                  f"{served_cpu:.3f} | {base_cpu / served_cpu:.2f}x |", flush=True)
     finally:
         server.stop()
 
@@ -109,11 +128,16 @@ def qwen05_shaped_dir() -> Path:
     return target
 
 
-def push_times(name: str, model_dir: str, repeats: int) -> None:
+def log(message: str) -> None:
+    print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def push_times(name: str, model_dir: str, repeats: int, body: bool) -> None:
     from safetensors.torch import save as safetensors_bytes
 
     state = {k: v + 0.01 for k, v in load_causal_lm(model_dir).state_dict().items() if k != "lm_head.weight"}
     size_gb = sum(v.numel() * v.element_size() for v in state.values()) / 1e9
+    log(f"{name}: starting a server")
     server = start_embedded_server(model_dir, in_process=False, timeout=600)
     path = push_dir() / f"agentgym-bench-{os.getpid()}.pt"
     best = {"save+load": float("inf"), "push": float("inf"), "body": float("inf")}
@@ -125,42 +149,50 @@ def push_times(name: str, model_dir: str, repeats: int) -> None:
             best["save+load"] = min(best["save+load"], time.perf_counter() - start)
             del loaded
             path.unlink()
+            log(f"{name}: torch.save + torch.load {time.perf_counter() - start:.2f} s")
             start = time.perf_counter()
             server.update_weights(state, version)
             best["push"] = min(best["push"], time.perf_counter() - start)
-            start = time.perf_counter()
-            r = httpx.post(server.url + f"/update_weights_from_tensor?weight_version={version + 100}",
-                           content=safetensors_bytes(state), timeout=600)
-            r.raise_for_status()
-            best["body"] = min(best["body"], time.perf_counter() - start)
+            log(f"{name}: update_weights {time.perf_counter() - start:.2f} s")
+            if body:
+                start = time.perf_counter()
+                r = httpx.post(server.url + f"/update_weights_from_tensor?weight_version={version + 100}",
+                               content=safetensors_bytes(state), timeout=600)
+                r.raise_for_status()
+                best["body"] = min(best["body"], time.perf_counter() - start)
+                log(f"{name}: HTTP body {time.perf_counter() - start:.2f} s")
     finally:
         path.unlink(missing_ok=True)
         server.stop()
     base = best["save+load"]
+    via_body = f"{best['body']:.3f} ({best['body'] / base:.2f}x)" if body else "-"
     print(f"| {name} ({size_gb:.2f} GB) | {base:.3f} | {best['push']:.3f} ({best['push'] / base:.2f}x) | "
-          f"{best['body']:.3f} ({best['body'] / base:.2f}x) |", flush=True)
+          f"{via_body} |", flush=True)
 
 
-def weights(quick: bool) -> None:
+def weights(quick: bool, body_for_large: bool) -> None:
     repeats = 2 if quick else 3
     print(f"\n## weight push into a running server (separate process), fp32, best of {repeats}; "
           f"files in {push_dir()}\n")
     print("| model | torch.save + torch.load (s) | update_weights via /dev/shm safetensors (s) | "
           "safetensors HTTP body (s) |")
     print("| --- | ---: | ---: | ---: |")
-    push_times("tiny", "tiny", repeats * 3)
-    push_times("Qwen2.5-0.5B shape", str(qwen05_shaped_dir()), repeats)
+    push_times("tiny", "tiny", repeats * 3, body=True)
+    push_times("Qwen2.5-0.5B shape", str(qwen05_shaped_dir()), repeats, body=body_for_large)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
-    parser.add_argument("--skip-weights", action="store_true", help="only the throughput table")
+    parser.add_argument("--only", choices=["throughput", "weights"], help="run one part")
+    parser.add_argument("--http-body-large", action="store_true",
+                        help="also time the 0.5B model as an HTTP body (slow: several copies of 2 GB)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
-    throughput(args.quick)
-    if not args.skip_weights:
-        weights(args.quick)
+    if args.only != "weights":
+        throughput(args.quick)
+    if args.only != "throughput":
+        weights(args.quick, args.http_body_large)
 
 
 if __name__ == "__main__":

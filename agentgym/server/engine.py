@@ -12,7 +12,11 @@ Each iteration of the engine thread
 4. drops finished sequences from the batch (and cache columns that only padding uses).
 
 This is continuous batching with a transformers ``DynamicCache`` that is re-formed
-whenever the set of sequences changes.
+whenever the set of sequences changes. The HTTP side runs in another thread of the same
+process, so the engine releases the GIL between steps, and for the first few milliseconds
+of a burst that reaches an idle engine it pauses briefly after each admission
+(``burst_window_s``, ``burst_pause_s``) so the burst is batched in a few steps rather than
+over many.
 
 **Logprobs** are ``log_softmax`` of the model's raw logits (temperature 1, before top-k /
 top-p), so they equal a teacher-forced forward pass of the same weights on the same
@@ -143,7 +147,8 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any, *, model_name: str = "tiny", max_batch_size: int = 32,
                  max_model_len: int | None = None, max_prefill_tokens: int = 16384,
-                 eos_token_ids: list[int] | None = None, weight_version: int = 0) -> None:
+                 eos_token_ids: list[int] | None = None, weight_version: int = 0,
+                 burst_window_s: float = 0.005, burst_pause_s: float = 0.0005) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -156,6 +161,9 @@ class Engine:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.weight_version = weight_version
         self.paused = False
+        self.burst_window_s = burst_window_s
+        self.burst_pause_s = burst_pause_s
+        self._burst_until = 0.0
         self._incoming: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._updates: deque[tuple[Callable[[], Any], Future]] = deque()
@@ -292,7 +300,16 @@ class Engine:
                     fut.set_result(True)
             self._drain_waiters.clear()
         if not self.paused and not self._updates and self._waiting:
-            self._admit()
+            was_idle = not self._seqs
+            if self._admit():
+                now = time.monotonic()
+                if was_idle:
+                    self._burst_until = now + self.burst_window_s
+                if now < self._burst_until:
+                    # a burst is arriving at an idle engine: hand the HTTP thread the GIL for a moment
+                    # so the rest of it joins within a few steps instead of trickling in over many
+                    # partial-batch decode steps (never while the engine is busy in steady state)
+                    time.sleep(self.burst_pause_s)
         if not self._seqs:
             return False
         self._decode()
@@ -324,7 +341,8 @@ class Engine:
         self._compact()
 
     # ---- admission and prefill -----------------------------------------------------------
-    def _admit(self) -> None:
+    def _admit(self) -> int:
+        """Prefill as many waiting requests as fit; returns how many."""
         free = self.max_batch_size - len(self._seqs)
         batch: list[Request] = []
         longest = 0
@@ -346,6 +364,7 @@ class Engine:
                 log.exception("prefill failed")
                 for req in batch:
                     self._fail_request(req, "abort", exc)
+        return len(batch)
 
     def _prefill(self, batch: list[Request]) -> None:
         from transformers import DynamicCache

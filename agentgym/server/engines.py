@@ -200,6 +200,16 @@ class EmbeddedWeights(_Weights):
     def update_from_disk(self, url: str, path: str, version: int) -> Any:
         return self._post(url, "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
 
+    def update_from_state_dict(self, url: str, state: dict[str, Any], version: int) -> Any:
+        """One safetensors file in shared memory is all the embedded server needs."""
+        from agentgym.server.weights import save_for_push
+
+        path = save_for_push(state)
+        try:
+            return self.update_from_disk(url, str(path), version)
+        finally:
+            path.unlink(missing_ok=True)
+
 
 class SGLangWeights(_Weights):
     """SGLang's weight routes (``sglang/srt/entrypoints/http_server.py``)."""
