@@ -180,7 +180,8 @@ class Engine:
         self._next: torch.Tensor | None = None  # (B,) sampled tokens not yet in the cache
         self._pos: torch.Tensor | None = None  # (B,) their positions
         self._thread = threading.Thread(target=self._run, name="agentgym-engine", daemon=True)
-        self.stats = {"requests": 0, "steps": 0, "prefills": 0, "generated_tokens": 0, "max_batch": 0}
+        self.stats: dict[str, float] = {"requests": 0, "steps": 0, "prefills": 0, "generated_tokens": 0,
+                                        "max_batch": 0, "forward_s": 0.0, "busy_s": 0.0}
         for p in model.parameters():
             p.requires_grad_(False)
 
@@ -312,7 +313,9 @@ class Engine:
                     time.sleep(self.burst_pause_s)
         if not self._seqs:
             return False
+        start = time.perf_counter()
         self._decode()
+        self.stats["busy_s"] += time.perf_counter() - start
         return True
 
     def _drain_incoming(self) -> None:
@@ -426,8 +429,10 @@ class Engine:
         b = len(self._seqs)
         self.stats["max_batch"] = max(self.stats["max_batch"], b)
         mask = torch.cat([self._mask, torch.ones((b, 1), dtype=self._mask.dtype, device=self.device)], dim=1)
+        start = time.perf_counter()
         out = self.model(input_ids=self._next[:, None], attention_mask=mask, position_ids=self._pos[:, None],
                          past_key_values=self._cache, use_cache=True)
+        self.stats["forward_s"] += time.perf_counter() - start
         self._mask = mask
         self.stats["steps"] += 1
         self._next = self._sample_and_record(out.logits[:, -1, :], self._seqs)
