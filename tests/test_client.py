@@ -100,3 +100,22 @@ async def test_5xx_is_retried_a_bounded_number_of_times_and_4xx_is_not(servers):
             assert all(s.token_ids for s in samples)
     finally:
         stand_in.stop()
+
+
+async def test_vllm_backend_weight_updates_go_through_the_worker_extension():
+    calls = []
+    app = FastAPI()
+
+    @app.post("/{path:path}")
+    async def record(path: str) -> JSONResponse:
+        calls.append("/" + path)
+        return JSONResponse({"success": True})
+
+    stand_in = AppThread(app)
+    try:
+        async with PolicyClient(stand_in.url, backend="vllm", model="m") as client:
+            await client.update_weights_from_disk("/dev/shm/w.safetensors", 4)
+            assert client.servers[0].version == 4
+    finally:
+        stand_in.stop()
+    assert calls == ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]

@@ -246,11 +246,23 @@ class PolicyClient:
     async def update_weights_from_disk(self, model_path: str, version: int) -> None:
         """Every server loads the weights saved at ``model_path`` and reports ``version`` from now on.
 
-        The embedded server and SGLang take SGLang's ``/update_weights_from_disk``; for vLLM use
-        ``agentgym.server.engines`` (its route depends on the vLLM version).
+        The embedded server and SGLang take SGLang's ``/update_weights_from_disk``; vLLM servers
+        (started by ``agentgym.server.engines``, with its worker extension) are updated through
+        ``VLLMWeights``: pause, load in every worker, reset the prefix cache, resume.
         """
-        payload = {"model_path": model_path, "weight_version": str(version)}
-        await asyncio.gather(*(self._post("/update_weights_from_disk", payload, server=s) for s in self.servers))
+        if self.backend == "vllm":
+            from agentgym.server.engines import VLLMWeights
+
+            adapter = VLLMWeights()
+            try:
+                await asyncio.gather(*(asyncio.to_thread(adapter.update_from_disk, s.url, model_path, version)
+                                       for s in self.servers))
+            except Exception as exc:
+                raise PolicyServerError(f"vLLM weight update from {model_path} failed: {exc}") from exc
+        else:
+            payload = {"model_path": model_path, "weight_version": str(version)}
+            await asyncio.gather(*(self._post("/update_weights_from_disk", payload, server=s)
+                                   for s in self.servers))
         for s in self.servers:
             s.version = version
 

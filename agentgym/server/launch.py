@@ -282,10 +282,15 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.engine != "embedded":
         from agentgym.server.engines import start_engine_server
 
-        handle = start_engine_server(
-            args.engine, args.model, host=args.host, port=args.port,
-            tensor_parallel_size=args.tensor_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
-            max_model_len=args.max_model_len, tool_call_parser=args.tool_call_parser, log_path=None)
+        print(f"starting {args.engine} on {args.model} (waits for /health) ...", flush=True)
+        try:
+            handle = start_engine_server(
+                args.engine, args.model, host=args.host, port=args.port,
+                tensor_parallel_size=args.tensor_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
+                max_model_len=args.max_model_len, tool_call_parser=args.tool_call_parser, log_path=None)
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         print(f"{args.engine} server ready at {handle.url} (log: {handle.log_path}); Ctrl-C stops it", flush=True)
         try:
             while handle.process.poll() is None:
