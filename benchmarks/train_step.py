@@ -161,6 +161,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model only")
     parser.add_argument("--steps", type=int, default=None, help="timed steps after one warm-up (default 5 tiny, 2 big)")
+    parser.add_argument("--models", default=None, help=f"comma-separated: tiny,{BIG} (default both; --quick: tiny)")
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--trl-no-gradient-checkpointing", action="store_true",
                         help="also time TRL with gradient_checkpointing=False (TRL 1.16 turns it on by default)")
@@ -184,7 +185,7 @@ def main() -> int:
         trl_version = trl.__version__
     except ImportError:
         trl_version = None
-    models = ["tiny"] if args.quick else ["tiny", BIG]
+    models = args.models.split(",") if args.models else (["tiny"] if args.quick else ["tiny", BIG])
     if BIG in models:
         big_model_dir()
     kinds = ["agentgym-ray", "agentgym-inprocess"]

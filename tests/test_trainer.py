@@ -235,3 +235,25 @@ def test_loggers_write_jsonl_tensorboard_and_samples(tmp_path, capsys):
     write_samples(tmp_path / "samples.jsonl", trajs, 1, 2)
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 and samples[0]["turns"][0]["reward"] in (0.0, 0.5)
+
+
+def test_weights_reach_a_server_given_by_url(tmp_path):
+    """Servers someone else runs (rollout.server_urls) get each update through /update_weights_from_disk."""
+    from agentgym.server.launch import start_embedded_server
+    from agentgym.trainer.main import train
+
+    with start_embedded_server("tiny") as server:
+        cfg = load_config(env="first_letter", overrides=[
+            f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.use_ray=false",
+            "trainer.total_training_steps=2", "trainer.val_before_train=false",
+            f"actor_rollout_ref.rollout.server_urls=[{server.url}]",
+        ])
+        summary = train(cfg, show_progress=False)
+        assert server.weight_version == 2
+        trained = torch.load(tmp_path / "global_step_2" / "actor" / "model.pt")
+        served = server.engine.model.state_dict()
+        assert all(torch.equal(served[k].cpu(), trained[k]) for k in trained)
+    assert summary["metrics"]["weight_sync/version"] == 2
+    from agentgym.server.weights import push_dir
+
+    assert not list(push_dir().glob(f"agentgym-policy-{os.getpid()}-*"))  # the push directory is cleaned up

@@ -170,7 +170,7 @@ class PPOTrainer:
         if self.servers is not None:
             from agentgym.trainer.weight_sync import WeightSync
 
-            self.weight_sync = WeightSync(self.servers, self.actor)
+            self.weight_sync = WeightSync(self.servers, self.actor, str(self.cfg.actor_rollout_ref.model.path))
 
     # ---- one step -------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:

@@ -5,8 +5,9 @@ embedded | vllm | sglang; ``rollout.num_servers`` of them), or talks to running 
 (``rollout.server_urls``), and holds the ``PolicyClient`` over all of them.
 
 ``WeightSync.push(version)`` runs after every update: the actor's rank 0 writes the whole
-policy as one safetensors file under ``/dev/shm`` (RAM; the temp directory where there is
-no ``/dev/shm``), and every server loads it and reports ``version`` from then on. When
+policy as one safetensors file in a model directory under ``/dev/shm`` (RAM; the temp
+directory where there is no ``/dev/shm``; the servers must be on the same host), every
+server loads it and reports ``version`` from then on, and the file is deleted. When
 the actor lives in this process and a server is an embedded one in this process too, the
 weights are copied straight from the actor's tensors, with no file at all. Both halves
 are timed (``weight_sync/save_s``, ``weight_sync/load_s``).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -65,12 +67,18 @@ class RolloutServers:
         return [h for h in self.handles if isinstance(h, EmbeddedServerHandle)]
 
     async def update(self, weights: str | dict[str, Any], version: int) -> None:
-        """Every server loads ``weights`` (a path, or a state dict for in-process servers)."""
+        """Every server loads ``weights`` (a model directory, or a state dict for in-process servers)."""
         jobs = [asyncio.to_thread(h.update_weights, weights, version) for h in self.handles]
-        if not self.handles:  # servers someone else runs: SGLang's route through the client
+        if not self.handles:  # servers someone else runs, known by URL only
             if isinstance(weights, dict):
                 raise ValueError("servers given by URL load weights from a path, not a state dict")
-            jobs.append(self.client.update_weights_from_disk(str(weights), version))
+            if self.backend == "vllm":
+                from agentgym.server.engines import VLLMWeights
+
+                adapter = VLLMWeights()
+                jobs += [asyncio.to_thread(adapter.update_from_disk, url, str(weights), version) for url in self.urls]
+            else:  # the embedded server and SGLang share SGLang's /update_weights_from_disk
+                jobs.append(self.client.update_weights_from_disk(str(weights), version))
         await asyncio.gather(*jobs)
 
     async def aclose(self) -> None:
@@ -86,13 +94,17 @@ class RolloutServers:
 class WeightSync:
     """Pushes the actor's weights to every rollout server with a version number."""
 
-    def __init__(self, servers: RolloutServers, actor: Any, directory: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, servers: RolloutServers, actor: Any, model_path: str,
+                 directory: str | os.PathLike[str] | None = None) -> None:
         from agentgym.server.weights import push_dir
 
         self.servers = servers
+        self.model_path = model_path
         self.actor = actor  # a WorkerGroup of PolicyWorker
         base = Path(directory) if directory is not None else push_dir()
-        self.path = base / f"agentgym-policy-{os.getpid()}-{uuid.uuid4().hex[:8]}.safetensors"
+        # A model directory (config files + model.safetensors), which every engine can load
+        self.directory = base / f"agentgym-policy-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.path = self.directory / "model.safetensors"
         in_process = servers.in_process_handles()
         self.direct = not actor.use_ray and len(in_process) == len(servers.handles) and bool(in_process)
 
@@ -104,11 +116,12 @@ class WeightSync:
             await self.servers.update(state, version)
             size = float(sum(t.numel() * t.element_size() for t in state.values()))
         else:
+            self._prepare_directory()
             results = await asyncio.to_thread(self.actor.call, "push_weights", str(self.path))
             size = float(results[0]["bytes"])
             saved = time.perf_counter()
             try:
-                await self.servers.update(str(self.path), version)
+                await self.servers.update(str(self.directory), version)
             finally:
                 self.path.unlink(missing_ok=True)  # /dev/shm is memory: free it once the servers have read it
         done = time.perf_counter()
@@ -119,6 +132,16 @@ class WeightSync:
             "weight_sync/version": float(version),
         }
 
+    def _prepare_directory(self) -> None:
+        if self.directory.is_dir():
+            return
+        from agentgym.model import resolve_model_path
+
+        self.directory.mkdir(parents=True)
+        source = Path(resolve_model_path(self.model_path))
+        for f in source.glob("*.json"):  # config, generation config, tokenizer files
+            if not f.name.endswith(".index.json"):  # a shard index would point at files not here
+                shutil.copy(f, self.directory / f.name)
+
     def cleanup(self) -> None:
-        self.path.unlink(missing_ok=True)
-        self.path.with_name(self.path.name + ".tmp").unlink(missing_ok=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
