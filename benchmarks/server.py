@@ -7,10 +7,11 @@
    prompts, ``ignore_eos``, the server in its own process, called over HTTP by a lean load
    generator) against one in-process ``model.generate`` on the same batch. Target: at 32,
    server >= 0.8x generate.
-2. Time to push a state dict into a running server (``handle.update_weights``: one
-   safetensors file in /dev/shm + ``/update_weights_from_disk``), and the same tensors as an
-   HTTP body (``/update_weights_from_tensor``), against ``torch.save`` + ``torch.load`` of
-   the same state dict in the same directory. Target: push <= 1.5x save+load.
+2. Time to push a state dict into a running server in another process (``handle.update_weights``:
+   one safetensors file in /dev/shm + ``/update_weights_from_disk``), the same tensors as an
+   HTTP body (``/update_weights_from_tensor``), and into a server in this process (a straight
+   copy), against ``torch.save`` + ``torch.load`` of the same state dict in the same directory.
+   Target: push <= 1.5x save+load.
 
 Every figure is the best of a few interleaved runs: on a shared machine the minimum is the
 least noisy estimate of what the code costs.
@@ -191,10 +192,23 @@ def push_times(name: str, model_dir: str, repeats: int, body: bool) -> None:
     finally:
         path.unlink(missing_ok=True)
         server.stop()
+    log(f"{name}: an in-process server")
+    server = start_embedded_server(model_dir)  # same process: the state dict is copied straight in
+    best["direct"] = float("inf")
+    try:
+        for version in range(1, repeats + 1):
+            start = time.perf_counter()
+            server.update_weights(state, version)
+            best["direct"] = min(best["direct"], time.perf_counter() - start)
+    finally:
+        server.stop()
     base = best["save+load"]
-    via_body = f"{best['body']:.3f} ({best['body'] / base:.2f}x)" if body else "-"
-    print(f"| {name} ({size_gb:.2f} GB) | {base:.3f} | {best['push']:.3f} ({best['push'] / base:.2f}x) | "
-          f"{via_body} |", flush=True)
+
+    def cell(key: str) -> str:
+        return f"{best[key]:.3f} ({best[key] / base:.2f}x)" if best[key] < float("inf") else "-"
+
+    print(f"| {name} ({size_gb:.2f} GB) | {base:.3f} | {cell('push')} | {cell('body')} | {cell('direct')} |",
+          flush=True)
 
 
 def weights(quick: bool, body_for_large: bool) -> None:
@@ -202,8 +216,8 @@ def weights(quick: bool, body_for_large: bool) -> None:
     print(f"\n## weight push into a running server (separate process), fp32, best of {repeats}; "
           f"files in {push_dir()}\n")
     print("| model | torch.save + torch.load (s) | update_weights via /dev/shm safetensors (s) | "
-          "safetensors HTTP body (s) |")
-    print("| --- | ---: | ---: | ---: |")
+          "safetensors HTTP body (s) | in-process handle (s) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     push_times("tiny", "tiny", repeats * 3, body=True)
     push_times("Qwen2.5-0.5B shape", str(qwen05_shaped_dir()), repeats, body=body_for_large)
 

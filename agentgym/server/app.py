@@ -157,7 +157,10 @@ def build_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
 
         body = await parse(request, UpdateWeightsFromDiskRequest)
         try:
-            state = await asyncio.to_thread(load_weights, body.model_path)
+            if body.model_path.endswith(".safetensors"):
+                state = load_weights(body.model_path)  # a memory map: nothing is read yet
+            else:  # a directory or a torch file: maybe seconds of reading, off the event loop
+                state = await asyncio.to_thread(load_weights, body.model_path)
         except (OSError, ValueError, RuntimeError) as exc:
             return _weights_failed(engine, f"could not read weights from {body.model_path!r}: {exc}")
         return await server.apply_weights(state, body.weight_version, body.abort_all_requests,
