@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny", help="tokenizer/chat template to render with")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--backend", choices=["embedded", "vllm", "sglang"], default=None,
+                   help="dialect of the --server URLs (default: embedded, or $AGENTGYM_GATEWAY_BACKEND)")
+    p.add_argument("--admin-key", default=None,
+                   help="key required by the admin endpoints (default: $AGENTGYM_GATEWAY_ADMIN_KEY; none: open)")
     p.set_defaults(func=_cmd_gateway)
     return parser
 
