@@ -23,42 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from agentgym.rollout import RolloutConfig, RolloutRunner
 from agentgym.server.client import PolicyClient
 from agentgym.types import SamplingParams
-
-
-class ShardedTransport(httpx.AsyncBaseTransport):
-    """Round-robin over ``shards`` httpx transports of ``per_shard`` connections each.
-
-    httpcore's pool scans every connection for every queued request, so one pool of 256
-    connections costs milliseconds per request; small pools avoid that. ``--client-shards``
-    swaps it into the PolicyClient (its private ``_http``) for both measurements, to show what
-    the runner does when the HTTP client is not the bottleneck."""
-
-    def __init__(self, shards: int, per_shard: int) -> None:
-        limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
-        self.transports = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(shards)]
-        self.next = 0
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.next = (self.next + 1) % len(self.transports)
-        return await self.transports[self.next].handle_async_request(request)
-
-    async def aclose(self) -> None:
-        for transport in self.transports:
-            await transport.aclose()
-
-
-async def make_client(url: str, concurrency: int, shards: int) -> PolicyClient:
-    client = PolicyClient(url, max_connections=max(concurrency, 1))
-    if shards > 1 and concurrency > 1:
-        await client._http.aclose()
-        per_shard = max(1, -(-concurrency // shards))
-        client._http = httpx.AsyncClient(transport=ShardedTransport(shards, per_shard), timeout=600.0)
-    return client
 
 
 def start_standin() -> tuple[subprocess.Popen, str]:
@@ -77,7 +44,7 @@ async def bench_runner(url: str, concurrency: int, turns: int, args: argparse.Na
     n = min(8, episodes)
     config = RolloutConfig(n=n, max_turns=args.max_turns, max_tokens=32, max_concurrency=concurrency,
                            env_executor=args.env_executor, template_check_every=args.template_check_every)
-    async with await make_client(url, concurrency, args.client_shards) as client:
+    async with PolicyClient(url) as client:
         runner = RolloutRunner(args.env, client, tokenizer="tiny", config=config)
         await runner.run(tasks=1)  # warm-up: env build, template caches, connections
         start, cpu = time.perf_counter(), time.process_time()
@@ -100,10 +67,10 @@ async def bench_runner(url: str, concurrency: int, turns: int, args: argparse.Na
             max(1, runner.chat.cache_hits + runner.chat.cache_misses)}
 
 
-async def bench_raw(url: str, concurrency: int, calls: int, prompt_len: int, shards: int) -> dict[str, float]:
+async def bench_raw(url: str, concurrency: int, calls: int, prompt_len: int) -> dict[str, float]:
     prompt = [i % 600 for i in range(prompt_len)]
     sampling = SamplingParams(max_tokens=32)
-    async with await make_client(url, concurrency, shards) as client:
+    async with PolicyClient(url) as client:
         await asyncio.gather(*(client.generate(prompt, sampling) for _ in range(min(calls, concurrency))))
         remaining = [calls]
 
@@ -127,7 +94,7 @@ async def main_async(args: argparse.Namespace) -> None:
             runs, raws = [], []
             for _ in range(args.repeat):  # alternate, so a burst of load elsewhere hits both sides
                 r = await bench_runner(url, concurrency, turns, args)
-                raw = await bench_raw(url, concurrency, int(r["turns"]), int(r["mean_prompt"]), args.client_shards)
+                raw = await bench_raw(url, concurrency, int(r["turns"]), int(r["mean_prompt"]))
                 runs.append(r)
                 raws.append(raw)
                 print(f"  concurrency {concurrency}: runner {r['rate']:.0f} turns/s, raw {raw['rate']:.0f} calls/s",
@@ -137,7 +104,7 @@ async def main_async(args: argparse.Namespace) -> None:
         proc.terminate()
         proc.wait(timeout=10)
     print(f"\nenv={args.env} env_executor={args.env_executor} max_turns={args.max_turns} "
-          f"template_check_every={args.template_check_every} client_shards={args.client_shards} "
+          f"template_check_every={args.template_check_every} "
           f"repeat={args.repeat} (medians) cpus={os.cpu_count()} load={os.getloadavg()[0]:.1f}")
     print(f"{'concurrency':>11} {'turns':>7} {'runner turns/s':>15} {'raw calls/s':>12} {'ratio':>6} "
           f"{'cpu us/turn':>12} {'cpu us/call':>12} {'mean prompt':>12} {'delta cache hit':>16} {'failed':>7}")
@@ -161,8 +128,6 @@ def main() -> None:
     parser.add_argument("--env-executor", default="inline", choices=["inline", "thread", "process"])
     parser.add_argument("--template-check-every", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3, help="measurements per concurrency (median shown)")
-    parser.add_argument("--client-shards", type=int, default=0,
-                        help="replace the client's single httpx pool by this many small ones (see ShardedTransport)")
     asyncio.run(main_async(parser.parse_args()))
 
 

@@ -119,3 +119,30 @@ async def test_vllm_backend_weight_updates_go_through_the_worker_extension():
     finally:
         stand_in.stop()
     assert calls == ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]
+
+
+async def test_connections_are_split_into_small_pools_and_capped():
+    """40 concurrent requests with max_connections=10, pool_size=4: at most 10 reach the server at
+    once, over 3 pools of at most 4 connections, and none waits inside httpx."""
+    state = {"now": 0, "peak": 0}
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def slow() -> JSONResponse:
+        state["now"] += 1
+        state["peak"] = max(state["peak"], state["now"])
+        await asyncio.sleep(0.02)
+        state["now"] -= 1
+        return JSONResponse({"choices": [{"token_ids": [5], "logprobs": {"token_logprobs": [-0.1]},
+                                          "finish_reason": "stop"}]})
+
+    stand_in = AppThread(app)
+    try:
+        async with PolicyClient(stand_in.url, max_connections=10, pool_size=4) as client:
+            samples = await asyncio.gather(*(client.generate([1, 2], session_id=f"s{i}") for i in range(40)))
+            pools = client.servers[0].pools
+            assert [s.token_ids for s in samples] == [[5]] * 40
+            assert state["peak"] == 10
+            assert len(pools.clients) == 3 and pools.busy == [0, 0, 0]
+    finally:
+        stand_in.stop()
