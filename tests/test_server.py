@@ -300,6 +300,20 @@ def test_weight_update_mid_generation_keeps_one_version_per_response(server, mod
     assert httpx.get(server.url + "/weight_version").json() == {"weight_version": 0}
 
 
+def test_keep_alive_requests_are_not_held_by_delayed_acks(server):
+    """Without TCP_NODELAY on the server's connections every small keep-alive response waits
+    ~40 ms for a delayed ACK; with it a /health round trip takes well under a millisecond."""
+    with httpx.Client() as http:
+        http.get(server.url + "/health")
+        times = []
+        for _ in range(20):
+            start = time.perf_counter()
+            assert http.get(server.url + "/health").status_code == 200
+            times.append(time.perf_counter() - start)
+    median = sorted(times)[len(times) // 2]
+    assert median < 0.02, f"median /health round trip {median * 1e3:.1f} ms (delayed ACKs: ~40 ms)"
+
+
 def test_pause_holds_new_requests_until_resume(server):
     assert httpx.post(server.url + "/pause_generation", json={"mode": "wait"}).json()["success"]
     result = {}

@@ -25,9 +25,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class PolicyServerHandle:
@@ -68,6 +69,8 @@ class PolicyServerHandle:
 
 # ---- the embedded server, in this process ------------------------------------------------------
 def default_device() -> str:
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -87,6 +90,19 @@ def create_engine(model: str = "tiny", *, device: str | None = None, dtype: str 
     return engine.start()
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket for uvicorn (``port=0``: a free port).
+
+    ``IPPROTO_TCP`` matters: asyncio sets ``TCP_NODELAY`` only on sockets whose ``proto`` says
+    TCP, and accepted connections inherit it. With proto 0, every small response on a
+    keep-alive connection waits ~40 ms for the client's delayed ACK.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
 class AppThread:
     """Any ASGI app served by uvicorn in a daemon thread of this process (``port=0``: a free port)."""
 
@@ -94,9 +110,7 @@ class AppThread:
         import uvicorn
 
         self.app = app
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
+        self._sock = bind_socket(host, port)
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_keep_alive=30)
