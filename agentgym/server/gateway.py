@@ -46,10 +46,8 @@ import contextlib
 import dataclasses
 import json
 import os
-import socket
 import threading
 import time
-import zlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -62,7 +60,8 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentgym.rollout.chat import ChatTokenizer
-from agentgym.server.client import PolicyClient, PolicyServerError
+from agentgym.server.client import HTTPPools, PolicyClient, PolicyServerError
+from agentgym.server.launch import bind_socket
 from agentgym.server.openai_types import (
     ChatChoice,
     ChatCompletionChunk,
@@ -111,43 +110,10 @@ _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_
                 409: "conflict_error", 413: "invalid_request_error"}
 
 
-class ShardedPolicy:
-    """``PolicyClient.generate`` over several clients of the same servers, for many concurrent sessions.
-
-    httpx's connection pool does work proportional to (open connections x waiting requests) each
-    time a request starts or ends, so a single pool of 1,000 connections costs the gateway more CPU
-    than everything else it does. Here each session always uses the same client (``shards`` of them,
-    ``connections_per_shard`` each, so sticky routing holds), and requests wait for a free connection
-    in a semaphore rather than inside httpx.
-    """
-
-    def __init__(self, servers: str | Sequence[str], backend: str = "embedded", connections: int = 1024,
-                 connections_per_shard: int = 64, **client_options: Any) -> None:
-        count = max(1, -(-connections // connections_per_shard))
-        self.clients = [PolicyClient(servers, backend=backend, max_connections=connections_per_shard, **client_options)
-                        for _ in range(count)]
-        self._slots = [asyncio.Semaphore(connections_per_shard) for _ in range(count)]
-
-    def _shard(self, session_id: str | None) -> int:
-        return zlib.crc32((session_id or "").encode()) % len(self.clients)
-
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None,
-                       session_id: str | None = None) -> TokenSample:
-        k = self._shard(session_id)
-        async with self._slots[k]:
-            return await self.clients[k].generate(prompt_ids, sampling, session_id=session_id)
-
-    def release_session(self, session_id: str) -> None:
-        self.clients[self._shard(session_id)].release_session(session_id)
-
-    async def aclose(self) -> None:
-        await asyncio.gather(*(c.aclose() for c in self.clients))
-
-
 class Gateway:
     """The gateway's state: sessions, the policy client, pause control and counters.
 
-    ``policy``: a ``PolicyClient`` (or ``ShardedPolicy``) over the policy servers. ``tokenizer``: the policy's tokenizer
+    ``policy``: a ``PolicyClient`` over the policy servers. ``tokenizer``: the policy's tokenizer
     (its chat template renders every request). ``max_model_len``: prompt plus completion tokens
     (default: the tokenizer's ``model_max_length``). ``upstream_retry_s``: how long a model call
     keeps retrying while the servers are unreachable (restarts, weight loads) before a 503.
@@ -156,7 +122,7 @@ class Gateway:
     ``idle_timeout``: an open session unused this long is finished as failed (``expired``).
     """
 
-    def __init__(self, policy: PolicyClient | ShardedPolicy, tokenizer: Any, *, model_name: str = "agentgym",
+    def __init__(self, policy: PolicyClient, tokenizer: Any, *, model_name: str = "agentgym",
                  admin_key: str | None = None, max_model_len: int | None = None, default_max_tokens: int = 1024,
                  max_body_bytes: int = 32 << 20, pause_timeout: float = 600.0, upstream_retry_s: float = 60.0,
                  public_url: str | None = None, keep_finished: int = 10_000, template_check_every: int = 1,
@@ -241,9 +207,8 @@ class Gateway:
         whose server does not report one itself (vLLM, SGLang; the embedded server does)."""
         if weight_version is not None:
             self.weight_version = int(weight_version)
-            for client in getattr(self.policy, "clients", [self.policy]):
-                for server in getattr(client, "servers", []):
-                    server.version = self.weight_version
+            for server in getattr(self.policy, "servers", []):
+                server.version = self.weight_version
         self._running.set()
         return {"paused": False, "inflight": self.inflight, "weight_version": self.weight_version}
 
@@ -672,18 +637,14 @@ class GatewayClient:
     def __init__(self, url: str, admin_key: str | None = None, timeout: float = 120.0,
                  max_connections: int = 64) -> None:
         self.url = url.rstrip("/")
-        self._slots = asyncio.Semaphore(max_connections)  # wait here, not in httpx's pool (see ShardedPolicy)
         headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout,
-                                       limits=httpx.Limits(max_connections=max_connections,
-                                                           max_keepalive_connections=max_connections))
+        self._http = HTTPPools(max_connections, base_url=self.url, headers=headers, timeout=timeout)
 
     async def _call(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         last: Exception | None = None
         for attempt in range(4):
             try:
-                async with self._slots:
-                    response = await self._http.request(method, path, json=payload)
+                response = await self._http.request(method, path, json=payload)
             except httpx.TransportError as exc:
                 last = exc
                 await asyncio.sleep(0.2 * 2**attempt)
@@ -748,7 +709,7 @@ class GatewayHandle:
 
         self.admin_key = options.get("admin_key")
         tokenizer = load_tokenizer(str(model))
-        self._sock = _bind(host, port)
+        self._sock = bind_socket(host, port)
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self.gateway: Gateway | None = None
@@ -757,7 +718,7 @@ class GatewayHandle:
         server_model = options.pop("server_model", None)
 
         async def serve() -> None:
-            policy = ShardedPolicy(servers, backend=backend, model=server_model)
+            policy = PolicyClient(servers, backend=backend, model=server_model)
             self.gateway = Gateway(policy, tokenizer, model_name=options.pop("model_name", str(model)), **options)
             config = uvicorn.Config(build_app(self.gateway), log_level=log_level, access_log=False, lifespan="off",
                                     timeout_keep_alive=60, backlog=4096)
@@ -819,15 +780,6 @@ def _run(main: Any) -> None:
         runner.run(main)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
-    # accepted connections inherit it. With proto 0, small responses wait ~40 ms for delayed ACKs.
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
-
-
 def gateway_command(args: argparse.Namespace) -> int:
     """``agentgym gateway --server URL [--server URL ...] --model M --host H --port P``.
 
@@ -850,11 +802,11 @@ def gateway_command(args: argparse.Namespace) -> int:
         embedded = start_embedded_server(args.model)
         servers, backend = [embedded.url], "embedded"
     tokenizer = load_tokenizer(str(args.model))
-    sock = _bind(args.host, args.port)
+    sock = bind_socket(args.host, args.port)
     url = f"http://{args.host}:{sock.getsockname()[1]}"
 
     async def serve() -> None:
-        policy = ShardedPolicy(servers, backend=backend)
+        policy = PolicyClient(servers, backend=backend)
         gateway = Gateway(policy, tokenizer, model_name=str(args.model), admin_key=admin_key,
                           max_model_len=getattr(args, "max_model_len", None))
         config = uvicorn.Config(build_app(gateway), log_level="warning", access_log=False, lifespan="off",
