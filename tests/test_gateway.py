@@ -457,7 +457,8 @@ async def test_agent_source_runs_sync_and_async_agents_in_groups(gw, oracle):
 
 
 def test_agent_trajectories_build_the_same_training_batch_as_env_rollouts(gw):
-    build_batch = pytest.importorskip("agentgym.trainer.batch").build_batch
+    from agentgym.trainer.batch import build_batch
+
     tasks = [{"index": i, "question": f"CALC: {i} + {i}", "ground_truth": str(2 * i), "reward_fn": "gsm8k"}
              for i in range(2)]
 
@@ -481,7 +482,7 @@ def test_agent_trajectories_build_the_same_training_batch_as_env_rollouts(gw):
 
 # ---- the embedded server with the tiny model -------------------------------------------------------
 def test_gateway_over_the_embedded_tiny_model_records_what_it_sampled():
-    launch = pytest.importorskip("agentgym.server.launch")
+    from agentgym.server import launch
     from agentgym.server.client import PolicyClient
     from agentgym.types import SamplingParams
 

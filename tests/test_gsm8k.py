@@ -8,13 +8,11 @@ from pathlib import Path
 
 import gymnasium
 import pytest
+from shared_data import GSM8K_DIR, GSM8K_TEST  # noqa: F401
 
 import agentgym
 from agentgym.envs.data import DataError
 from agentgym.envs.gsm8k import INSTRUCTION, Gsm8kEnv
-
-GSM8K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
-GSM8K_TEST = GSM8K_DIR / "test.jsonl"
 
 
 @pytest.fixture(scope="module")

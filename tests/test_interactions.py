@@ -12,6 +12,7 @@ from typing import Any, Optional
 from uuid import uuid4
 
 import pytest
+from shared_data import GSM8K_TEST
 
 import agentgym
 from agentgym.envs.data import DataError
@@ -20,7 +21,6 @@ from agentgym.interactions import BaseInteraction, InteractionConfigError, load_
 from agentgym.interactions.gsm8k import Gsm8kInteraction
 
 REPO = Path(__file__).resolve().parents[1]
-GSM8K_TEST = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 # ---- an interaction written for veRL: imports nothing from agentgym -----------------------

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
+from shared_data import GSM8K_TEST
 
 from agentgym.envs.rewards import (
     answers_match,
@@ -18,8 +18,6 @@ from agentgym.envs.rewards import (
     ground_truth_from_gsm8k_answer,
     parse_number,
 )
-
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from shared_data import GSM8K_TEST
 
 from agentgym.cli import main
 from agentgym.model import load_tokenizer
 from agentgym.rollout import RolloutConfig, RolloutRunner, read_trajectories
 from agentgym.server.client import PolicyClient
+from agentgym.server.launch import start_embedded_server
 
-GSM8K = "/work/shared/data/gsm8k/test.jsonl"
+GSM8K = str(GSM8K_TEST)
 TOK = load_tokenizer("tiny")
 
 
@@ -34,6 +36,8 @@ def test_rollout_writes_trajectories_and_metrics(standin_server, tmp_path, capsy
 
 
 def test_eval_reports_success_and_pass_at_k_per_source(standin_server, tmp_path, capsys):
+    if not GSM8K_TEST.is_file():
+        pytest.skip(f"GSM8K test data not found at {GSM8K_TEST}")
     with open(GSM8K, encoding="utf-8") as f:
         first_answer = json.loads(f.readline())["answer"].split("####")[-1].strip()
     standin_server.token_ids = ids(f"So #### {first_answer}<|im_end|>")  # right for row 0 only
@@ -62,8 +66,7 @@ def test_every_episode_failing_exits_nonzero(capsys):
 
 @pytest.fixture(scope="module")
 def embedded_server():
-    launch = pytest.importorskip("agentgym.server.launch")
-    handle = launch.start_embedded_server(model="tiny", port=0)
+    handle = start_embedded_server(model="tiny", port=0)
     yield handle
     handle.stop()
 
@@ -106,7 +109,6 @@ async def test_real_embedded_server_sequences_are_token_exact(embedded_server):
 
 
 def test_cli_starts_its_own_embedded_server(tmp_path, capsys):
-    pytest.importorskip("agentgym.server.launch")
     out = tmp_path / "x.jsonl"
     code = main(["rollout", "--env", "sokoban", "--model", "tiny", "-n", "2", "--tasks", "1", "--max-turns", "2",
                  "--max-tokens", "8", "--out", str(out)])

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import psutil
 import pytest
+from shared_data import GSM8K_TEST
 
 import agentgym
 from agentgym.envs.gsm8k_tool import Gsm8kToolEnv
@@ -30,7 +31,6 @@ from agentgym.envs.tools.calculator import CalculatorTool, calculate
 from agentgym.envs.tools.python import PythonTool
 from agentgym.envs.tools.sandbox import run_python
 
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
 TIMEOUT_S = 2.0
 
 
@@ -46,12 +46,27 @@ def running(pid: int) -> bool:
         return False
 
 
+_children_before: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _note_children_before():
+    """Other tests in the session may leave long-lived children (multiprocessing's resource
+    tracker, a server process); only processes started during this test count."""
+    _children_before.clear()
+    _children_before.update(p.pid for p in psutil.Process().children(recursive=True))
+
+
+def _new_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in _children_before]
+
+
 def no_children_left() -> bool:
-    """No process started by this test process is still around (zombies included)."""
+    """No process started during this test is still around (zombies included)."""
     deadline = time.monotonic() + 1.0
-    while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
+    while _new_children() and time.monotonic() < deadline:
         time.sleep(0.01)
-    return not psutil.Process().children(recursive=True)
+    return not _new_children()
 
 
 # ---- parsing -------------------------------------------------------------------------------
