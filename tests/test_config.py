@@ -107,3 +107,14 @@ def test_every_group_file_composes():
 
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": {}}, "d": [1]}) == {"a.b": 1, "a.c": {}, "d": [1]}
+
+
+def test_agentgym_train_reports_config_errors_before_any_work(capsys):
+    from agentgym.cli import main
+
+    assert main(["train", "--env", "sokoban", "data.train_bach_size=8"]) == 2
+    assert "Did you mean 'data.train_batch_size'" in capsys.readouterr().err
+    assert main(["train", "--env", "sokobn"]) == 2
+    assert "Did you mean 'sokoban'" in capsys.readouterr().err
+    assert main(["train", "--env", "gsm8k", "data.train_files=/nonexistent/train.jsonl"]) == 2
+    assert "data.train_files=/nonexistent/train.jsonl does not exist" in capsys.readouterr().err
