@@ -298,7 +298,10 @@ class Gateway:
         """Every plan's sample, or none: on any failure every plan is released. A session finished while
         its samples were generated records nothing more: the agent gets a 409."""
         try:
-            samples = list(await asyncio.gather(*(self.generate(session, p.context_ids, sampling) for p in plans)))
+            if len(plans) == 1:  # the usual case: no task to gather
+                samples = [await self.generate(session, plans[0].context_ids, sampling)]
+            else:
+                samples = list(await asyncio.gather(*(self.generate(session, p.context_ids, sampling) for p in plans)))
         except BaseException:
             for p in plans:
                 self.store.release(p)
@@ -360,7 +363,7 @@ class Gateway:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return _sse(_chat_chunks(response, include_usage))
-        return JSONResponse(response.model_dump(exclude_none=True))
+        return Response(response.model_dump_json(exclude_none=True), media_type="application/json")
 
     # ---- text completions -----------------------------------------------------------------
     async def completion(self, session: Session, req: CompletionRequest) -> Any:
@@ -405,7 +408,7 @@ class Gateway:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return _sse(_completion_chunks(response, include_usage))
-        return JSONResponse(response.model_dump(exclude_none=True))
+        return Response(response.model_dump_json(exclude_none=True), media_type="application/json")
 
     def stats(self) -> dict[str, Any]:
         return {**self.store.counts, **self.counts, "open_sessions": len(self.store.open), "inflight": self.inflight,
@@ -617,16 +620,18 @@ def build_app(gateway: Gateway) -> FastAPI:
         gw.session_for(sid, request)
         return ModelList(data=[ModelCard(id=gw.model_name, root=gw.model_name, max_model_len=gw.max_model_len)]).model_dump()
 
-    @app.post("/sessions/{sid}/v1/chat/completions")
-    async def chat(sid: str, request: Request) -> Response:
-        session = gw.open_session(gw.session_for(sid, request))
+    # The model calls are plain Starlette routes: they take nothing but the request, and FastAPI's
+    # per-request dependency handling would add ~40 us to each (of the ~1.2 ms the gateway spends).
+    async def chat(request: Request) -> Response:
+        session = gw.open_session(gw.session_for(request.path_params["sid"], request))
         return await gw.chat_completion(session, await body(request, ChatCompletionRequest))
 
-    @app.post("/sessions/{sid}/v1/completions")
-    async def completions(sid: str, request: Request) -> Response:
-        session = gw.open_session(gw.session_for(sid, request))
+    async def completions(request: Request) -> Response:
+        session = gw.open_session(gw.session_for(request.path_params["sid"], request))
         return await gw.completion(session, await body(request, CompletionRequest))
 
+    app.add_route("/sessions/{sid}/v1/chat/completions", chat, methods=["POST"])
+    app.add_route("/sessions/{sid}/v1/completions", completions, methods=["POST"])
     return app
 
 
