@@ -7,7 +7,8 @@
 Three processes share the machine: this client, the gateway (``agentgym gateway``) and the
 stand-in policy server (``standin``: a bare asyncio HTTP/1.1 server answering
 ``/v1/completions`` with token ids + logprobs and ``/v1/chat/completions`` with a canned reply,
-instantly). Both sides send the same chat request with a raw ``httpx`` client:
+instantly). Both sides send the same chat request from the same lean load generator
+(``Connection``: one pre-opened keep-alive connection per worker, no HTTP library):
 
 * direct: ``POST standin/v1/chat/completions``;
 * gateway: ``POST gateway/sessions/<id>/v1/chat/completions`` (one session per concurrent
@@ -15,9 +16,13 @@ instantly). Both sides send the same chat request with a raw ``httpx`` client:
   records the turn and answers in OpenAI's shape).
 
 Printed: throughput (calls/s) and latency p50/p99 per side at the chosen concurrency, the
-gateway's added latency under that load (gateway minus direct), and the unloaded added latency
-(one call at a time). On a small machine the three processes compete for the same cores, so the
-loaded figures measure CPU sharing as much as the gateway: read them with ``nproc`` in mind.
+gateway's added latency under that load (gateway minus direct), the unloaded added latency
+(one call at a time), and each process's CPU ms per call. On a small machine the three
+processes compete for the same cores, so the loaded figures measure CPU sharing as much as the
+gateway: with an instant stand-in the direct path costs a few hundredths of a millisecond of CPU
+per call, so its rate is bounded by the load generator, while the gateway path is bounded by the
+gateway's own CPU per call (CPUs / total CPU per call). ``--delay-ms`` gives the stand-in a
+generation time, as a real server has.
 
 The stand-in is also what ``tests/test_gateway_reliability.py`` runs (and restarts) in a child
 process. Its ``echo`` mode answers deterministically from the prompt, so every session's content
@@ -310,19 +315,21 @@ def cpu_seconds(pid: int) -> float:
 
 async def measure(kind: str, url: str, concurrency: int, seconds: float, warmup: float,
                   pids: dict[str, int]) -> dict[str, float]:
-    """Closed loop: ``concurrency`` workers call as fast as answers come; CPU of each process in ``pids``
-    is read over the whole run (warm-up included) and divided by the calls made."""
+    """Closed loop: ``concurrency`` workers call as fast as answers come. CPU per call of this load
+    generator (``client``) and of each process in ``pids`` is read over the whole run (warm-up
+    included) and divided by the calls made."""
     latencies: list[float] = []
     admin: list[float] = []
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    before = {name: cpu_seconds(pid) for name, pid in {"client": os.getpid(), **pids}.items()}
     started = time.perf_counter()
     await asyncio.gather(*(_worker(kind, url, seconds, warmup, latencies, admin) for _ in range(concurrency)))
     ms = sorted(x * 1e3 for x in latencies)
     out = {"calls_per_s": len(ms) / seconds, "p50_ms": ms[len(ms) // 2], "p99_ms": ms[int(len(ms) * 0.99)],
            "calls": float(len(ms)), "admin_calls": float(len(admin))}
     total_calls = len(ms) * (time.perf_counter() - started) / seconds  # calls made in the whole run, roughly
-    for name, pid in pids.items():
-        out[f"{name}_cpu_ms_per_call"] = (cpu_seconds(pid) - before[name]) / max(total_calls, 1.0) * 1e3
+    for name, cpu in before.items():
+        pid = os.getpid() if name == "client" else pids[name]
+        out[f"{name}_cpu_ms_per_call"] = (cpu_seconds(pid) - cpu) / max(total_calls, 1.0) * 1e3
     return out
 
 
@@ -346,18 +353,20 @@ def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: flo
         stop(standin)
 
     print(f"\ngateway vs direct: stand-in answers {'instantly' if not delay_ms else f'after {delay_ms:.0f} ms'}; "
-          f"{TURNS}-turn chats re-sending their history; {os.cpu_count()} CPU(s) shared by client, gateway, stand-in")
-    print(f"{'load':<28} {'path':<8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'gateway CPU ms/call':>20}")
+          f"{TURNS}-turn chats re-sending their history; the same load generator on both paths; "
+          f"{os.cpu_count()} CPU(s) shared by client, gateway, stand-in; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'load':<28} {'path':<8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'CPU ms/call: client':>20} {'gateway':>8} {'stand-in':>9}")
     for label, direct, through in rows:
         for name, r in (("direct", direct), ("gateway", through)):
             cpu = f"{r['gateway_cpu_ms_per_call']:.2f}" if "gateway_cpu_ms_per_call" in r else "-"
-            print(f"{label:<28} {name:<8} {r['calls_per_s']:>9.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {cpu:>20}")
+            print(f"{label:<28} {name:<8} {r['calls_per_s']:>9.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                  f"{r['client_cpu_ms_per_call']:>20.3f} {cpu:>8} {r['standin_cpu_ms_per_call']:>9.3f}")
         print(f"{'':<28} {'ratio':<8} {through['calls_per_s'] / direct['calls_per_s']:>9.2f} "
               f"{'+' + format(through['p50_ms'] - direct['p50_ms'], '.2f'):>8} "
               f"{'+' + format(through['p99_ms'] - direct['p99_ms'], '.2f'):>8}   (gateway minus direct)")
     print(f"(gateway rows also made one session create + finish per {TURNS} calls: not counted in calls/s, but their "
-          "CPU is in the gateway's ms/call; the stand-in spent "
-          f"{rows[0][1]['standin_cpu_ms_per_call']:.3f} ms/call answering directly)")
+          "CPU is in the per-call CPU. CPU-bound ceiling of a path: CPUs / its total CPU ms per call.)")
 
 
 def main(argv: list[str] | None = None) -> int:
