@@ -43,7 +43,7 @@ class HTTPPools:
     """Up to ``limit`` keep-alive connections, in httpx clients (pools) of ``size`` connections each.
 
     httpcore's pool walks all its connections every time a request starts or ends (a ``poll()``
-    per idle connection, and a count of idle connections per idle connection), so its cost per
+    per idle connection, and for each idle one another pass over all of them), so its cost per
     request grows faster than its size. Here a request takes the open pool with the fewest
     requests in flight; another pool is opened only when every open one is full, and requests
     beyond ``limit`` wait in a semaphore, never in an httpx queue. ``client_options`` go to
