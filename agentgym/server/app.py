@@ -16,19 +16,17 @@ invalid fields included (400, not FastAPI's 422).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 
 from agentgym.server.engine import Engine, GenerationParams, Sequence, TokenEvent
 from agentgym.server.engine import Request as EngineRequest
+from agentgym.server.errors import APIError, install_error_handlers, json_object, validate
 from agentgym.server.openai_types import (
     ChatChoice,
     ChatCompletionChunk,
@@ -44,8 +42,6 @@ from agentgym.server.openai_types import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
-    ErrorInfo,
-    ErrorResponse,
     ModelCard,
     ModelList,
     PauseRequest,
@@ -67,31 +63,6 @@ def _byte_decoder() -> dict[str, int]:
 _BYTE_DECODER = _byte_decoder()
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-
-def error_response(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                   code: str | int | None = None) -> JSONResponse:
-    body = ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status)
-
-
-def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {first.get('msg')}", None
-    return f"{param + ': ' if param else ''}{first.get('msg')}", param
-
-
 def build_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     """The FastAPI app serving ``engine`` under ``served_model_name`` (default: the engine's name)."""
     name = served_model_name or engine.model_name
@@ -99,31 +70,10 @@ def build_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     app = FastAPI(title="agentgym policy server", docs_url=None, redoc_url=None)
     app.state.server = server
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return error_response(400, message, param=param)
-
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+    install_error_handlers(app)
 
     async def parse(request: Request, model: type) -> Any:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"the request body is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        try:
-            return model.model_validate(body)
-        except ValidationError as exc:
-            message, param = _validation_message(exc)
-            raise APIError(400, message, param=param) from exc
+        return validate(model, json_object(await request.body()))
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -44,7 +44,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import threading
 import time
@@ -53,14 +52,19 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
-from pydantic import ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentgym.rollout.chat import ChatTokenizer
 from agentgym.server.client import HTTPPools, PolicyClient, PolicyServerError
+from agentgym.server.errors import (
+    ERROR_TYPES,
+    APIError,
+    error_response,
+    install_error_handlers,
+    json_object,
+    validate,
+)
 from agentgym.server.launch import bind_socket
 from agentgym.server.openai_types import (
     ChatChoice,
@@ -77,8 +81,6 @@ from agentgym.server.openai_types import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
-    ErrorInfo,
-    ErrorResponse,
     ModelCard,
     ModelList,
     ToolCall,
@@ -89,25 +91,6 @@ from agentgym.server.tool_calls import parse_tool_calls
 from agentgym.types import SamplingParams, TokenSample, Trajectory, Turn
 
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
-
-
-class APIError(Exception):
-    """Answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-
-def error_response(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                   code: str | int | None = None) -> JSONResponse:
-    body = ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status)
-
-
-_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                409: "conflict_error", 413: "invalid_request_error"}
 
 
 class Gateway:
@@ -476,43 +459,21 @@ _TURN_FIELDS = dataclasses.fields(Turn)
 
 
 # ---- the HTTP app ---------------------------------------------------------------------------------
-def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-    return f"{param + ': ' if param else ''}{first.get('msg')}", param
-
-
 def build_app(gateway: Gateway) -> FastAPI:
     """The gateway's FastAPI app over ``gateway``."""
     app = FastAPI(title="agentgym gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
     gw = gateway
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+    def count_error(_: Exception) -> None:
+        gw.counts["errors"] += 1
+
+    install_error_handlers(app, internal_type="server_error", on_internal=count_error)
 
     @app.exception_handler(SessionError)
     async def _session_error(_: Request, exc: SessionError) -> JSONResponse:
-        return error_response(exc.status, exc.message, _ERROR_TYPES.get(exc.status, "invalid_request_error"),
+        return error_response(exc.status, exc.message, ERROR_TYPES.get(exc.status, "invalid_request_error"),
                               exc.param, exc.code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return error_response(400, message, param=param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), _ERROR_TYPES.get(exc.status_code, "invalid_request_error"))
-
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        gw.counts["errors"] += 1
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
 
     async def body(request: Request, model: type | None = None, required: bool = True) -> Any:
         declared = request.headers.get("content-length")
@@ -522,24 +483,8 @@ def build_app(gateway: Gateway) -> FastAPI:
         raw = await request.body()
         if len(raw) > gw.max_body_bytes:
             raise APIError(413, f"the request body is over {gw.max_body_bytes} bytes", code="request_too_large")
-        if not raw.strip():
-            if required:
-                raise APIError(400, "the request needs a JSON body")
-            data: Any = {}
-        else:
-            try:
-                data = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise APIError(400, f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        if model is None:
-            return data
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            message, param = _validation_message(exc)
-            raise APIError(400, message, param=param) from None
+        data = json_object(raw, required)
+        return data if model is None else validate(model, data)
 
     # ---- admin --------------------------------------------------------------------------
     @app.get("/health")

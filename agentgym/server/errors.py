@@ -1,0 +1,98 @@
+"""OpenAI-shaped errors for the HTTP apps (the embedded server and the gateway).
+
+Every error is ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status:
+malformed JSON and invalid fields are a 400 (not FastAPI's 422), an unknown route a 404, and an
+unexpected exception a 500 that leaves the server up.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from agentgym.server.openai_types import ErrorInfo, ErrorResponse
+
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+               409: "conflict_error", 413: "invalid_request_error"}
+
+
+class APIError(Exception):
+    """Answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+
+def error_response(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                   code: str | int | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
+    """``(message, param)`` for the first error pydantic reports, ``param`` as a dotted path."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('msg')}", None
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    return f"{param + ': ' if param else ''}{first.get('msg')}", param
+
+
+def json_object(raw: bytes, required: bool = True) -> dict[str, Any]:
+    """The request body as a JSON object, or an ``APIError`` 400 saying what is wrong with it."""
+    if not raw.strip():
+        if required:
+            raise APIError(400, "the request needs a JSON body")
+        return {}
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return data
+
+
+def validate(model: type, data: dict[str, Any]) -> Any:
+    """``model.model_validate(data)``, a validation failure as an ``APIError`` 400 naming the field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise APIError(400, message, param=param) from None
+
+
+def install_error_handlers(app: FastAPI, internal_type: str = "internal_error",
+                           on_internal: Callable[[Exception], None] | None = None) -> None:
+    """Answer every error ``app`` raises in OpenAI's shape. ``on_internal`` sees each unexpected one."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(exc)
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), ERROR_TYPES.get(exc.status_code, "invalid_request_error"))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        if on_internal is not None:
+            on_internal(exc)
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", internal_type)
