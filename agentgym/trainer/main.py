@@ -10,6 +10,7 @@ From Python, ``train(cfg, source=...)`` runs the same loop on any ``TrajectorySo
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import Any
@@ -94,10 +95,38 @@ def _agent_source(cfg: DictConfig, agent: str, servers: Any) -> Any:
     return factory(cfg, agent, servers)
 
 
+class ProgressSafeHandler(logging.Handler):
+    """Writes log records to stderr above the progress bar (``tqdm.write``) instead of into it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(f"agentgym train: {record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+def show_trainer_warnings() -> logging.Handler | None:
+    """Make the trainer's warnings readable on the command line: ``agentgym train: warning: ...``
+    on stderr, above the progress bar. Left alone when the program has set up logging itself
+    (the trainer's or the root logger has handlers). Returns the handler added, if any."""
+    logger = logging.getLogger("agentgym.trainer")
+    if logger.handlers or logging.getLogger().handlers:
+        return None
+    handler = ProgressSafeHandler(logging.WARNING)
+    logger.addHandler(handler)
+    return handler
+
+
 def summary_text(summary: dict[str, Any]) -> str:
     metrics = summary.get("metrics") or {}
     val = summary.get("val_metrics") or {}
     lines = [f"done: {summary['steps']} steps in {summary['seconds']:.0f} s"]
+    run, flat = summary.get("steps_run", 0), summary.get("flat_reward_steps", 0)
+    if run and flat == run:
+        lines[0] += (f", but the policy learned nothing: every group got identical rewards at every step "
+                     f"({flat} of {run}), so all advantages were zero (see the warning above)")
     keys = ("reward/mean", "outcome_reward/mean", "success_rate", "response_length/mean", "turns/mean",
             "actor/pg_loss", "actor/entropy", "actor/grad_norm", "timing_s/step", "weight_sync/save_s",
             "weight_sync/load_s")
@@ -150,6 +179,11 @@ def train_command(args: argparse.Namespace) -> int:
 
         servers = RolloutServers(cfg)
         source = _agent_source(cfg, agent, servers)
-    summary = train(cfg, source=source, servers=servers)
+    handler = show_trainer_warnings()
+    try:
+        summary = train(cfg, source=source, servers=servers)
+    finally:
+        if handler is not None:
+            logging.getLogger("agentgym.trainer").removeHandler(handler)
     print(summary_text(summary), flush=True)
     return 0

@@ -12,7 +12,10 @@ One training step, top to bottom (each phase timed as ``timing_s/<phase>``):
 4. ``ref``: the reference policy's log-probs, only when a KL term is on.
 5. ``values``: the critic's values, only for ``gae``.
 6. ``adv``: KL in the reward (``algorithm.use_kl_in_reward``), then the advantage
-   estimator named by ``algorithm.adv_estimator`` (``algos.compute_advantage``).
+   estimator named by ``algorithm.adv_estimator`` (``algos.compute_advantage``). The share
+   of groups whose rewards are all equal is ``batch/zero_variance_group_frac``; a step where
+   every group is flat (so the advantages are zero and nothing is learned) is warned about
+   once per run and counted in the summary (``flat_reward_steps``).
 7. ``update_critic`` / ``update_actor``: ``ppo_epochs`` x mini-batches x micro-batches with
    gradient accumulation and clipping, on every rank (``batch.update_plan``).
 8. ``weight_sync``: the new weights go to every policy server as version ``step``.
@@ -31,7 +34,8 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +98,119 @@ def _masked_stats(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[s
     return {f"{name}/mean": float(picked.mean()), f"{name}/max": float(picked.max()), f"{name}/min": float(picked.min())}
 
 
+# ---- flat rewards: groups whose trajectories all scored the same ---------------------------------
+
+GROUP_RELATIVE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+"""Estimators whose advantage is a trajectory's reward against its own group's: a group whose
+rewards are all equal gives every one of its trajectories advantage 0."""
+
+FLAT_ATOL = 1e-6
+"""Rewards (and advantages) closer than this count as equal (as zero)."""
+
+
+@dataclass(frozen=True)
+class GroupRewardSpread:
+    """How rewards spread within the groups of a batch (rows sharing a group id).
+
+    ``groups`` counts the groups with at least two trainable trajectories (a group of one has
+    no spread to speak of; those are ``singletons``); ``flat`` counts the groups among them
+    whose trajectories all got the same reward; ``low`` / ``high`` are the smallest and
+    largest of the flat groups' rewards (None when no group is flat).
+    """
+
+    groups: int = 0
+    flat: int = 0
+    singletons: int = 0
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def zero_variance_frac(self) -> float | None:
+        """``batch/zero_variance_group_frac``: the share of groups with zero reward variance."""
+        return self.flat / self.groups if self.groups else None
+
+    @property
+    def all_flat(self) -> bool:
+        return self.groups > 0 and self.flat == self.groups
+
+
+def group_reward_spread(scores: Sequence[float] | torch.Tensor, group_ids: Sequence[Hashable],
+                        valid: Sequence[bool] | torch.Tensor | None = None,
+                        atol: float = FLAT_ATOL) -> GroupRewardSpread:
+    """Group the trajectory-level rewards ``scores`` (one per row) by ``group_ids`` (the batch's
+    ``uid``), leaving out rows that are not ``valid``, and count the groups whose rewards are
+    all equal (within ``atol``)."""
+    values = scores.tolist() if isinstance(scores, torch.Tensor) else list(scores)
+    keep = [True] * len(values) if valid is None else [bool(v) for v in (
+        valid.tolist() if isinstance(valid, torch.Tensor) else valid)]
+    if not len(values) == len(group_ids) == len(keep):
+        raise ValueError(f"{len(values)} rewards, {len(group_ids)} group ids and {len(keep)} valid flags")
+    by_group: dict[Hashable, list[float]] = {}
+    for value, group_id, ok in zip(values, group_ids, keep):
+        if ok:
+            by_group.setdefault(group_id, []).append(float(value))
+    groups = flat = singletons = 0
+    flat_values: list[float] = []
+    for rewards in by_group.values():
+        if len(rewards) < 2:
+            singletons += 1
+            continue
+        groups += 1
+        if max(rewards) - min(rewards) <= atol:
+            flat += 1
+            flat_values.append(rewards[0])
+    return GroupRewardSpread(groups, flat, singletons, min(flat_values, default=None),
+                             max(flat_values, default=None))
+
+
+def zero_variance_group_frac(scores: Sequence[float] | torch.Tensor, group_ids: Sequence[Hashable],
+                             valid: Sequence[bool] | torch.Tensor | None = None) -> float | None:
+    """The share of groups (two or more trainable trajectories) whose rewards are all equal;
+    None when the batch has no such group (e.g. ``rollout.n=1``)."""
+    return group_reward_spread(scores, group_ids, valid).zero_variance_frac
+
+
+def advantages_vanish(spread: GroupRewardSpread, adv_estimator: str, advantages: torch.Tensor | None = None,
+                      mask: torch.Tensor | None = None, atol: float = FLAT_ATOL) -> bool:
+    """True when every group got identical rewards and the advantages are therefore zero: the
+    estimator is group-relative and no trajectory stands in a group of its own, or every
+    advantage on a sampled token is in fact (within ``atol``) zero."""
+    if not spread.all_flat:
+        return False
+    if adv_estimator in GROUP_RELATIVE_ESTIMATORS and spread.singletons == 0:
+        return True
+    if advantages is None:
+        return False
+    picked = advantages[mask.bool()] if mask is not None else advantages.flatten()
+    return picked.numel() == 0 or float(picked.abs().max()) <= atol
+
+
+def flat_rewards_warning(spread: GroupRewardSpread, step: int, model_path: str, env_name: str | None,
+                         n: int, temperature: float) -> str:
+    """The once-per-run warning for a step where every group got identical rewards."""
+    if spread.low is not None and spread.high is not None and spread.high - spread.low <= FLAT_ATOL:
+        value = f"value {spread.low:g} for every trajectory"
+    else:
+        value = f"the same value within each group, from {spread.low:g} to {spread.high:g}"
+    lines = [f"step {step}: all {spread.groups} groups got identical rewards ({value}), so every advantage "
+             f"is zero: the policy-gradient update is zero and the policy learns nothing from this step."]
+    if model_path == "tiny":
+        lines.append("  With the built-in tiny random model (actor_rollout_ref.model.path=tiny) this is expected: "
+                     "it almost never writes a reply the env rewards. To see learning, try:")
+    else:
+        lines.append(f"  The model ({model_path}) scores the same on every try of a task: the task is too hard "
+                     f"(or too easy) for it. To get a learning signal, try:")
+    if env_name != "first_letter":
+        lines.append("    agentgym train --env first_letter   (a task the tiny model learns in a few steps)")
+    lines.append("    a real model: model=qwen2.5-0.5b, or actor_rollout_ref.model.path=<HF model dir or hub name>"
+                 if model_path == "tiny" else
+                 "    a stronger model: actor_rollout_ref.model.path=<HF model dir or hub name>")
+    lines.append(f"    more varied replies: raise actor_rollout_ref.rollout.n (now {n}) or "
+                 f"actor_rollout_ref.rollout.temperature (now {temperature:g})")
+    lines.append("  (warned once per run; the metric batch/zero_variance_group_frac tracks it every step)")
+    return "\n".join(lines)
+
+
 class PPOTrainer:
     """Owns the loop; the maths is in ``algos``, the model work in the worker groups."""
 
@@ -124,6 +241,9 @@ class PPOTrainer:
         self.last_metrics: dict[str, float] = {}
         self.last_val_metrics: dict[str, float] = {}
         self.total_steps = 0
+        self.steps_run = 0  # training steps taken by this fit() (not counting resumed ones)
+        self.flat_steps = 0  # of which every group got identical rewards (advantages all zero)
+        self.warned_flat = False
 
     # ---- set-up ---------------------------------------------------------------------------------
     def run(self, coro: Any) -> Any:
@@ -259,7 +379,9 @@ class PPOTrainer:
             )
             batch["advantages"] = advantages * mask
             batch["returns"] = returns
-        metrics.update(self._batch_metrics(batch))
+        spread = group_reward_spread(batch["token_level_scores"].sum(-1), batch.uid, batch["valid"])
+        metrics.update(self._batch_metrics(batch, spread))
+        self.check_flat_rewards(step, spread, batch["advantages"], mask)
 
         # ---- updates --------------------------------------------------------------------------
         shared = self.actor.put(batch.tensors)
@@ -297,11 +419,32 @@ class PPOTrainer:
         metrics["training/global_step"] = float(step)
         return metrics
 
-    def _batch_metrics(self, batch: Batch) -> dict[str, float]:
-        """veRL's ``critic/*`` batch statistics over the rows that train."""
+    def check_flat_rewards(self, step: int, spread: GroupRewardSpread, advantages: torch.Tensor | None = None,
+                           mask: torch.Tensor | None = None) -> bool:
+        """Count a step whose groups all got identical rewards (so its advantages are zero), and
+        warn about it the first time in a run. Returns whether the step was flat."""
+        flat = advantages_vanish(spread, str(self.cfg.algorithm.adv_estimator), advantages, mask)
+        if flat:
+            self.flat_steps += 1
+            if not self.warned_flat:
+                self.warned_flat = True
+                rollout = self.cfg.actor_rollout_ref.rollout
+                log.warning("%s", flat_rewards_warning(
+                    spread, step, str(self.cfg.actor_rollout_ref.model.path), OmegaConf.select(self.cfg, "env.name"),
+                    int(rollout.n), float(rollout.temperature)))
+        return flat
+
+    def _batch_metrics(self, batch: Batch, spread: GroupRewardSpread | None = None) -> dict[str, float]:
+        """veRL's ``critic/*`` batch statistics over the rows that train, and the share of groups
+        whose rewards are all equal (``batch/zero_variance_group_frac``: their advantages are 0
+        under a group-relative estimator)."""
         mask = batch["response_mask"]
         valid = batch["valid"]
         out: dict[str, float] = {"batch/trainable": float(valid.sum())}
+        if spread is None:
+            spread = group_reward_spread(batch["token_level_scores"].sum(-1), batch.uid, valid)
+        if spread.zero_variance_frac is not None:
+            out["batch/zero_variance_group_frac"] = spread.zero_variance_frac
         if valid.sum() == 0:
             return out
         out["critic/score/mean"] = float(batch["token_level_scores"].sum(-1)[valid].mean())
@@ -412,6 +555,7 @@ class PPOTrainer:
             for step in range(self.global_step + 1, self.total_steps + 1):
                 metrics = self.train_step(step)
                 self.global_step = step
+                self.steps_run += 1
                 last = step == self.total_steps
                 # veRL's rule: a positive frequency also fires on the last step; <= 0 never fires
                 if test_freq > 0 and (step % test_freq == 0 or last):
@@ -438,6 +582,8 @@ class PPOTrainer:
             "metrics_file": str(self.tracking.jsonl_path) if self.tracking.jsonl_path else None,
             "tensorboard": str(self.tracking.tensorboard_dir) if self.tracking.tensorboard_dir else None,
             "samples_file": str(self.run_dir / "samples.jsonl"),
+            "steps_run": self.steps_run,
+            "flat_reward_steps": self.flat_steps,
         }
 
     def shutdown(self) -> None:
