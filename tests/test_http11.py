@@ -267,17 +267,9 @@ PARTIAL_RESPONSES = {
     "body-short-of-length": b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello",
     "chunked-not-ended": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
 }
-HEADERS_CUT = {"status-line", "mid-header-name", "headers-not-ended"}
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=(
-        "http11 bug: a close before the response headers are complete is taken for a close-delimited "
-        "body: _Connection.connection_lost sees received=True, framed=False (httptools reports a "
-        "header only once the next line begins) and returns (status so far, b''), e.g. (20, b'') "
-        "for 'HTTP/1.1 20', instead of raising TransportError"))) if n in HEADERS_CUT else n
-    for n in PARTIAL_RESPONSES
-])
+@pytest.mark.parametrize("name", list(PARTIAL_RESPONSES))
 async def test_server_closing_mid_response_raises_and_the_connection_is_dropped(name):
     async def handler(req, writer):
         if req.body == b"cut":
@@ -342,10 +334,6 @@ async def test_timeout_on_a_never_answering_server():
         await pool.aclose()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "http11 bug: a timeout on a REUSED keep-alive connection is treated like a stale idle "
-    "connection (nothing received), so ConnectionPool.request resends the request on a fresh "
-    "connection: the server gets the POST twice and the call takes 2x the timeout"))
 async def test_timeout_on_a_reused_connection_is_not_resent():
     async with RawServer(late_handler(0.4)) as server:
         pool = server.pool()

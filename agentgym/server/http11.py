@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import httptools
 
@@ -26,15 +27,28 @@ class TransportError(ConnectionError):
     """The request got no complete answer: connecting, sending or reading failed, or timed out."""
 
 
+class Answer(NamedTuple):
+    status: int
+    headers: list[tuple[bytes, bytes]]  # as sent, names not lowered
+    body: bytes
+
+    def header(self, name: bytes) -> bytes | None:
+        name = name.lower()
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; one request at a time."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self.waiter: asyncio.Future[Answer] | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.received = False  # any byte of the current response
+        self.headers_done = False
+        self.lost_unanswered = False  # the server closed it before answering the current request
         self.closed = False
         self.keep_alive = True
         self.framed = False  # the response says where its body ends (length or chunked)
@@ -54,17 +68,22 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         waiter = self.waiter
         if waiter is not None and not waiter.done():
-            if self.received and not self.framed and exc is None:  # body delimited by the close
-                waiter.set_result((self.parser.get_status_code(), b"".join(self.body)))
+            if self.headers_done and not self.framed and exc is None:  # body delimited by the close
+                waiter.set_result(self._answer())
             else:
+                self.lost_unanswered = not self.received
                 reason = f": {exc}" if exc else ""
                 waiter.set_exception(TransportError(f"the server closed the connection{reason}"))
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
         lower = name.lower()
         if lower == b"content-length" or (lower == b"transfer-encoding" and b"chunked" in value.lower()):
             self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
@@ -73,12 +92,15 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = self.parser.should_keep_alive()
         waiter = self.waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result((self.parser.get_status_code(), b"".join(self.body)))
+            waiter.set_result(self._answer())
+
+    def _answer(self) -> Answer:
+        return Answer(self.parser.get_status_code(), self.headers, b"".join(self.body))
 
     # use
-    def send(self, data: bytes) -> asyncio.Future[tuple[int, bytes]]:
+    def send(self, data: bytes) -> asyncio.Future[Answer]:
         self.waiter = asyncio.get_running_loop().create_future()
-        self.body, self.received, self.framed = [], False, False
+        self.headers, self.body, self.received, self.framed, self.headers_done = [], [], False, False, False
         assert self.transport is not None
         self.transport.write(data)
         return self.waiter
@@ -126,7 +148,15 @@ class ConnectionPool:
     async def request(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
                       content_type: str = "application/json") -> tuple[int, bytes]:
         """Send one request; ``(status, body)`` of the answer. Raises ``TransportError``."""
+        answer = await self.fetch(method, path, body, timeout, content_type)
+        return answer.status, answer.body
+
+    async def fetch(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
+                    content_type: str = "application/json", headers: Mapping[str, str] | None = None) -> Answer:
+        """``request``, with extra request ``headers``; the whole ``Answer``, its headers included."""
         head = f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1") + self._head
+        if headers:
+            head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
         if body is not None:
             head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n".encode("latin-1")
         data = head + b"\r\n" + (body or b"")
@@ -140,13 +170,13 @@ class ConnectionPool:
                 conn = await self._connect()
             try:
                 try:
-                    status, answer = await self._exchange(conn, data, timeout)
+                    answer = await self._exchange(conn, data, timeout)
                 except TransportError:
-                    if not reused or conn.received:
+                    if not (reused and conn.lost_unanswered):  # a timeout, or a server that took the request
                         raise
                     conn.close()  # the server closed it while it sat idle: nothing was processed
                     conn = await self._connect()
-                    status, answer = await self._exchange(conn, data, timeout)
+                    answer = await self._exchange(conn, data, timeout)
             except BaseException:
                 conn.close()
                 raise
@@ -154,7 +184,7 @@ class ConnectionPool:
                 self.idle.append(conn)
             else:
                 conn.close()
-            return status, answer
+            return answer
 
     def _idle_connection(self) -> _Connection | None:
         while self.idle:
@@ -164,7 +194,7 @@ class ConnectionPool:
         return None
 
     @staticmethod
-    async def _exchange(conn: _Connection, data: bytes, timeout: float | None) -> tuple[int, bytes]:
+    async def _exchange(conn: _Connection, data: bytes, timeout: float | None) -> Answer:
         if conn.closed:
             raise TransportError("the connection is closed")
         try:
