@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dialect of the --server URLs (default: embedded, or $AGENTGYM_GATEWAY_BACKEND)")
     p.add_argument("--admin-key", default=None,
                    help="key required by the admin endpoints (default: $AGENTGYM_GATEWAY_ADMIN_KEY; none: open)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes (each owns its sessions; agents talk to their own worker's port)")
     p.set_defaults(func=_cmd_gateway)
     return parser
 

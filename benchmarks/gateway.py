@@ -188,9 +188,10 @@ def start_standin(port: int, mode: str = "echo", version: int = 0, timeout: floa
 
 
 def start_gateway_process(port: int, servers: list[str], timeout: float = 120.0,
-                          env: dict[str, str] | None = None) -> subprocess.Popen:
+                          env: dict[str, str] | None = None, workers: int = 1) -> subprocess.Popen:
     """``agentgym gateway`` in a child process, returned once it answers ``/health``."""
-    cmd = [sys.executable, "-m", "agentgym.cli", "gateway", "--model", "tiny", "--port", str(port)]
+    cmd = [sys.executable, "-m", "agentgym.cli", "gateway", "--model", "tiny", "--port", str(port),
+           "--workers", str(workers)]
     for url in servers:
         cmd += ["--server", url]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -237,30 +238,28 @@ def free_port() -> int:
 
 
 # ---- the benchmark client --------------------------------------------------------------------------
-class Connection:
-    """One keep-alive HTTP/1.1 connection with just enough client to POST JSON and read the answer:
-    cheaper per call than httpx, so the client takes less of the CPU the servers share."""
+class Pools:
+    """The load generator's connections: agentgym's lean keep-alive client (``http11.ConnectionPool``),
+    one pool per ``host:port`` (a multi-worker gateway's sessions live on their workers' own ports)."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.pools: dict[tuple[str, int], Any] = {}
 
-    async def post(self, path: str, payload: dict[str, Any], key: str | None = None) -> tuple[int, bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        body = json.dumps(payload).encode()
-        auth = f"Authorization: Bearer {key}\r\n" if key else ""
-        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n{auth}"
-                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
-        return status, await self.reader.readexactly(length)
+    async def post(self, url: str, path: str, payload: dict[str, Any], key: str | None = None) -> tuple[int, bytes]:
+        from agentgym.server.http11 import ConnectionPool
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        pool = self.pools.get((host, int(port)))
+        if pool is None:
+            pool = self.pools[(host, int(port))] = ConnectionPool(host, int(port), self.limit)
+        answer = await pool.fetch("POST", path, json.dumps(payload).encode(),
+                                  headers={"Authorization": f"Bearer {key}"} if key else None)
+        return answer.status, answer.body
+
+    async def aclose(self) -> None:
+        for pool in self.pools.values():
+            await pool.aclose()
 
 
 TURNS = 4  # chat calls per session; each re-sends the history and adds a user message
@@ -275,42 +274,42 @@ def _messages(turn: int) -> list[dict[str, Any]]:
     return messages
 
 
-async def _worker(kind: str, url: str, seconds: float, warmup: float, latencies: list[float], admin: list[float]) -> None:
-    host, port = url.split("//")[1].split(":")
-    conn = Connection(host, int(port))
+async def _worker(kind: str, url: str, seconds: float, warmup: float, latencies: list[float], admin: list[float],
+                  pools: Pools) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     end = start + warmup + seconds
-    try:
-        while loop.time() < end:
-            sid = key = None
-            if kind == "gateway":
-                t = time.perf_counter()
-                status, body = await conn.post("/sessions", {"task": {}, "sampling": {"max_tokens": 16}})
-                admin.append(time.perf_counter() - t)
-                info = json.loads(body)
-                sid, key = info["id"], info["api_key"]
-            for turn in range(TURNS):
-                payload = {"model": "m", "messages": _messages(turn), "max_tokens": 16}
-                path = f"/sessions/{sid}/v1/chat/completions" if sid else "/v1/chat/completions"
-                t = time.perf_counter()
-                status, body = await conn.post(path, payload, key)
-                if status != 200:
-                    raise RuntimeError(f"{kind} call failed ({status}): {body[:300]!r}")
-                if loop.time() - start > warmup and loop.time() < end:
-                    latencies.append(time.perf_counter() - t)
-            if sid:
-                t = time.perf_counter()
-                await conn.post(f"/sessions/{sid}/finish", {})
-                admin.append(time.perf_counter() - t)
-    finally:
-        conn.close()
+    while loop.time() < end:
+        sid = key = None
+        call_url = url
+        if kind == "gateway":
+            t = time.perf_counter()
+            status, body = await pools.post(url, "/sessions", {"task": {}, "sampling": {"max_tokens": 16}})
+            admin.append(time.perf_counter() - t)
+            info = json.loads(body)
+            sid, key, call_url = info["id"], info["api_key"], info["base_url"]
+        for turn in range(TURNS):
+            payload = {"model": "m", "messages": _messages(turn), "max_tokens": 16}
+            path = f"/sessions/{sid}/v1/chat/completions" if sid else "/v1/chat/completions"
+            t = time.perf_counter()
+            status, body = await pools.post(call_url, path, payload, key)
+            if status != 200:
+                raise RuntimeError(f"{kind} call failed ({status}): {body[:300]!r}")
+            if loop.time() - start > warmup and loop.time() < end:
+                latencies.append(time.perf_counter() - t)
+        if sid:
+            t = time.perf_counter()
+            await pools.post(url, f"/sessions/{sid}/finish", {})
+            admin.append(time.perf_counter() - t)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far (Linux ``/proc``)."""
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system CPU time a process (and its live children) used so far (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    listing = Path(f"/proc/{pid}/task/{pid}/children")
+    kids = listing.read_text().split() if children and listing.exists() else []
+    return own + sum(cpu_seconds(int(k)) for k in kids)
 
 
 async def measure(kind: str, url: str, concurrency: int, seconds: float, warmup: float,
@@ -320,25 +319,29 @@ async def measure(kind: str, url: str, concurrency: int, seconds: float, warmup:
     included) and divided by the calls made."""
     latencies: list[float] = []
     admin: list[float] = []
-    before = {name: cpu_seconds(pid) for name, pid in {"client": os.getpid(), **pids}.items()}
+    before = {name: cpu_seconds(pid, name != "client") for name, pid in {"client": os.getpid(), **pids}.items()}
     started = time.perf_counter()
-    await asyncio.gather(*(_worker(kind, url, seconds, warmup, latencies, admin) for _ in range(concurrency)))
+    pools = Pools(concurrency)
+    try:
+        await asyncio.gather(*(_worker(kind, url, seconds, warmup, latencies, admin, pools) for _ in range(concurrency)))
+    finally:
+        await pools.aclose()
     ms = sorted(x * 1e3 for x in latencies)
     out = {"calls_per_s": len(ms) / seconds, "p50_ms": ms[len(ms) // 2], "p99_ms": ms[int(len(ms) * 0.99)],
            "calls": float(len(ms)), "admin_calls": float(len(admin))}
     total_calls = len(ms) * (time.perf_counter() - started) / seconds  # calls made in the whole run, roughly
     for name, cpu in before.items():
         pid = os.getpid() if name == "client" else pids[name]
-        out[f"{name}_cpu_ms_per_call"] = (cpu_seconds(pid) - cpu) / max(total_calls, 1.0) * 1e3
+        out[f"{name}_cpu_ms_per_call"] = (cpu_seconds(pid, name != "client") - cpu) / max(total_calls, 1.0) * 1e3
     return out
 
 
-def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: float) -> None:
+def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: float, workers: int = 1) -> None:
     standin_port, gateway_port = free_port(), free_port()
     standin = start_standin(standin_port, mode="fixed", delay_ms=delay_ms)
     gateway = None
     try:
-        gateway = start_gateway_process(gateway_port, [f"http://127.0.0.1:{standin_port}"])
+        gateway = start_gateway_process(gateway_port, [f"http://127.0.0.1:{standin_port}"], workers=workers)
         direct_url, gateway_url = f"http://127.0.0.1:{standin_port}", f"http://127.0.0.1:{gateway_port}"
         rows = []
         for label, c, secs in ((f"{concurrency} concurrent sessions", concurrency, seconds),
@@ -354,6 +357,7 @@ def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: flo
 
     print(f"\ngateway vs direct: stand-in answers {'instantly' if not delay_ms else f'after {delay_ms:.0f} ms'}; "
           f"{TURNS}-turn chats re-sending their history; the same load generator on both paths; "
+          f"gateway: {workers} process{'es' if workers > 1 else ''}; "
           f"{os.cpu_count()} CPU(s) shared by client, gateway, stand-in; load average {os.getloadavg()[0]:.1f}")
     print(f"{'load':<28} {'path':<8} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'CPU ms/call: client':>20} {'gateway':>8} {'stand-in':>9}")
@@ -381,11 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per side")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--delay-ms", type=float, default=0.0, help="stand-in latency per generation (0: instant)")
+    parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (agentgym gateway --workers)")
     args = parser.parse_args(argv)
     if args.command == "standin":
         asyncio.run(serve_standin(args.port, args.mode, args.version, delay_ms=args.delay_ms))
         return 0
-    run_benchmark(args.concurrency, args.seconds, args.warmup, args.delay_ms)
+    run_benchmark(args.concurrency, args.seconds, args.warmup, args.delay_ms, args.workers)
     return 0
 
 

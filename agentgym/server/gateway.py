@@ -103,18 +103,22 @@ class Gateway:
     ``template_check_every``: re-render every k-th finished session to detect a chat template that
     is not prefix-preserving (the ``template_mismatch`` metric, as the rollout runner does); 0: never.
     ``idle_timeout``: an open session unused this long is finished as failed (``expired``).
+    ``worker``: this gateway's index among the worker processes of ``agentgym gateway --workers N``
+    (its session ids start ``w<index>-``); ``worker_port``: the port only it listens on, which its
+    sessions' ``base_url`` names so that the agent talks to it directly.
     """
 
     def __init__(self, policy: PolicyClient, tokenizer: Any, *, model_name: str = "agentgym",
                  admin_key: str | None = None, max_model_len: int | None = None, default_max_tokens: int = 1024,
                  max_body_bytes: int = 32 << 20, pause_timeout: float = 600.0, upstream_retry_s: float = 60.0,
                  public_url: str | None = None, keep_finished: int = 10_000, template_check_every: int = 1,
-                 idle_timeout: float = 3600.0) -> None:
+                 idle_timeout: float = 3600.0, worker: int | None = None, worker_port: int | None = None) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer)
         self.store = SessionStore(self.chat, keep_finished=keep_finished, template_check_every=template_check_every,
-                                  idle_timeout=idle_timeout)
+                                  idle_timeout=idle_timeout, id_prefix="" if worker is None else f"w{worker}-")
+        self.worker, self.worker_port = worker, worker_port
         self.model_name = model_name
         self.admin_key = admin_key
         limit = max_model_len or getattr(tokenizer, "model_max_length", None)
@@ -174,7 +178,12 @@ class Gateway:
         return session
 
     def base_url(self, request: Request, sid: str) -> str:
-        root = self.public_url or str(request.base_url).rstrip("/")
+        if self.public_url:
+            root = self.public_url
+        elif self.worker_port is not None:
+            root = str(request.base_url.replace(port=self.worker_port)).rstrip("/")
+        else:
+            root = str(request.base_url).rstrip("/")
         return f"{root}/sessions/{sid}/v1"
 
     # ---- pause for weight updates ---------------------------------------------------------
@@ -708,9 +717,7 @@ class GatewayHandle:
         async def serve() -> None:
             policy = PolicyClient(servers, backend=backend, model=server_model)
             self.gateway = Gateway(policy, tokenizer, model_name=options.pop("model_name", str(model)), **options)
-            config = uvicorn.Config(build_app(self.gateway), log_level=log_level, access_log=False, lifespan="off",
-                                    timeout_keep_alive=60, backlog=4096)
-            self._server = uvicorn.Server(config)
+            self._server = uvicorn.Server(uvicorn_config(build_app(self.gateway), log_level))
             self.loop = asyncio.get_running_loop()
             ready.set()
             try:
@@ -768,20 +775,46 @@ def _run(main: Any) -> None:
         runner.run(main)
 
 
+def uvicorn_config(app: Any, log_level: str = "warning") -> Any:
+    """How every gateway is served: no access log or lifespan, long keep-alive, a deep backlog, and no
+    proxy-header rewriting (``public_url`` covers proxies; the middleware costs CPU on every call)."""
+    import uvicorn
+
+    return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_keep_alive=60,
+                          backlog=4096, proxy_headers=False)
+
+
+async def serve_gateway(sockets: list[Any], servers: list[str], backend: str, tokenizer: Any,
+                        banner: str | None = None, wrap: Any = None, **options: Any) -> None:
+    """Serve a ``Gateway(**options)`` over ``servers`` on the bound ``sockets`` until stopped;
+    ``wrap``: a function of the gateway's ASGI app giving the app to serve instead."""
+    import uvicorn
+
+    policy = PolicyClient(servers, backend=backend)
+    app = build_app(Gateway(policy, tokenizer, **options))
+    server = uvicorn.Server(uvicorn_config(wrap(app) if wrap else app))
+    if banner:
+        print(banner, flush=True)
+    try:
+        await server.serve(sockets=sockets)
+    finally:
+        await policy.aclose()
+
+
 def gateway_command(args: argparse.Namespace) -> int:
-    """``agentgym gateway --server URL [--server URL ...] --model M --host H --port P``.
+    """``agentgym gateway --server URL [--server URL ...] --model M --host H --port P [--workers N]``.
 
     Without ``--server`` an embedded server is started on ``--model``. The admin key comes from
     ``--admin-key`` or ``$AGENTGYM_GATEWAY_ADMIN_KEY``; the server dialect from ``--backend`` or
-    ``$AGENTGYM_GATEWAY_BACKEND`` (default ``embedded``).
+    ``$AGENTGYM_GATEWAY_BACKEND`` (default ``embedded``). ``--workers N`` (N > 1) serves from N
+    processes (``agentgym.server.gateway_workers``).
     """
-    import uvicorn
-
     from agentgym.model import load_tokenizer
 
     admin_key = getattr(args, "admin_key", None) or os.environ.get("AGENTGYM_GATEWAY_ADMIN_KEY") or None
     backend = getattr(args, "backend", None) or os.environ.get("AGENTGYM_GATEWAY_BACKEND", "embedded")
     servers = list(args.server or [])
+    workers = int(getattr(args, "workers", 1) or 1)
     embedded = None
     if not servers:
         from agentgym.server.launch import start_embedded_server
@@ -789,27 +822,20 @@ def gateway_command(args: argparse.Namespace) -> int:
         print(f"no --server given: starting an embedded server on {args.model} ...", flush=True)
         embedded = start_embedded_server(args.model)
         servers, backend = [embedded.url], "embedded"
-    tokenizer = load_tokenizer(str(args.model))
     sock = bind_socket(args.host, args.port)
     url = f"http://{args.host}:{sock.getsockname()[1]}"
-
-    async def serve() -> None:
-        policy = PolicyClient(servers, backend=backend)
-        gateway = Gateway(policy, tokenizer, model_name=str(args.model), admin_key=admin_key,
-                          max_model_len=getattr(args, "max_model_len", None))
-        config = uvicorn.Config(build_app(gateway), log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=60, backlog=4096)
-        server = uvicorn.Server(config)
-        print(f"agentgym gateway on {url} -> {', '.join(servers)} ({backend}); "
+    banner = (f"agentgym gateway on {url} -> {', '.join(servers)} ({backend}); "
+              f"{f'{workers} worker processes; ' if workers > 1 else ''}"
               f"admin key {'set' if admin_key else 'not set (admin endpoints open)'}; "
-              f"create sessions with POST {url}/sessions", flush=True)
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            await policy.aclose()
-
+              f"create sessions with POST {url}/sessions")
+    options = {"model_name": str(args.model), "admin_key": admin_key,
+               "max_model_len": getattr(args, "max_model_len", None)}
     try:
-        _run(serve())
+        if workers > 1:
+            from agentgym.server.gateway_workers import serve_workers
+
+            return serve_workers(sock, workers, servers, backend, str(args.model), banner, options)
+        _run(serve_gateway([sock], servers, backend, load_tokenizer(str(args.model)), banner, **options))
     finally:
         sock.close()
         if embedded is not None:

@@ -298,8 +298,9 @@ class SessionStore:
     """
 
     def __init__(self, chat: ChatTokenizer, keep_finished: int = 10_000, template_check_every: int = 1,
-                 idle_timeout: float = 3600.0) -> None:
+                 idle_timeout: float = 3600.0, id_prefix: str = "") -> None:
         self.chat = chat
+        self.id_prefix = id_prefix  # a multi-worker gateway's worker index: w<k>-
         self.keep_finished = keep_finished
         self.template_check_every = template_check_every
         self.idle_timeout = idle_timeout
@@ -318,7 +319,7 @@ class SessionStore:
         if name is not None:
             resolve_reward_fn(name)  # a typo fails here, not at finish
             ground_truth(task)
-        sid = uuid.uuid4().hex
+        sid = self.id_prefix + uuid.uuid4().hex
         session = Session(id=sid, key=f"sk-agentgym-{secrets.token_urlsafe(24)}", task=task,
                           group_id=str(group_id) if group_id is not None else sid, sampling=dict(sampling or {}))
         self.open[sid] = session
