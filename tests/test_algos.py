@@ -166,6 +166,23 @@ def test_grpo_hand_worked_with_group_of_one():
     close(ret, expected)
 
 
+def test_grpo_group_of_equal_scores_has_zero_advantage_despite_rounding():
+    """Four rows that all score 10.1, with the reward split over different tokens: their float32
+    sums differ in the last bit, and (score - mean) / (std + 1e-6) would turn that into advantages
+    far from 0. Equal scores must give exactly 0."""
+    splits = [[10.1, 0.0, 0.0], [10.0, 0.1, 0.0], [9.9, 0.2, 0.0], [7.1, 3.0, 0.0]]
+    rewards = torch.tensor(splits, dtype=torch.float32)  # as the trainer holds them
+    scores = rewards.sum(dim=-1)
+    assert scores.max() != scores.min(), "the case needs float32 sums that differ by rounding"
+    naive = (scores - scores.mean()) / (scores.std() + 1e-6)
+    assert naive.abs().max() > 0.1, "without the check rounding noise becomes a large advantage"
+    adv, _ = algos.compute_grpo_outcome_advantage(rewards, torch.ones(4, 3), ["g"] * 4)
+    assert torch.equal(adv, torch.zeros(4, 3))
+    # a real spread is untouched
+    adv, _ = algos.compute_grpo_outcome_advantage(t([[10.1, 0.0], [10.2, 0.0]]), torch.ones(2, 2), ["g", "g"])
+    assert adv[0, 0] < -0.5 and adv[1, 0] > 0.5
+
+
 def test_dr_grpo_skips_std_division():
     rewards, mask, index = _outcome_batch()
     adv, _ = algos.compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)

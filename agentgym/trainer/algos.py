@@ -278,6 +278,10 @@ def compute_grpo_outcome_advantage(
     of one has mean 0 and std 1 (its advantage is its score / (1 + epsilon)).
     ``norm_adv_by_std_in_grpo=False`` is Dr.GRPO: ``score - mean`` without the division.
 
+    One departure from veRL: a group whose scores are equal up to float rounding (spread at most
+    1e-6 of their magnitude) gets advantage 0. Dividing rounding noise by ``std + epsilon`` gives
+    advantages up to about 0.5 for equal float32 scores near 10, a push in a random direction.
+
     Returns ``(advantages, returns)``, equal, broadcast over the row and multiplied by the mask.
     """
     with torch.no_grad():
@@ -290,6 +294,8 @@ def compute_grpo_outcome_advantage(
                 mean, std = torch.zeros_like(group[0]), torch.ones_like(group[0])
             else:
                 mean, std = group.mean(), group.std()
+                if group.max() - group.min() <= 1e-6 * max(1.0, group.abs().max().item()):
+                    continue  # equal scores: advantage 0, not rounding noise / epsilon
             if norm_adv_by_std_in_grpo:
                 advantages[rows_t] = (group - mean) / (std + epsilon)
             else:
