@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-call-parser", default="hermes")
     p.add_argument("--max-batch-size", type=int, default=32, help="embedded: most sequences decoded together")
     p.add_argument("--device", default=None, help="embedded: cpu or cuda (default: cuda if available)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the name the OpenAI API answers to, as in vLLM (default: --model)")
     p.set_defaults(func=_cmd_serve)
 
     for name, func, helptext in (

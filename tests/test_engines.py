@@ -165,8 +165,15 @@ def test_missing_engine_says_what_to_do():
 
 
 def test_embedded_server_in_a_child_process_takes_a_state_dict_push():
-    handle = start_embedded_server("tiny", in_process=False, timeout=120)
+    handle = start_embedded_server("tiny", in_process=False, timeout=120, served_model_name="policy")
     try:
+        # agentgym serve --served-model-name: the API answers to that name, and the handle knows it
+        assert [m["id"] for m in httpx.get(handle.url + "/v1/models").json()["data"]] == ["policy"]
+        assert handle.model == "policy"
+        ok = httpx.post(handle.url + "/v1/completions", json={"model": "policy", "prompt": [1, 2], "max_tokens": 2})
+        assert ok.status_code == 200
+        wrong = httpx.post(handle.url + "/v1/completions", json={"model": "tiny", "prompt": [1, 2], "max_tokens": 2})
+        assert wrong.status_code == 404
         state = {k: v + 1.0 for k, v in load_causal_lm("tiny").state_dict().items() if k != "lm_head.weight"}
         assert handle.update_weights(state, 9) == 9
         assert httpx.get(handle.url + "/weight_version").json() == {"weight_version": 9}

@@ -185,11 +185,12 @@ def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0
         command += ["--device", device]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
+    if served_model_name:
+        command += ["--served-model-name", served_model_name]
     from agentgym.model import resolve_model_path
     from agentgym.server.engines import EmbeddedWeights
 
-    # (``agentgym serve`` names the model after --model; served_model_name applies in process only)
-    handle = SubprocessServerHandle(command, f"http://{host}:{port}", "embedded", str(model),
+    handle = SubprocessServerHandle(command, f"http://{host}:{port}", "embedded", served_model_name or str(model),
                                     EmbeddedWeights(model_dir=resolve_model_path(model)))
     handle.wait_ready(timeout)
     return handle
@@ -301,7 +302,8 @@ def serve_command(args: argparse.Namespace) -> int:
             handle = start_engine_server(
                 args.engine, args.model, host=args.host, port=args.port,
                 tensor_parallel_size=args.tensor_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
-                max_model_len=args.max_model_len, tool_call_parser=args.tool_call_parser, log_path=None)
+                max_model_len=args.max_model_len, tool_call_parser=args.tool_call_parser, log_path=None,
+                served_model_name=getattr(args, "served_model_name", None))
         except (RuntimeError, TimeoutError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -321,7 +323,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
     print(f"loading {args.model} ...", flush=True)
     engine = create_engine(args.model, device=args.device, max_batch_size=args.max_batch_size,
-                           max_model_len=args.max_model_len)
+                           max_model_len=args.max_model_len, served_model_name=getattr(args, "served_model_name", None))
     app = build_app(engine)
     print(f"agentgym embedded server: model {engine.model_name!r} on {engine.device}, "
           f"max_model_len {engine.max_model_len}, max batch {engine.max_batch_size}; "
