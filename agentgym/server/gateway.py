@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import os
 import threading
 import time
@@ -801,6 +802,17 @@ async def serve_gateway(sockets: list[Any], servers: list[str], backend: str, to
         await policy.aclose()
 
 
+def tune_gc_for_serving() -> None:
+    """For a process that only serves the gateway. It keeps thousands of sessions' messages and turns
+    alive, and with CPython's default thresholds (700, 10, 10) the collector re-scanned all of them
+    again and again: measured at 256 sessions, 24 full collections in 16 s took 23% of the gateway's
+    CPU, with pauses up to 290 ms. Now what is alive after startup is frozen out of collection and the
+    youngest generation is collected every 50,000 allocations: 0.47 -> 0.35 ms CPU per call, p99
+    latency 360 -> 125 ms."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
 def gateway_command(args: argparse.Namespace) -> int:
     """``agentgym gateway --server URL [--server URL ...] --model M --host H --port P [--workers N]``.
 
@@ -835,7 +847,9 @@ def gateway_command(args: argparse.Namespace) -> int:
             from agentgym.server.gateway_workers import serve_workers
 
             return serve_workers(sock, workers, servers, backend, str(args.model), banner, options)
-        _run(serve_gateway([sock], servers, backend, load_tokenizer(str(args.model)), banner, **options))
+        tokenizer = load_tokenizer(str(args.model))
+        tune_gc_for_serving()
+        _run(serve_gateway([sock], servers, backend, tokenizer, banner, **options))
     finally:
         sock.close()
         if embedded is not None:

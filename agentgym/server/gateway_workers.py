@@ -227,7 +227,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     import argparse
 
     from agentgym.model import load_tokenizer
-    from agentgym.server.gateway import _run, serve_gateway
+    from agentgym.server.gateway import _run, serve_gateway, tune_gc_for_serving
 
     parser = argparse.ArgumentParser(description="one worker process of agentgym gateway --workers N")
     parser.add_argument("--index", type=int, required=True)
@@ -245,6 +245,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     host = private.getsockname()[0]
     peers = [int(p) for p in args.peers.split(",")]
     parent = os.getppid()
+    tokenizer = load_tokenizer(args.model)
+    tune_gc_for_serving()
 
     async def main() -> None:
         async def orphaned() -> None:
@@ -255,7 +257,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         watch = asyncio.create_task(orphaned())
         try:
             await serve_gateway(
-                [public, private], args.server, args.backend, load_tokenizer(args.model),
+                [public, private], args.server, args.backend, tokenizer,
                 wrap=lambda app: WorkerRouter(app, args.index, peers, "127.0.0.1" if host == "0.0.0.0" else host),
                 model_name=args.model_name or args.model, max_model_len=args.max_model_len,
                 admin_key=os.environ.get("AGENTGYM_GATEWAY_ADMIN_KEY") or None,
