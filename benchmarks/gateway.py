@@ -1,28 +1,31 @@
 """Gateway overhead: calls through the gateway vs direct calls to the same instant stand-in server.
 
     python benchmarks/gateway.py                    # 256 concurrent sessions, 20 s per side
-    python benchmarks/gateway.py --concurrency 64 --seconds 10
+    python benchmarks/gateway.py --workers 2        # agentgym gateway --workers 2
+    python benchmarks/gateway.py --delay-ms 100     # the stand-in takes 100 ms per generation
     python benchmarks/gateway.py standin --port 8300 [--mode echo|fixed] [--version N]
 
-Three processes share the machine: this client, the gateway (``agentgym gateway``) and the
-stand-in policy server (``standin``: a bare asyncio HTTP/1.1 server answering
+Three programs share the machine: this client, the gateway (``agentgym gateway [--workers N]``)
+and the stand-in policy server (``standin``: a bare asyncio HTTP/1.1 server answering
 ``/v1/completions`` with token ids + logprobs and ``/v1/chat/completions`` with a canned reply,
 instantly). Both sides send the same chat request from the same lean load generator
-(``Connection``: one pre-opened keep-alive connection per worker, no HTTP library):
+(``Pools``: agentgym's own keep-alive client, ``agentgym.server.http11``):
 
 * direct: ``POST standin/v1/chat/completions``;
-* gateway: ``POST gateway/sessions/<id>/v1/chat/completions`` (one session per concurrent
-  client; every call renders the chat, calls the stand-in's ``/v1/completions`` token-in/out,
-  records the turn and answers in OpenAI's shape).
+* gateway: ``POST <base_url>/chat/completions`` (one session per concurrent client, each of
+  ``TURNS`` calls re-sending the history; every call renders the chat, calls the stand-in's
+  ``/v1/completions`` token-in/out, records the turn and answers in OpenAI's shape; a session is
+  created before and finished after its calls).
 
 Printed: throughput (calls/s) and latency p50/p99 per side at the chosen concurrency, the
 gateway's added latency under that load (gateway minus direct), the unloaded added latency
-(one call at a time), and each process's CPU ms per call. On a small machine the three
-processes compete for the same cores, so the loaded figures measure CPU sharing as much as the
-gateway: with an instant stand-in the direct path costs a few hundredths of a millisecond of CPU
-per call, so its rate is bounded by the load generator, while the gateway path is bounded by the
-gateway's own CPU per call (CPUs / total CPU per call). ``--delay-ms`` gives the stand-in a
-generation time, as a real server has.
+(one call at a time), and each program's CPU ms per call (the gateway's summed over its worker
+processes). On a small machine the programs compete for the same cores, so the loaded figures
+measure CPU sharing as much as the gateway: with an instant stand-in the direct path costs a few
+hundredths of a millisecond of CPU per call, so its rate is bounded by the load generator, while
+the gateway path is bounded by CPUs / (total CPU per call). The last line says how much CPU per
+call the gateway could spend for the gateway path to reach 0.8x of direct on this machine.
+``--delay-ms`` gives the stand-in a generation time, as a real server has.
 
 The stand-in is also what ``tests/test_gateway_reliability.py`` runs (and restarts) in a child
 process. Its ``echo`` mode answers deterministically from the prompt, so every session's content
@@ -371,6 +374,14 @@ def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: flo
               f"{'+' + format(through['p99_ms'] - direct['p99_ms'], '.2f'):>8}   (gateway minus direct)")
     print(f"(gateway rows also made one session create + finish per {TURNS} calls: not counted in calls/s, but their "
           "CPU is in the per-call CPU. CPU-bound ceiling of a path: CPUs / its total CPU ms per call.)")
+    direct, through = rows[0][1], rows[0][2]
+    if not delay_ms:
+        cpus = os.cpu_count() or 1
+        budget = cpus / (0.8 * direct["calls_per_s"]) * 1e3 - through["client_cpu_ms_per_call"] - through["standin_cpu_ms_per_call"]
+        verdict = ("" if budget > 0 else ": the client and stand-in alone spend more on the gateway path, so not even a "
+                   "gateway that cost nothing could reach 0.8x on this machine")
+        print(f"0.8x of direct ({0.8 * direct['calls_per_s']:.0f} calls/s) on {cpus} CPU(s) leaves the gateway "
+              f"{budget * 1e3:.0f} us of CPU per call; it spends {through['gateway_cpu_ms_per_call'] * 1e3:.0f} us{verdict}.")
 
 
 def main(argv: list[str] | None = None) -> int:
