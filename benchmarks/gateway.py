@@ -3,12 +3,12 @@
     python benchmarks/gateway.py                    # 256 concurrent sessions, 20 s per side
     python benchmarks/gateway.py --workers 2        # agentgym gateway --workers 2
     python benchmarks/gateway.py --delay-ms 100     # the stand-in takes 100 ms per generation
-    python benchmarks/gateway.py standin --port 8300 [--mode echo|fixed] [--version N]
 
 Three programs share the machine: this client, the gateway (``agentgym gateway [--workers N]``)
-and the stand-in policy server (``standin``: a bare asyncio HTTP/1.1 server answering
-``/v1/completions`` with token ids + logprobs and ``/v1/chat/completions`` with a canned reply,
-instantly). Both sides send the same chat request from the same lean load generator
+and the stand-in policy server (``benchmarks/standin_server.py`` in ``fixed`` mode, a child
+process: a bare asyncio HTTP/1.1 server answering ``/v1/completions`` with token ids + logprobs
+and ``/v1/chat/completions`` with a canned reply, both ``The answer is 72.``, instantly, from
+prebuilt bytes). Both sides send the same chat request from the same lean load generator
 (``Pools``: agentgym's own keep-alive client, ``agentgym.server.http11``):
 
 * direct: ``POST standin/v1/chat/completions``;
@@ -27,11 +27,8 @@ the gateway path is bounded by CPUs / (total CPU per call). The last line says h
 call the gateway could spend for the gateway path to reach 0.8x of direct on this machine.
 ``--delay-ms`` gives the stand-in a generation time, as a real server has.
 
-The stand-in is also what ``tests/test_gateway_reliability.py`` runs (and restarts) in a child
-process. Its ``echo`` mode answers deterministically from the prompt, so every session's content
-is its own: the last user block's text comes back as ``echo: <text>``; a block holding
-``CALC: <expr>`` gets a Hermes calculator tool call; a ``<tool_response>`` block gets
-``#### <result>``.
+The process helpers here (``start_gateway_process``, ``stop``, ``free_port``, and
+``start_standin``, imported from ``standin_server``) are also what ``tests/test_gateway*.py`` use.
 """
 
 from __future__ import annotations
@@ -40,7 +37,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -49,147 +45,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "benchmarks") not in sys.path:  # run as a script it is there; loaded by path (tests) not
+    sys.path.append(str(ROOT / "benchmarks"))
 
-# ---- the stand-in policy server ------------------------------------------------------------------
-_USER_BLOCK = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
-_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
-
-
-class StandIn:
-    """Answers like a policy server, instantly. ``mode``: ``echo`` (content from the prompt, see the
-    module docstring) or ``fixed`` (the same short reply every time). ``version``: the weight
-    version it reports."""
-
-    def __init__(self, mode: str = "echo", version: int = 0) -> None:
-        from tokenizers import Tokenizer
-
-        sys.path.insert(0, str(ROOT))
-        from agentgym.model.tiny import tiny_model_path
-
-        self.tok = Tokenizer.from_file(str(tiny_model_path() / "tokenizer.json"))
-        self.eos = self.tok.token_to_id("<|im_end|>")
-        self.mode = mode
-        self.version = version
-        self.fixed = self.tok.encode("The answer is 72.", add_special_tokens=False).ids + [self.eos]
-        self.requests = 0
-
-    def reply_ids(self, prompt: list[int]) -> list[int]:
-        if self.mode == "fixed":
-            return self.fixed
-        text = self.tok.decode(prompt, skip_special_tokens=False)
-        blocks = _USER_BLOCK.findall(text)
-        last = blocks[-1] if blocks else text[-200:]
-        tool = _TOOL_RESPONSE.findall(last)
-        if tool:
-            reply = f"The tool says {tool[-1]}. #### {tool[-1]}"
-        elif "CALC:" in last:
-            expression = last.split("CALC:", 1)[1].strip().splitlines()[0]
-            call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
-            reply = f"<tool_call>\n{call}\n</tool_call>"
-        else:
-            reply = f"echo: {last}"
-        return self.tok.encode(reply, add_special_tokens=False).ids + [self.eos]
-
-    @staticmethod
-    def logprobs(ids: list[int]) -> list[float]:
-        return [-0.01 * ((i * 7 + t) % 50 + 1) for i, t in enumerate(ids)]
-
-    def handle(self, method: str, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        self.requests += 1
-        if path == "/health":
-            return 200, {"status": "ok", "weight_version": self.version}
-        if path == "/v1/models":
-            return 200, {"object": "list", "data": [{"id": "standin", "object": "model"}]}
-        if method != "POST":
-            return 404, {"error": {"message": f"no route {path}", "type": "not_found_error"}}
-        try:
-            req = json.loads(body)
-        except ValueError:
-            return 400, {"error": {"message": "bad JSON", "type": "invalid_request_error"}}
-        if path == "/v1/completions":
-            prompt = req.get("prompt")
-            if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
-                return 400, {"error": {"message": "the stand-in takes token-id prompts", "type": "invalid_request_error"}}
-            ids = self.reply_ids(prompt)[: int(req.get("max_tokens") or 16)]
-            finish = "stop" if ids and ids[-1] == self.eos else "length"
-            return 200, {"id": "cmpl-standin", "object": "text_completion", "model": "standin",
-                         "choices": [{"index": 0, "text": "", "token_ids": ids, "finish_reason": finish,
-                                      "logprobs": {"token_logprobs": self.logprobs(ids)}}],
-                         "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
-                         "weight_version": self.version}
-        if path == "/v1/chat/completions":
-            return 200, {"id": "chatcmpl-standin", "object": "chat.completion", "created": 0, "model": "standin",
-                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "The answer is 72."},
-                                      "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26}}
-        return 404, {"error": {"message": f"no route {path}", "type": "not_found_error"}}
+from standin_server import start_standin  # noqa: E402  (tests start it through this module)
 
 
-class _HTTP(asyncio.Protocol):
-    """Just enough HTTP/1.1 for JSON POSTs with Content-Length, with keep-alive."""
-
-    def __init__(self, standin: StandIn, delay_s: float = 0.0) -> None:
-        self.standin = standin
-        self.delay_s = delay_s
-        self.buffer = b""
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while True:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            lines = self.buffer[:end].decode("latin-1").split("\r\n")
-            method, path = lines[0].split(" ")[:2]
-            length, close = 0, False
-            for line in lines[1:]:
-                key, _, value = line.partition(":")
-                key = key.strip().lower()
-                if key == "content-length":
-                    length = int(value)
-                elif key == "connection" and value.strip().lower() == "close":
-                    close = True
-            if len(self.buffer) < end + 4 + length:
-                return
-            body = self.buffer[end + 4:end + 4 + length]
-            self.buffer = self.buffer[end + 4 + length:]
-            status, payload = self.standin.handle(method, path.split("?")[0], body)
-            data = json.dumps(payload).encode()
-            response = (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                        % (status, b"OK" if status == 200 else b"Error", len(data), data))
-            if self.delay_s and path.startswith("/v1/"):
-                asyncio.get_running_loop().call_later(self.delay_s, self.transport.write, response)
-            else:
-                self.transport.write(response)
-            if close:
-                self.transport.close()
-                return
-
-
-async def serve_standin(port: int, mode: str = "echo", version: int = 0, host: str = "127.0.0.1",
-                        delay_ms: float = 0.0) -> None:
-    standin = StandIn(mode, version)
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _HTTP(standin, delay_ms / 1e3), host, port, reuse_address=True,
-                                      backlog=4096)
-    print(f"stand-in ({mode}, weight version {version}) on http://{host}:{port}", flush=True)
-    async with server:
-        await server.serve_forever()
-
-
-def start_standin(port: int, mode: str = "echo", version: int = 0, timeout: float = 30.0,
-                  delay_ms: float = 0.0) -> subprocess.Popen:
-    """The stand-in in a child process, returned once it answers ``/health``."""
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "standin", "--port", str(port),
-                             "--mode", mode, "--version", str(version), "--delay-ms", str(delay_ms)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _wait_health(f"http://127.0.0.1:{port}", proc, timeout)
-    return proc
-
-
+# ---- the programs under test -------------------------------------------------------------------
 def start_gateway_process(port: int, servers: list[str], timeout: float = 120.0,
                           env: dict[str, str] | None = None, workers: int = 1) -> subprocess.Popen:
     """``agentgym gateway`` in a child process, returned once it answers ``/health``."""
@@ -340,12 +202,12 @@ async def measure(kind: str, url: str, concurrency: int, seconds: float, warmup:
 
 
 def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: float, workers: int = 1) -> None:
-    standin_port, gateway_port = free_port(), free_port()
-    standin = start_standin(standin_port, mode="fixed", delay_ms=delay_ms)
+    gateway_port = free_port()
+    standin = start_standin(0, mode="fixed", delay_ms=delay_ms)
     gateway = None
     try:
-        gateway = start_gateway_process(gateway_port, [f"http://127.0.0.1:{standin_port}"], workers=workers)
-        direct_url, gateway_url = f"http://127.0.0.1:{standin_port}", f"http://127.0.0.1:{gateway_port}"
+        gateway = start_gateway_process(gateway_port, [standin.url], workers=workers)
+        direct_url, gateway_url = standin.url, f"http://127.0.0.1:{gateway_port}"
         rows = []
         for label, c, secs in ((f"{concurrency} concurrent sessions", concurrency, seconds),
                                ("1 at a time (unloaded)", 1, max(3.0, seconds / 4))):
@@ -386,21 +248,12 @@ def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: flo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    p = sub.add_parser("standin", help="run the stand-in policy server")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--mode", choices=["echo", "fixed"], default="echo")
-    p.add_argument("--version", type=int, default=0)
-    p.add_argument("--delay-ms", type=float, default=0.0, help="answer each generation after this long")
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per side")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--delay-ms", type=float, default=0.0, help="stand-in latency per generation (0: instant)")
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (agentgym gateway --workers)")
     args = parser.parse_args(argv)
-    if args.command == "standin":
-        asyncio.run(serve_standin(args.port, args.mode, args.version, delay_ms=args.delay_ms))
-        return 0
     run_benchmark(args.concurrency, args.seconds, args.warmup, args.delay_ms, args.workers)
     return 0
 

@@ -1,7 +1,7 @@
 """Rollout runner overhead: Sokoban turns/s against a stand-in server vs raw client calls/s.
 
-The stand-in server (``benchmarks/standin_server.py``, a separate process) answers every
-``/v1/completions`` instantly with ``<answer>Up</answer><|im_end|>``, so what is measured is
+The stand-in server (``benchmarks/standin_server.py``, a child process in ``fixed`` mode) answers
+every ``/v1/completions`` instantly with ``<answer>Up</answer><|im_end|>``, so what is measured is
 agentgym's side: the runner (chat-template deltas, env steps, bookkeeping) plus the HTTP
 client. For each concurrency the same number of raw ``client.generate`` calls, with a fixed
 prompt as long as the runner's average request, gives the ceiling the client itself allows.
@@ -18,25 +18,16 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
+
+from standin_server import start_standin  # benchmarks/ (this script's directory)
 
 from agentgym.rollout import RolloutConfig, RolloutRunner
 from agentgym.server.client import PolicyClient
 from agentgym.types import SamplingParams
 
-
-def start_standin() -> tuple[subprocess.Popen, str]:
-    script = Path(__file__).with_name("standin_server.py")
-    proc = subprocess.Popen([sys.executable, str(script), "--port", "0"], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    line = proc.stdout.readline() if proc.stdout else ""
-    if not line.startswith("READY "):
-        proc.kill()
-        raise RuntimeError(f"stand-in server did not start: {line!r}")
-    return proc, f"http://127.0.0.1:{int(line.split()[1])}"
+SOKOBAN_MOVE = "<answer>Up</answer><|im_end|>"
 
 
 async def bench_runner(url: str, concurrency: int, turns: int, args: argparse.Namespace) -> dict[str, float]:
@@ -86,7 +77,8 @@ async def bench_raw(url: str, concurrency: int, calls: int, prompt_len: int) -> 
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    proc, url = start_standin()
+    proc = start_standin(mode="fixed", text=SOKOBAN_MOVE, version=1)
+    url = proc.url
     try:
         rows = []
         for concurrency in args.concurrency:

@@ -1,138 +1,304 @@
-"""A stand-in policy server that answers instantly, so a benchmark measures only the client side.
+"""The stand-in policy server: answers like a policy server in microseconds, so tests and benchmarks
+measure only agentgym's side. The one copy for all of them.
 
-It speaks the embedded server's wire format for ``POST /v1/completions`` (the same JSON the
-``PolicyClient`` parses: ``choices[0].token_ids``, ``logprobs.token_logprobs``,
-``finish_reason``, ``weight_version``) and answers every request with the same tokens: by
-default ``<answer>Up</answer><|im_end|>`` tokenized with the tiny tokenizer (a valid Sokoban
-move). ``GET /health`` and ``GET /v1/models`` answer too. The request body is read but not
-parsed, so the server costs microseconds per request.
+It speaks the embedded server's wire format (the JSON ``PolicyClient`` parses):
 
-Plain asyncio HTTP/1.1 with keep-alive, no framework: it must never be the bottleneck.
+* ``POST /v1/completions``, token ids in and out: ``choices[0].token_ids``,
+  ``logprobs.token_logprobs``, ``finish_reason`` and ``weight_version``. What comes back is a
+  *policy*'s answer: a function of the parsed request body that returns
+  ``(token_ids, logprobs, finish_reason)``, or an HTTP status to fail with. Built in (``--mode``):
 
-    python benchmarks/standin_server.py --port 0        # prints "READY <port>" when listening
+  - ``echo``: deterministic from the prompt, so every session's content is its own: the last
+    user block's text comes back as ``echo: <text>``; a block holding ``CALC: <expr>`` gets a
+    Hermes calculator tool call; a ``<tool_response>`` block gets ``The tool says <r>. #### <r>``.
+    Cut to ``max_tokens`` (``finish_reason`` ``length`` then). Tests recompute what it sampled
+    with ``BuiltinPolicy("echo")`` (``reply_ids``; ``logprobs`` is a fixed function of the ids);
+  - ``fixed``: ``--text`` (tokenized; default ``The answer is 72.<|im_end|>``) every time, from
+    bytes built at start: the request body is not even parsed, so ``max_tokens`` is not applied.
 
-Tests use ``StandinServer`` in a background thread with a ``policy``: a function of the parsed
-request body that returns ``(token_ids, logprobs, finish_reason)`` or an HTTP status to fail
-with; every request and its answer are recorded in ``server.requests``.
+* ``POST /v1/chat/completions``: a canned OpenAI chat answer (``The answer is 72.``): the direct
+  path of ``benchmarks/gateway.py``.
+* ``GET /health`` (``{"status": "ok", "weight_version": N}``) and ``GET /v1/models``.
+
+It reports weight version ``--weight-version``; ``--delay-ms`` holds back the answers to
+generations (``POST /v1/...``) that long, as a real server's generation time would. Plain asyncio
+``Protocol``, HTTP/1.1 framed by ``Content-Length``, keep-alive and pipelining, ``Connection:
+close`` honoured, everything but the policy's answers prebuilt; no framework: it must never be the
+bottleneck.
+
+    python benchmarks/standin_server.py --port 0 [--mode echo|fixed] [--text T] [--weight-version N]
+                                        [--delay-ms D]   # prints "READY <port>" once listening
+
+* ``start_standin(port, mode, version, ...)`` runs that in a child process and returns its
+  ``Popen`` (``.url``) once it listens: ``benchmarks/gateway.py`` and ``benchmarks/rollout.py``
+  measure against it; ``tests/test_gateway*.py`` run it (and kill and restart it mid-run).
+* ``StandinServer`` runs it in a background thread of this process (``tests/test_rollout*.py``):
+  its ``policy`` (by default: ``token_ids`` every time) can be swapped at any moment, every
+  request and its answer are recorded in ``server.requests``, and it reports weight version 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import re
+import select
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXED_TEXT = "The answer is 72.<|im_end|>"
+CHAT_REPLY = "The answer is 72."
 
 Policy = Callable[[dict[str, Any]], "tuple[list[int], list[float], str] | int"]
 
 
-def response_body(token_ids: list[int], text: str, weight_version: int = 0) -> bytes:
-    return json.dumps({
+# ---- answers -------------------------------------------------------------------------------------
+def logprobs(ids: list[int]) -> list[float]:
+    """The stand-in's logprobs for a reply: a fixed function of its ids (so tests can recompute them)."""
+    return [-0.01 * ((i * 7 + t) % 50 + 1) for i, t in enumerate(ids)]
+
+
+def http(status: int, body: bytes) -> bytes:
+    reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}.get(status, b"Error")
+    return (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (status, reason, len(body), body))
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error") -> bytes:
+    return http(status, json.dumps({"error": {"message": message, "type": kind}}).encode())
+
+
+def completion(token_ids: list[int], token_logprobs: list[float], finish_reason: str, weight_version: int) -> bytes:
+    """A ``/v1/completions`` answer in the embedded server's shape."""
+    return http(200, json.dumps({
         "id": "cmpl-standin", "object": "text_completion", "model": "standin",
-        "choices": [{"index": 0, "text": text, "token_ids": token_ids, "finish_reason": "stop",
-                     "logprobs": {"token_logprobs": [-0.5] * len(token_ids)}}],
+        "choices": [{"index": 0, "text": "", "token_ids": token_ids, "finish_reason": finish_reason,
+                     "logprobs": {"token_logprobs": token_logprobs}}],
         "weight_version": weight_version,
-    }, separators=(",", ":")).encode()
+    }, separators=(",", ":")).encode())
 
 
-def _http(status: str, body: bytes, ctype: str = "application/json") -> bytes:
-    return (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: keep-alive\r\n\r\n").encode() + body
+def prebuilt(weight_version: int, fixed_ids: list[int] | None = None, eos: int | None = None) -> dict[bytes, bytes]:
+    """The answers that never change, by ``b"METHOD /path"`` (``fixed_ids``: a ``fixed`` policy's)."""
+    answers = {
+        b"GET /health": http(200, json.dumps({"status": "ok", "weight_version": weight_version}).encode()),
+        b"GET /v1/models": http(200, b'{"object":"list","data":[{"id":"standin","object":"model"}]}'),
+        b"POST /v1/chat/completions": http(200, json.dumps({
+            "id": "chatcmpl-standin", "object": "chat.completion", "created": 0, "model": "standin",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": CHAT_REPLY}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26},
+        }, separators=(",", ":")).encode()),
+    }
+    if fixed_ids is not None:
+        finish = "stop" if fixed_ids and fixed_ids[-1] == eos else "length"
+        answers[b"POST /v1/completions"] = completion(fixed_ids, logprobs(fixed_ids), finish, weight_version)
+    return answers
+
+
+_USER_BLOCK = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
+
+
+class BuiltinPolicy:
+    """The ``echo`` and ``fixed`` policies (see the module docstring), with ``model``'s tokenizer
+    (``tokenizers``, not ``transformers``: the stand-in starts in a fraction of a second)."""
+
+    def __init__(self, mode: str = "echo", text: str = FIXED_TEXT, model: str = "tiny") -> None:
+        if mode not in ("echo", "fixed"):
+            raise ValueError(f"unknown stand-in mode {mode!r} (echo, fixed)")
+        from tokenizers import Tokenizer
+
+        from agentgym.model import resolve_model_path
+
+        self.tok = Tokenizer.from_file(str(Path(resolve_model_path(model)) / "tokenizer.json"))
+        self.eos = self.tok.token_to_id("<|im_end|>")
+        self.mode = mode
+        self.fixed = self.tok.encode(text, add_special_tokens=False).ids
+
+    def reply_ids(self, prompt: list[int]) -> list[int]:
+        """The whole reply to ``prompt`` (before ``max_tokens`` cuts it)."""
+        if self.mode == "fixed":
+            return self.fixed
+        text = self.tok.decode(prompt, skip_special_tokens=False)
+        blocks = _USER_BLOCK.findall(text)
+        last = blocks[-1] if blocks else text[-200:]
+        tool = _TOOL_RESPONSE.findall(last)
+        if tool:
+            reply = f"The tool says {tool[-1]}. #### {tool[-1]}"
+        elif "CALC:" in last:
+            expression = last.split("CALC:", 1)[1].strip().splitlines()[0]
+            call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+            reply = f"<tool_call>\n{call}\n</tool_call>"
+        else:
+            reply = f"echo: {last}"
+        return self.tok.encode(reply, add_special_tokens=False).ids + [self.eos]
+
+    logprobs = staticmethod(logprobs)
+
+    def __call__(self, request: dict[str, Any]) -> tuple[list[int], list[float], str] | int:
+        prompt = request.get("prompt")
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            return 400  # the stand-in takes token-id prompts
+        ids = self.reply_ids(prompt)[: int(request.get("max_tokens") or 16)]
+        return ids, logprobs(ids), "stop" if ids and ids[-1] == self.eos else "length"
+
+
+# ---- the server ----------------------------------------------------------------------------------
+_NOT_FOUND = error(404, "no such route", "not_found_error")
 
 
 class StandinProtocol(asyncio.Protocol):
-    """Parses pipelined HTTP/1.1 requests by Content-Length and answers from prebuilt bytes
-    (or, for ``/v1/completions`` with a ``policy``, from the policy's answer)."""
+    """One connection: parses pipelined HTTP/1.1 requests by ``Content-Length`` and answers each
+    from ``answers`` (prebuilt bytes) or, for ``POST /v1/completions`` when there is a ``policy``,
+    from the policy (the request and its answer appended to ``record`` when given). Answers to
+    ``POST /v1/...`` go out ``delay_s`` late."""
 
-    def __init__(self, answers: dict[bytes, bytes], counter: list[int], policy: Policy | None = None,
-                 record: list[dict[str, Any]] | None = None, weight_version: int = 0) -> None:
+    def __init__(self, answers: dict[bytes, bytes], policy: Policy | None = None,
+                 record: list[dict[str, Any]] | None = None, weight_version: int = 0,
+                 delay_s: float = 0.0) -> None:
         self.answers = answers
-        self.counter = counter
         self.policy = policy
         self.record = record
         self.weight_version = weight_version
+        self.delay_s = delay_s
         self.buffer = bytearray()
+        self.closing = False
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
         buf = self.buffer
         buf += data
         out = []
+        delayed = False
         while True:
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 break
             head = bytes(buf[:end])
-            length = 0
             lower = head.lower()
-            at = lower.find(b"content-length:")
+            length = 0
+            at = lower.find(b"\r\ncontent-length:")
             if at >= 0:
-                line_end = lower.find(b"\r\n", at)
-                length = int(lower[at + 15: line_end if line_end >= 0 else len(lower)])
+                line_end = lower.find(b"\r\n", at + 2)
+                length = int(lower[at + 17: line_end if line_end >= 0 else end])
             total = end + 4 + length
             if len(buf) < total:
                 break
-            body = bytes(buf[end + 4:total]) if self.policy is not None else b""
-            del buf[:total]
             key = b" ".join(head.split(b" ", 2)[:2]).split(b"?")[0]
             if self.policy is not None and key == b"POST /v1/completions":
-                out.append(self._answer(json.loads(body)))
+                out.append(self._generate(bytes(buf[end + 4:total])))
             else:
-                out.append(self.answers.get(key) or _http("404 Not Found", b'{"error":"not found"}'))
-            self.counter[0] += 1
-        if out and self.transport is not None:
-            self.transport.write(b"".join(out))
+                out.append(self.answers.get(key, _NOT_FOUND))
+            del buf[:total]
+            if self.delay_s and key.startswith(b"POST /v1/"):
+                delayed = True
+            at = lower.find(b"\r\nconnection:")
+            if at >= 0 and lower[at + 13:].split(b"\r\n", 1)[0].strip() == b"close":
+                self.closing = True
+                break
+        if out:
+            if delayed:
+                asyncio.get_running_loop().call_later(self.delay_s, self._send, b"".join(out), self.closing)
+            else:
+                self._send(b"".join(out), self.closing)
 
-    def _answer(self, request: dict[str, Any]) -> bytes:
+    def _send(self, data: bytes, close: bool) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+            if close:
+                transport.close()
+
+    def _generate(self, body: bytes) -> bytes:
         assert self.policy is not None
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return error(400, "the body is not JSON")
         result = self.policy(request)
         if isinstance(result, int):
             if self.record is not None:
                 self.record.append({"request": request, "status": result})
-            return _http(f"{result} Error", b'{"error":"stand-in failure"}')
-        token_ids, logprobs, finish_reason = result
-        body = {"choices": [{"index": 0, "text": "", "token_ids": list(token_ids), "finish_reason": finish_reason,
-                             "logprobs": {"token_logprobs": list(logprobs)}}],
-                "weight_version": self.weight_version}
+            return error(result, f"the stand-in's policy answered {result}", "stand_in_error")
+        token_ids, token_logprobs, finish_reason = list(result[0]), list(result[1]), result[2]
         if self.record is not None:
-            self.record.append({"request": request, "status": 200, "token_ids": list(token_ids),
-                                "logprobs": list(logprobs), "finish_reason": finish_reason})
-        return _http("200 OK", json.dumps(body).encode())
+            self.record.append({"request": request, "status": 200, "token_ids": token_ids,
+                                "logprobs": token_logprobs, "finish_reason": finish_reason})
+        return completion(token_ids, token_logprobs, finish_reason, self.weight_version)
 
 
-def _answers(token_ids: list[int], text: str, weight_version: int) -> dict[bytes, bytes]:
-    return {
-        b"POST /v1/completions": _http("200 OK", response_body(token_ids, text, weight_version)),
-        b"GET /health": _http("200 OK", b"{}"),
-        b"GET /v1/models": _http("200 OK", b'{"object":"list","data":[{"id":"standin","object":"model"}]}'),
-    }
+async def listen(host: str, port: int, protocol: Callable[[], asyncio.Protocol]) -> asyncio.Server:
+    return await asyncio.get_running_loop().create_server(protocol, host, port, reuse_address=True, backlog=4096)
 
 
-async def serve(host: str, port: int, token_ids: list[int], text: str, weight_version: int) -> None:
-    answers = _answers(token_ids, text, weight_version)
-    counter = [0]
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: StandinProtocol(answers, counter), host, port, backlog=4096)
-    bound = server.sockets[0].getsockname()[1]
-    print(f"READY {bound}", flush=True)
+async def serve(host: str, port: int, mode: str = "echo", text: str = FIXED_TEXT, weight_version: int = 0,
+                delay_ms: float = 0.0, model: str = "tiny") -> None:
+    """Serves until cancelled; prints ``READY <port>`` once listening."""
+    policy = BuiltinPolicy(mode, text, model)
+    answers = prebuilt(weight_version, policy.fixed if mode == "fixed" else None, policy.eos)
+    generate = None if mode == "fixed" else policy  # fixed: the prebuilt answer, the body unparsed
+    server = await listen(host, port, lambda: StandinProtocol(answers, generate, None, weight_version, delay_ms / 1e3))
+    print(f"READY {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
 
 
+class StandinProcess(subprocess.Popen):
+    """A stand-in in a child process (``start_standin``); ``url``: where it listens."""
+
+    url = ""
+
+
+def start_standin(port: int = 0, mode: str = "echo", version: int = 0, timeout: float = 30.0,
+                  delay_ms: float = 0.0, text: str = FIXED_TEXT) -> StandinProcess:
+    """``python benchmarks/standin_server.py`` in a child process, returned once it listens (so it
+    answers ``/health``); ``port`` 0: a free one, in ``.url``. ``version``: its weight version."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--port", str(port), "--mode", mode, "--text", text,
+           "--weight-version", str(version), "--delay-ms", str(delay_ms)]
+    proc = StandinProcess(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    deadline, line = time.monotonic() + timeout, b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        chunk = os.read(proc.stdout.fileno(), 256) if left > 0 and select.select([proc.stdout], [], [], left)[0] else None
+        if not chunk:
+            if chunk is None:
+                proc.kill()
+            proc.wait()
+            why = f"did not listen within {timeout:.0f}s" if chunk is None else f"exited with {proc.returncode}"
+            raise RuntimeError(f"the stand-in {why}:\n{proc.stderr.read().decode()[-2000:]}")
+        line += chunk
+    if not line.startswith(b"READY "):
+        proc.kill()
+        raise RuntimeError(f"the stand-in said {line!r}, not READY <port>")
+    proc.url = f"http://127.0.0.1:{int(line.split()[1])}"
+    return proc
+
+
 class StandinServer:
-    """The stand-in in a background thread of this process (for tests): ``start()`` returns its URL."""
+    """The stand-in in a background thread of this process (for tests): ``start()`` returns its URL.
+    ``policy`` (default: ``token_ids`` every time) and ``token_ids`` may be changed while it runs."""
 
     def __init__(self, policy: Policy | None = None, token_ids: list[int] | None = None,
-                 weight_version: int = 1) -> None:
+                 weight_version: int = 1, delay_ms: float = 0.0) -> None:
         self.policy = policy
         self.token_ids = token_ids or []
         self.weight_version = weight_version
+        self.delay_ms = delay_ms
         self.requests: list[dict[str, Any]] = []
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -140,17 +306,14 @@ class StandinServer:
 
     def start(self) -> str:
         ready = threading.Event()
-        answers = _answers(self.token_ids, "", self.weight_version)
+        answers = prebuilt(self.weight_version)
+
+        def protocol() -> StandinProtocol:
+            return StandinProtocol(answers, self._policy, self.requests, self.weight_version, self.delay_ms / 1e3)
 
         def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-
-            def protocol() -> StandinProtocol:
-                return StandinProtocol(answers, [0], policy=self._policy, record=self.requests,
-                                       weight_version=self.weight_version)
-
-            server = loop.run_until_complete(loop.create_server(protocol, "127.0.0.1", 0))
+            loop = self._loop = asyncio.new_event_loop()
+            server = loop.run_until_complete(listen("127.0.0.1", 0, protocol))
             self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
             ready.set()
             loop.run_forever()
@@ -166,7 +329,7 @@ class StandinServer:
     def _policy(self, request: dict[str, Any]) -> tuple[list[int], list[float], str] | int:
         if self.policy is not None:
             return self.policy(request)
-        return list(self.token_ids), [-0.5] * len(self.token_ids), "stop"
+        return list(self.token_ids), logprobs(self.token_ids), "stop"
 
     def stop(self) -> None:
         if self._loop is not None and self._thread is not None:
@@ -174,21 +337,20 @@ class StandinServer:
             self._thread.join(10)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--model", default="tiny", help="tokenizer used to encode --text")
-    parser.add_argument("--text", default="<answer>Up</answer><|im_end|>")
-    parser.add_argument("--weight-version", type=int, default=1)
-    args = parser.parse_args()
-    from agentgym.model import load_tokenizer
-
-    token_ids = load_tokenizer(args.model).encode(args.text, add_special_tokens=False)
-    try:
-        asyncio.run(serve(args.host, args.port, token_ids, args.text, args.weight_version))
-    except KeyboardInterrupt:
-        sys.exit(0)
+    parser.add_argument("--port", type=int, default=0, help="0: a free port (printed: READY <port>)")
+    parser.add_argument("--mode", choices=["echo", "fixed"], default="echo")
+    parser.add_argument("--text", default=FIXED_TEXT, help="the fixed mode's answer (tokenized)")
+    parser.add_argument("--model", default="tiny", help="whose tokenizer (tokenizer.json) encodes and decodes")
+    parser.add_argument("--weight-version", type=int, default=0)
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="answer each generation after this long")
+    args = parser.parse_args(argv)
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))  # agentgym, when it is not installed
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.host, args.port, args.mode, args.text, args.weight_version, args.delay_ms, args.model))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Shared pytest setup. Keep it small: fixtures used by one file live in that file."""
 
 
-# ---- rollout tests (test_rollout.py, test_rollout_cli.py) --------------------------------------
-import importlib.util  # noqa: E402
+# ---- the stand-in policy server (rollout and gateway tests) --------------------------------------
+import importlib  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -10,15 +10,12 @@ import pytest  # noqa: E402
 
 
 def load_standin_module():
-    """``benchmarks/standin_server.py``: the instant stand-in policy server (one copy for tests and benchmark)."""
-    name = "agentgym_bench_standin_server"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "benchmarks" / "standin_server.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """``benchmarks/standin_server.py``: the one stand-in policy server of tests and benchmarks, imported
+    as ``standin_server`` (as ``benchmarks/gateway.py`` imports it: one module object)."""
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.append(benchmarks)
+    return importlib.import_module("standin_server")
 
 
 @pytest.fixture
@@ -28,3 +25,10 @@ def standin_server():
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def oracle():
+    """What the stand-in's ``echo`` mode samples for a prompt, recomputed here (``reply_ids``,
+    ``logprobs``, ``tok``): tests/test_gateway.py, tests/test_gateway_reliability.py."""
+    return load_standin_module().BuiltinPolicy("echo")

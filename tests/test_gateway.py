@@ -1,11 +1,11 @@
 """The gateway through the real ``openai`` client: sessions, token-exact recording, branching,
 the OpenAI surface, rewards, pause, and trajectories that train like env rollouts.
 
-Most tests run against the stand-in policy server of ``benchmarks/gateway.py`` (a child process
-answering ``/v1/completions`` token-in/token-out, deterministically from the prompt: ``CALC: x``
-gets a calculator tool call, a tool response gets ``#### <result>``, anything else ``echo: ...``),
-so the tests can recompute exactly what the server sampled. One test runs the embedded server
-with the tiny model.
+Most tests run against the stand-in policy server (``benchmarks/standin_server.py`` in echo mode, a
+child process answering ``/v1/completions`` token-in/token-out, deterministically from the
+prompt: ``CALC: x`` gets a calculator tool call, a tool response gets ``#### <result>``, anything
+else ``echo: ...``), so the tests can recompute exactly what the server sampled (``oracle``). One
+test runs the embedded server with the tiny model.
 """
 
 from __future__ import annotations
@@ -50,12 +50,6 @@ def gw(standin):
     handle = start_gateway([standin], model="tiny", max_model_len=2048)
     yield handle
     handle.stop()
-
-
-@pytest.fixture(scope="module")
-def oracle():
-    """What the stand-in samples for a prompt, recomputed here."""
-    return bench.StandIn("echo", version=3)
 
 
 @pytest.fixture(scope="module")

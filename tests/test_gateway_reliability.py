@@ -1,6 +1,6 @@
 """The gateway under load and abuse: 1,000 concurrent agent sessions through ``agentgym gateway``
-(a child process) against the stand-in policy server of ``benchmarks/gateway.py`` (another child
-process), which is killed and restarted mid-run. No trajectory may be lost or mixed between
+(a child process) against the stand-in policy server (``benchmarks/standin_server.py``, another
+child process), which is killed and restarted mid-run. No trajectory may be lost or mixed between
 sessions, and malformed requests must get OpenAI-style 4xx answers while the gateway stays up.
 """
 
@@ -100,7 +100,7 @@ async def _abuse(url: str, sid: str, key: str, stop: asyncio.Event) -> list[tupl
 
 
 @pytest.mark.slow
-async def test_1000_sessions_survive_a_server_restart_and_bad_requests():
+async def test_1000_sessions_survive_a_server_restart_and_bad_requests(oracle):
     started = time.monotonic()
     standin_port, gateway_port = bench.free_port(), bench.free_port()
     standin_url, url = f"http://127.0.0.1:{standin_port}", f"http://127.0.0.1:{gateway_port}"
@@ -109,7 +109,6 @@ async def test_1000_sessions_survive_a_server_restart_and_bad_requests():
     try:
         gateway = bench.start_gateway_process(gateway_port, [standin_url])
         ready = time.monotonic()
-        oracle = bench.StandIn("echo")
         admin = GatewayClient(url)
         limits = httpx.Limits(max_connections=SESSIONS // CLIENTS + 10, max_keepalive_connections=SESSIONS // CLIENTS + 10)
         tls = ssl.create_default_context()  # loaded once: each client would spend ~50 ms on its own
