@@ -2,20 +2,8 @@
 
 
 # ---- the stand-in policy server (rollout and gateway tests) --------------------------------------
-import importlib  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-
-
-def load_standin_module():
-    """``benchmarks/standin_server.py``: the one stand-in policy server of tests and benchmarks, imported
-    as ``standin_server`` (as ``benchmarks/gateway.py`` imports it: one module object)."""
-    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
-    if benchmarks not in sys.path:
-        sys.path.append(benchmarks)
-    return importlib.import_module("standin_server")
+import pytest
+from bench_modules import standin_server as load_standin_module
 
 
 @pytest.fixture

@@ -11,27 +11,21 @@ test runs the embedded server with the tiny model.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from bench_modules import gateway_bench
 
 from agentgym.model import load_tokenizer
 from agentgym.rollout.agent_source import AgentTrajectorySource, DataPool, load_agent
 from agentgym.server.gateway import GatewayClient, start_gateway
 from agentgym.types import Trajectory
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("gateway_bench", ROOT / "benchmarks" / "gateway.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["gateway_bench"] = bench
-_spec.loader.exec_module(bench)
+bench = gateway_bench()
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]

@@ -8,27 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import re
 import ssl
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from bench_modules import gateway_bench
 
 from agentgym.server.gateway import GatewayClient
 from agentgym.types import Trajectory
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("gateway_bench", ROOT / "benchmarks" / "gateway.py")
-bench = sys.modules.get("gateway_bench") or importlib.util.module_from_spec(_spec)
-if "gateway_bench" not in sys.modules:
-    sys.modules["gateway_bench"] = bench
-    _spec.loader.exec_module(bench)
+bench = gateway_bench()
 
 SESSIONS = 1000
 OPENAI_EVERY = 10  # every 10th session talks through the openai client

@@ -5,27 +5,21 @@ stand-in policy server (``benchmarks/standin_server.py``, echo mode: every sessi
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from bench_modules import gateway_bench
 
 from agentgym.server.gateway import GatewayClient
 from agentgym.server.gateway_workers import combine, worker_of
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("gateway_bench", ROOT / "benchmarks" / "gateway.py")
-bench = sys.modules.get("gateway_bench") or importlib.util.module_from_spec(_spec)
-if "gateway_bench" not in sys.modules:
-    sys.modules["gateway_bench"] = bench
-    _spec.loader.exec_module(bench)
+bench = gateway_bench()
 
 ADMIN = "admin-secret"
 

@@ -1,0 +1,29 @@
+"""The benchmark scripts that tests drive (``benchmarks/`` is not a package), one module object each:
+``standin_server`` (imported by that name, as ``benchmarks/gateway.py`` imports it) and
+``benchmarks/gateway.py`` (as ``gateway_bench``, so it cannot shadow anything named ``gateway``)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def standin_server() -> ModuleType:
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
+    return importlib.import_module("standin_server")
+
+
+def gateway_bench() -> ModuleType:
+    module = sys.modules.get("gateway_bench")
+    if module is None:
+        standin_server()  # its import of standin_server must find the same module
+        spec = importlib.util.spec_from_file_location("gateway_bench", BENCHMARKS / "gateway.py")
+        module = sys.modules["gateway_bench"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
