@@ -221,7 +221,9 @@ async def test_async_client_streaming_and_text_completions(gw, oracle):
         prompt = "<|im_start|>user\nabc<|im_end|>\n" + first.choices[0].text + "<|im_start|>user\nxyz<|im_end|>\n"
         second = await client.completions.create(model="m", prompt=prompt, max_tokens=50, logprobs=1)
         assert second.choices[0].text == "echo: xyz"
-        assert len(second.choices[0].logprobs.tokens) == len(second.choices[0].logprobs.token_logprobs)
+        lp = second.choices[0].logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs)
+        assert lp.text_offset == [len("".join(lp.tokens[:k])) for k in range(len(lp.tokens))]
         stream = await client.completions.create(model="m", prompt="<|im_start|>user\nnew<|im_end|>\n", stream=True)
         assert "".join([c.choices[0].text async for c in stream if c.choices]) == "echo: new"
         models = await client.models.list()

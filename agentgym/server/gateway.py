@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import itertools
 import os
 import threading
 import time
@@ -322,13 +323,7 @@ class Gateway:
             plan = self.store.plan_chat(session, messages, tools)
         except (ValueError, TypeError, KeyError, TemplateError) as exc:
             raise APIError(400, f"could not render the messages with the chat template: {exc}", param="messages") from exc
-        try:
-            sampling = self.sampling(session, req, len(plan.context_ids), "messages")
-        except APIError:
-            self.store.release(plan)
-            raise
-        plans = [plan] + self.store.siblings(session, plan, req.n - 1)
-        samples = await self.sample_all(session, plans, sampling)
+        plans, samples, sampling = await self.sample_plan(session, plan, req, "messages")
         choices = []
         for i, (p, sample) in enumerate(zip(plans, samples)):
             text = self.reply_text(sample, sampling.stop)
@@ -345,18 +340,7 @@ class Gateway:
                 index=i, message=ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]),
                 logprobs=self.chat_logprobs(sample) if req.logprobs else None, finish_reason=finish,
                 token_ids=list(sample.token_ids) if req.return_token_ids else None))
-        self.counts["completions"] += len(samples)
-        completion = sum(len(s.token_ids) for s in samples)
-        response = ChatCompletionResponse(
-            model=req.model or self.model_name, choices=choices,
-            prompt_token_ids=plan.context_ids if req.return_token_ids else None,
-            usage=UsageInfo(prompt_tokens=len(plan.context_ids), completion_tokens=completion,
-                            total_tokens=len(plan.context_ids) + completion),
-            weight_version=min(s.weight_version for s in samples))
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(_chat_chunks(response, include_usage))
-        return Response(response.model_dump_json(exclude_none=True), media_type="application/json")
+        return self.respond(ChatCompletionResponse, _chat_chunks, req, plan, samples, choices)
 
     # ---- text completions -----------------------------------------------------------------
     async def completion(self, session: Session, req: CompletionRequest) -> Any:
@@ -372,13 +356,7 @@ class Gateway:
                 raise APIError(400, f"prompt token id {bad} is outside the vocabulary (size {len(self.tokenizer)})",
                                param="prompt")
         plan = self.store.plan_text(session, prompt)
-        try:
-            sampling = self.sampling(session, req, len(plan.context_ids), "prompt")
-        except APIError:
-            self.store.release(plan)
-            raise
-        plans = [plan] + self.store.siblings(session, plan, req.n - 1)
-        samples = await self.sample_all(session, plans, sampling)
+        plans, samples, sampling = await self.sample_plan(session, plan, req, "prompt")
         choices = []
         for i, (p, sample) in enumerate(zip(plans, samples)):
             text = self.reply_text(sample, sampling.stop)
@@ -386,13 +364,31 @@ class Gateway:
             logprobs = None
             if req.logprobs is not None:
                 tokens = [self.token_text(t) for t in sample.token_ids]
-                offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+                offsets = [0, *itertools.accumulate(len(t) for t in tokens[:-1])] if tokens else []
                 logprobs = CompletionLogprobs(tokens=tokens, token_logprobs=list(sample.logprobs), text_offset=offsets)
             choices.append(CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=sample.finish_reason,
                                             token_ids=list(sample.token_ids) if req.return_token_ids else None))
+        return self.respond(CompletionResponse, _completion_chunks, req, plan, samples, choices)
+
+    # ---- shared by both -------------------------------------------------------------------
+    async def sample_plan(self, session: Session, plan: Plan, req: ChatCompletionRequest | CompletionRequest,
+                          param: str) -> tuple[list[Plan], list[TokenSample], SamplingParams]:
+        """``req.n`` samples from ``plan`` (the first) and its siblings; ``plan`` is released if the
+        request cannot be sampled."""
+        try:
+            sampling = self.sampling(session, req, len(plan.context_ids), param)
+        except APIError:
+            self.store.release(plan)
+            raise
+        plans = [plan] + self.store.siblings(session, plan, req.n - 1)
+        return plans, await self.sample_all(session, plans, sampling), sampling
+
+    def respond(self, response_type: type, chunks: Any, req: ChatCompletionRequest | CompletionRequest, plan: Plan,
+                samples: list[TokenSample], choices: list[Any]) -> Response:
+        """The OpenAI response (JSON, or SSE ``chunks`` of it when ``req.stream``)."""
         self.counts["completions"] += len(samples)
         completion = sum(len(s.token_ids) for s in samples)
-        response = CompletionResponse(
+        response = response_type(
             model=req.model or self.model_name, choices=choices,
             prompt_token_ids=plan.context_ids if req.return_token_ids else None,
             usage=UsageInfo(prompt_tokens=len(plan.context_ids), completion_tokens=completion,
@@ -400,7 +396,7 @@ class Gateway:
             weight_version=min(s.weight_version for s in samples))
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(_completion_chunks(response, include_usage))
+            return _sse(chunks(response, include_usage))
         return Response(response.model_dump_json(exclude_none=True), media_type="application/json")
 
     def stats(self) -> dict[str, Any]:
