@@ -422,3 +422,32 @@ def test_an_engine_failure_is_a_500_and_the_server_stays_up(fail_at):
         assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) >= 1
     finally:
         handle.stop()
+
+
+def test_sampling_follows_the_distribution_and_the_filters():
+    from agentgym.server.engine import GenerationParams, sample_tokens
+
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2])
+    rows = 20_000
+    logits = probs.log().repeat(rows, 1)
+    gen = torch.Generator().manual_seed(0)
+
+    def freq(**params) -> list[float]:
+        tokens = sample_tokens(logits, [GenerationParams(max_tokens=1, **params)] * rows, [None] * rows, gen)
+        return (torch.bincount(tokens, minlength=4) / rows).tolist()
+
+    for got, want in ((freq(), [0.5, 0.0, 0.3, 0.2]), (freq(top_k=2), [0.625, 0.0, 0.375, 0.0]),
+                      (freq(top_p=0.6), [0.625, 0.0, 0.375, 0.0]), (freq(temperature=0.0), [1.0, 0.0, 0.0, 0.0])):
+        assert got[1] == 0.0, "a token of probability 0 was sampled"
+        assert got == pytest.approx(want, abs=0.015)
+
+    # a seeded row samples the same tokens alone or beside others
+    def seeded(batch: int) -> list[int]:
+        own = torch.Generator().manual_seed(7)
+        out = []
+        for _ in range(20):
+            gens = [own] + [None] * (batch - 1)
+            out.append(int(sample_tokens(logits[:batch], [GenerationParams(max_tokens=1)] * batch, gens, gen)[0]))
+        return out
+
+    assert seeded(1) == seeded(8)
