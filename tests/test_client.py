@@ -147,3 +147,17 @@ async def test_connections_are_capped_and_reused():
             assert pool.opened == 10 and len(pool.idle) == 10
     finally:
         stand_in.stop()
+
+
+async def test_max_model_len_is_the_smallest_any_server_reports(servers):
+    """Embedded servers report their context in /v1/models; a server that is down says nothing."""
+    short = start_embedded_server("tiny", max_model_len=512)
+    try:
+        assert servers[0].engine.max_model_len > 512
+        urls = [servers[0].url, short.url, f"http://127.0.0.1:{free_port()}"]
+        async with PolicyClient(urls) as client:
+            assert await client.max_model_len() == 512
+    finally:
+        short.stop()
+    async with PolicyClient(f"http://127.0.0.1:{free_port()}") as client:
+        assert await client.max_model_len() is None

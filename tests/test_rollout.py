@@ -297,6 +297,16 @@ async def test_limits_truncate_or_fail(standin_server):
         short = RolloutRunner(FlakyEnv, client, "tiny", RolloutConfig(prompt_length=5, env_executor="inline"))
         traj = (await short.run([Task(seed=1)])).trajectories[0]
         assert traj.status == "failed" and "prompt_length=5" in traj.failure and not traj.turns
+        # the server's context: every request leaves room for its max_tokens, and a full context ends
+        # the episode as truncated (not as a 400 from the server and a failed episode)
+        prompt = len(standin_server.requests[-1]["request"]["prompt"])
+        limit = prompt + 12
+        held = RolloutRunner(FlakyEnv, client, "tiny", RolloutConfig(max_model_len=limit, env_executor="inline"))
+        before = len(standin_server.requests)
+        traj = (await held.run([Task(seed=1)])).trajectories[0]
+        assert traj.status == "truncated" and traj.num_turns >= 1 and len(traj.token_ids()) <= limit
+        for seen in standin_server.requests[before:]:
+            assert len(seen["request"]["prompt"]) + seen["request"]["max_tokens"] <= limit
 
 
 async def test_process_executor_runs_sokoban(standin_server):

@@ -87,6 +87,7 @@ async def _main(args: argparse.Namespace, mode: str) -> int:
             print(f"server ready at {server.url} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
             urls, backend = [server.url], "embedded"
         client = await stack.enter_async_context(PolicyClient(urls, backend=backend))
+        config.max_model_len = await client.max_model_len()  # episodes end as truncated when it is full
         runner = RolloutRunner(args.env, client, tokenizer, config, env_kwargs=env_kwargs)
         stack.push_async_callback(runner.aclose)
         try:

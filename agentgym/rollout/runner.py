@@ -27,6 +27,8 @@ counted in the batch metrics. The trajectory is still trainable: its tokens are 
 Limits: ``max_turns`` (else the env's ``max_turns``), ``max_tokens`` per turn,
 ``response_length`` tokens per episode after the first prompt (sampled and env tokens
 together; a generation is cut to what is left, and the episode ends ``status="truncated"``),
+``max_model_len`` tokens in the whole sequence, the most the policy server holds (the same:
+generations are cut to the room left, and a full context ends the episode as truncated),
 ``prompt_length`` for the first prompt (longer: ``status="failed"``), ``env_timeout`` per env
 call. An env that raises, a timeout, or a ``PolicyServerError`` after the client's retries
 ends only that episode: ``status="failed"``, the reason in ``failure``, turns kept for
@@ -63,6 +65,7 @@ class RolloutConfig:
     max_tokens: int = 256             # new tokens per turn
     prompt_length: int = 4096         # most tokens in the first prompt (veRL data.max_prompt_length)
     response_length: int = 4096       # most tokens after the first prompt, all turns (veRL response_length)
+    max_model_len: int | None = None  # most tokens in the whole sequence: the server's context (veRL name)
     max_turns: int | None = None      # most model turns (veRL multi_turn.max_assistant_turns); None: env's
     stop_token_ids: list[int] = field(default_factory=list)
     max_concurrency: int = 64         # episodes in flight
@@ -265,11 +268,15 @@ class RolloutRunner:
             if len(prompt_ids) > cfg.prompt_length:
                 raise EpisodeFailure(f"prompt has {len(prompt_ids)} tokens > prompt_length={cfg.prompt_length}")
             context = list(prompt_ids)    # the whole sequence so far, sent on every turn
+
             delta: list[int] = prompt_ids
             used = 0                      # tokens after the first prompt
             status = "truncated"
             while True:
-                max_tokens = min(cfg.max_tokens, cfg.response_length - used)
+                room = cfg.max_model_len - len(context) if cfg.max_model_len else cfg.max_tokens
+                max_tokens = min(cfg.max_tokens, cfg.response_length - used, room)
+                if max_tokens < 1:  # the server's context is full
+                    break
                 stage = "policy server"
                 t0 = time.perf_counter()
                 sampling = default_sampling if max_tokens == cfg.max_tokens else cfg.sampling(max_tokens)
@@ -302,7 +309,8 @@ class RolloutRunner:
                     break
                 stage = "chat template"
                 delta = chat.delta_ids(observation, tools, ids[-1] if ids else None, tkey=tkey)
-                if used + len(delta) >= cfg.response_length:
+                full = cfg.max_model_len is not None and len(context) + len(delta) >= cfg.max_model_len
+                if full or used + len(delta) >= cfg.response_length:
                     break
                 context.extend(delta)
                 used += len(delta)

@@ -344,6 +344,21 @@ class PolicyClient:
         for s in self.servers:
             s.version = version
 
+    async def max_model_len(self) -> int | None:
+        """The smallest context (prompt + completion tokens) the servers report in ``GET /v1/models``
+        (the embedded server and vLLM report ``max_model_len``); None if none says."""
+        async def one(server: _Server) -> int | None:
+            try:
+                status, raw = await server.transport.request("GET", "/v1/models", timeout=10.0)
+                cards = json.loads(raw).get("data") or [] if status == 200 else []
+            except (TransportError, ValueError, AttributeError):
+                return None
+            lengths = [c.get("max_model_len") for c in cards if isinstance(c, dict)]
+            return min((n for n in lengths if isinstance(n, int) and n > 0), default=None)
+
+        known = [n for n in await asyncio.gather(*(one(s) for s in self.servers)) if n is not None]
+        return min(known, default=None)
+
     async def health(self) -> list[bool]:
         async def one(server: _Server) -> bool:
             try:
