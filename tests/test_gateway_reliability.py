@@ -1,5 +1,5 @@
 """The gateway under load and abuse: 1,000 concurrent agent sessions through ``agentgym gateway``
-(a child process) against the stand-in policy server (``benchmarks/standin_server.py``, another
+(a child process; once as one process, once with ``--workers 2``) against the stand-in policy server (``benchmarks/standin_server.py``, another
 child process), which is killed and restarted mid-run. No trajectory may be lost or mixed between
 sessions, and malformed requests must get OpenAI-style 4xx answers while the gateway stays up.
 """
@@ -93,14 +93,15 @@ async def _abuse(url: str, sid: str, key: str, stop: asyncio.Event) -> list[tupl
 
 
 @pytest.mark.slow
-async def test_1000_sessions_survive_a_server_restart_and_bad_requests(oracle):
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_1000_sessions_survive_a_server_restart_and_bad_requests(oracle, workers):
     started = time.monotonic()
     standin_port, gateway_port = bench.free_port(), bench.free_port()
     standin_url, url = f"http://127.0.0.1:{standin_port}", f"http://127.0.0.1:{gateway_port}"
     standin = bench.start_standin(standin_port, version=0)
     gateway = None
     try:
-        gateway = bench.start_gateway_process(gateway_port, [standin_url])
+        gateway = bench.start_gateway_process(gateway_port, [standin_url], workers=workers)
         ready = time.monotonic()
         admin = GatewayClient(url)
         limits = httpx.Limits(max_connections=SESSIONS // CLIENTS + 10, max_keepalive_connections=SESSIONS // CLIENTS + 10)
