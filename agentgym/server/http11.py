@@ -7,11 +7,12 @@ gateway that was 40% of its CPU per call. This client writes the request bytes i
 parses responses with ``httptools`` (the C parser uvicorn uses, installed with it), for about a
 tenth of that. It does plain ``http://`` only; ``PolicyClient`` uses httpx for ``https://``.
 
-``ConnectionPool(host, port, limit, prefix=...)``: request paths go under ``prefix``; up to ``limit`` connections, reused most-recent first;
-requests beyond that wait for one to come back. ``request()`` returns ``(status, body)``; a
-connection that fails, times out or is cancelled mid-request is closed, never reused, and
-``TransportError`` says what happened. A request on a reused idle connection that the server
-had already closed (it answers nothing at all) is sent again once on a fresh connection.
+``ConnectionPool(host, port, limit, prefix=...)``: request paths go under ``prefix``; up to
+``limit`` connections, reused most-recent first; requests beyond that wait for one to come back.
+``request()`` returns ``(status, body)``, ``fetch()`` the whole ``Answer``. A connection that
+fails, times out or is cancelled mid-request is closed, never reused, and ``TransportError``
+says what happened. Only a request that the server closed its reused idle connection on
+without answering a byte is sent again, once, on a fresh connection (a timeout never is).
 """
 
 from __future__ import annotations
