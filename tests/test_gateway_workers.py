@@ -82,9 +82,12 @@ def test_combine_sums_counts_and_ors_flags():
 
 def test_sessions_live_on_their_worker_and_every_route_reaches_them(gateway):
     admin = {"Authorization": f"Bearer {ADMIN}"}
-    infos = [httpx.post(f"{gateway}/sessions", json={"task": {}}, headers=admin, timeout=30).json() for _ in range(16)]
-    owners = {worker_of(i["id"]) for i in infos}
-    assert owners == {0, 1}, "the kernel should spread 16 new connections over both workers"
+    with httpx.Client(headers=admin, timeout=30) as http:  # one keep-alive connection: one worker takes them all
+        infos = [http.post(f"{gateway}/sessions", json={"task": {}}).json() for _ in range(16)]
+        by_name = http.post(f"{gateway.replace('127.0.0.1', 'localhost')}/sessions", json={}).json()
+    owners = [worker_of(i["id"]) for i in infos]
+    assert owners.count(0) == owners.count(1) == 8, "sessions are dealt round-robin over the workers"
+    assert by_name["base_url"].startswith("http://localhost:"), "the base_url keeps the host name the client used"
     public_port = gateway.rsplit(":", 1)[1]
     ports = {worker_of(i["id"]): i["base_url"].split("/sessions/")[0].rsplit(":", 1)[1] for i in infos}
     assert len(set(ports.values())) == 2 and public_port not in ports.values()
@@ -107,6 +110,8 @@ def test_sessions_live_on_their_worker_and_every_route_reaches_them(gateway):
 
     stats = httpx.get(f"{gateway}/stats", headers=admin).json()
     assert stats["workers"] == 2 and stats["sessions"] >= 16 and stats["extend"] >= 16
+    health = httpx.get(f"{gateway}/health").json()  # answered only once every worker is up
+    assert health["status"] == "ok" and health["workers"] == 2 and health["open_sessions"] >= 16
 
     async def finish_all() -> list:
         client = GatewayClient(gateway, ADMIN)

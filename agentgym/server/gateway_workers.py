@@ -6,13 +6,16 @@ the memory of the process that created them, so the workers split the sessions, 
 * the parent binds the public port and one private port per worker, starts the workers (each a
   full ``Gateway`` with its own policy client) and passes them the sockets; the kernel hands each
   new connection on the public port to one of them;
-* a session is created by whichever worker took the ``POST /sessions``; its id starts ``w<k>-``
-  and its ``base_url`` names worker k's private port, so the agent's model calls go straight to
-  the process that holds its session, with no extra hop;
+* ``POST /sessions`` is dealt round-robin over the workers (each worker takes every N-th of the
+  ones it receives and forwards the others), so the sessions spread evenly even when one
+  keep-alive connection creates them all; a session's id starts ``w<k>-`` and its ``base_url``
+  names worker k's private port (with the host name the client used), so the agent's model
+  calls go straight to the process that holds its session, with no extra hop;
 * a request for another worker's session that arrives on the public port (``GET``/``reward``/
   ``finish`` from the trainer, or an agent given the public URL) is forwarded to its owner;
-* ``/pause``, ``/resume`` and ``/stats`` go to every worker; the answers are combined (counts
-  summed, ``paused`` if any is).
+* ``/pause``, ``/resume``, ``/stats`` and ``/health`` go to every worker; the answers are
+  combined (counts summed, ``paused`` if any is). ``/health`` is a 503 until every worker answers,
+  so a client that waits for it never meets a worker that is still starting.
 
 The parent waits on the workers: if one dies it stops the others and exits non-zero (a lost worker
 is lost sessions; the trainer sees its sessions fail). A worker whose parent is gone exits.
@@ -34,8 +37,8 @@ from agentgym.server.errors import error_response
 from agentgym.server.http11 import ConnectionPool, TransportError
 
 LOCAL_HEADER = "x-agentgym-worker-local"  # a fanned-out request: answer it here, do not fan out again
-FAN_OUT = {"/pause", "/resume", "/stats"}
-FORWARDED_HEADERS = (b"authorization", b"content-type")
+FAN_OUT = {"/pause", "/resume", "/stats", "/health"}
+FORWARDED_HEADERS = (b"authorization", b"content-type", b"host")
 
 
 def worker_of(sid: str) -> int | None:
@@ -73,6 +76,7 @@ class WorkerRouter:
         self.app, self.index = app, index
         self.state = getattr(app, "state", None)
         self.peers = [ConnectionPool(host, port, limit=256) for port in peers]
+        self._created = index  # sessions dealt so far (offset so the workers start on different ones)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -82,9 +86,16 @@ class WorkerRouter:
                 if owner is not None and owner != self.index and owner < len(self.peers):
                     await self.forward(owner, scope, receive, send)
                     return
-            elif path in FAN_OUT and not any(k == LOCAL_HEADER.encode() for k, _ in scope["headers"]):
-                await self.fan_out(scope, receive, send)
-                return
+            elif not any(k == LOCAL_HEADER.encode() for k, _ in scope["headers"]):
+                if path in FAN_OUT:
+                    await self.fan_out(scope, receive, send)
+                    return
+                if path == "/sessions" and scope["method"] == "POST":
+                    target = self._created % len(self.peers)
+                    self._created += 1
+                    if target != self.index:
+                        await self.forward(target, scope, receive, send, {LOCAL_HEADER: "1"})
+                        return
         await self.app(scope, receive, send)
 
     @staticmethod
@@ -111,12 +122,13 @@ class WorkerRouter:
         return await self.peers[k].fetch(scope["method"], target, body if body or scope["method"] != "GET" else None,
                                          timeout=900.0, content_type=content_type, headers={**headers, **extra})
 
-    async def forward(self, owner: int, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def forward(self, owner: int, scope: dict[str, Any], receive: Any, send: Any,
+                      extra: dict[str, str] | None = None) -> None:
         body = await self._body(receive)
         try:
-            answer = await self._call(owner, scope, body, {})
+            answer = await self._call(owner, scope, body, extra or {})
         except TransportError as exc:
-            await error_response(502, f"gateway worker {owner}, which holds this session, did not answer: {exc}",
+            await error_response(502, f"gateway worker {owner} did not answer: {exc}",
                                  "server_error", code="worker_unavailable")(scope, receive, send)
             return
         content_type = answer.header(b"content-type") or b"application/json"
@@ -130,8 +142,8 @@ class WorkerRouter:
             answers = await asyncio.gather(*(self._call(k, scope, body, {LOCAL_HEADER: "1"})
                                              for k in range(len(self.peers))))
         except TransportError as exc:
-            await error_response(502, f"a gateway worker did not answer: {exc}", "server_error",
-                                 code="worker_unavailable")(scope, receive, send)
+            await error_response(503 if scope["path"] == "/health" else 502, f"a gateway worker did not answer: {exc}",
+                                 "server_error", code="worker_unavailable")(scope, receive, send)
             return
         failed = next((a for a in answers if a.status >= 400), None)
         if failed is not None:

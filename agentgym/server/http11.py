@@ -133,7 +133,8 @@ class ConnectionPool:
         self.slots = asyncio.Semaphore(limit)
         self._loop: asyncio.AbstractEventLoop | None = None
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self._head = f"Host: {host}:{port}\r\n{extra}".encode("latin-1")
+        self._host = f"Host: {host}:{port}\r\n".encode("latin-1")
+        self._head = extra.encode("latin-1")
         self.opened = 0  # connections opened so far (a test and stats figure)
 
     async def _connect(self) -> _Connection:
@@ -154,10 +155,14 @@ class ConnectionPool:
 
     async def fetch(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
                     content_type: str = "application/json", headers: Mapping[str, str] | None = None) -> Answer:
-        """``request``, with extra request ``headers``; the whole ``Answer``, its headers included."""
-        head = f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1") + self._head
+        """``request``, with extra request ``headers`` (a ``Host`` among them replaces the pool's); the
+        whole ``Answer``, its headers included."""
+        head = f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1")
         if headers:
-            head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+            lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            head += (b"" if any(k.lower() == "host" for k in headers) else self._host) + self._head + lines.encode("latin-1")
+        else:
+            head += self._host + self._head
         if body is not None:
             head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n".encode("latin-1")
         data = head + b"\r\n" + (body or b"")
