@@ -51,7 +51,7 @@ from agentgym.server.openai_types import (
     UpdateWeightsResponse,
     UsageInfo,
 )
-from agentgym.server.tool_calls import TOOL_CALL_OPEN, parse_tool_calls
+from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -154,11 +154,7 @@ def chat_message(text: str, finish_reason: str, parse_tools: bool) -> tuple[Chat
     """The assistant message for generated ``text``: with tools, Hermes ``<tool_call>`` blocks
     become ``tool_calls`` and a ``stop`` finish becomes ``tool_calls``; malformed blocks stay
     in the content."""
-    if not parse_tools:
-        return ChatMessage(content=text), finish_reason
-    content, calls, _ = parse_tool_calls(text)
-    if calls and finish_reason == "stop":
-        finish_reason = "tool_calls"
+    content, calls, finish_reason = assistant_reply(text, finish_reason, parse_tools)
     return ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]), finish_reason
 
 

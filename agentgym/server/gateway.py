@@ -89,7 +89,7 @@ from agentgym.server.openai_types import (
     UsageInfo,
 )
 from agentgym.server.sessions import Plan, Session, SessionError, SessionStore, normalize_message
-from agentgym.server.tool_calls import parse_tool_calls
+from agentgym.server.tool_calls import assistant_reply
 from agentgym.types import SamplingParams, TokenSample, Trajectory, Turn
 
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -326,12 +326,8 @@ class Gateway:
         plans, samples, sampling = await self.sample_plan(session, plan, req, "messages")
         choices = []
         for i, (p, sample) in enumerate(zip(plans, samples)):
-            text = self.reply_text(sample, sampling.stop)
-            content: str | None = text
-            calls: list[dict[str, Any]] = []
-            if tools:
-                content, calls, _ = parse_tool_calls(text)
-            finish = "tool_calls" if calls and sample.finish_reason == "stop" else sample.finish_reason
+            content, calls, finish = assistant_reply(self.reply_text(sample, sampling.stop), sample.finish_reason,
+                                                     bool(tools))
             reply: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 reply["tool_calls"] = calls

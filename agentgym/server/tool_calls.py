@@ -20,7 +20,7 @@ from agentgym.envs.tools.parsing import CLOSE as TOOL_CALL_CLOSE
 from agentgym.envs.tools.parsing import OPEN as TOOL_CALL_OPEN
 from agentgym.envs.tools.parsing import parse_tool_calls as _parse
 
-__all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "parse_tool_calls"]
+__all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "assistant_reply", "parse_tool_calls"]
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]], list[str]]:
@@ -31,3 +31,14 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]], list[
     if not calls:
         return (text if text.strip() else None), [], errors
     return (content or None), calls, errors
+
+
+def assistant_reply(text: str, finish_reason: str, parse_tools: bool
+                    ) -> tuple[str | None, list[dict[str, Any]], str]:
+    """``(content, tool_calls, finish_reason)`` of the assistant message for generated ``text``: with
+    tools, Hermes blocks become ``tool_calls`` and a ``stop`` finish becomes ``tool_calls``;
+    malformed blocks stay in the content. Without tools the text is the content, as it is."""
+    if not parse_tools:
+        return text, [], finish_reason
+    content, calls, _ = parse_tool_calls(text)
+    return content, calls, "tool_calls" if calls and finish_reason == "stop" else finish_reason
