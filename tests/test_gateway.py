@@ -545,3 +545,15 @@ def test_trajectory_source_from_the_training_config(standin, tmp_path):
     assert len(trajs) == 4 and len({t.group_id for t in trajs}) == 2
     assert all(t.outcome_reward == 1.0 and t.data_source == "openai/gsm8k" for t in trajs)
     assert len(val) == 1 and val[0].outcome_reward == 1.0
+
+
+def test_logprob_bytes_are_the_tokens_own_bytes(gw):
+    """Byte-level BPE splits a multi-byte character over tokens; each token's ``bytes`` are its raw
+    bytes (not the UTF-8 of a replacement character), so together they spell the reply."""
+    text = "héllo ✓ 日本"
+    response = client_for(new_session(gw)).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": text}], logprobs=True)
+    content = response.choices[0].logprobs.content
+    assert response.choices[0].message.content == f"echo: {text}"
+    spelled = b"".join(bytes(c.bytes) for c in content).decode()
+    assert spelled.removesuffix("<|im_end|>") == f"echo: {text}"

@@ -51,16 +51,8 @@ from agentgym.server.openai_types import (
     UpdateWeightsResponse,
     UsageInfo,
 )
+from agentgym.server.token_pieces import TokenPieces
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
-
-
-def _byte_decoder() -> dict[str, int]:
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    return {c: b for b, c in bytes_to_unicode().items()}
-
-
-_BYTE_DECODER = _byte_decoder()
 
 
 def build_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
@@ -165,9 +157,7 @@ class _Server:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.name = name
-        self._token_text: dict[int, str] = {}
-        self._token_bytes: dict[int, list[int]] = {}
-        self._added = set(getattr(self.tokenizer, "added_tokens_decoder", {}) or {})
+        self.pieces = TokenPieces(self.tokenizer)
 
     # ---- weights -------------------------------------------------------------------------
     async def apply_weights(self, state: dict, version: int | None, abort: bool, what: str) -> JSONResponse:
@@ -228,29 +218,6 @@ class _Server:
             include_stop_str_in_output=req.include_stop_str_in_output,
         )
 
-    def token_text(self, token_id: int) -> str:
-        text = self._token_text.get(token_id)
-        if text is None:
-            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-            self._token_text[token_id] = text
-        return text
-
-    def token_bytes(self, token_id: int) -> list[int]:
-        """The token's raw bytes (a byte-level BPE token may be part of a UTF-8 character)."""
-        out = self._token_bytes.get(token_id)
-        if out is None:
-            piece = self.tokenizer.convert_ids_to_tokens(token_id)
-            if token_id in self._added or not isinstance(piece, str):
-                out = list(self.token_text(token_id).encode())
-            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # byte fallback
-                out = [int(piece[3:5], 16)]
-            elif all(c in _BYTE_DECODER for c in piece):
-                out = [_BYTE_DECODER[c] for c in piece]
-            else:
-                out = list(self.token_text(token_id).encode())
-            self._token_bytes[token_id] = out
-        return out
-
     async def wait(self, request: EngineRequest) -> list[Sequence]:
         try:
             seqs = await request.done
@@ -310,9 +277,9 @@ class _Server:
                       tops: list[list[tuple[int, float]]]) -> ChatLogprobs:
         content = []
         for i, (tok, lp) in enumerate(zip(ids, logprobs)):
-            alts = [TopLogprob(token=self.token_text(t), logprob=v, bytes=self.token_bytes(t))
+            alts = [TopLogprob(token=self.pieces.text(t), logprob=v, bytes=self.pieces.bytes(t))
                     for t, v in (tops[i] if i < len(tops) else [])]
-            content.append(ChatTokenLogprob(token=self.token_text(tok), logprob=lp, bytes=self.token_bytes(tok),
+            content.append(ChatTokenLogprob(token=self.pieces.text(tok), logprob=lp, bytes=self.pieces.bytes(tok),
                                             top_logprobs=alts))
         return ChatLogprobs(content=content)
 
@@ -432,14 +399,11 @@ class _Server:
 
     def completion_logprobs(self, ids: list[int], logprobs: list[float], tops: list[list[tuple[int, float]]],
                             k: int | None, offset: int = 0) -> CompletionLogprobs:
-        tokens = [self.token_text(t) for t in ids]
-        offsets = []
-        for t in tokens:
-            offsets.append(offset)
-            offset += len(t)
+        tokens = [self.pieces.text(t) for t in ids]
+        offsets = self.pieces.offsets(tokens, offset)
         top = None
         if k:
-            top = [{self.token_text(t): v for t, v in (tops[i] if i < len(tops) else [])} for i in range(len(ids))]
+            top = [{self.pieces.text(t): v for t, v in (tops[i] if i < len(tops) else [])} for i in range(len(ids))]
             for i in range(len(ids)):
                 top[i].setdefault(tokens[i], logprobs[i])
         return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets)
@@ -461,7 +425,7 @@ class _Server:
             if req.logprobs is not None and event.token_id is not None:
                 logprobs = self.completion_logprobs([event.token_id], [event.logprob], [event.top_logprobs or []],
                                                     req.logprobs, offsets[event.index])
-                offsets[event.index] += len(self.token_text(event.token_id))
+                offsets[event.index] += len(self.pieces.text(event.token_id))
             choice = CompletionChoice(index=event.index, text=delta, logprobs=logprobs,
                                       finish_reason=event.finish_reason,
                                       token_ids=[event.token_id] if event.token_id is not None else [],

@@ -45,7 +45,6 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-import itertools
 import os
 import threading
 import time
@@ -89,6 +88,7 @@ from agentgym.server.openai_types import (
     UsageInfo,
 )
 from agentgym.server.sessions import Plan, Session, SessionError, SessionStore, normalize_message
+from agentgym.server.token_pieces import TokenPieces
 from agentgym.server.tool_calls import assistant_reply
 from agentgym.types import SamplingParams, TokenSample, Trajectory, Turn
 
@@ -136,7 +136,7 @@ class Gateway:
         self._running.set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._token_text: dict[int, str] = {}
+        self.pieces = TokenPieces(tokenizer)
         self.counts = {"completions": 0, "errors": 0, "upstream_retries": 0, "paused_waits": 0, "late_completions": 0}
 
     # ---- access ---------------------------------------------------------------------------
@@ -275,17 +275,11 @@ class Gateway:
         cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
         return text[:min(cuts)] if cuts else text
 
-    def token_text(self, token_id: int) -> str:
-        text = self._token_text.get(token_id)
-        if text is None:
-            text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return text
-
     def chat_logprobs(self, sample: TokenSample) -> ChatLogprobs:
         content = []
         for tok, lp in zip(sample.token_ids, sample.logprobs):
-            text = self.token_text(tok)
-            content.append(ChatTokenLogprob(token=text, logprob=lp, bytes=list(text.encode()), top_logprobs=[]))
+            content.append(ChatTokenLogprob(token=self.pieces.text(tok), logprob=lp, bytes=self.pieces.bytes(tok),
+                                            top_logprobs=[]))
         return ChatLogprobs(content=content)
 
     async def sample_all(self, session: Session, plans: list[Plan], sampling: SamplingParams) -> list[TokenSample]:
@@ -359,8 +353,8 @@ class Gateway:
             self.store.commit(session, p, sample, text=text)
             logprobs = None
             if req.logprobs is not None:
-                tokens = [self.token_text(t) for t in sample.token_ids]
-                offsets = [0, *itertools.accumulate(len(t) for t in tokens[:-1])] if tokens else []
+                tokens = [self.pieces.text(t) for t in sample.token_ids]
+                offsets = self.pieces.offsets(tokens)
                 logprobs = CompletionLogprobs(tokens=tokens, token_logprobs=list(sample.logprobs), text_offset=offsets)
             choices.append(CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=sample.finish_reason,
                                             token_ids=list(sample.token_ids) if req.return_token_ids else None))
