@@ -86,13 +86,13 @@ async def test_5xx_is_retried_a_bounded_number_of_times_and_4xx_is_not(servers):
     stand_in = AppThread(app)
     try:
         async with PolicyClient(stand_in.url, max_retries=2, backoff=0.01) as client:
-            with pytest.raises(PolicyServerError, match="HTTP 500"):
+            with pytest.raises(PolicyServerError, match="HTTP 500") as failed:
                 await client.generate([1, 2, 3])
-            assert hits["n"] == 3
+            assert hits["n"] == 3 and failed.value.refused is None
             hits["n"] = 100
-            with pytest.raises(PolicyServerError, match="refused the request"):
+            with pytest.raises(PolicyServerError, match="refused the request") as refused:
                 await client.generate([1, 2, 3])
-            assert hits["n"] == 101
+            assert hits["n"] == 101 and refused.value.refused == 400
         # with a healthy server beside it, the failing one is passed over and the request succeeds
         async with PolicyClient([stand_in.url, servers[0].url], max_retries=2, backoff=0.01) as client:
             hits["n"] = 0

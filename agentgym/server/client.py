@@ -38,7 +38,12 @@ BACKENDS = ("embedded", "vllm", "sglang")
 
 
 class PolicyServerError(RuntimeError):
-    """A policy server could not answer after the retries; the message says which and why."""
+    """A policy server could not answer after the retries; the message says which and why.
+    ``refused``: the server's own 4xx status when it turned the request down (retrying cannot help)."""
+
+    def __init__(self, message: str, refused: int | None = None) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class HTTPPools:
@@ -213,7 +218,8 @@ class PolicyClient:
                                                 f"JSON: {raw[:200]!r}") from None
                 text = raw.decode("utf-8", "replace")
                 if status < 500 and status != 429:
-                    raise PolicyServerError(f"{target.url}{path} refused the request ({status}): {text[:500]}")
+                    raise PolicyServerError(f"{target.url}{path} refused the request ({status}): {text[:500]}",
+                                            refused=status)
                 last_error = f"HTTP {status}: {text[:200]}"
             finally:
                 target.outstanding -= 1

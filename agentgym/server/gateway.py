@@ -241,7 +241,7 @@ class Gateway:
                 try:
                     return await self.policy.generate(prompt_ids, sampling, session_id=session.id)
                 except PolicyServerError as exc:
-                    if "refused the request (4" in str(exc):  # the server's own 4xx: retrying cannot help
+                    if exc.refused is not None:  # the server's own 4xx: retrying cannot help
                         raise APIError(400, f"the policy server refused the request: {exc}") from None
                     if loop.time() > deadline:
                         raise APIError(503, f"no policy server answered for {self.upstream_retry_s:.0f}s: {exc}",
