@@ -43,7 +43,7 @@ class EnvSpec:
         return f"agentgym/{gym_name(self.name)}-v0"
 
     def load(self) -> Callable[..., Any]:
-        return _resolve(self.entry_point) if isinstance(self.entry_point, str) else self.entry_point
+        return import_object(self.entry_point) if isinstance(self.entry_point, str) else self.entry_point
 
     def make(self, **kwargs: Any) -> Any:
         return self.load()(**{**self.kwargs, **kwargs})
@@ -70,9 +70,11 @@ def gym_name(name: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in parts)
 
 
-def _resolve(target: str) -> Any:
+def import_object(target: str) -> Any:
+    """``"package.module:Name"`` (``Name`` may be dotted) -> the object. Raises ``ValueError`` for
+    another shape, ``ImportError`` / ``AttributeError`` when it is not there."""
     module_name, _, attr = target.partition(":")
-    if not attr:
+    if not module_name or not attr:
         raise ValueError(f"entry point {target!r} must look like 'package.module:Name'")
     obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
@@ -187,7 +189,7 @@ def register(name: str, entry_point: Any, *, kind: str = "env", kwargs: dict[str
     if kind == "env" and not isinstance(entry_point, EnvSpec) and (kwargs or description or isinstance(entry_point, str)):
         entry_point = EnvSpec(name=name, entry_point=entry_point, kwargs=dict(kwargs or {}), description=description)
     elif isinstance(entry_point, str):
-        entry_point = _resolve(entry_point)
+        entry_point = import_object(entry_point)
     registry.register(name, entry_point)
 
 

@@ -557,3 +557,21 @@ def test_logprob_bytes_are_the_tokens_own_bytes(gw):
     assert response.choices[0].message.content == f"echo: {text}"
     spelled = b"".join(bytes(c.bytes) for c in content).decode()
     assert spelled.removesuffix("<|im_end|>") == f"echo: {text}"
+
+
+def test_bad_agent_and_reward_fn_names_say_what_is_wrong():
+    from agentgym.server.sessions import resolve_reward_fn
+
+    with pytest.raises(ValueError, match="package.module:function"):
+        load_agent("examples.gsm8k_agent")
+    with pytest.raises(ValueError, match="could not import the agent module 'no_such_agent_module'"):
+        load_agent("no_such_agent_module:run")
+    with pytest.raises(ValueError, match="has no 'missing'"):
+        load_agent("examples.gsm8k_agent:missing")
+    with pytest.raises(ValueError, match="not callable"):
+        load_agent("examples.gsm8k_agent:__doc__")
+    with pytest.raises(ValueError, match="could not be imported"):
+        resolve_reward_fn("os.path:no_such_fn")
+    with pytest.raises(ValueError, match="Did you mean 'gsm8k'"):
+        resolve_reward_fn("gsm8kk")
+    assert resolve_reward_fn("os.path:basename") is __import__("os").path.basename

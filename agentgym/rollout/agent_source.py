@@ -28,7 +28,6 @@ group can hold more than ``n``; ``branches="active"`` keeps only each session's 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import numbers
 import os
@@ -41,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal
 
+from agentgym.registry import import_object
 from agentgym.rollout.metrics import summarize
 from agentgym.server.gateway import GatewayClient
 from agentgym.types import Trajectory
@@ -60,14 +60,12 @@ def load_agent(spec: str | AgentFn) -> AgentFn:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj = import_object(spec)
     except ImportError as exc:
         raise ValueError(f"could not import the agent module {module_name!r}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"module {module_name!r} has no {attr!r}; the agent is a function "
-                             "run(base_url, api_key, task)")
-        obj = getattr(obj, part)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no {attr!r}; the agent is a function "
+                         "run(base_url, api_key, task)") from None
     if not callable(obj):
         raise ValueError(f"{spec!r} is not callable")
     return obj

@@ -29,7 +29,6 @@ last assistant message. Both are summed into the outcome reward.
 from __future__ import annotations
 
 import difflib
-import importlib
 import json
 import secrets
 import time
@@ -39,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentgym.registry import import_object
 from agentgym.rollout.chat import ChatTokenizer, tools_key
 from agentgym.types import Message, TokenSample, Trajectory, Turn
 
@@ -90,10 +90,9 @@ def resolve_reward_fn(name: str) -> RewardFn:
     if name in REWARD_FNS:
         return REWARD_FNS[name]
     if ":" in name:
-        module, _, attr = name.partition(":")
         try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
+            fn = import_object(name)
+        except (ValueError, ImportError, AttributeError) as exc:
             raise ValueError(f"reward_fn {name!r} could not be imported: {exc}") from None
         if not callable(fn):
             raise ValueError(f"reward_fn {name!r} is not callable")
