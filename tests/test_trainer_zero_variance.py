@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from agentgym.config import load_config
+from agentgym.trainer import algos
 from agentgym.trainer.ppo_trainer import (
     GroupRewardSpread,
     PPOTrainer,
@@ -171,3 +172,15 @@ def test_the_cli_shows_trainer_warnings_above_the_progress_bar(monkeypatch, caps
     assert err.startswith("agentgym train: warning: step 1: all 4 groups got identical rewards"), err
     logging.getLogger().addHandler(logging.NullHandler())
     assert show_trainer_warnings() is None  # a program that set up logging keeps its own
+
+
+def test_flat_means_what_grpo_means_by_equal_scores():
+    """Scores equal up to float32 rounding (10.1 summed from different token splits) are one value
+    to GRPO, which gives the group advantage 0; the flat-group count agrees."""
+    rewards = torch.tensor([[10.1, 0.0], [10.0, 0.1], [9.9, 0.2], [7.1, 3.0]], dtype=torch.float32)
+    scores = rewards.sum(-1)
+    assert scores.max() != scores.min()
+    adv, _ = algos.compute_grpo_outcome_advantage(rewards, torch.ones(4, 2), ["g"] * 4)
+    assert torch.equal(adv, torch.zeros(4, 2))
+    spread = group_reward_spread(scores, ["g"] * 4)
+    assert spread.flat == spread.groups == 1

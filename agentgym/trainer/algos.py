@@ -218,7 +218,7 @@ def get_adv_estimator_fn(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
     return ADV_ESTIMATOR_REGISTRY[name]
 
 
-def _groups(index: Any, batch_size: int) -> dict[Hashable, list[int]]:
+def group_rows(index: Any, batch_size: int) -> dict[Hashable, list[int]]:
     """Row numbers of each group, in order of first appearance; ``index[i]`` is row i's
     group id (veRL's ``uid``: a list, a numpy array or a tensor)."""
     ids = index.tolist() if isinstance(index, torch.Tensor) else list(index)
@@ -228,6 +228,12 @@ def _groups(index: Any, batch_size: int) -> dict[Hashable, list[int]]:
     for row, group_id in enumerate(ids):
         groups.setdefault(group_id, []).append(row)
     return groups
+
+
+def scores_equal(values: Sequence[float]) -> bool:
+    """Whether a group's scores are equal up to float rounding: their spread is at most 1e-6 of
+    their magnitude (of 1, for scores below 1)."""
+    return max(values) - min(values) <= 1e-6 * max(1.0, max(abs(v) for v in values))
 
 
 @_register_adv_est("gae")
@@ -287,14 +293,14 @@ def compute_grpo_outcome_advantage(
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         advantages = torch.zeros_like(scores)
-        for rows in _groups(index, scores.shape[0]).values():
+        for rows in group_rows(index, scores.shape[0]).values():
             rows_t = torch.tensor(rows, device=scores.device)
             group = scores[rows_t]
             if len(rows) == 1:
                 mean, std = torch.zeros_like(group[0]), torch.ones_like(group[0])
             else:
                 mean, std = group.mean(), group.std()
-                if group.max() - group.min() <= 1e-6 * max(1.0, group.abs().max().item()):
+                if scores_equal(group.tolist()):
                     continue  # equal scores: advantage 0, not rounding noise / epsilon
             if norm_adv_by_std_in_grpo:
                 advantages[rows_t] = (group - mean) / (std + epsilon)
@@ -319,7 +325,7 @@ def compute_rloo_outcome_advantage(
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         advantages = scores.clone()
-        for rows in _groups(index, scores.shape[0]).values():
+        for rows in group_rows(index, scores.shape[0]).values():
             n = len(rows)
             if n > 1:
                 rows_t = torch.tensor(rows, device=scores.device)
@@ -373,7 +379,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         centred = scores.clone()
-        for rows in _groups(index, scores.shape[0]).values():
+        for rows in group_rows(index, scores.shape[0]).values():
             if len(rows) > 1:
                 rows_t = torch.tensor(rows, device=scores.device)
                 centred[rows_t] = scores[rows_t] - scores[rows_t].mean()

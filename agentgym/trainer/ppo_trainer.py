@@ -105,7 +105,7 @@ GROUP_RELATIVE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 rewards are all equal gives every one of its trajectories advantage 0."""
 
 FLAT_ATOL = 1e-6
-"""Rewards (and advantages) closer than this count as equal (as zero)."""
+"""Advantages closer to zero than this count as zero (and rewards this close, as one value in the warning)."""
 
 
 @dataclass(frozen=True)
@@ -135,28 +135,26 @@ class GroupRewardSpread:
 
 
 def group_reward_spread(scores: Sequence[float] | torch.Tensor, group_ids: Sequence[Hashable],
-                        valid: Sequence[bool] | torch.Tensor | None = None,
-                        atol: float = FLAT_ATOL) -> GroupRewardSpread:
+                        valid: Sequence[bool] | torch.Tensor | None = None) -> GroupRewardSpread:
     """Group the trajectory-level rewards ``scores`` (one per row) by ``group_ids`` (the batch's
     ``uid``), leaving out rows that are not ``valid``, and count the groups whose rewards are
-    all equal (within ``atol``)."""
+    all equal (``algos.scores_equal``: the rule by which GRPO gives such a group advantage 0)."""
     values = scores.tolist() if isinstance(scores, torch.Tensor) else list(scores)
     keep = [True] * len(values) if valid is None else [bool(v) for v in (
         valid.tolist() if isinstance(valid, torch.Tensor) else valid)]
-    if not len(values) == len(group_ids) == len(keep):
-        raise ValueError(f"{len(values)} rewards, {len(group_ids)} group ids and {len(keep)} valid flags")
-    by_group: dict[Hashable, list[float]] = {}
-    for value, group_id, ok in zip(values, group_ids, keep):
-        if ok:
-            by_group.setdefault(group_id, []).append(float(value))
+    if len(keep) != len(values):
+        raise ValueError(f"{len(values)} rewards and {len(keep)} valid flags")
     groups = flat = singletons = 0
     flat_values: list[float] = []
-    for rewards in by_group.values():
+    for rows in algos.group_rows(group_ids, len(values)).values():
+        rewards = [float(values[r]) for r in rows if keep[r]]
+        if not rewards:
+            continue
         if len(rewards) < 2:
             singletons += 1
             continue
         groups += 1
-        if max(rewards) - min(rewards) <= atol:
+        if algos.scores_equal(rewards):
             flat += 1
             flat_values.append(rewards[0])
     return GroupRewardSpread(groups, flat, singletons, min(flat_values, default=None),
