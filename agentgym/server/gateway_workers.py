@@ -189,7 +189,7 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
             for url in servers:
                 command += ["--server", url]
             procs.append(subprocess.Popen(command, env=env, pass_fds=(public.fileno(), sock.fileno())))
-        _wait_ready(host, ports, procs, lambda: stopping)
+        _wait_ready(f"http://{host}:{ports[0]}", procs, lambda: stopping)
         print(banner, flush=True)
         while not stopping:
             dead = next((p for p in procs if p.poll() is not None), None)
@@ -214,21 +214,18 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
             signal.signal(sig, handler)
 
 
-def _wait_ready(host: str, ports: list[int], procs: list[subprocess.Popen], stopping: Any,
-                timeout: float = 120.0) -> None:
+def _wait_ready(url: str, procs: list[subprocess.Popen], stopping: Any, timeout: float = 120.0) -> None:
+    """Return once ``url/health`` answers 200: a worker's ``/health`` asks every worker, so then all
+    of them are up."""
     import httpx
 
     deadline = time.monotonic() + timeout
-    pending = list(range(len(ports)))
-    while pending:
-        if stopping():
-            return
+    while not stopping():
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-            raise RuntimeError(f"gateway workers {pending} did not start (see their output above)")
+            raise RuntimeError("the gateway workers did not all start (see their output above)")
         try:
-            if httpx.get(f"http://{host}:{ports[pending[0]]}/health", timeout=2.0).status_code == 200:
-                pending.pop(0)
-                continue
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
