@@ -53,13 +53,12 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from jinja2 import TemplateError
 
 from agentgym.rollout.chat import ChatTokenizer
 from agentgym.server.client import HTTPPools, PolicyClient, PolicyServerError
 from agentgym.server.errors import (
-    ERROR_TYPES,
     APIError,
     error_response,
     install_error_handlers,
@@ -87,7 +86,7 @@ from agentgym.server.openai_types import (
     ToolCall,
     UsageInfo,
 )
-from agentgym.server.sessions import Plan, Session, SessionError, SessionStore, normalize_message
+from agentgym.server.sessions import Plan, Session, SessionStore, normalize_message
 from agentgym.server.token_pieces import TokenPieces
 from agentgym.server.tool_calls import assistant_reply
 from agentgym.types import SamplingParams, TokenSample, Trajectory, Turn
@@ -466,11 +465,6 @@ def build_app(gateway: Gateway) -> GatewayApp:
 
     install_error_handlers(app, internal_type="server_error", on_internal=count_error)
 
-    @app.exception_handler(SessionError)
-    async def _session_error(_: Request, exc: SessionError) -> JSONResponse:
-        return error_response(exc.status, exc.message, ERROR_TYPES.get(exc.status, "invalid_request_error"),
-                              exc.param, exc.code)
-
     async def body(request: Request, model: type | None = None, required: bool = True) -> Any:
         return await read_body(gw, request, model, required)
 
@@ -604,11 +598,8 @@ class GatewayApp:
                 raise APIError(405, f"{request.url.path} takes POST", code="method_not_allowed")
             session = gw.open_session(gw.session_for(sid, request))
             return await method(gw, session, await read_body(gw, request, model))
-        except APIError as exc:
+        except APIError as exc:  # SessionError too
             return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
-        except SessionError as exc:
-            return error_response(exc.status, exc.message, ERROR_TYPES.get(exc.status, "invalid_request_error"),
-                                  exc.param, exc.code)
         except Exception as exc:  # the gateway stays up; the agent gets a 500 in OpenAI's shape
             gw.counts["errors"] += 1
             return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")

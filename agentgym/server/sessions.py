@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from agentgym.registry import import_object
 from agentgym.rollout.chat import ChatTokenizer, tools_key
+from agentgym.server.errors import ERROR_TYPES, APIError
 from agentgym.types import Message, TokenSample, Trajectory, Turn
 
 # ---- reward functions --------------------------------------------------------------------------
@@ -279,12 +280,11 @@ def _turn_dict(turn: Turn) -> dict[str, Any]:
             "observation": turn.observation, "response_text": turn.response_text}
 
 
-class SessionError(Exception):
+class SessionError(APIError):
     """A request a session cannot take; ``status`` is the HTTP status the gateway answers with."""
 
     def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
+        super().__init__(status, message, ERROR_TYPES.get(status, "invalid_request_error"), param, code)
 
 
 class SessionStore:
