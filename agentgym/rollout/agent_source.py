@@ -31,7 +31,6 @@ import asyncio
 import inspect
 import numbers
 import os
-import random
 import sys
 import time
 import uuid
@@ -42,6 +41,7 @@ from typing import Any, Literal
 
 from agentgym.registry import import_object
 from agentgym.rollout.metrics import summarize
+from agentgym.rollout.runner import epoch_order
 from agentgym.server.gateway import GatewayClient
 from agentgym.types import Trajectory
 
@@ -239,9 +239,7 @@ class AgentTrajectorySource:
     def _order(self, epoch: int) -> list[int]:
         order = self._orders.get(epoch)
         if order is None:
-            order = list(range(len(self.tasks)))
-            if self.shuffle:
-                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            order = epoch_order(len(self.tasks), epoch, self.seed, self.shuffle)
             self._orders = {epoch: order}  # steps walk epochs in order: one is enough
         return order
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -93,6 +94,16 @@ class Task:
         if self.index is None:
             return self.options
         return {**(self.options or {}), "index": self.index}
+
+
+def epoch_order(count: int, epoch: int, seed: int = 0, shuffle: bool = True) -> list[int]:
+    """The order of ``count`` dataset rows in ``epoch``: a permutation seeded by ``(seed, epoch)``
+    (veRL's ``data.shuffle``), or ``0..count-1``. The trainer's env tasks and the agent source's
+    tasks are walked in this order, so one seed gives both the same data order."""
+    order = list(range(count))
+    if shuffle:
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
 
 
 def make_tasks(count: int, start: int = 0, seed: int = 0, num_tasks: int | None = None) -> list[Task]:

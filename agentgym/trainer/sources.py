@@ -17,7 +17,6 @@ share a ``group_id``). It may also have
 from __future__ import annotations
 
 import copy
-import random
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -60,10 +59,9 @@ class TaskSampler:
         return None if self.num_tasks is None else self.num_tasks // self.batch_size
 
     def _order(self, epoch: int) -> list[int]:
-        order = list(range(self.num_tasks or 0))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
+        from agentgym.rollout.runner import epoch_order
+
+        return epoch_order(self.num_tasks or 0, epoch, self.seed, self.shuffle)
 
     def next_batch(self) -> list[dict[str, int]]:
         """The next step's tasks as ``{"seed": s}`` or ``{"seed": s, "index": row}``."""
