@@ -22,6 +22,7 @@ connections, responses parsed by httptools: ~0.05 ms of CPU per call where httpx
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import time
@@ -35,6 +36,13 @@ from agentgym.server.http11 import ConnectionPool, TransportError
 from agentgym.types import SamplingParams, TokenSample
 
 BACKENDS = ("embedded", "vllm", "sglang")
+
+
+@functools.cache
+def ssl_context() -> Any:
+    """One TLS context for every httpx client agentgym makes: httpx builds a new one per client
+    otherwise (~20 ms each; it was most of the time to push the tiny model's weights)."""
+    return httpx.create_ssl_context()
 
 
 class PolicyServerError(RuntimeError):
@@ -63,7 +71,7 @@ class HTTPPools:
         self.busy: list[int] = []  # requests in flight, per client
         self.slots = asyncio.Semaphore(limit)
         if "verify" not in client_options:
-            client_options["verify"] = httpx.create_ssl_context()  # one for all pools: ~20 ms each to build
+            client_options["verify"] = ssl_context()
         self._options = {"limits": httpx.Limits(max_connections=self.size, max_keepalive_connections=self.size),
                          **client_options}
 
@@ -110,8 +118,7 @@ def _transport(url: str, max_connections: int, pool_size: int, timeout: float) -
     parts = httpx.URL(url)
     if parts.scheme == "http" and parts.host:
         return ConnectionPool(parts.host, parts.port or 80, max_connections, prefix=parts.raw_path.decode().rstrip("/"))
-    options = {"timeout": httpx.Timeout(timeout, connect=10.0), "verify": httpx.create_ssl_context()}
-    return _HttpxTransport(url, HTTPPools(max_connections, pool_size, **options))
+    return _HttpxTransport(url, HTTPPools(max_connections, pool_size, timeout=httpx.Timeout(timeout, connect=10.0)))
 
 
 class _Server:

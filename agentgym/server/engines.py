@@ -30,7 +30,6 @@ model directory (safetensors + the served model's config files) that the server 
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import inspect
 import os
@@ -43,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from agentgym.server.client import ssl_context
 
 ENGINES = ("vllm", "sglang")
 
@@ -158,7 +159,7 @@ class _Weights:
     def _post(self, url: str, path: str, json: Any = None, params: dict[str, Any] | None = None,
               optional: bool = False) -> Any:
         """POST and return the JSON body; ``optional``: a 404 (route missing in this version) returns None."""
-        with httpx.Client(timeout=self.timeout, transport=self._transport, verify=_ssl_context()) as client:
+        with httpx.Client(timeout=self.timeout, transport=self._transport, verify=ssl_context()) as client:
             response = client.post(url + path, json=json, params=params)
         if optional and response.status_code in (404, 405):
             return None
@@ -193,13 +194,6 @@ class _Weights:
             for f in self.model_dir.glob("*.json"):
                 if not f.name.endswith(".index.json"):  # the served model's shard index would mislead
                     shutil.copy(f, directory / f.name)
-
-
-@functools.cache
-def _ssl_context() -> Any:
-    """One for every weight call: httpx builds a new one per Client otherwise (~20 ms each, which was
-    most of the time to push the tiny model's weights)."""
-    return httpx.create_ssl_context()
 
 
 class EmbeddedWeights(_Weights):
