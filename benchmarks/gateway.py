@@ -66,19 +66,13 @@ def start_gateway_process(port: int, servers: list[str], timeout: float = 120.0,
 
 
 def _wait_health(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    import httpx
+    from agentgym.server.launch import wait_healthy
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise RuntimeError(f"{url} exited with {proc.returncode} before answering:\n{err[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
+    if wait_healthy(url, lambda: proc.poll() is not None, timeout, interval=0.05):
+        return
+    if proc.poll() is not None:
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        raise RuntimeError(f"{url} exited with {proc.returncode} before answering:\n{err[-2000:]}")
     proc.kill()
     raise RuntimeError(f"{url} did not answer /health within {timeout:.0f}s")
 

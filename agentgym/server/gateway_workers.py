@@ -160,7 +160,7 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
                   banner: str, options: dict[str, Any]) -> int:
     """Start ``workers`` worker processes sharing ``public`` and supervise them until a signal or a
     worker's death. ``options``: the ``Gateway`` options (``admin_key`` goes by environment)."""
-    from agentgym.server.launch import bind_socket
+    from agentgym.server.launch import bind_socket, wait_healthy
 
     host = public.getsockname()[0]
     private = [bind_socket(host, 0) for _ in range(workers)]
@@ -189,7 +189,10 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
             for url in servers:
                 command += ["--server", url]
             procs.append(subprocess.Popen(command, env=env, pass_fds=(public.fileno(), sock.fileno())))
-        _wait_ready(f"http://{host}:{ports[0]}", procs, lambda: stopping)
+        # a worker's /health asks every worker: when it answers 200, all of them are up
+        up = wait_healthy(f"http://{host}:{ports[0]}", lambda: stopping or any(p.poll() is not None for p in procs))
+        if not up and not stopping:
+            raise RuntimeError("the gateway workers did not all start (see their output above)")
         print(banner, flush=True)
         while not stopping:
             dead = next((p for p in procs if p.poll() is not None), None)
@@ -212,23 +215,6 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
             sock.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _wait_ready(url: str, procs: list[subprocess.Popen], stopping: Any, timeout: float = 120.0) -> None:
-    """Return once ``url/health`` answers 200: a worker's ``/health`` asks every worker, so then all
-    of them are up."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while not stopping():
-        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-            raise RuntimeError("the gateway workers did not all start (see their output above)")
-        try:
-            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
 
 
 # ---- a worker -----------------------------------------------------------------------------------

@@ -103,6 +103,24 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def wait_healthy(url: str, give_up: Any = lambda: False, timeout: float = 120.0, interval: float = 0.1) -> bool:
+    """Poll ``url/health`` until it answers 200 (True), or ``give_up()`` is true or ``timeout``
+    seconds pass (False: the caller says which went wrong, and how)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while not give_up():
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return False
+
+
 class AppThread:
     """Any ASGI app served by uvicorn in a daemon thread of this process (``port=0``: a free port)."""
 
@@ -247,26 +265,17 @@ class SubprocessServerHandle(PolicyServerHandle):
             return "(no log)"
 
     def wait_ready(self, timeout: float = 600.0, interval: float = 0.5) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while True:
-            code = self.process.poll()
-            if code is not None:
-                raise RuntimeError(
-                    f"the {self.backend} server exited with code {code} before it was ready.\n"
-                    f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(
-                    f"the {self.backend} server at {self.url} did not answer /health within {timeout:.0f} s.\n"
-                    f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
-            time.sleep(interval)
+        if wait_healthy(self.url, lambda: self.process.poll() is not None, timeout, interval):
+            return
+        code = self.process.poll()
+        if code is not None:
+            raise RuntimeError(
+                f"the {self.backend} server exited with code {code} before it was ready.\n"
+                f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
+        self.stop()
+        raise TimeoutError(
+            f"the {self.backend} server at {self.url} did not answer /health within {timeout:.0f} s.\n"
+            f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
 
     def update_weights(self, weights: str | os.PathLike[str] | dict[str, torch.Tensor], version: int) -> int:
         """A path is handed to the server as is; a state dict goes through shared memory
