@@ -46,15 +46,35 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    from agentgym.rollout.commands import rollout_command
-
-    return rollout_command(args)
+    return _against_servers(args, "rollout")
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from agentgym.rollout.commands import eval_command
+    return _against_servers(args, "eval")
 
-    return eval_command(args)
+
+def _against_servers(args: argparse.Namespace, mode: str) -> int:
+    """``rollout``/``eval``: against ``--server`` URLs, or an embedded server started here on ``--model``."""
+    from agentgym.rollout.commands import check_env, run_command
+
+    if args.server:
+        return run_command(args, mode, list(args.server), args.backend)
+    error = check_env(args.env)  # before the server start, which takes seconds
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    import time
+
+    from agentgym.server.launch import start_embedded_server
+
+    print(f"starting an embedded policy server on {args.model} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    server = start_embedded_server(model=args.model, port=0)
+    print(f"server ready at {server.url} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
+    try:
+        return run_command(args, mode, [server.url], "embedded")
+    finally:
+        server.stop()
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -64,7 +84,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
-    from agentgym.server.gateway import gateway_command
+    from agentgym.gateway.command import gateway_command
 
     return gateway_command(args)
 

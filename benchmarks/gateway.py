@@ -9,7 +9,7 @@ and the stand-in policy server (``benchmarks/standin_server.py`` in ``fixed`` mo
 process: a bare asyncio HTTP/1.1 server answering ``/v1/completions`` with token ids + logprobs
 and ``/v1/chat/completions`` with a canned reply, both ``The answer is 72.``, instantly, from
 prebuilt bytes). Both sides send the same chat request from the same lean load generator
-(``Pools``: agentgym's own keep-alive client, ``agentgym.server.http11``):
+(``Pools``: agentgym's own keep-alive client, ``agentgym.client.http11``):
 
 * direct: ``POST standin/v1/chat/completions``;
 * gateway: ``POST <base_url>/chat/completions`` (one session per concurrent client, each of
@@ -66,7 +66,7 @@ def start_gateway_process(port: int, servers: list[str], timeout: float = 120.0,
 
 
 def _wait_health(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    from agentgym.server.launch import wait_healthy
+    from agentgym.client.health import wait_healthy
 
     if wait_healthy(url, lambda: proc.poll() is not None, timeout, interval=0.05):
         return
@@ -106,7 +106,7 @@ class Pools:
         self.pools: dict[tuple[str, int], Any] = {}
 
     async def post(self, url: str, path: str, payload: dict[str, Any], key: str | None = None) -> tuple[int, bytes]:
-        from agentgym.server.http11 import ConnectionPool
+        from agentgym.client.http11 import ConnectionPool
 
         host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
         pool = self.pools.get((host, int(port)))

@@ -23,8 +23,8 @@ import time
 
 from standin_server import start_standin  # benchmarks/ (this script's directory)
 
+from agentgym.client import PolicyClient
 from agentgym.rollout import RolloutConfig, RolloutRunner
-from agentgym.server.client import PolicyClient
 from agentgym.types import SamplingParams
 
 SOKOBAN_MOVE = "<answer>Up</answer><|im_end|>"

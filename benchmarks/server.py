@@ -37,8 +37,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentgym.model import load_causal_lm, resolve_model_path  # noqa: E402
+from agentgym.model.weights import push_dir  # noqa: E402
 from agentgym.server.launch import start_embedded_server  # noqa: E402
-from agentgym.server.weights import push_dir  # noqa: E402
 
 
 def generate_run(model, prompts: torch.Tensor, new_tokens: int) -> tuple[float, float]:

@@ -73,7 +73,7 @@ def model_path(name: str) -> str:
 
 def run_agentgym(model: str, steps: int, use_ray: bool, workdir: Path) -> dict:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from agentgym.config import load_config
+    from agentgym.trainer.config import load_config
     from agentgym.trainer.main import train
 
     cfg = load_config(env="first_letter", overrides=[

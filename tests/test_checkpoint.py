@@ -8,8 +8,8 @@ import pytest
 import torch
 from test_trainer import make_trajectories
 
-from agentgym.config import load_config
 from agentgym.trainer import checkpoint
+from agentgym.trainer.config import load_config
 from agentgym.trainer.main import train
 from agentgym.trainer.sources import FixedTrajectorySource, TaskSampler
 

@@ -9,9 +9,10 @@ import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from agentgym.client import PolicyClient, PolicyServerError
 from agentgym.model import load_causal_lm
-from agentgym.server.client import PolicyClient, PolicyServerError
-from agentgym.server.launch import AppThread, free_port, start_embedded_server
+from agentgym.server.handles import AppThread, free_port
+from agentgym.server.launch import start_embedded_server
 from agentgym.types import SamplingParams
 
 
@@ -56,7 +57,7 @@ async def test_least_outstanding_spreads_and_sessions_stick(servers):
             assert grew == [0, 3], "every turn of a session goes to the server that served its first"
         # weight updates reach every server
         state = {k: v for k, v in load_causal_lm("tiny").state_dict().items() if k != "lm_head.weight"}
-        from agentgym.server.weights import save_for_push
+        from agentgym.model.weights import save_for_push
         path = save_for_push(state)
         try:
             await client.update_weights_from_disk(str(path), 5)

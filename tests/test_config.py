@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentgym.config import ConfigError, check_batch_sizes, config_dir, flatten, load_config
+from agentgym.config import ConfigError, config_dir, flatten
+from agentgym.trainer.config import check_batch_sizes, load_config
 
 
 def test_configs_dir_has_the_groups():

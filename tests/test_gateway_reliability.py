@@ -18,7 +18,7 @@ import openai
 import pytest
 from bench_modules import gateway_bench
 
-from agentgym.server.gateway import GatewayClient
+from agentgym.gateway.client import GatewayClient
 from agentgym.types import Trajectory
 
 bench = gateway_bench()

@@ -16,8 +16,8 @@ import openai
 import pytest
 from bench_modules import gateway_bench
 
-from agentgym.server.gateway import GatewayClient
-from agentgym.server.gateway_workers import combine, worker_of
+from agentgym.gateway.client import GatewayClient
+from agentgym.gateway.workers import combine, worker_of
 
 bench = gateway_bench()
 

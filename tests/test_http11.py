@@ -1,4 +1,4 @@
-"""``agentgym.server.http11``: the keep-alive client against tiny raw asyncio servers.
+"""``agentgym.client.http11``: the keep-alive client against tiny raw asyncio servers.
 
 Each server here writes its HTTP responses by hand, so every misbehaviour (chunked bodies, a body
 ended by the close, a close mid-response, an idle close, a request never answered) is staged exactly.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from agentgym.server.http11 import ConnectionPool, TransportError
+from agentgym.client.http11 import ConnectionPool, TransportError
 
 
 @dataclass

@@ -16,8 +16,8 @@ from shared_data import GSM8K_TEST
 
 import agentgym
 from agentgym.envs.data import DataError
-from agentgym.envs.interaction_env import InteractionEnv
 from agentgym.interactions import BaseInteraction, InteractionConfigError, load_interactions
+from agentgym.interactions.env import InteractionEnv
 from agentgym.interactions.gsm8k import Gsm8kInteraction
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,11 +15,11 @@ from shared_data import GSM8K_TEST
 from transformers import AutoTokenizer
 
 import agentgym
+from agentgym.client import PolicyClient
 from agentgym.envs.base import TextEnv, reply_text
 from agentgym.model import load_tokenizer, resolve_model_path
 from agentgym.rollout import ChatTokenizer, RolloutConfig, RolloutRunner, Task, pass_at_k, summarize
 from agentgym.rollout.runner import assistant_message
-from agentgym.server.client import PolicyClient
 
 GSM8K = str(GSM8K_TEST)
 TOK = load_tokenizer("tiny")

@@ -8,9 +8,9 @@ import pytest
 from shared_data import GSM8K_TEST
 
 from agentgym.cli import main
+from agentgym.client import PolicyClient
 from agentgym.model import load_tokenizer
 from agentgym.rollout import RolloutConfig, RolloutRunner, read_trajectories
-from agentgym.server.client import PolicyClient
 from agentgym.server.launch import start_embedded_server
 
 GSM8K = str(GSM8K_TEST)

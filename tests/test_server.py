@@ -249,7 +249,7 @@ def perturbed(model, seed):
 
 
 def test_weight_update_mid_generation_keeps_one_version_per_response(server, model, tmp_path):
-    from agentgym.server.weights import save_for_push
+    from agentgym.model.weights import save_for_push
 
     original = {k: v.clone() for k, v in model.state_dict().items()}
     new = perturbed(model, 1)
@@ -330,7 +330,7 @@ def test_pause_holds_new_requests_until_resume(server):
 def test_safetensors_files_round_trip_with_the_reference_library(tmp_path):
     import safetensors.torch as st
 
-    from agentgym.server.weights import read_safetensors, save_for_push
+    from agentgym.model.weights import read_safetensors, save_for_push
 
     tensors = {"a": torch.randn(3, 4), "b": torch.randn(5).bfloat16(), "c": torch.arange(7), "e": torch.empty(0, 3)}
     tied = {**tensors, "a_tied": tensors["a"]}  # shared storage is written once
@@ -349,7 +349,7 @@ SCRIPT = 'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"ex
 def scripted():
     """The real server and engine, but the engine's next token comes from a script."""
     from agentgym.server.engine import Engine
-    from agentgym.server.launch import EmbeddedServerHandle
+    from agentgym.server.handles import EmbeddedServerHandle
 
     tok = load_tokenizer("tiny")
     script = tok.encode(SCRIPT, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
@@ -402,7 +402,7 @@ def test_streamed_tool_calls_and_stop_strings(scripted):
 @pytest.mark.parametrize("fail_at", [0, 2], ids=["prefill", "decode"])
 def test_an_engine_failure_is_a_500_and_the_server_stays_up(fail_at):
     from agentgym.server.engine import Engine
-    from agentgym.server.launch import EmbeddedServerHandle
+    from agentgym.server.handles import EmbeddedServerHandle
 
     class FlakyEngine(Engine):
         calls = 0
@@ -425,7 +425,7 @@ def test_an_engine_failure_is_a_500_and_the_server_stays_up(fail_at):
 
 
 def test_sampling_follows_the_distribution_and_the_filters():
-    from agentgym.server.engine import GenerationParams, sample_tokens
+    from agentgym.server.sampling import GenerationParams, sample_tokens
 
     probs = torch.tensor([0.5, 0.0, 0.3, 0.2])
     rows = 20_000

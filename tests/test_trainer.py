@@ -11,10 +11,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from agentgym.config import load_config
 from agentgym.trainer import algos
 from agentgym.trainer.batch import build_batch, pad_for_workers, update_plan
-from agentgym.trainer.workers import PolicyWorker, WorkerGroup, policy_forward
+from agentgym.trainer.config import load_config
+from agentgym.trainer.forward import policy_forward
+from agentgym.trainer.worker_group import WorkerGroup
+from agentgym.trainer.workers import PolicyWorker
 from agentgym.types import Trajectory, Turn
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -254,6 +256,6 @@ def test_weights_reach_a_server_given_by_url(tmp_path):
         served = server.engine.model.state_dict()
         assert all(torch.equal(served[k].cpu(), trained[k]) for k in trained)
     assert summary["metrics"]["weight_sync/version"] == 2
-    from agentgym.server.weights import push_dir
+    from agentgym.model.weights import push_dir
 
     assert not list(push_dir().glob(f"agentgym-policy-{os.getpid()}-*"))  # the push directory is cleaned up

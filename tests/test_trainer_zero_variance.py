@@ -10,16 +10,16 @@ import os
 import pytest
 import torch
 
-from agentgym.config import load_config
 from agentgym.trainer import algos
-from agentgym.trainer.ppo_trainer import (
+from agentgym.trainer.config import load_config
+from agentgym.trainer.flat_rewards import (
     GroupRewardSpread,
-    PPOTrainer,
     advantages_vanish,
     flat_rewards_warning,
     group_reward_spread,
     zero_variance_group_frac,
 )
+from agentgym.trainer.ppo_trainer import PPOTrainer
 from agentgym.types import Trajectory, Turn
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -1,7 +1,7 @@
 """Interactions: veRL-compatible simulated users that give feedback between model turns.
 
 ``BaseInteraction`` has veRL's async signatures; ``load_interactions(path)`` reads veRL's
-interaction YAML; ``agentgym.envs.interaction_env.InteractionEnv`` turns (dataset row,
+interaction YAML; ``agentgym.interactions.env.InteractionEnv`` turns (dataset row,
 interaction) into a multi-turn ``TextEnv``.
 """
 

@@ -3,8 +3,9 @@
     agentgym rollout --env sokoban --model tiny -n 8 --out runs/x.jsonl
     agentgym eval --env gsm8k --model PATH --env-arg data_files=data/gsm8k/test.jsonl
 
-Both start an embedded policy server on ``--model`` unless ``--server URL`` is given (then
-``--model`` only names the tokenizer whose chat template renders the prompts). ``rollout``
+Both run against the policy servers at ``--server URL`` (the command line starts an embedded
+server on ``--model`` when none is given; ``--model`` also names the tokenizer whose chat
+template renders the prompts). ``rollout``
 saves token-exact trajectories (``--out``, .jsonl or .parquet) and prints batch metrics;
 ``eval`` prints success rate, mean reward, pass@k (unbiased estimator), mean turns and tokens,
 overall and per data source, and saves trajectories too when ``--out`` is given.
@@ -16,7 +17,6 @@ import argparse
 import asyncio
 import contextlib
 import sys
-import time
 from typing import Any
 
 DEFAULT_TASKS = {"rollout": 8, "eval_seeds": 32}
@@ -35,35 +35,37 @@ def parse_env_args(pairs: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def rollout_command(args: argparse.Namespace) -> int:
-    return _run(args, "rollout")
-
-
-def eval_command(args: argparse.Namespace) -> int:
-    return _run(args, "eval")
-
-
-def _run(args: argparse.Namespace, mode: str) -> int:
+def check_env(name: str) -> str | None:
+    """None when ``name`` is a registered env, else the error to print (with the closest names)."""
     from agentgym.registry import UnknownNameError, env_spec
 
     try:
-        env_spec(args.env)
+        env_spec(name)
     except UnknownNameError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        return str(exc)
+    return None
+
+
+def run_command(args: argparse.Namespace, mode: str, urls: list[str], backend: str) -> int:
+    """``agentgym rollout`` (``mode="rollout"``) or ``agentgym eval`` against the servers at ``urls``
+    (the command line starts an embedded server first when no ``--server`` is given)."""
+    error = check_env(args.env)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_main(args, mode))
+        return asyncio.run(_main(args, mode, urls, backend))
     except KeyboardInterrupt:
         print("\ninterrupted; trajectories written so far are complete lines", file=sys.stderr)
         return 130
 
 
-async def _main(args: argparse.Namespace, mode: str) -> int:
+async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: str) -> int:
+    from agentgym.client import PolicyClient
     from agentgym.model import load_tokenizer
     from agentgym.rollout.metrics import format_eval_table, format_metrics
     from agentgym.rollout.runner import RolloutConfig, RolloutRunner
     from agentgym.rollout.storage import TrajectoryWriter
-    from agentgym.server.client import PolicyClient
 
     env_kwargs = parse_env_args(args.env_arg)
     tokenizer = load_tokenizer(args.model)
@@ -72,20 +74,8 @@ async def _main(args: argparse.Namespace, mode: str) -> int:
         max_concurrency=args.concurrency, seed=args.seed,
         env_executor=getattr(args, "env_executor", None) or "thread",
     )
-    server = None
     writer = None
     async with contextlib.AsyncExitStack() as stack:
-        if args.server:
-            urls, backend = list(args.server), getattr(args, "backend", None) or "embedded"
-        else:
-            from agentgym.server.launch import start_embedded_server
-
-            print(f"starting an embedded policy server on {args.model} ...", file=sys.stderr, flush=True)
-            t0 = time.perf_counter()
-            server = await asyncio.to_thread(start_embedded_server, model=args.model, port=0)
-            stack.callback(server.stop)
-            print(f"server ready at {server.url} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
-            urls, backend = [server.url], "embedded"
         client = await stack.enter_async_context(PolicyClient(urls, backend=backend))
         config.max_model_len = await client.max_model_len()  # episodes end as truncated when it is full
         runner = RolloutRunner(args.env, client, tokenizer, config, env_kwargs=env_kwargs)

@@ -1,15 +1,15 @@
-"""Policy servers and the client everything else talks to them with.
+"""The policy server: what samples tokens for everyone else.
 
-* ``client.py``: ``PolicyClient`` (token-level ``generate``, routing, retries) and ``PolicyServerError``.
-* ``launch.py``: ``start_embedded_server`` / ``start_policy_server`` -> a ``PolicyServerHandle``
-  (``.url``, ``.backend``, ``.model``, ``.update_weights(path_or_state, version)``, ``.stop()``),
-  and ``serve_command`` behind ``agentgym serve``.
 * The embedded server: ``engine.py`` (continuous batching over a KV cache), ``app.py`` (FastAPI
-  routes), ``openai_types.py`` (request/response models), ``tool_calls.py``, ``weights.py``.
-* ``engines.py``: vLLM and SGLang command lines, start-up and weight-update adapters.
-* ``gateway.py``: the OpenAI gateway for black-box agents.
+  routes), ``openai_types.py`` (request/response models), ``errors.py`` (OpenAI-shaped errors),
+  ``tool_calls.py`` and ``token_pieces.py`` (shared with the gateway, which speaks the same API).
+* ``handles.py``: ``PolicyServerHandle`` and its kinds (in this process, or a child process).
+* ``launch.py``: ``start_embedded_server`` / ``start_policy_server`` and ``agentgym serve``.
+* ``engines.py``: vLLM and SGLang command lines and start-up; ``vllm_extension.py`` is loaded
+  inside vLLM's workers to take pushed weights.
 
-Nothing heavy is imported here; the names below load on first use.
+Talking to a server (generation, weight pushes) is ``agentgym.client``'s job. Nothing heavy is
+imported here; the names below load on first use.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "PolicyClient": "agentgym.server.client",
-    "PolicyServerError": "agentgym.server.client",
-    "PolicyServerHandle": "agentgym.server.launch",
+    "PolicyServerHandle": "agentgym.server.handles",
     "start_embedded_server": "agentgym.server.launch",
     "start_policy_server": "agentgym.server.launch",
 }
@@ -32,4 +30,6 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in ("PolicyClient", "PolicyServerError"):
+        raise AttributeError(f"agentgym.server.{name} moved: from agentgym.client import {name}")
     raise AttributeError(f"module 'agentgym.server' has no attribute {name!r}")

@@ -24,7 +24,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agentgym.server.engine import Engine, GenerationParams, Sequence, TokenEvent
+from agentgym.server.engine import Engine, Sequence, TokenEvent
 from agentgym.server.engine import Request as EngineRequest
 from agentgym.server.errors import APIError, install_error_handlers, json_object, validate
 from agentgym.server.openai_types import (
@@ -51,6 +51,7 @@ from agentgym.server.openai_types import (
     UpdateWeightsResponse,
     UsageInfo,
 )
+from agentgym.server.sampling import GenerationParams
 from agentgym.server.token_pieces import TokenPieces
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
 
@@ -95,7 +96,7 @@ def build_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
 
     @app.post("/update_weights_from_disk")
     async def update_from_disk(request: Request) -> JSONResponse:
-        from agentgym.server.weights import load_weights
+        from agentgym.model.weights import load_weights
 
         body = await parse(request, UpdateWeightsFromDiskRequest)
         try:

@@ -1,9 +1,5 @@
-"""Starting policy servers: ``agentgym serve`` and the handles code and tests hold.
-
-Every server, whichever engine runs it, is a ``PolicyServerHandle``: ``.url`` (base URL, no
-``/v1``), ``.backend`` (``embedded`` | ``vllm`` | ``sglang``, the ``PolicyClient`` dialect),
-``.model`` (the name it answers to), ``.update_weights(path_or_state, version)`` and
-``.stop()``; it is also a context manager.
+"""Starting policy servers: ``agentgym serve``, and the functions that return a running server's
+``PolicyServerHandle`` (``agentgym.server.handles``).
 
 * ``start_embedded_server(model="tiny", port=0)`` runs the embedded server in this process
   (uvicorn in a background thread; weight pushes then skip serialization entirely) or, with
@@ -15,56 +11,16 @@ Every server, whichever engine runs it, is a ``PolicyServerHandle``: ``.url`` (b
 from __future__ import annotations
 
 import argparse
-import collections
-import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
-
-
-class PolicyServerHandle:
-    """A running policy server. Subclasses start it; this is what every caller relies on."""
-
-    url: str
-    backend: str
-    model: str
-
-    def update_weights(self, weights: str | os.PathLike[str] | dict[str, torch.Tensor], version: int) -> int:
-        """Load ``weights`` (a path the server can read, or a state dict) as ``version``; returns it
-        once the server answers with the new weights."""
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL (``url + "/v1"``)."""
-        return self.url + "/v1"
-
-    def client(self, **kwargs: Any) -> Any:
-        """A ``PolicyClient`` for this server."""
-        from agentgym.server.client import PolicyClient
-
-        return PolicyClient(self.url, backend=self.backend, model=self.model, **kwargs)
-
-    def __enter__(self) -> PolicyServerHandle:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(url={self.url!r}, backend={self.backend!r}, model={self.model!r})"
+from agentgym.server.handles import (
+    EmbeddedServerHandle,
+    PolicyServerHandle,
+    SubprocessServerHandle,
+    free_port,
+)
 
 
 # ---- the embedded server, in this process ------------------------------------------------------
@@ -88,95 +44,6 @@ def create_engine(model: str = "tiny", *, device: str | None = None, dtype: str 
     engine = Engine(lm, tokenizer, model_name=served_model_name or str(model), max_batch_size=max_batch_size,
                     max_model_len=max_model_len)
     return engine.start()
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket for uvicorn (``port=0``: a free port).
-
-    ``IPPROTO_TCP`` matters: asyncio sets ``TCP_NODELAY`` only on sockets whose ``proto`` says
-    TCP, and accepted connections inherit it. With proto 0, every small response on a
-    keep-alive connection waits ~40 ms for the client's delayed ACK.
-    """
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
-
-
-def wait_healthy(url: str, give_up: Any = lambda: False, timeout: float = 120.0, interval: float = 0.1) -> bool:
-    """Poll ``url/health`` until it answers 200 (True), or ``give_up()`` is true or ``timeout``
-    seconds pass (False: the caller says which went wrong, and how)."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while not give_up():
-        try:
-            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return False
-
-
-class AppThread:
-    """Any ASGI app served by uvicorn in a daemon thread of this process (``port=0``: a free port)."""
-
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
-        import uvicorn
-
-        self.app = app
-        self._sock = bind_socket(host, port)
-        self.port = self._sock.getsockname()[1]
-        self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_keep_alive=30)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name=f"agentgym-http-{self.port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"uvicorn did not start on {host}:{port}")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
-        self._sock.close()
-
-
-class EmbeddedServerHandle(PolicyServerHandle):
-    """The embedded server running in this process: uvicorn in a daemon thread over an ``Engine``."""
-
-    backend = "embedded"
-
-    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
-        from agentgym.server.app import build_app
-
-        self.engine = engine
-        self.model = engine.model_name
-        self._http = AppThread(build_app(engine), host, port, log_level)
-        self.app, self.port, self.url = self._http.app, self._http.port, self._http.url
-
-    @property
-    def weight_version(self) -> int:
-        return self.engine.weight_version
-
-    def update_weights(self, weights: str | os.PathLike[str] | dict[str, torch.Tensor], version: int) -> int:
-        """In process: the state dict is copied straight into the model between responses."""
-        from agentgym.server.weights import load_weights
-
-        state = weights if isinstance(weights, dict) else load_weights(weights)
-        return self.engine.update_weights(state, version).result()
-
-    def stop(self) -> None:
-        self._http.stop()
-        self.engine.stop()
 
 
 def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0.0.1", *, in_process: bool = True,
@@ -205,8 +72,8 @@ def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0
         command += ["--max-model-len", str(max_model_len)]
     if served_model_name:
         command += ["--served-model-name", served_model_name]
+    from agentgym.client.weights import EmbeddedWeights
     from agentgym.model import resolve_model_path
-    from agentgym.server.engines import EmbeddedWeights
 
     handle = SubprocessServerHandle(command, f"http://{host}:{port}", "embedded", served_model_name or str(model),
                                     EmbeddedWeights(model_dir=resolve_model_path(model)))
@@ -223,81 +90,6 @@ def start_policy_server(engine: str = "embedded", model: str = "tiny", port: int
     from agentgym.server.engines import start_engine_server
 
     return start_engine_server(engine, model, port=port, **kwargs)
-
-
-# ---- any server in a child process ---------------------------------------------------------------
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class SubprocessServerHandle(PolicyServerHandle):
-    """A server command run in its own process group, its output in a log file.
-
-    ``wait_ready`` polls ``/health``; if the process dies or the time runs out it raises with the
-    tail of the log. ``stop`` sends SIGTERM to the whole group, then SIGKILL after ``grace`` s.
-    """
-
-    def __init__(self, command: list[str], url: str, backend: str, model: str, weights: Any,
-                 env: dict[str, str] | None = None, log_path: str | os.PathLike[str] | None = None,
-                 grace: float = 15.0) -> None:
-        self.command = command
-        self.url = url.rstrip("/")
-        self.backend = backend
-        self.model = model
-        self.weights = weights
-        self.grace = grace
-        if log_path is None:
-            fd, log_path = tempfile.mkstemp(prefix=f"agentgym-{backend}-", suffix=".log")
-            os.close(fd)
-        self.log_path = Path(log_path)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {})}, start_new_session=True)
-        self.weight_version = 0
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(collections.deque(f, maxlen=lines))
-        except OSError:
-            return "(no log)"
-
-    def wait_ready(self, timeout: float = 600.0, interval: float = 0.5) -> None:
-        if wait_healthy(self.url, lambda: self.process.poll() is not None, timeout, interval):
-            return
-        code = self.process.poll()
-        if code is not None:
-            raise RuntimeError(
-                f"the {self.backend} server exited with code {code} before it was ready.\n"
-                f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
-        self.stop()
-        raise TimeoutError(
-            f"the {self.backend} server at {self.url} did not answer /health within {timeout:.0f} s.\n"
-            f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
-
-    def update_weights(self, weights: str | os.PathLike[str] | dict[str, torch.Tensor], version: int) -> int:
-        """A path is handed to the server as is; a state dict goes through shared memory
-        (``/dev/shm``, same host only) and the file is removed afterwards."""
-        if isinstance(weights, dict):
-            self.weights.update_from_state_dict(self.url, weights, version)
-        else:
-            self.weights.update_from_disk(self.url, str(weights), version)
-        self.weight_version = version
-        return version
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=self.grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-            except ProcessLookupError:
-                pass
-        self._log.close()
 
 
 # ---- agentgym serve --------------------------------------------------------------------------------

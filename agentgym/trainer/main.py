@@ -17,7 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from agentgym.config import ConfigError, load_config, world_size
+from agentgym.config import ConfigError
+from agentgym.trainer.config import load_config, world_size
 
 
 def describe(cfg: DictConfig) -> str:
@@ -84,15 +85,9 @@ def _check_env(name: str) -> None:
 
 def _agent_source(cfg: DictConfig, agent: str, servers: Any) -> Any:
     """The gateway's trajectory source for ``--agent module:function``."""
-    try:
-        from agentgym.server import gateway
-    except ImportError as exc:
-        raise SystemExit(f"agentgym train --agent needs agentgym.server.gateway, which failed to import: {exc}") from exc
-    factory = getattr(gateway, "trajectory_source", None)
-    if factory is None:
-        raise SystemExit("this agentgym's gateway has no trajectory_source(cfg, agent, servers) yet; "
-                         "train on an env with --env NAME")
-    return factory(cfg, agent, servers)
+    from agentgym.gateway.agent_source import trajectory_source
+
+    return trajectory_source(cfg, agent, servers)
 
 
 class ProgressSafeHandler(logging.Handler):

@@ -29,7 +29,7 @@ class RolloutServers:
     """Policy servers for the rollout: ``handles`` we started, ``urls`` of all, one ``client``."""
 
     def __init__(self, cfg: Any) -> None:
-        from agentgym.server.client import PolicyClient
+        from agentgym.client import PolicyClient
 
         rollout = cfg.actor_rollout_ref.rollout
         self.backend = str(rollout.name)
@@ -62,7 +62,7 @@ class RolloutServers:
 
     def in_process_handles(self) -> list[Any]:
         """Embedded servers running in this process (they take a state dict directly)."""
-        from agentgym.server.launch import EmbeddedServerHandle
+        from agentgym.server.handles import EmbeddedServerHandle
 
         return [h for h in self.handles if isinstance(h, EmbeddedServerHandle)]
 
@@ -73,7 +73,7 @@ class RolloutServers:
             if isinstance(weights, dict):
                 raise ValueError("servers given by URL load weights from a path, not a state dict")
             if self.backend == "vllm":
-                from agentgym.server.engines import VLLMWeights
+                from agentgym.client.weights import VLLMWeights
 
                 adapter = VLLMWeights()
                 jobs += [asyncio.to_thread(adapter.update_from_disk, url, str(weights), version) for url in self.urls]
@@ -96,7 +96,7 @@ class WeightSync:
 
     def __init__(self, servers: RolloutServers, actor: Any, model_path: str,
                  directory: str | os.PathLike[str] | None = None) -> None:
-        from agentgym.server.weights import push_dir
+        from agentgym.model.weights import push_dir
 
         self.servers = servers
         self.model_path = model_path

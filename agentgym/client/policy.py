@@ -14,7 +14,7 @@ of a session goes to the server that served its first one (so the server's prefi
 reused across turns). Connection errors and 5xx answers are retried a bounded number of
 times with backoff, then raise ``PolicyServerError`` saying what failed and where.
 
-Connections: ``http://`` servers are called through ``agentgym.server.http11`` (keep-alive
+Connections: ``http://`` servers are called through ``agentgym.client.http11`` (keep-alive
 connections, responses parsed by httptools: ~0.05 ms of CPU per call where httpx spends ~0.5 ms);
 ``https://`` ones through httpx, split into small pools (``HTTPPools``).
 """
@@ -22,7 +22,6 @@ connections, responses parsed by httptools: ~0.05 ms of CPU per call where httpx
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import random
 import time
@@ -32,17 +31,11 @@ from typing import Any
 
 import httpx
 
-from agentgym.server.http11 import ConnectionPool, TransportError
+from agentgym.client.http11 import ConnectionPool, TransportError
+from agentgym.client.tls import ssl_context
 from agentgym.types import SamplingParams, TokenSample
 
 BACKENDS = ("embedded", "vllm", "sglang")
-
-
-@functools.cache
-def ssl_context() -> Any:
-    """One TLS context for every httpx client agentgym makes: httpx builds a new one per client
-    otherwise (~20 ms each; it was most of the time to push the tiny model's weights)."""
-    return httpx.create_ssl_context()
 
 
 class PolicyServerError(RuntimeError):
@@ -342,7 +335,7 @@ class PolicyClient:
         ``VLLMWeights``: pause, load in every worker, reset the prefix cache, resume.
         """
         if self.backend == "vllm":
-            from agentgym.server.engines import VLLMWeights
+            from agentgym.client.weights import VLLMWeights
 
             adapter = VLLMWeights()
             try:

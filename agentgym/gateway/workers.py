@@ -33,8 +33,8 @@ import sys
 import time
 from typing import Any
 
+from agentgym.client.http11 import ConnectionPool, TransportError
 from agentgym.server.errors import error_response
-from agentgym.server.http11 import ConnectionPool, TransportError
 
 LOCAL_HEADER = "x-agentgym-worker-local"  # a fanned-out request: answer it here, do not fan out again
 FAN_OUT = {"/pause", "/resume", "/stats", "/health"}
@@ -160,7 +160,8 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
                   banner: str, options: dict[str, Any]) -> int:
     """Start ``workers`` worker processes sharing ``public`` and supervise them until a signal or a
     worker's death. ``options``: the ``Gateway`` options (``admin_key`` goes by environment)."""
-    from agentgym.server.launch import bind_socket, wait_healthy
+    from agentgym.client.health import wait_healthy
+    from agentgym.server.handles import bind_socket
 
     host = public.getsockname()[0]
     private = [bind_socket(host, 0) for _ in range(workers)]
@@ -180,7 +181,7 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for k, sock in enumerate(private):
-            command = [sys.executable, "-m", "agentgym.server.gateway_workers", "--index", str(k),
+            command = [sys.executable, "-m", "agentgym.gateway.workers", "--index", str(k),
                        "--public-fd", str(public.fileno()), "--private-fd", str(sock.fileno()),
                        "--peers", ",".join(map(str, ports)), "--backend", backend, "--model", model,
                        "--model-name", str(options.get("model_name") or model)]
@@ -221,8 +222,8 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
 def worker_main(argv: list[str] | None = None) -> int:
     import argparse
 
+    from agentgym.gateway.serve import _run, serve_gateway, tune_gc_for_serving
     from agentgym.model import load_tokenizer
-    from agentgym.server.gateway import _run, serve_gateway, tune_gc_for_serving
 
     parser = argparse.ArgumentParser(description="one worker process of agentgym gateway --workers N")
     parser.add_argument("--index", type=int, required=True)

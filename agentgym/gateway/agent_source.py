@@ -1,6 +1,6 @@
 """Training from agents: run a black-box OpenAI-client agent through the gateway, get Trajectories.
 
-    from agentgym.server.gateway import start_gateway
+    from agentgym.gateway import start_gateway
     gateway = start_gateway(["http://127.0.0.1:8000"], model="tiny")        # or a gateway URL
     source = AgentTrajectorySource("examples.gsm8k_agent:run", load_agent_tasks("data/gsm8k"),
                                    n=8, gateway=gateway, tasks_per_step=16,
@@ -21,13 +21,14 @@ never trained on. ``task`` reaches the agent without its answer (``hidden_keys``
 For each task the source opens ``n`` sessions that share a group id (one GRPO group), runs the
 agent once per session, finishes the sessions and collects their trajectories in a ``DataPool``;
 a group is complete when all ``n`` sessions have finished. A session whose agent edited its
-history yields more than one trajectory (one per branch, see ``agentgym.server.sessions``), so a
+history yields more than one trajectory (one per branch, see ``agentgym.gateway.sessions``), so a
 group can hold more than ``n``; ``branches="active"`` keeps only each session's last branch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import numbers
 import os
@@ -39,10 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal
 
+from agentgym.gateway.client import GatewayClient
 from agentgym.registry import import_object
 from agentgym.rollout.metrics import summarize
 from agentgym.rollout.runner import epoch_order
-from agentgym.server.gateway import GatewayClient
 from agentgym.types import Trajectory
 
 AgentFn = Callable[[str, str, dict[str, Any]], Any]
@@ -340,3 +341,58 @@ class AgentTrajectorySource:
         if self._handle is not None:
             await asyncio.to_thread(self._handle.stop)
             self._handle = None
+
+
+def trajectory_source(cfg: Any, agent: str, servers: Any) -> Any:
+    """``agentgym train --agent module:function``: a gateway in this process over the trainer's policy
+    servers (``servers.urls``, ``servers.backend``), and an ``AgentTrajectorySource`` running the agent.
+
+    From the config: tasks from ``data.train_files`` / ``data.val_files`` (veRL-format or raw GSM8K
+    rows; each row's reward function from its data source), ``data.train_batch_size`` tasks per step
+    walked in ``data.shuffle`` order seeded by ``trainer.seed``, ``rollout.n`` sessions per task,
+    ``rollout.temperature`` / ``top_p`` / ``top_k`` / ``max_tokens_per_turn`` pinned for every model
+    call, ``rollout.concurrency`` agents at once, ``rollout.val_kwargs`` and ``data.val_batch_size`` for
+    validation; ``data.max_prompt_length + data.max_response_length`` bounds a session's context.
+    """
+    from omegaconf import OmegaConf
+
+    from agentgym.gateway.serve import start_gateway
+
+    data, rollout = cfg.data, cfg.actor_rollout_ref.rollout
+
+    def files(value: Any) -> Any:
+        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+    if not data.train_files:
+        raise ValueError("agentgym train --agent needs tasks for the agent: set data.train_files=<.jsonl/.parquet, "
+                         "veRL-format or raw GSM8K rows>")
+    tasks = load_agent_tasks(files(data.train_files), "train")
+    val_tasks = load_agent_tasks(files(data.val_files), "test") if data.val_files else tasks
+    pinned = {"temperature": float(rollout.temperature), "top_p": float(rollout.top_p), "top_k": int(rollout.top_k),
+              "max_tokens": int(rollout.max_tokens_per_turn or data.max_response_length)}
+    val = rollout.val_kwargs
+    handle = start_gateway(list(servers.urls), model=str(cfg.actor_rollout_ref.model.path), backend=str(servers.backend),
+                           server_model=getattr(servers.client, "model", None),
+                           max_model_len=int(data.max_prompt_length + data.max_response_length))
+    try:
+        return AgentTrajectorySource(
+            agent, tasks, n=int(rollout.n), gateway=handle, close_gateway=True,
+            tasks_per_step=int(data.train_batch_size), sampling=pinned, concurrency=int(rollout.concurrency),
+            shuffle=bool(data.shuffle), seed=int(cfg.trainer.seed),
+            val_tasks=val_tasks[:int(data.val_batch_size or 16)], val_n=int(val.n),
+            val_sampling={**pinned, "temperature": float(val.temperature), "top_p": float(val.top_p),
+                          "top_k": int(val.top_k)},
+            weight_version=lambda: _servers_version(servers))
+    except BaseException:
+        handle.stop()
+        raise
+
+
+def _servers_version(servers: Any) -> int:
+    """The newest weight version the trainer's ``RolloutServers`` know of: their client's per-server
+    versions (set by pushes through it) and the handles' own ``weight_version`` where they have one."""
+    versions = [int(s.version) for s in getattr(servers.client, "servers", [])]
+    for handle in getattr(servers, "handles", []):
+        with contextlib.suppress(Exception):
+            versions.append(int(handle.weight_version))
+    return max(versions, default=0)

@@ -1,0 +1,377 @@
+"""The gateway: train any OpenAI-client agent as a black box.
+
+The trainer (or anyone holding the admin key) opens a *session* per episode; the agent gets a
+``base_url`` and an API key for it and talks plain OpenAI to that URL. The gateway renders each
+chat itself, samples token-in/token-out from the policy servers (``PolicyClient.generate``),
+and records prompt ids, sampled ids, logprobs and weight version per turn. How requests map to
+trajectories (extend / fork / fresh branches) is ``agentgym.gateway.sessions``.
+
+Admin endpoints (``Authorization: Bearer <admin key>`` when the gateway has one):
+
+* ``POST /sessions`` ``{"task": {...}, "group_id": str, "sampling": {...}}`` ->
+  ``{"id", "api_key", "base_url", "group_id"}``. ``sampling`` (``SamplingParams`` names:
+  ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed``...) is pinned: it
+  overrides what the agent asks for. The task may name a reward function
+  (``"reward_fn": "gsm8k"`` or ``"module:function"``) with its ``ground_truth``.
+* ``GET /sessions/<id>``, ``POST /sessions/<id>/reward`` ``{"reward", "kind": "final"|"turn",
+  "turn", "branch"}``, ``POST /sessions/<id>/finish`` ``{"failure", "reward"}`` -> ``{"trajectories"}``:
+  also open to the session's own key. Finishing twice returns the same trajectories.
+* ``POST /pause`` (waits, bounded, for in-flight generations) and ``POST /resume``
+  ``{"weight_version": N}``: while paused, new model calls wait (up to ``pause_timeout``) instead of
+  failing; every turn records the weight version its server reported (or the one given at resume,
+  for servers that report none). ``GET /health``, ``GET /stats``.
+
+OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
+session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
+``logprobs``, ``stream``), ``POST /completions``, ``GET /models``. Another session's key is a
+403, a missing or unknown key a 401; every error has OpenAI's shape.
+
+Choices made:
+
+* ``n > 1``: each sample is recorded on its own branch (its own Trajectory); the first extends
+  the matched branch, the others fork at the same point.
+* ``stream=true``: the whole response is generated, then sent as SSE chunks (role, content,
+  tool calls, finish, optional usage, ``[DONE]``); the agent sees no tokens earlier.
+* ``max_tokens`` left out: ``default_max_tokens``, clipped to what the context has room for.
+* ``tool_choice`` ``required``/named and ``response_format`` are accepted, not enforced;
+  ``top_logprobs`` alternatives are empty (the servers report the sampled token's logprob only).
+* The ``model`` field is ignored: the session decides what answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+from jinja2 import TemplateError
+
+from agentgym.client import PolicyClient, PolicyServerError
+from agentgym.gateway.sessions import Plan, Session, SessionStore, normalize_message
+from agentgym.gateway.streaming import chat_chunks, completion_chunks, sse
+from agentgym.rollout.chat import ChatTokenizer
+from agentgym.server.errors import (
+    APIError,
+)
+from agentgym.server.openai_types import (
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessage,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    ToolCall,
+    UsageInfo,
+)
+from agentgym.server.token_pieces import TokenPieces
+from agentgym.server.tool_calls import assistant_reply
+from agentgym.types import SamplingParams, TokenSample
+
+SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+class Gateway:
+    """The gateway's state: sessions, the policy client, pause control and counters.
+
+    ``policy``: a ``PolicyClient`` over the policy servers. ``tokenizer``: the policy's tokenizer
+    (its chat template renders every request). ``max_model_len``: prompt plus completion tokens
+    (default: the tokenizer's ``model_max_length``). ``upstream_retry_s``: how long a model call
+    keeps retrying while the servers are unreachable (restarts, weight loads) before a 503.
+    ``template_check_every``: re-render every k-th finished session to detect a chat template that
+    is not prefix-preserving (the ``template_mismatch`` metric, as the rollout runner does); 0: never.
+    ``idle_timeout``: an open session unused this long is finished as failed (``expired``).
+    ``worker``: this gateway's index among the worker processes of ``agentgym gateway --workers N``
+    (its session ids start ``w<index>-``); ``worker_port``: the port only it listens on, which its
+    sessions' ``base_url`` names so that the agent talks to it directly.
+    """
+
+    def __init__(self, policy: PolicyClient, tokenizer: Any, *, model_name: str = "agentgym",
+                 admin_key: str | None = None, max_model_len: int | None = None, default_max_tokens: int = 1024,
+                 max_body_bytes: int = 32 << 20, pause_timeout: float = 600.0, upstream_retry_s: float = 60.0,
+                 public_url: str | None = None, keep_finished: int = 10_000, template_check_every: int = 1,
+                 idle_timeout: float = 3600.0, worker: int | None = None, worker_port: int | None = None) -> None:
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.chat = ChatTokenizer(tokenizer)
+        self.store = SessionStore(self.chat, keep_finished=keep_finished, template_check_every=template_check_every,
+                                  idle_timeout=idle_timeout, id_prefix="" if worker is None else f"w{worker}-")
+        self.worker, self.worker_port = worker, worker_port
+        self.model_name = model_name
+        self.admin_key = admin_key
+        limit = max_model_len or getattr(tokenizer, "model_max_length", None)
+        self.max_model_len = int(limit) if limit and limit < 10**8 else 32768
+        self.default_max_tokens = default_max_tokens
+        self.max_body_bytes = max_body_bytes
+        self.pause_timeout = pause_timeout
+        self.upstream_retry_s = upstream_retry_s
+        self.public_url = public_url.rstrip("/") if public_url else None
+        self.inflight = 0
+        self.weight_version: int | None = None
+        self._running = asyncio.Event()
+        self._running.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.pieces = TokenPieces(tokenizer)
+        self.counts = {"completions": 0, "errors": 0, "upstream_retries": 0, "paused_waits": 0, "late_completions": 0}
+
+    # ---- access ---------------------------------------------------------------------------
+    @staticmethod
+    def bearer(request: Request) -> str | None:
+        header = request.headers.get("authorization") or ""
+        scheme, _, token = header.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+    def require_admin(self, request: Request) -> None:
+        if self.admin_key is not None and self.bearer(request) != self.admin_key:
+            raise APIError(401, "this endpoint needs the gateway's admin key (Authorization: Bearer <admin key>)",
+                           "authentication_error", code="invalid_api_key")
+
+    def session_for(self, sid: str, request: Request, admin: bool = False) -> Session:
+        """The session ``sid`` if the request may use it: with the session's own key, or for the
+        admin endpoints (``admin=True``) with the admin key (or no key, if the gateway has none)."""
+        session = self.store.get(sid)
+        key = self.bearer(request)
+        if key == session.key:
+            return session
+        if admin and self.admin_key is not None and key == self.admin_key:
+            return session
+        owner = self.store.owner(key) if key else None
+        if owner is not None:
+            raise APIError(403, f"this API key belongs to another session, not {sid}; use the api_key that "
+                           "POST /sessions returned with this session's base_url", "permission_error",
+                           code="wrong_session")
+        if admin and self.admin_key is None and key is None:
+            return session
+        if key is None:
+            raise APIError(401, "no API key: pass the session's api_key (Authorization: Bearer <key>)",
+                           "authentication_error", code="invalid_api_key")
+        raise APIError(401, f"invalid API key for session {sid}", "authentication_error", code="invalid_api_key")
+
+    @staticmethod
+    def open_session(session: Session) -> Session:
+        if session.finished:
+            raise APIError(409, f"session {session.id} is finished; it takes no more model calls",
+                           "conflict_error", code="session_finished")
+        return session
+
+    def base_url(self, request: Request, sid: str) -> str:
+        if self.public_url:
+            root = self.public_url
+        elif self.worker_port is not None:
+            root = str(request.base_url.replace(port=self.worker_port)).rstrip("/")
+        else:
+            root = str(request.base_url).rstrip("/")
+        return f"{root}/sessions/{sid}/v1"
+
+    # ---- pause for weight updates ---------------------------------------------------------
+    async def pause(self, drain_timeout: float = 60.0) -> dict[str, Any]:
+        """Hold new model calls; return once in-flight ones finished (or after ``drain_timeout``)."""
+        self._running.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), drain_timeout)
+        return {"paused": True, "inflight": self.inflight}
+
+    def resume(self, weight_version: int | None = None) -> dict[str, Any]:
+        """Let model calls go; ``weight_version``: the version the servers now hold, recorded on turns
+        whose server does not report one itself (vLLM, SGLang; the embedded server does)."""
+        if weight_version is not None:
+            self.weight_version = int(weight_version)
+            for server in getattr(self.policy, "servers", []):
+                server.version = self.weight_version
+        self._running.set()
+        return {"paused": False, "inflight": self.inflight, "weight_version": self.weight_version}
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    @contextlib.asynccontextmanager
+    async def weight_update(self, weight_version: int | None = None, drain_timeout: float = 60.0
+                            ) -> AsyncIterator[None]:
+        """``async with gateway.weight_update(version): <push weights>`` — calls wait meanwhile (same loop
+        only; from elsewhere use ``POST /pause``/``/resume`` or ``GatewayClient.weight_update``)."""
+        await self.pause(drain_timeout)
+        try:
+            yield
+        finally:
+            self.resume(weight_version)
+
+    # ---- sampling -------------------------------------------------------------------------
+    async def generate(self, session: Session, prompt_ids: list[int], sampling: SamplingParams) -> TokenSample:
+        """One sample from the policy servers, sticky to the session's server; waits out pauses and
+        retries unreachable servers for ``upstream_retry_s``."""
+        if not self._running.is_set():
+            self.counts["paused_waits"] += 1
+            try:
+                await asyncio.wait_for(self._running.wait(), self.pause_timeout)
+            except asyncio.TimeoutError:
+                raise APIError(503, f"the gateway has been paused for a weight update for over {self.pause_timeout:.0f}s; "
+                               "retry later", "server_error", code="paused") from None
+        self.inflight += 1
+        self._idle.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.upstream_retry_s
+        try:
+            while True:
+                try:
+                    return await self.policy.generate(prompt_ids, sampling, session_id=session.id)
+                except PolicyServerError as exc:
+                    if exc.refused is not None:  # the server's own 4xx: retrying cannot help
+                        raise APIError(400, f"the policy server refused the request: {exc}") from None
+                    if loop.time() > deadline:
+                        raise APIError(503, f"no policy server answered for {self.upstream_retry_s:.0f}s: {exc}",
+                                       "server_error", code="upstream_unavailable") from None
+                    self.counts["upstream_retries"] += 1
+                    await asyncio.sleep(0.25)
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+
+    def sampling(self, session: Session, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
+                 param: str) -> SamplingParams:
+        """The request's sampling fields, overridden by the session's pinned ones, fitted to the context."""
+        asked = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
+                 "stop": req.stop, "stop_token_ids": req.stop_token_ids, "max_tokens": req.requested_max_tokens}
+        values = {k: v for k, v in asked.items() if v is not None}
+        values.update(session.sampling)
+        room = self.max_model_len - prompt_len
+        if room < 1:
+            raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens, but the prompt "
+                           f"has {prompt_len} tokens", param=param, code="context_length_exceeded")
+        values["max_tokens"] = min(int(values.get("max_tokens") or self.default_max_tokens), room)
+        values["stop"] = list(values.get("stop") or [])
+        values["stop_token_ids"] = list(values.get("stop_token_ids") or [])
+        return SamplingParams(**values)
+
+    def reply_text(self, sample: TokenSample, stop: Sequence[str]) -> str:
+        """The sampled text the agent sees: special tokens dropped, cut before the first stop string."""
+        text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+        cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+        return text[:min(cuts)] if cuts else text
+
+    def chat_logprobs(self, sample: TokenSample) -> ChatLogprobs:
+        content = []
+        for tok, lp in zip(sample.token_ids, sample.logprobs):
+            content.append(ChatTokenLogprob(token=self.pieces.text(tok), logprob=lp, bytes=self.pieces.bytes(tok),
+                                            top_logprobs=[]))
+        return ChatLogprobs(content=content)
+
+    async def sample_all(self, session: Session, plans: list[Plan], sampling: SamplingParams) -> list[TokenSample]:
+        """Every plan's sample, or none: on any failure every plan is released. A session finished while
+        its samples were generated records nothing more: the agent gets a 409."""
+        try:
+            if len(plans) == 1:  # the usual case: no task to gather
+                samples = [await self.generate(session, plans[0].context_ids, sampling)]
+            else:
+                samples = list(await asyncio.gather(*(self.generate(session, p.context_ids, sampling) for p in plans)))
+        except BaseException:
+            for p in plans:
+                self.store.release(p)
+            self.counts["errors"] += 1
+            raise
+        if session.finished:
+            self.counts["late_completions"] += 1
+            for p in plans:
+                self.store.release(p)
+            raise APIError(409, f"session {session.id} was finished while this call was generating; its result "
+                           "is not recorded", "conflict_error", code="session_finished")
+        return samples
+
+    # ---- chat -----------------------------------------------------------------------------
+    async def chat_completion(self, session: Session, req: ChatCompletionRequest) -> Any:
+        if req.continue_final_message or not req.add_generation_prompt:
+            raise APIError(400, "the gateway always starts a new assistant turn; continue_final_message and "
+                           "add_generation_prompt=false are not supported", param="continue_final_message")
+        if req.chat_template_kwargs:
+            raise APIError(400, "chat_template_kwargs are not supported by the gateway: every turn must render "
+                           "with the same template", param="chat_template_kwargs")
+        messages = [normalize_message(m) for m in req.messages]
+        tools = req.tools if req.tools and req.tool_choice != "none" else None
+        try:
+            plan = self.store.plan_chat(session, messages, tools)
+        except (ValueError, TypeError, KeyError, TemplateError) as exc:
+            raise APIError(400, f"could not render the messages with the chat template: {exc}", param="messages") from exc
+        plans, samples, sampling = await self.sample_plan(session, plan, req, "messages")
+        choices = []
+        for i, (p, sample) in enumerate(zip(plans, samples)):
+            content, calls, finish = assistant_reply(self.reply_text(sample, sampling.stop), sample.finish_reason,
+                                                     bool(tools))
+            reply: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                reply["tool_calls"] = calls
+            self.store.commit(session, p, sample, normalize_message(reply))
+            choices.append(ChatChoice(
+                index=i, message=ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]),
+                logprobs=self.chat_logprobs(sample) if req.logprobs else None, finish_reason=finish,
+                token_ids=list(sample.token_ids) if req.return_token_ids else None))
+        return self.respond(ChatCompletionResponse, chat_chunks, req, plan, samples, choices)
+
+    # ---- text completions -----------------------------------------------------------------
+    async def completion(self, session: Session, req: CompletionRequest) -> Any:
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise APIError(400, "the gateway takes one prompt per request (a string or a list of token ids)",
+                               param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, list):
+            bad = next((t for t in prompt if not 0 <= t < len(self.tokenizer)), None)
+            if bad is not None:
+                raise APIError(400, f"prompt token id {bad} is outside the vocabulary (size {len(self.tokenizer)})",
+                               param="prompt")
+        plan = self.store.plan_text(session, prompt)
+        plans, samples, sampling = await self.sample_plan(session, plan, req, "prompt")
+        choices = []
+        for i, (p, sample) in enumerate(zip(plans, samples)):
+            text = self.reply_text(sample, sampling.stop)
+            self.store.commit(session, p, sample, text=text)
+            logprobs = None
+            if req.logprobs is not None:
+                tokens = [self.pieces.text(t) for t in sample.token_ids]
+                offsets = self.pieces.offsets(tokens)
+                logprobs = CompletionLogprobs(tokens=tokens, token_logprobs=list(sample.logprobs), text_offset=offsets)
+            choices.append(CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=sample.finish_reason,
+                                            token_ids=list(sample.token_ids) if req.return_token_ids else None))
+        return self.respond(CompletionResponse, completion_chunks, req, plan, samples, choices)
+
+    # ---- shared by both -------------------------------------------------------------------
+    async def sample_plan(self, session: Session, plan: Plan, req: ChatCompletionRequest | CompletionRequest,
+                          param: str) -> tuple[list[Plan], list[TokenSample], SamplingParams]:
+        """``req.n`` samples from ``plan`` (the first) and its siblings; ``plan`` is released if the
+        request cannot be sampled."""
+        try:
+            sampling = self.sampling(session, req, len(plan.context_ids), param)
+        except APIError:
+            self.store.release(plan)
+            raise
+        plans = [plan] + self.store.siblings(session, plan, req.n - 1)
+        return plans, await self.sample_all(session, plans, sampling), sampling
+
+    def respond(self, response_type: type, chunks: Any, req: ChatCompletionRequest | CompletionRequest, plan: Plan,
+                samples: list[TokenSample], choices: list[Any]) -> Response:
+        """The OpenAI response (JSON, or SSE ``chunks`` of it when ``req.stream``)."""
+        self.counts["completions"] += len(samples)
+        completion = sum(len(s.token_ids) for s in samples)
+        response = response_type(
+            model=req.model or self.model_name, choices=choices,
+            prompt_token_ids=plan.context_ids if req.return_token_ids else None,
+            usage=UsageInfo(prompt_tokens=len(plan.context_ids), completion_tokens=completion,
+                            total_tokens=len(plan.context_ids) + completion),
+            weight_version=min(s.weight_version for s in samples))
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return sse(chunks(response, include_usage))
+        return Response(response.model_dump_json(exclude_none=True), media_type="application/json")
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.store.counts, **self.counts, "open_sessions": len(self.store.open), "inflight": self.inflight,
+                "paused": self.paused}

@@ -1,0 +1,91 @@
+"""``WorkerGroup``: N copies of one worker class, as Ray actors or in this process."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentgym.trainer.workers import Worker
+
+
+class WorkerGroup:
+    """``world_size`` copies of a worker class, one per rank: Ray actors (``use_ray``), or a
+    single object in this process. ``call`` runs a method on every rank and returns the
+    results in rank order; ``per_rank`` arguments give each rank its own value."""
+
+    def __init__(self, cls: type[Worker], config: dict[str, Any], world_size: int, use_ray: bool,
+                 name: str = "", num_gpus: float = 0.0, placement_group: Any = None) -> None:
+        self.cls = cls
+        self.world_size = world_size
+        self.use_ray = use_ray
+        self.name = name or cls.__name__
+        if use_ray:
+            import ray
+
+            remote = ray.remote(cls)
+            self.workers = []
+            for rank in range(world_size):
+                options: dict[str, Any] = {"num_cpus": 0, "num_gpus": num_gpus}
+                if placement_group is not None:  # rank r of every group shares bundle r (one GPU)
+                    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                    options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                        placement_group, placement_group_bundle_index=rank)
+                self.workers.append(remote.options(**options).remote(config, rank, world_size))
+        else:
+            if world_size != 1:
+                raise ValueError("a WorkerGroup without Ray holds exactly one worker")
+            self.workers = [cls(config, 0, 1)]
+        if self.call("needs_process_group")[0]:
+            host, port = self.call_rank0("rendezvous_address")
+            self.call("init_distributed", host, port)
+
+    def call_async(self, method: str, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None,
+                   **kwargs: Any) -> Any:
+        """Start ``method`` on every rank; returns something ``get`` turns into the results."""
+        if self.use_ray:
+            futures = []
+            for rank, worker in enumerate(self.workers):
+                extra = tuple(per_rank[rank]) if per_rank is not None else ()
+                futures.append(getattr(worker, method).remote(*args, *extra, **kwargs))
+            return futures
+        extra = tuple(per_rank[0]) if per_rank is not None else ()
+        return [getattr(self.workers[0], method)(*args, *extra, **kwargs)]
+
+    def get(self, pending: Any) -> list[Any]:
+        if self.use_ray:
+            import ray
+
+            return ray.get(pending)
+        return pending
+
+    def call(self, method: str, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None, **kwargs: Any) -> list[Any]:
+        return self.get(self.call_async(method, *args, per_rank=per_rank, **kwargs))
+
+    def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self.use_ray:
+            import ray
+
+            return ray.get(getattr(self.workers[0], method).remote(*args, **kwargs))
+        return getattr(self.workers[0], method)(*args, **kwargs)
+
+    def put(self, value: Any) -> Any:
+        """Share a large argument once (the Ray object store), not once per rank."""
+        if self.use_ray:
+            import ray
+
+            return ray.put(value)
+        return value
+
+    def shutdown(self) -> None:
+        if self.use_ray:
+            import ray
+
+            for worker in self.workers:
+                with contextlib.suppress(Exception):  # best effort on the way out
+                    ray.get(worker.shutdown.remote(), timeout=10)
+                ray.kill(worker)
+        else:
+            self.workers[0].shutdown()
