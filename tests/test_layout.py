@@ -1,0 +1,162 @@
+"""The layout holds: one part per folder, arrows between parts that point one way, no cycles,
+no file that has grown past one idea, and old import paths that say where things went.
+
+Every import counts, at module level or inside a function (a lazy import hides a cycle from
+Python, not from a reader). docs/ARCHITECTURE.md explains the parts and their arrows.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "agentgym"
+
+# What each part may import (besides itself). Keep in step with docs/ARCHITECTURE.md.
+ALLOWED = {
+    "types": set(),
+    "moved": set(),
+    "config": set(),
+    "registry": {"types"},
+    "model": set(),
+    "envs": {"types", "registry"},
+    "interactions": {"types", "registry", "envs"},
+    "client": {"types", "model"},
+    "server": {"types", "registry", "model", "client", "envs"},
+    "rollout": {"types", "registry", "model", "envs", "client"},
+    "gateway": {"types", "registry", "model", "envs", "client", "rollout", "server"},
+    "trainer": {"types", "registry", "config", "model", "envs", "interactions", "client", "server", "rollout",
+                "gateway"},
+    "cli": {"types", "registry", "config", "model", "envs", "interactions", "client", "server", "rollout", "gateway",
+            "trainer"},
+}
+MAX_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in files.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+                    if node.level else (node.module or "")
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for target in targets:
+                while target and target not in files:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def part(module: str) -> str:
+    bits = module.split(".")
+    return bits[1] if len(bits) > 1 else ""
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in list(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles_between_modules_or_parts():
+    graph = import_graph()
+    assert cycles(graph) == [], "modules that import each other"
+    parts: dict[str, set[str]] = defaultdict(set)
+    for a, targets in graph.items():
+        for b in targets:
+            if part(a) and part(b) and part(a) != part(b):
+                parts[part(a)].add(part(b))
+    assert cycles(parts) == [], "parts that import each other"
+
+
+def test_arrows_between_parts_point_the_documented_way():
+    wrong = sorted(f"{a} -> {b} (part {part(a)} may import only {sorted(ALLOWED.get(part(a), set()))})"
+                   for a, targets in import_graph().items() for b in targets
+                   if part(a) and part(b) and part(a) != part(b) and part(b) not in ALLOWED.get(part(a), set()))
+    assert wrong == []
+
+
+def test_no_sub_package_imports_the_package_root():
+    importers = sorted(a for a, targets in import_graph().items() if "agentgym" in targets and a != "agentgym")
+    assert importers == []
+
+
+def test_no_file_has_outgrown_one_idea():
+    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"files over {MAX_LINES} lines: split them along their ideas"
+
+
+@pytest.mark.parametrize("old, new", [
+    ("agentgym.server.client", "agentgym.client"),
+    ("agentgym.server.gateway", "agentgym.gateway"),
+    ("agentgym.server.sessions", "agentgym.gateway.sessions"),
+    ("agentgym.rollout.agent_source", "agentgym.gateway.agent_source"),
+    ("agentgym.envs.interaction_env", "agentgym.interactions.env"),
+])
+def test_a_moved_module_names_its_new_place(old, new):
+    with pytest.raises(ImportError, match=new.replace(".", r"\.")):
+        importlib.import_module(old)
+
+
+def test_moved_names_name_their_new_place():
+    with pytest.raises(ImportError, match=r"agentgym\.trainer\.config"):
+        from agentgym.config import load_config  # noqa: F401
+    import agentgym.server
+
+    with pytest.raises(AttributeError, match=r"from agentgym\.client import PolicyClient"):
+        agentgym.server.PolicyClient  # noqa: B018
