@@ -141,7 +141,7 @@ def test_fork_exec_shell_is_not_root_and_stays_inside(run_code: Run, tmp_path: P
     assert "uid=0" not in result.stdout and not target.exists()  # ...unprivileged, and wrote nothing here
 
 
-def test_pidfd_send_signal_cannot_kill_the_parent() -> None:
+def test_pidfd_send_signal_cannot_kill_the_parent(strong: None) -> None:
     done = run_in_throwaway_parent(probe("""
         import os, signal
         for pid in {{os.getppid(), PARENT_PID}}:
@@ -223,7 +223,7 @@ def test_project_files_are_unreadable(run_code: Run) -> None:
         secret_file.unlink()
 
 
-def test_parent_environment_is_unreadable() -> None:
+def test_parent_environment_is_unreadable(strong: None) -> None:
     token = secrets.token_hex(16)
     done = run_in_throwaway_parent(probe("""
         import os
@@ -241,7 +241,7 @@ def test_parent_environment_is_unreadable() -> None:
 
 
 # ---- more abuse -----------------------------------------------------------------------------------
-def test_parent_memory_is_unreadable() -> None:
+def test_parent_memory_is_unreadable(strong: None) -> None:
     token = secrets.token_hex(16)
     done = run_in_throwaway_parent(probe("""
         import os
@@ -413,7 +413,7 @@ def test_no_capabilities_through_a_user_namespace(run_code: Run) -> None:
     assert "uid-in-ns=0" not in result.stdout, result.stdout
 
 
-def test_signals_to_the_parent_by_pid_are_refused() -> None:
+def test_signals_to_the_parent_by_pid_are_refused(strong: None) -> None:
     done = run_in_throwaway_parent(probe("""
         import os
         pid = spawn(["/bin/sh", "-c", "kill -9 PARENT_PID " + str(os.getppid())])
