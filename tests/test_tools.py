@@ -33,6 +33,7 @@ from agentgym.envs.tools.sandbox import (
     MODE_ENV,
     SandboxUnavailable,
     bubblewrap,
+    guardrail,
     process,
     resolve_mode,
     run_python,
@@ -288,7 +289,7 @@ def test_strong_python_sees_a_private_fresh_tmp_and_a_read_only_system(tmp_path:
 
 
 def test_python_output_is_truncated() -> None:
-    tool = PythonTool(timeout_s=TIMEOUT_S, max_output_chars=100)
+    tool = PythonTool(timeout_s=10, max_output_chars=100)  # (100,000 unbuffered writes: slow on a busy machine)
     result, _ = run_tool(tool, "for i in range(100000):\n    print('line', i)")
     assert result.ok and "truncated" in result.text and len(result.text) < 200
 
@@ -339,6 +340,29 @@ def test_cgroup_cleanup_kills_processes_that_left_the_session() -> None:
         cgroup.kill_all()
         cgroup.remove()
     assert not cgroup.path.exists()
+
+
+@pytest.mark.parametrize("mode", ["strong", "weak"])
+def test_a_cgroup_the_child_cannot_join_is_given_up(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if mode == "strong":
+        skip_without_strong()
+    if "cgroup" not in run_python("pass", timeout_s=TIMEOUT_S, mode=mode).layers:
+        pytest.skip("no writable pids cgroup here")
+    monkeypatch.setattr(process, "_cgroup_parents", dict(process._cgroup_parents))  # restored afterwards
+    made: list[process.RunCgroup] = []
+
+    def unjoinable(*args: Any) -> tuple[list[process.RunCgroup], list[str]]:
+        cgroups, layers = process.make_run_cgroups(*args)
+        for cgroup in cgroups:
+            cgroup.join = "/nonexistent/tasks"
+        made.extend(cgroups)
+        return cgroups, layers
+
+    monkeypatch.setattr(bubblewrap if mode == "strong" else guardrail, "make_run_cgroups", unjoinable)
+    result = run_python("print('ran')", timeout_s=TIMEOUT_S, mode=mode)
+    assert result.ok and result.stdout == "ran\n" and "cgroup" not in result.layers
+    assert made and not any(c.path.exists() for c in made)
+    assert "cgroup" not in run_python("pass", timeout_s=TIMEOUT_S, mode=mode).layers  # not tried again
 
 
 def test_sandbox_reports_its_layers() -> None:

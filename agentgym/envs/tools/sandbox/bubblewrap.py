@@ -35,10 +35,12 @@ from pathlib import Path
 from agentgym.envs.tools.sandbox.process import (
     SandboxResult,
     capped,
+    forget_cgroups,
     make_preexec,
     make_run_cgroups,
     make_run_dir,
     run_child,
+    site_packages,
     user_task_count,
 )
 from agentgym.envs.tools.sandbox.seccomp import filter_program
@@ -83,16 +85,10 @@ class SandboxUnavailable(RuntimeError):
     """The strong sandbox cannot run on this machine (and the weak mode was not chosen)."""
 
 
-def _site_packages() -> list[str]:
-    import site
-
-    return [d for d in site.getsitepackages() if os.path.isdir(d)]
-
-
 def _python_roots(python: str | None) -> list[str]:
     """Directories the interpreter needs, as absolute paths (its prefixes, venv, site-packages)."""
     if python is None:
-        paths = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_site_packages(),
+        paths = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *site_packages(),
                  os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
     else:
         exe = os.path.abspath(python)
@@ -160,7 +156,7 @@ def bwrap_argv(python: str | None, disk_bytes: int, seccomp_fd: int | None) -> t
         argv += [shutil.which("setpriv") or "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}",
                  "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     if python is None:
-        argv += [sys.executable, "-I", "-B", "-S", "-u", "-X", "utf8", "-c", BOOTSTRAP, *_site_packages()]
+        argv += [sys.executable, "-I", "-B", "-S", "-u", "-X", "utf8", "-c", BOOTSTRAP, *site_packages()]
     else:
         argv += [python, "-I", "-B", "-u", "-X", "utf8", "-c", BOOTSTRAP]
     return argv, layers
@@ -213,8 +209,8 @@ def run_strong(code: str, timeout_s: float, memory_mb: int, max_processes: int, 
                                     timeout_s=timeout_s, max_output_bytes=max_output_bytes,
                                     pass_fds=(filter_read,) if program is not None else ())
             except subprocess.SubprocessError:  # joining a cgroup failed in the child: retry without
-                if cgroups and use_cgroup:
-                    use_cgroup = False
+                if cgroups:
+                    forget_cgroups()
                     continue
                 raise
             finally:

@@ -35,12 +35,14 @@ from collections.abc import Callable
 
 from agentgym.envs.tools.sandbox.process import (
     SandboxResult,
-    _libc,
     capped,
+    forget_cgroups,
+    libc,
     make_preexec,
     make_run_cgroups,
     make_run_dir,
     run_child,
+    site_packages,
     user_task_count,
 )
 
@@ -133,7 +135,7 @@ def probe_netns() -> int:
         if _netns_flags is not None:
             return _netns_flags
         _netns_flags = 0
-        if _libc is not None and shutil.which("true"):
+        if libc is not None and shutil.which("true"):
             candidates = [CLONE_NEWNET] if os.geteuid() == 0 else [CLONE_NEWUSER | CLONE_NEWNET]
             for flags in candidates:
                 try:
@@ -147,17 +149,10 @@ def probe_netns() -> int:
 
 def _unshare_fn(flags: int) -> Callable[[], None]:
     def unshare() -> None:
-        if _libc.unshare(flags) != 0:  # type: ignore[union-attr]
+        if libc.unshare(flags) != 0:  # type: ignore[union-attr]
             raise OSError(ctypes.get_errno(), "unshare failed")
 
     return unshare
-
-
-def site_packages() -> list[str]:
-    """This interpreter's site-packages directories (the venv's, then the base's)."""
-    import site
-
-    return [d for d in site.getsitepackages() if os.path.isdir(d)]
 
 
 def run_weak(code: str, timeout_s: float, memory_mb: int, max_processes: int, max_output_bytes: int,
@@ -202,7 +197,7 @@ def run_weak(code: str, timeout_s: float, memory_mb: int, max_processes: int, ma
                                     cgroups=cgroups, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
             except subprocess.SubprocessError:  # a layer failed inside the child before exec
                 if cgroups:
-                    use_cgroup = False
+                    forget_cgroups()
                     continue
                 if netns:
                     _netns_flags = 0

@@ -30,7 +30,7 @@ from typing import IO
 PR_SET_PDEATHSIG = 1
 RUN_DIR_PREFIX = "agentgym-py-"
 
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 _probe_lock = threading.Lock()
 _counter = itertools.count()
 _stale_checked = False
@@ -106,6 +106,13 @@ def probe_cgroup(controller: str) -> tuple[Path, str] | None:
             if _cgroup_parents[controller]:
                 break
         return _cgroup_parents[controller]
+
+
+def forget_cgroups() -> None:
+    """Stop making cgroups in this process (joining one failed in a child)."""
+    with _probe_lock:
+        for controller in LIMIT_FILES:
+            _cgroup_parents[controller] = None
 
 
 def remove_stale_cgroups(parent: Path) -> None:
@@ -212,6 +219,13 @@ def user_task_count(uid: int) -> int:
 
 
 # ---- starting the child --------------------------------------------------------------------
+def site_packages() -> list[str]:
+    """This interpreter's site-packages directories (the venv's, then the base's)."""
+    import site
+
+    return [d for d in site.getsitepackages() if os.path.isdir(d)]
+
+
 def capped(limits: dict[int, int]) -> dict[int, int]:
     """Limits no higher than the hard limits already in force (only root may raise those)."""
     out = {}
@@ -226,8 +240,8 @@ def make_preexec(limits: dict[int, int], cgroup_joins: list[str], unshare_flags:
     namespaces, set limits. (Everything it needs is resolved beforehand: no imports or
     allocations of note happen here.)"""
     setrlimit = resource.setrlimit
-    unshare = _libc.unshare if _libc is not None else None
-    prctl = _libc.prctl if _libc is not None else None
+    unshare = libc.unshare if libc is not None else None
+    prctl = libc.prctl if libc is not None else None
     parent = os.getpid()
 
     def preexec() -> None:
