@@ -288,6 +288,23 @@ def test_strong_python_sees_a_private_fresh_tmp_and_a_read_only_system(tmp_path:
     assert not os.path.exists("/usr/escaped") and no_children_left()
 
 
+def test_strong_python_keeps_threads_subprocesses_and_multiprocessing() -> None:
+    skip_without_strong()
+    code = """
+import concurrent.futures, subprocess, threading
+out = []
+worker = threading.Thread(target=lambda: out.append("thread"))
+worker.start()
+worker.join()
+print(out[0], subprocess.run(["echo", "subprocess"], capture_output=True, text=True).stdout.strip())
+with concurrent.futures.ProcessPoolExecutor(2) as pool:  # semaphores in /dev/shm
+    print(sum(pool.map(abs, [-1, -2, -3])))
+"""
+    result = PythonTool(timeout_s=10, sandbox="strong").run(code)
+    assert result.ok and result.stdout.split() == ["thread", "subprocess", "6"], result.stderr
+    assert no_children_left()
+
+
 def test_python_output_is_truncated() -> None:
     tool = PythonTool(timeout_s=10, max_output_chars=100)  # (100,000 unbuffered writes: slow on a busy machine)
     result, _ = run_tool(tool, "for i in range(100000):\n    print('line', i)")
