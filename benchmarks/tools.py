@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -39,15 +40,19 @@ def round_trip(box: Toolbox, text: str) -> str:
     return results[0].message()["content"]
 
 
-def measure(fn: Callable[[], object], seconds: float, threads: int = 1) -> tuple[float, int]:
-    """Calls per second of ``fn`` over ``seconds`` (from ``threads`` threads)."""
+def measure(fn: Callable[[], object], seconds: float, threads: int = 1) -> tuple[float, int, list[float]]:
+    """Calls per second of ``fn`` over ``seconds`` (from ``threads`` threads), the call count and
+    each call's seconds."""
     fn()  # warm up
     deadline = time.perf_counter() + seconds
+    durations: list[float] = []
 
     def loop() -> int:
         n = 0
         while time.perf_counter() < deadline:
+            begin = time.perf_counter()
             fn()
+            durations.append(time.perf_counter() - begin)
             n += 1
         return n
 
@@ -57,7 +62,7 @@ def measure(fn: Callable[[], object], seconds: float, threads: int = 1) -> tuple
     else:
         with ThreadPoolExecutor(threads) as pool:
             count = sum(pool.map(lambda _: loop(), range(threads)))
-    return count / (time.perf_counter() - start), count
+    return count / (time.perf_counter() - start), count, durations
 
 
 def main() -> int:
@@ -92,11 +97,12 @@ def main() -> int:
     for mode, names in layers.items():
         print(f"python sandbox {mode} layers: {', '.join(names)}", flush=True)
     print(f"cpus: {os.cpu_count()}", flush=True)
-    print(f"{'round trip':<40} {'calls/s':>12} {'ms/call':>9} {'calls':>8}")
+    print(f"{'round trip':<40} {'calls/s':>12} {'ms/call':>9} {'p50 ms':>8} {'p90 ms':>8} {'calls':>8}")
     for name, fn, threads in rows:
         print(f"{name:<40} ", end="", flush=True)
-        rate, count = measure(fn, args.seconds, threads)
-        print(f"{rate:>12,.1f} {1000 * threads / rate:>9.3f} {count:>8}", flush=True)
+        rate, count, durations = measure(fn, args.seconds, threads)
+        p50, p90 = (1000 * q for q in statistics.quantiles(durations, n=10)[4::4]) if len(durations) > 1 else (0, 0)
+        print(f"{rate:>12,.1f} {1000 * threads / rate:>9.3f} {p50:>8.2f} {p90:>8.2f} {count:>8}", flush=True)
     print(json.dumps({"layers": layers}))
     return 0
 

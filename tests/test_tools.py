@@ -305,6 +305,13 @@ with concurrent.futures.ProcessPoolExecutor(2) as pool:  # semaphores in /dev/sh
     assert no_children_left()
 
 
+def test_strong_python_traceback_shows_the_code() -> None:
+    skip_without_strong()
+    result, _ = run_tool(PythonTool(timeout_s=TIMEOUT_S, sandbox="strong"), "def f():\n    return 1 / 0\nf()")
+    assert result.error == "code_error" and "return 1 / 0" in result.text and "ZeroDivisionError" in result.text
+    assert "<string>" not in result.text  # none of the sandbox's own frames
+
+
 def test_python_output_is_truncated() -> None:
     tool = PythonTool(timeout_s=10, max_output_chars=100)  # (100,000 unbuffered writes: slow on a busy machine)
     result, _ = run_tool(tool, "for i in range(100000):\n    print('line', i)")

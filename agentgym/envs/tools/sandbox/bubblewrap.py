@@ -66,14 +66,15 @@ _null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(_null, 0)
 os.close(_null)
 sys.argv = ["main.py"]
-_code = compile(_source, "main.py", "exec")
-del _f, _null, _source
+del _f, _null
 try:
+    _code = compile(_source, "main.py", "exec")
     exec(_code, {"__name__": "__main__", "__builtins__": __builtins__})
 except SystemExit:
     raise
-except BaseException as _exc:  # the traceback without this bootstrap's frames
-    import traceback
+except BaseException as _exc:  # the traceback without this bootstrap's frames, with main.py's lines
+    import linecache, traceback
+    linecache.cache["main.py"] = (0, None, _source.decode("utf-8", "replace").splitlines(True), "main.py")
     _te = traceback.TracebackException(type(_exc), _exc, _exc.__traceback__.tb_next)
     _te.stack = traceback.StackSummary.from_list([f for f in _te.stack if f.filename != "<string>"])
     sys.stderr.write("".join(_te.format()))
@@ -186,7 +187,8 @@ def run_strong(code: str, timeout_s: float, memory_mb: int, max_processes: int, 
     snippet = os.memfd_create("agentgym-snippet")
     filter_read = filter_write = -1
     try:
-        os.write(snippet, code.encode("utf-8", errors="surrogatepass"))
+        with open(snippet, "wb", closefd=False) as f:
+            f.write(code.encode("utf-8", errors="surrogatepass"))
         os.lseek(snippet, 0, os.SEEK_SET)
         while True:
             if program is not None:  # bwrap reads the filter from a pipe (the program is far below its size)
