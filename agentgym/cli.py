@@ -89,6 +89,18 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     return gateway_command(args)
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from agentgym.trainer.plots import plot_command
+
+    return plot_command(args)
+
+
+def _cmd_view(args: argparse.Namespace) -> int:
+    from agentgym.rollout.viewer import view_command
+
+    return view_command(args)
+
+
 def _parse_kv(pairs: Sequence[str] | None) -> dict[str, object]:
     """``["dim_room=[8,8]", "num_boxes=2"]`` -> kwargs, values parsed as YAML scalars/lists."""
     import yaml
@@ -176,6 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes (each owns its sessions; agents talk to their own worker's port)")
     p.set_defaults(func=_cmd_gateway)
+
+    p = sub.add_parser("plot", help="draw a run's training curves (reward, success, length, KL, ...) as a PNG")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holding metrics.jsonl) or a metrics file")
+    p.add_argument("-m", "--metric", action="append", metavar="METRIC",
+                   help="a metric to plot (repeatable; its val/ twin is drawn too); default: the usual panels")
+    p.add_argument("-o", "--output", default=None, help="PNG to write (default: RUN_DIR/curves.png)")
+    p.set_defaults(func=_cmd_plot)
+
+    p = sub.add_parser("view", help="a self-contained HTML page to browse trajectories, token by token")
+    p.add_argument("path", metavar="TRAJECTORIES", help=".jsonl/.parquet trajectories (agentgym rollout --out, "
+                                                        "a run's samples.jsonl)")
+    p.add_argument("-o", "--output", default=None, help="HTML file to write (default: beside the input)")
+    p.add_argument("--model", default="tiny", help="the tokenizer that made the token ids (default: tiny)")
+    p.add_argument("--limit", type=int, default=2000, help="at most this many episodes (default 2000)")
+    p.set_defaults(func=_cmd_view)
     return parser
 
 
