@@ -89,6 +89,15 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     return gateway_command(args)
 
 
+def _cmd_sft(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from agentgym.trainer.sft import sft_command
+
+    return sft_command(args)
+
+
 def _cmd_plot(args: argparse.Namespace) -> int:
     from agentgym.trainer.plots import plot_command
 
@@ -188,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes (each owns its sessions; agents talk to their own worker's port)")
     p.set_defaults(func=_cmd_gateway)
+
+    p = sub.add_parser("sft", help="supervised fine-tuning on demos or chat data (veRL sft_trainer keys), "
+                                   "in the format RL continues from")
+    p.add_argument("--config", default=None, help="a YAML config to start from (default: configs/sft.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="dotted config overrides, e.g. data.train_files=demos.jsonl model.partial_pretrain=tiny")
+    p.set_defaults(func=_cmd_sft)
 
     p = sub.add_parser("plot", help="draw a run's training curves (reward, success, length, KL, ...) as a PNG")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holding metrics.jsonl) or a metrics file")

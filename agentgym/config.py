@@ -188,12 +188,18 @@ def compose_config(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
     directory: str | os.PathLike[str] | None = None,
+    base_name: str = "train",
 ) -> DictConfig:
-    """Compose ``train.yaml``, its group files, ``config_file`` and ``overrides``; every key checked
-    against ``train.yaml`` and every value against its default's type; interpolations resolved.
-    What the values mean is checked by their user (``agentgym.trainer.config.load_config``)."""
+    """Compose ``<base_name>.yaml`` (``train``; ``sft`` for ``agentgym sft``), its group files,
+    ``config_file`` and ``overrides``; every key checked against the base file and every value
+    against its default's type; interpolations resolved. What the values mean is checked by
+    their user (``agentgym.trainer.config.load_config``)."""
     base_dir = Path(directory) if directory is not None else config_dir()
-    base = _read_yaml(base_dir / "train.yaml")
+    base_file = base_dir / f"{base_name}.yaml"
+    if not base_file.is_file():
+        raise ConfigError(f"no config {base_file}; choices: "
+                          f"{', '.join(sorted(p.stem for p in base_dir.glob('*.yaml')))}")
+    base = _read_yaml(base_file)
     choices: dict[str, str] = dict(base.pop("defaults", {}) or {})
     schema = flatten(base)
 

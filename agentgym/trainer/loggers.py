@@ -33,6 +33,8 @@ HEADLINE = (
     ("timing_s/step", "s/step"),
     ("val/reward/mean", "val_reward"),
     ("val/success_rate", "val_success"),
+    ("sft/loss", "loss"),
+    ("val/sft/loss", "val_loss"),
 )
 
 

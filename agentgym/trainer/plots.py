@@ -27,6 +27,7 @@ DEFAULT_PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("entropy", ("actor/entropy", "actor/entropy_before_update"), "entropy"),
     ("staleness", ("async/version_lag/mean", "rollout/weight_version_lag"), "weight versions behind"),
     ("SFT loss", ("sft/loss",), "loss per assistant token"),
+    ("learning rate", ("sft/lr",), "lr"),
 )
 
 
