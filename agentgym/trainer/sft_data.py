@@ -16,6 +16,7 @@ was trained on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -80,10 +81,8 @@ def conversation(row: dict[str, Any], messages_key: str | None = "messages", pro
         return messages + [{"role": "assistant", "content": str(row[response_key])}]
     messages = row.get(messages_key or "messages")
     if isinstance(messages, str):  # Parquet files often keep nested data as JSON text
-        try:
+        with contextlib.suppress(ValueError):
             messages = json.loads(messages)
-        except ValueError:
-            pass
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
         raise SFTDataError(f"{where}: data.messages_key={messages_key!r} must hold a list of chat messages; set "
                            f"data.messages_key, or data.prompt_key and data.response_key "
