@@ -150,8 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", default=None, help="trajectory file (.jsonl or .parquet)")
         p.add_argument("--backend", choices=["embedded", "vllm", "sglang"], default="embedded",
                        help="the API of the --server URLs")
-        p.add_argument("--env-executor", choices=["thread", "process", "inline"], default="thread",
-                       help="where env steps run (inline: on the event loop, for cheap envs)")
+        p.add_argument("--env-executor", choices=["thread", "process", "inline", "openenv", "workers", "ray"],
+                       default="thread", help="where env steps run (inline: on the event loop, for cheap envs; "
+                       "workers/ray: whole episodes in worker processes / Ray actors)")
+        p.add_argument("--env-workers", type=int, default=None, help="processes / actors for the executor")
+        p.add_argument("--env-url", action="append", metavar="URL", help="--env-executor openenv: an env server")
         p.set_defaults(func=func)
 
     p = sub.add_parser("train", help="train a policy with PPO/GRPO on an env or an agent program")

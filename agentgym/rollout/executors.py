@@ -127,7 +127,7 @@ class EnvBackend:
         """Worker ``index``, started (again) if it is not running."""
         worker = self._workers[index]
         if worker is None or not worker.alive:
-            worker = self._workers[index] = _WorkerProcess(_env_worker_main, (), name=f"env worker {index}")
+            worker = self._workers[index] = _WorkerProcess(_env_worker_main, (self.factory,), name=f"env worker {index}")
         return worker
 
     async def describe(self) -> dict[str, Any]:
@@ -274,6 +274,7 @@ class _WorkerProcess:
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
         self._send_lock = threading.Lock()
         threading.Thread(target=self._read, name=f"agentgym {name} reader", daemon=True).start()
 
@@ -286,6 +287,8 @@ class _WorkerProcess:
             except Exception as exc:  # noqa: BLE001 - an answer that does not unpickle fails its call only
                 call_id, ok, value = -1, False, exc
             if call_id == 0:
+                if not ok:
+                    self._startup_error = value
                 self._ready.set()
                 continue
             with self._lock:
@@ -312,6 +315,8 @@ class _WorkerProcess:
             ok = await asyncio.to_thread(self._ready.wait, STARTUP_TIMEOUT_S)
             if not ok:
                 raise WorkerCrashed(f"{self.name} did not start within {STARTUP_TIMEOUT_S:.0f}s")
+        if self._startup_error is not None:
+            raise self._startup_error
         if not self.alive:
             raise self._crashed()
 
@@ -382,8 +387,9 @@ def _answer(conn: Any, lock: threading.Lock, call_id: int, ok: bool, value: Any)
             conn.send((call_id, False, RuntimeError(f"{type(value).__name__} could not be sent back: {exc}")))
 
 
-def _env_worker_main(conn: Any) -> None:
-    """A ``process`` worker: envs by episode key, each call on its own thread."""
+def _env_worker_main(conn: Any, factory: Callable[[], Any]) -> None:
+    """A ``process`` worker: envs by episode key, each call on its own thread. One env is built
+    before the worker says it is ready, so imports never count against ``env_timeout``."""
     idle: list[Any] = []
     live: dict[int, Any] = {}
     state_lock = threading.Lock()
@@ -431,8 +437,12 @@ def _env_worker_main(conn: Any) -> None:
             _answer(conn, send_lock, call_id, True, value)
 
     threads = ThreadPoolExecutor(max_workers=256, thread_name_prefix="agentgym-env")
-    with send_lock:
-        conn.send((0, True, "ready"))
+    try:
+        idle.append(factory())
+    except BaseException as exc:  # noqa: BLE001 - the runner reports it on its first call
+        _answer(conn, send_lock, 0, False, exc)
+    else:
+        _answer(conn, send_lock, 0, True, "ready")
     while True:
         try:
             message = conn.recv()

@@ -23,6 +23,7 @@ last step's reward (``outcome="sum"``: the episode's total).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -175,12 +176,8 @@ class OpenEnvClientEnv(TextEnv):
 
     def close(self) -> None:
         ws, self._ws = self._ws, None
-        if ws is not None:
-            try:
+        if ws is not None:  # a session that is already gone needs no closing
+            with contextlib.suppress(Exception):
                 ws.send(json.dumps({"type": "close"}))
-            except Exception:  # noqa: BLE001, S110 - closing a session that is already gone
-                pass
-            try:
+            with contextlib.suppress(Exception):
                 ws.close()
-            except Exception:  # noqa: BLE001, S110
-                pass

@@ -268,7 +268,6 @@ def create_app(env_name: str, env_kwargs: dict[str, Any] | None = None, max_sess
 def env_serve_command(args: argparse.Namespace) -> int:
     """``agentgym env-serve --env NAME [--env-arg K=V] [--host] [--port] [--max-sessions]``."""
     import uvicorn
-
     import yaml
 
     from agentgym.registry import UnknownNameError
