@@ -592,6 +592,7 @@ class EpisodePool:
         self.size = size or os.cpu_count() or 1
         cfg = runner.config
         self.spec = {
+            "runner_class": type(runner),  # pickled by name: this module never imports the runner
             "env_factory": runner.envs.factory,
             "env_name": runner.env_name,
             "tokenizer": runner.chat.tokenizer,
@@ -644,9 +645,8 @@ def _episode_worker_main(conn: Any, spec: dict[str, Any]) -> None:
 
 
 def _make_runner(spec: dict[str, Any]) -> Any:
-    from agentgym.rollout.runner import RolloutRunner
-
-    runner = RolloutRunner(spec["env_factory"], _build_client(spec["client"]), spec["tokenizer"], spec["config"])
+    runner = spec["runner_class"](spec["env_factory"], _build_client(spec["client"]), spec["tokenizer"],
+                                  spec["config"])
     runner.env_name = spec["env_name"]
     return runner
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,10 +44,12 @@ class _Seat:
     used: int = 0  # tokens after the first prompt
 
 
-async def run_game(runner: Any, task: Any, group_id: str, sample: int, max_turns: int | None) -> list[Trajectory]:
-    """Play one game of a multi-agent env; returns a trajectory per seat that acted."""
-    from agentgym.rollout.runner import EpisodeFailure, assistant_message
+async def run_game(runner: Any, task: Any, group_id: str, sample: int, max_turns: int | None, *,
+                   reply_message: Callable[[str, bool], Message], failure: type[Exception]) -> list[Trajectory]:
+    """Play one game of a multi-agent env; returns a trajectory per seat that acted.
 
+    ``reply_message`` and ``failure`` are the runner's ``assistant_message`` and ``EpisodeFailure``
+    (passed in, so this module does not import the runner that imports it)."""
     cfg = runner.config
     chat = runner.chat
     agents = [str(a) for a in (await runner.env_info())["agents"]]
@@ -86,7 +89,7 @@ async def run_game(runner: Any, task: Any, group_id: str, sample: int, max_turns
             if seat.context is None:
                 delta = chat.prompt_ids(observation, tools, tkey=tkey)
                 if len(delta) > cfg.prompt_length:
-                    raise EpisodeFailure(f"{agent}: prompt has {len(delta)} tokens > prompt_length={cfg.prompt_length}")
+                    raise failure(f"{agent}: prompt has {len(delta)} tokens > prompt_length={cfg.prompt_length}")
                 seat.context = list(delta)
                 seat.traj.messages = list(observation)
             else:
@@ -108,7 +111,7 @@ async def run_game(runner: Any, task: Any, group_id: str, sample: int, max_turns
             gen_time += time.perf_counter() - t0
             ids = sample_out.token_ids
             if len(ids) > max_tokens:
-                raise EpisodeFailure(f"server returned {len(ids)} tokens for max_tokens={max_tokens}")
+                raise failure(f"server returned {len(ids)} tokens for max_tokens={max_tokens}")
             text = chat.decode(ids)
             turn = Turn(prompt_ids=list(delta), response_ids=list(ids), logprobs=list(sample_out.logprobs),
                         weight_version=sample_out.weight_version, finish_reason=sample_out.finish_reason,
@@ -117,7 +120,7 @@ async def run_game(runner: Any, task: Any, group_id: str, sample: int, max_turns
             seat.context.extend(ids)
             seat.used += len(ids)
             seat.last_ids = list(ids)
-            action = assistant_message(chat.assistant_content(ids, text), tools is not None)
+            action = reply_message(chat.assistant_content(ids, text), tools is not None)
             seat.traj.messages.append(action)
 
             stage = "env.step"

@@ -265,7 +265,8 @@ class RolloutRunner:
         if (await self.env_info()).get("agents"):
             from agentgym.rollout.multi_agent import run_game
 
-            return await run_game(self, task, group_id, sample, max_turns)
+            return await run_game(self, task, group_id, sample, max_turns,
+                                  reply_message=assistant_message, failure=EpisodeFailure)
         return [await self.run_episode(task, group_id, sample, max_turns=max_turns)]
 
     async def run_episode(self, task: Task, group_id: str = "", sample: int = 0,

@@ -154,9 +154,10 @@ def create_app(env_name: str, env_kwargs: dict[str, Any] | None = None, max_sess
 
     @app.get("/metadata")
     async def metadata() -> dict[str, Any]:
-        from agentgym import __version__
+        import importlib.metadata
 
-        return {"name": env_name, "description": description, "version": __version__, "author": "agentgym",
+        version = importlib.metadata.version("agentgym")
+        return {"name": env_name, "description": description, "version": version, "author": "agentgym",
                 **describe}
 
     @app.get("/schema")
