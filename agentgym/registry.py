@@ -110,7 +110,7 @@ class EnvFamily:
             if member not in known:
                 close = difflib.get_close_matches(member, known, n=3, cutoff=0.5)
                 hint = f" Did you mean {', '.join(f'{self.prefix}/{c}' for c in close)}?" if close else ""
-                raise UnknownNameError(f"unknown env {self.prefix}/{member!r}.{hint} `agentgym envs {self.prefix}/` "
+                raise UnknownNameError(f"unknown env '{self.prefix}/{member}'.{hint} `agentgym envs {self.prefix}/` "
                                        f"lists the {len(known)} {self.prefix}/ envs.")
         return self.member_spec(member)
 

@@ -23,9 +23,8 @@ def verifiers_own_reward(kind: str, index: int, replies: list) -> float:
     """The same replies through verifiers' own ``run_rollout`` (its loop and its rubric), with a
     scripted model client written here: the reward verifiers gives those answers."""
     import verifiers as vf
-    from verifiers.types import Response, ResponseMessage, ToolCall
-
     import vf_toy_envs
+    from verifiers.types import Response, ResponseMessage, ToolCall
 
     script = iter(replies)
 
