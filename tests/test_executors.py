@@ -106,6 +106,7 @@ async def test_process_executor_counts_each_failing_episode_once(standin_server)
     assert result.metrics["failed"] == 4 and len(result.trainable()) == 8
 
 
+@pytest.mark.slow
 async def test_a_dead_process_worker_fails_its_episodes_and_is_started_again(standin_server):
     result = await run(standin_server, FlakyEnv, [11, DIES, 15, 21], n=1, env_executor="process", env_workers=1,
                        env_timeout=5.0, max_concurrency=1)
@@ -143,6 +144,7 @@ async def test_workers_executor_is_token_exact(standin_server):
     assert all(t.env_id == "sokoban" for t in trajs) and result.metrics["throughput/turns_per_s"] > 0
 
 
+@pytest.mark.slow
 async def test_a_dead_episode_worker_fails_exactly_its_episodes(standin_server):
     result = await run(standin_server, FlakyEnv, [11, DIES, 15], n=1, env_executor="workers", env_workers=1,
                        max_concurrency=1)
@@ -153,6 +155,7 @@ async def test_a_dead_episode_worker_fails_exactly_its_episodes(standin_server):
     assert result.metrics["failed"] == 1
 
 
+@pytest.mark.slow
 async def test_a_hung_step_times_out_inside_an_episode_worker(standin_server):
     result = await run(standin_server, FlakyEnv, [11, HANGS, 15], n=2, env_executor="workers", env_workers=1,
                        env_timeout=1.0, max_concurrency=6)
