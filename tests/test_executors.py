@@ -18,7 +18,13 @@ from agentgym.rollout import RolloutConfig, RolloutRunner, Task
 from agentgym.server.client import PolicyClient
 
 TOK = load_tokenizer("tiny")
-RAISES, HANGS, DIES = 13, 17, 19  # seeds whose second step raises, hangs for 4 s, or kills its process
+RAISES, HANGS, DIES, ODD = 13, 17, 19, 29  # seeds whose second step raises, hangs for 4 s, kills its process,
+# or raises an exception that pickles but does not unpickle
+
+
+class OddError(Exception):
+    def __init__(self, what: str, where: str) -> None:
+        super().__init__(f"{what} at {where}")
 
 
 class FlakyEnv(TextEnv):
@@ -39,6 +45,8 @@ class FlakyEnv(TextEnv):
             time.sleep(4.0)
         if self.turn == 2 and self.seed_ == DIES:
             os._exit(3)
+        if self.turn == 2 and self.seed_ == ODD:
+            raise OddError("odd", "turn 2")
         done = self.turn >= 3
         info = {"outcome_reward": 1.0, "success": True} if done else {}
         return [{"role": "user", "content": f"turn {self.turn}: {reply_text(action)[:10]}"}], 0.5, done, False, info
@@ -94,16 +102,17 @@ async def test_process_executor_counts_each_failing_episode_once(standin_server)
     """The known bug: a hung step held its ProcessPoolExecutor worker, so every call queued behind it
     timed out too (10 failures counted for 4 failing episodes here). Calls now run on threads
     inside the worker: only the hung episode times out."""
-    seeds = [11, RAISES, 15, HANGS, 21, 23]
+    seeds = [11, RAISES, 15, HANGS, 21, ODD, 23]
     result = await run(standin_server, FlakyEnv, seeds, env_executor="process", env_workers=2, env_timeout=1.5,
-                       max_concurrency=12)
+                       max_concurrency=14)
     groups = by_seed(result)
+    assert all("OddError: odd at turn 2" in t.failure for t in groups[ODD])
     assert all("env.step raised: RuntimeError: env exploded" in t.failure for t in groups[RAISES]), [t.failure for t in result.trajectories]
     assert all("env.step timed out" in t.failure for t in groups[HANGS])
     for seed in (11, 15, 21, 23):
         assert all(t.status == "ok" and t.num_turns == 3 and t.total_reward == 2.5 for t in groups[seed]), \
             [t.failure for t in groups[seed]]
-    assert result.metrics["failed"] == 4 and len(result.trainable()) == 8
+    assert result.metrics["failed"] == 6 and len(result.trainable()) == 8
 
 
 @pytest.mark.slow

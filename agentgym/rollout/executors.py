@@ -48,6 +48,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -376,9 +377,21 @@ def _resolve(waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future], ok: bool,
         loop.call_soon_threadsafe(settle)
 
 
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling both ways, else a RuntimeError with its type and message (an
+    exception class whose ``__init__`` takes other arguments pickles but does not unpickle)."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
 def _answer(conn: Any, lock: threading.Lock, call_id: int, ok: bool, value: Any) -> None:
     if call_id < 0:
         return
+    if not ok:
+        value = _portable(value)
     try:
         with lock:
             conn.send((call_id, ok, value))
@@ -670,7 +683,7 @@ async def _episode_worker(conn: Any, spec: dict[str, Any]) -> None:
         try:
             value = await runner.run_job(*args)
         except BaseException as exc:  # noqa: BLE001 - run_job never raises for env/server failures
-            conn.send((call_id, False, exc))
+            conn.send((call_id, False, _portable(exc)))
         else:
             conn.send((call_id, True, value))
 
