@@ -26,6 +26,8 @@ CHOICES = {
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "env.executor": ("thread", "process", "inline", "openenv", "workers", "ray"),
+    "env.worker_executor": ("thread", "inline"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
