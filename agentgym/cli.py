@@ -169,6 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="embedded: cpu or cuda (default: cuda if available)")
     p.add_argument("--served-model-name", default=None,
                    help="the name the OpenAI API answers to, as in vLLM (default: --model)")
+    p.add_argument("--admin-key", default=None, help="embedded: key for the weight/pause routes "
+                   "(default: $AGENTGYM_SERVER_ADMIN_KEY, else a new one, printed at start)")
+    p.add_argument("--max-body-bytes", type=int, default=None, help="embedded: largest request body (16 MiB)")
+    p.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="embedded: longest prompt text (default: 32 characters per token of the context)")
+    p.add_argument("--allow-client-chat-template", action="store_true",
+                   help="embedded: accept a Jinja template in chat_template_kwargs.chat_template (off)")
+    p.add_argument("--max-pause-s", type=float, default=None,
+                   help="embedded: a pause nobody resumes ends after this long (300 s)")
     p.set_defaults(func=_cmd_serve)
 
     for name, func, helptext in (
@@ -214,8 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--backend", choices=["embedded", "vllm", "sglang"], default=None,
                    help="dialect of the --server URLs (default: embedded, or $AGENTGYM_GATEWAY_BACKEND)")
-    p.add_argument("--admin-key", default=None,
-                   help="key required by the admin endpoints (default: $AGENTGYM_GATEWAY_ADMIN_KEY; none: open)")
+    p.add_argument("--admin-key", default=None, help="key required by the admin endpoints "
+                   "(default: $AGENTGYM_GATEWAY_ADMIN_KEY, else a new one, printed at start)")
+    p.add_argument("--max-sessions", type=int, default=None, help="most sessions open at once (8192)")
+    p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (16 MiB)")
+    p.add_argument("--max-task-bytes", type=int, default=None, help="largest session task, as JSON (1 MiB)")
+    p.add_argument("--idle-timeout", type=float, default=None,
+                   help="seconds a session may go unused before it is finished as failed (3600)")
+    p.add_argument("--read-timeout", type=float, default=None,
+                   help="seconds a client has to send a whole request (30)")
+    p.add_argument("--write-timeout", type=float, default=None,
+                   help="seconds a client may leave an answer unread before it is cut off (60)")
+    p.add_argument("--reward-fn", action="append", metavar="MODULE:FUNCTION",
+                   help="allow sessions' tasks to name this reward function (repeatable; MODULE:* for a module)")
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes (each owns its sessions; agents talk to their own worker's port)")
     p.set_defaults(func=_cmd_gateway)

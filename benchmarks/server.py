@@ -185,7 +185,9 @@ def push_times(name: str, model_dir: str, repeats: int, body: bool) -> None:
             if body:
                 start = time.perf_counter()
                 r = httpx.post(server.url + f"/update_weights_from_tensor?weight_version={version + 100}",
-                               content=safetensors_bytes(state), timeout=600)
+                               content=safetensors_bytes(state), timeout=600,
+                               headers={"Authorization": f"Bearer {server.admin_key}",
+                                        "Content-Type": "application/octet-stream"})
                 r.raise_for_status()
                 best["body"] = min(best["body"], time.perf_counter() - start)
                 log(f"{name}: HTTP body {time.perf_counter() - start:.2f} s")

@@ -1,6 +1,7 @@
 """The benchmark scripts that tests drive (``benchmarks/`` is not a package), one module object each:
 ``standin_server`` (imported by that name, as ``benchmarks/gateway.py`` imports it) and
-``benchmarks/gateway.py`` (as ``gateway_bench``, so it cannot shadow anything named ``gateway``)."""
+``benchmarks/gateway.py`` (as ``gateway_bench``, so it cannot shadow anything named ``gateway``) and
+``fuzz_server``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ def standin_server() -> ModuleType:
     if str(BENCHMARKS) not in sys.path:
         sys.path.append(str(BENCHMARKS))
     return importlib.import_module("standin_server")
+
+
+def fuzz_server() -> ModuleType:
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
+    return importlib.import_module("fuzz_server")
 
 
 def gateway_bench() -> ModuleType:

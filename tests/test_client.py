@@ -16,9 +16,12 @@ from agentgym.server.launch import start_embedded_server
 from agentgym.types import SamplingParams
 
 
+ADMIN = "sk-test-admin"  # both servers take it, so one client can push weights to both
+
+
 @pytest.fixture(scope="module")
 def servers():
-    handles = [start_embedded_server("tiny"), start_embedded_server("tiny")]
+    handles = [start_embedded_server("tiny", admin_key=ADMIN), start_embedded_server("tiny", admin_key=ADMIN)]
     yield handles
     for h in handles:
         h.stop()
@@ -44,7 +47,7 @@ async def test_generate_returns_the_sampled_tokens_and_their_logprobs(servers):
 
 
 async def test_least_outstanding_spreads_and_sessions_stick(servers):
-    async with PolicyClient([h.url for h in servers], model="tiny") as client:
+    async with PolicyClient([h.url for h in servers], model="tiny", admin_key=ADMIN) as client:
         before = requests_seen(servers)
         await asyncio.gather(*(client.generate([1, 2, 3], SamplingParams(max_tokens=8)) for _ in range(16)))
         after = requests_seen(servers)

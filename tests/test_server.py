@@ -269,8 +269,9 @@ def test_weight_update_mid_generation_keeps_one_version_per_response(server, mod
     while server.engine.stats["generated_tokens"] == 0 or not server.engine._seqs:
         assert time.monotonic() < deadline
         time.sleep(0.002)
+    admin = {"Authorization": f"Bearer {server.admin_key}"}
     update = httpx.post(server.url + "/update_weights_from_disk",
-                        json={"model_path": str(path), "weight_version": "1"}, timeout=60)
+                        json={"model_path": str(path), "weight_version": "1"}, timeout=60, headers=admin)
     thread.join(timeout=60)
     assert update.status_code == 200 and update.json() == {"success": True, "weight_version": 1,
                                                            "message": update.json()["message"]}
@@ -288,13 +289,15 @@ def test_weight_update_mid_generation_keeps_one_version_per_response(server, mod
     # a safetensors body works too; this one restores the original weights
     from safetensors.torch import save
     tied = {k: v for k, v in original.items() if k != "lm_head.weight"}
-    r = httpx.post(server.url + "/update_weights_from_tensor?weight_version=2", content=save(tied))
+    r = httpx.post(server.url + "/update_weights_from_tensor?weight_version=2", content=save(tied),
+                   headers={**admin, "Content-Type": "application/octet-stream"})
     assert r.json()["success"] and r.json()["weight_version"] == 2
     greedy = httpx.post(server.url + "/v1/completions", json={**body, "max_tokens": 8}).json()
     lps = greedy["choices"][0]["logprobs"]["token_logprobs"]
     assert max(abs(a - b) for a, b in zip(lps, teacher_forced(model, prompt, greedy["choices"][0]["token_ids"]))) < 1e-4
     # a bad update is refused and changes nothing
-    bad = httpx.post(server.url + "/update_weights_from_disk", json={"model_path": str(tmp_path / "missing")})
+    bad = httpx.post(server.url + "/update_weights_from_disk", json={"model_path": str(tmp_path / "missing")},
+                     headers=admin)
     assert bad.status_code == 400 and bad.json()["success"] is False and bad.json()["weight_version"] == 2
     server.update_weights(original, 0)  # in-process handle: straight into the model
     assert httpx.get(server.url + "/weight_version").json() == {"weight_version": 0}
@@ -315,14 +318,15 @@ def test_keep_alive_requests_are_not_held_by_delayed_acks(server):
 
 
 def test_pause_holds_new_requests_until_resume(server):
-    assert httpx.post(server.url + "/pause_generation", json={"mode": "wait"}).json()["success"]
+    admin = {"Authorization": f"Bearer {server.admin_key}"}
+    assert httpx.post(server.url + "/pause_generation", json={"mode": "wait"}, headers=admin).json()["success"]
     result = {}
     thread = threading.Thread(target=lambda: result.setdefault(
         "r", httpx.post(server.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 4}, timeout=30)))
     thread.start()
     time.sleep(0.3)
     assert "r" not in result
-    httpx.post(server.url + "/resume_generation")
+    httpx.post(server.url + "/resume_generation", json={}, headers=admin)
     thread.join(timeout=30)
     assert result["r"].status_code == 200
 

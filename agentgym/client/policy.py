@@ -11,8 +11,11 @@ the finish reason and the weight version out. It speaks three dialects behind on
 
 Requests go to the server with the fewest outstanding requests, except that every request
 of a session goes to the server that served its first one (so the server's prefix cache is
-reused across turns). Connection errors and 5xx answers are retried a bounded number of
-times with backoff, then raise ``PolicyServerError`` saying what failed and where.
+reused across turns). Connection errors, 5xx and 429 answers are retried ``max_retries`` times
+with backoff, then raise ``PolicyServerError`` saying what failed and where (``.status``: the
+last HTTP status, None when no server answered); any other 4xx is the server refusing the
+request, raised at once (``.refused``), never retried. Control calls (weight updates) carry
+``admin_key`` (``Authorization: Bearer``), which agentgym's embedded server requires.
 
 Connections: ``http://`` servers are called through ``agentgym.client.http11`` (keep-alive
 connections, responses parsed by httptools: ~0.05 ms of CPU per call where httpx spends ~0.5 ms);
@@ -40,11 +43,18 @@ BACKENDS = ("embedded", "vllm", "sglang")
 
 class PolicyServerError(RuntimeError):
     """A policy server could not answer after the retries; the message says which and why.
-    ``refused``: the server's own 4xx status when it turned the request down (retrying cannot help)."""
+    ``refused``: the server's own 4xx status when it turned the request down (retrying cannot help).
+    ``status``: the HTTP status of the last answer (a 5xx or 429 after the retries, or the refusal);
+    None when no server answered at all (``unreachable``)."""
 
-    def __init__(self, message: str, refused: int | None = None) -> None:
+    def __init__(self, message: str, refused: int | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.refused = refused
+        self.status = refused if status is None else status
+
+    @property
+    def unreachable(self) -> bool:
+        return self.status is None
 
 
 class HTTPPools:
@@ -93,11 +103,11 @@ class _HttpxTransport:
     def __init__(self, base: str, pools: HTTPPools) -> None:
         self.base, self.pools = base, pools
 
-    async def request(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None
-                      ) -> tuple[int, bytes]:
-        headers = {"Content-Type": "application/json"} if body is not None else None
+    async def request(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
+                      headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        headers = {**({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})}
         try:
-            response = await self.pools.request(method, self.base + path, content=body, headers=headers,
+            response = await self.pools.request(method, self.base + path, content=body, headers=headers or None,
                                                 timeout=timeout)
         except httpx.TransportError as exc:  # connect, read, write, pool, protocol errors
             raise TransportError(f"{type(exc).__name__}: {exc}") from exc
@@ -157,6 +167,7 @@ class PolicyClient:
         backoff: float = 0.2,
         cooldown: float = 5.0,
         pool_size: int = 4,
+        admin_key: str | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -169,6 +180,7 @@ class PolicyClient:
         self.backoff = backoff  # first retry's delay in seconds; doubles per attempt (jittered, at most 5 s)
         self.cooldown = cooldown  # seconds a failed server is passed over while others are healthy
         self.timeout = timeout
+        self.admin_key = admin_key  # sent with control calls (weight updates); the embedded server needs it
         self.servers = [_Server(u, _transport(u.rstrip("/"), max_connections, pool_size, timeout)) for u in urls]
         self._sticky: OrderedDict[str, _Server] = OrderedDict()
         self._max_sessions = max_sessions
@@ -196,18 +208,29 @@ class PolicyClient:
         self._sticky.pop(session_id, None)
 
     async def _post(self, path: str, payload: dict[str, Any], session_id: str | None = None,
-                    server: _Server | None = None) -> tuple[_Server, dict[str, Any]]:
-        """POST with least-outstanding routing and bounded retries on transport errors and 5xx."""
+                    server: _Server | None = None, admin: bool = False) -> tuple[_Server, dict[str, Any]]:
+        """POST with least-outstanding routing and bounded retries on transport errors, 5xx and 429;
+        ``admin``: a control call, sent with the admin key."""
         last_error = ""
+        last_status: int | None = None
         failed: _Server | None = None
         body = json.dumps(payload).encode()
+        headers = {"Authorization": f"Bearer {self.admin_key}"} if admin and self.admin_key else None
         for attempt in range(self.max_retries + 1):
             target = server or self._pick(session_id, exclude=failed)
             target.outstanding += 1
             try:
-                status, raw = await target.transport.request("POST", path, body, timeout=self.timeout)
+                if headers is None:
+                    status, raw = await target.transport.request("POST", path, body, timeout=self.timeout)
+                elif isinstance(target.transport, ConnectionPool):
+                    answer = await target.transport.fetch("POST", path, body, timeout=self.timeout, headers=headers)
+                    status, raw = answer.status, answer.body
+                else:
+                    status, raw = await target.transport.request("POST", path, body, timeout=self.timeout,
+                                                                 headers=headers)
             except TransportError as exc:
                 last_error = str(exc)
+                last_status = None
             else:
                 if status < 400:
                     target.mark(True)
@@ -221,6 +244,7 @@ class PolicyClient:
                     raise PolicyServerError(f"{target.url}{path} refused the request ({status}): {text[:500]}",
                                             refused=status)
                 last_error = f"HTTP {status}: {text[:200]}"
+                last_status = status
             finally:
                 target.outstanding -= 1
             if len(self.servers) > 1 and server is None:
@@ -229,10 +253,11 @@ class PolicyClient:
             if attempt < self.max_retries:
                 await asyncio.sleep(min(self.backoff * 2**attempt, 5.0) * (0.5 + random.random()))
         where = server.url if server else ", ".join(s.url for s in self.servers)
+        hint = ("Check that the server is running and reachable (agentgym serve --model ... --port ...)."
+                if last_status is None else "The server is up but failing: see its log.")
         raise PolicyServerError(
             f"policy server request {path} failed after {self.max_retries + 1} attempts ({where}): {last_error}. "
-            "Check that the server is running and reachable (agentgym serve --model ... --port ...)."
-        )
+            + hint, status=last_status)
 
     # ---- generation ----------------------------------------------------------------------
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None,
@@ -345,7 +370,7 @@ class PolicyClient:
                 raise PolicyServerError(f"vLLM weight update from {model_path} failed: {exc}") from exc
         else:
             payload = {"model_path": model_path, "weight_version": str(version)}
-            await asyncio.gather(*(self._post("/update_weights_from_disk", payload, server=s)
+            await asyncio.gather(*(self._post("/update_weights_from_disk", payload, server=s, admin=True)
                                    for s in self.servers))
         for s in self.servers:
             s.version = version

@@ -38,16 +38,18 @@ class _Weights:
     """Shared HTTP plumbing of the weight adapters."""
 
     def __init__(self, model_dir: str | os.PathLike[str] | None = None, timeout: float = 1800.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, admin_key: str | None = None) -> None:
         self.model_dir = Path(model_dir) if model_dir else None
         self.timeout = timeout
         self._transport = transport  # tests pass a stand-in app's transport
+        self.admin_key = admin_key  # sent as Authorization: Bearer (agentgym's embedded server requires it)
 
     def _post(self, url: str, path: str, json: Any = None, params: dict[str, Any] | None = None,
               optional: bool = False) -> Any:
         """POST and return the JSON body; ``optional``: a 404 (route missing in this version) returns None."""
+        headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else None
         with httpx.Client(timeout=self.timeout, transport=self._transport, verify=ssl_context()) as client:
-            response = client.post(url + path, json=json, params=params)
+            response = client.post(url + path, json=json, params=params, headers=headers)
         if optional and response.status_code in (404, 405):
             return None
         if response.status_code >= 400:

@@ -11,11 +11,19 @@ The server answers to its model name and to ``"default"`` (and to a request with
 ``model``); any other name is a 404 ``model_not_found``. Errors come back in OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status, malformed JSON and
 invalid fields included (400, not FastAPI's 422).
+
+Hardening (``agentgym.server.limits``): bodies, prompts and client templates are bounded by
+``ServerLimits``; JSON parsing (of large bodies), chat templating and tokenization run in worker
+threads, so ``/health`` and every other request keep answering while one request renders or
+tokenizes a long prompt; the weight and pause routes need the admin key (``app.state.admin_key``:
+the one given, or a new random one) and a JSON content type; a pause ends by itself after
+``max_pause_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,6 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from agentgym.server.engine import Engine, Sequence, TokenEvent
 from agentgym.server.engine import Request as EngineRequest
 from agentgym.server.errors import APIError, install_error_handlers, json_object, validate
+from agentgym.server.limits import ServerLimits, new_admin_key, read_body, require_admin
 from agentgym.server.openai_types import (
     ChatChoice,
     ChatCompletionChunk,
@@ -55,18 +64,47 @@ from agentgym.server.sampling import GenerationParams
 from agentgym.server.token_pieces import TokenPieces
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
 
+log = logging.getLogger("agentgym.server")
 
-def build_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
-    """The FastAPI app serving ``engine`` under ``served_model_name`` (default: the engine's name)."""
+PARSE_IN_THREAD_BYTES = 256 << 10
+"""JSON bodies over this size are parsed in a worker thread, not on the event loop."""
+
+TEMPLATE_CALL_ARGS = frozenset({
+    "conversation", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
+    "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+"""``apply_chat_template``'s own arguments: not template variables, so not a client's to set."""
+
+
+def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key: str | None = None,
+              limits: ServerLimits | None = None) -> FastAPI:
+    """The FastAPI app serving ``engine`` under ``served_model_name`` (default: the engine's name).
+
+    ``admin_key`` guards the control routes (None: a new random key, in ``app.state.admin_key``);
+    ``limits``: the request bounds (``ServerLimits()``)."""
     name = served_model_name or engine.model_name
-    server = _Server(engine, name)
-    app = FastAPI(title="agentgym policy server", docs_url=None, redoc_url=None)
+    limits = limits or ServerLimits()
+    admin_key = admin_key or new_admin_key()
+    server = _Server(engine, name, limits)
+    app = FastAPI(title="agentgym policy server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
+    app.state.admin_key = admin_key
 
     install_error_handlers(app)
 
+    async def body_json(request: Request, required: bool = True) -> dict[str, Any]:
+        raw = await read_body(request, limits.max_body_bytes)
+        if len(raw) > PARSE_IN_THREAD_BYTES:
+            return await asyncio.to_thread(json_object, raw, required)
+        return json_object(raw, required)
+
     async def parse(request: Request, model: type) -> Any:
-        return validate(model, json_object(await request.body()))
+        return validate(model, await body_json(request))
+
+    async def control(request: Request, model: type | None = None) -> Any:
+        require_admin(request, admin_key)
+        data = await body_json(request, required=False)
+        return validate(model, data) if model is not None else data
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -98,7 +136,7 @@ def build_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     async def update_from_disk(request: Request) -> JSONResponse:
         from agentgym.model.weights import load_weights
 
-        body = await parse(request, UpdateWeightsFromDiskRequest)
+        body = await control(request, UpdateWeightsFromDiskRequest)
         try:
             if body.model_path.endswith(".safetensors"):
                 state = load_weights(body.model_path)  # a memory map: nothing is read yet
@@ -113,7 +151,8 @@ def build_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
     async def update_from_tensor(request: Request) -> JSONResponse:
         from safetensors.torch import load as load_safetensors
 
-        raw = await request.body()
+        require_admin(request, admin_key, content_type="application/octet-stream")
+        raw = await read_body(request, limits.max_weights_bytes)
         version = request.query_params.get("weight_version")
         try:
             version_int = int(version) if version is not None else None
@@ -124,15 +163,17 @@ def build_app(engine: Engine, served_model_name: str | None = None) -> FastAPI:
 
     @app.post("/pause_generation")
     async def pause(request: Request) -> dict:
-        raw = await request.body()
-        body = PauseRequest.model_validate_json(raw) if raw.strip() else PauseRequest()
+        body = await control(request, PauseRequest)
+        server.pause_started()
         await asyncio.wrap_future(engine.pause(body.mode))
-        return {"success": True, "message": f"paused ({body.mode})", "weight_version": engine.weight_version}
+        return {"success": True, "message": f"paused ({body.mode}); resumes by itself after {limits.max_pause_s:g} s",
+                "weight_version": engine.weight_version}
 
     @app.post("/resume_generation")
     @app.post("/continue_generation")
-    async def resume() -> dict:
-        engine.resume()
+    async def resume(request: Request) -> dict:
+        await control(request)
+        server.resume()
         return {"success": True, "message": "resumed", "weight_version": engine.weight_version}
 
     return app
@@ -154,11 +195,33 @@ def chat_message(text: str, finish_reason: str, parse_tools: bool) -> tuple[Chat
 class _Server:
     """Request handling: render, validate against the model, submit, build OpenAI responses."""
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: Engine, name: str, limits: ServerLimits) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.name = name
+        self.limits = limits
+        self.max_prompt_chars = limits.prompt_chars(engine.max_model_len)
         self.pieces = TokenPieces(self.tokenizer)
+        self._auto_resume: asyncio.TimerHandle | None = None
+
+    # ---- pause ---------------------------------------------------------------------------
+    def pause_started(self) -> None:
+        """Arm the bound on a pause: nobody resuming within ``max_pause_s`` resumes it anyway."""
+        if self._auto_resume is not None:
+            self._auto_resume.cancel()
+        self._auto_resume = asyncio.get_running_loop().call_later(self.limits.max_pause_s, self._resume_by_itself)
+
+    def _resume_by_itself(self) -> None:
+        self._auto_resume = None
+        log.warning("generation was paused for %.0f s and nobody resumed it: resuming (max_pause_s)",
+                    self.limits.max_pause_s)
+        self.engine.resume()
+
+    def resume(self) -> None:
+        if self._auto_resume is not None:
+            self._auto_resume.cancel()
+            self._auto_resume = None
+        self.engine.resume()
 
     # ---- weights -------------------------------------------------------------------------
     async def apply_weights(self, state: dict, version: int | None, abort: bool, what: str) -> JSONResponse:
@@ -204,11 +267,12 @@ class _Server:
             if not 0 <= t < vocab:
                 raise APIError(400, f"stop_token_ids: {t} is not a token id (vocabulary size {vocab})",
                                param="stop_token_ids")
+        temperature = 1.0 if req.temperature is None else req.temperature
         return GenerationParams(
             max_tokens=max_tokens,
-            temperature=1.0 if req.temperature is None else req.temperature,
+            temperature=0.0 if temperature < 1e-5 else temperature,  # as vLLM: below that, greedy
             top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or -1,
+            top_k=min(req.top_k, vocab) if req.top_k and req.top_k > 0 else -1,
             min_tokens=req.min_tokens,
             seed=req.seed,
             stop=list(req.stop or []),
@@ -231,23 +295,46 @@ class _Server:
         return seqs
 
     # ---- chat ----------------------------------------------------------------------------
-    def render_chat(self, req: ChatCompletionRequest) -> list[int]:
-        messages = [_flatten_content(m) for m in req.messages]
-        tools = req.tools if req.tools and req.tool_choice != "none" else None
+    def template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any]:
         kwargs = dict(req.chat_template_kwargs or {})
+        if "chat_template" in kwargs and not self.limits.allow_client_chat_template:
+            raise APIError(400, "this server renders with the model's own chat template; a template sent in "
+                           "chat_template_kwargs.chat_template is refused (start the server with "
+                           "--allow-client-chat-template to accept one)", param="chat_template_kwargs")
+        reserved = sorted(set(kwargs) & (TEMPLATE_CALL_ARGS - {"chat_template"}))
+        if reserved:
+            raise APIError(400, f"chat_template_kwargs may not set {reserved}: those are the request's own fields "
+                           "or the server's", param="chat_template_kwargs")
+        return kwargs
+
+    def check_prompt_chars(self, chars: int, param: str) -> None:
+        if chars > self.max_prompt_chars:
+            raise APIError(400, f"the prompt is {chars} characters; this server takes at most {self.max_prompt_chars} "
+                           f"(its context is {self.engine.max_model_len} tokens; agentgym serve --max-prompt-chars)",
+                           param=param, code="context_length_exceeded")
+
+    def render_chat(self, req: ChatCompletionRequest, kwargs: dict[str, Any]) -> list[int]:
+        """The prompt's token ids (runs in a worker thread: templates and tokenizers may take long)."""
+        tools = req.tools if req.tools and req.tool_choice != "none" else None
         try:
+            messages = [_flatten_content(m) for m in req.messages]
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=req.add_generation_prompt and not
                 req.continue_final_message, continue_final_message=req.continue_final_message, tokenize=False,
                 **kwargs)
+            if not isinstance(text, str):
+                raise TypeError(f"the template produced {type(text).__name__}, not text")
         except Exception as exc:
-            raise APIError(400, f"could not render the messages with the chat template: {exc}",
+            raise APIError(400, f"could not render the messages with the chat template: {type(exc).__name__}: {exc}",
                            param="messages") from exc
+        self.check_prompt_chars(len(text), "messages")
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     async def chat(self, req: ChatCompletionRequest) -> Any:
         self.check_model(req.model)
-        prompt_ids = self.render_chat(req)
+        kwargs = self.template_kwargs(req)
+        self.check_prompt_chars(text_chars([req.messages, req.tools, kwargs]), "messages")
+        prompt_ids = await asyncio.to_thread(self.render_chat, req, kwargs)
         top = (req.top_logprobs or 0) if req.logprobs else 0
         params = self.params(req, len(prompt_ids), top, "messages")
         parse_tools = bool(req.tools) and req.tool_choice != "none"
@@ -342,6 +429,7 @@ class _Server:
 
     # ---- completions ---------------------------------------------------------------------
     def completion_prompts(self, prompt: Any) -> list[list[int]]:
+        """The prompts' token ids (text is tokenized in a worker thread: see ``completions``)."""
         if isinstance(prompt, str):
             prompts = [self.tokenizer.encode(prompt, add_special_tokens=False)]
         elif prompt and all(isinstance(p, int) for p in prompt):
@@ -350,6 +438,11 @@ class _Server:
             prompts = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompt]
         else:
             prompts = [list(p) for p in prompt]
+        limit = self.engine.max_model_len
+        for ids in prompts:
+            if len(ids) > limit:
+                raise APIError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
+                               f"{len(ids)} tokens", param="prompt", code="context_length_exceeded")
         vocab = self.engine.vocab_size
         for ids in prompts:
             if not ids:
@@ -361,7 +454,13 @@ class _Server:
 
     async def completions(self, req: CompletionRequest) -> Any:
         self.check_model(req.model)
-        prompts = self.completion_prompts(req.prompt)
+        texts = [req.prompt] if isinstance(req.prompt, str) else [p for p in req.prompt if isinstance(p, str)]
+        for text in texts:
+            self.check_prompt_chars(len(text), "prompt")
+        if texts:
+            prompts = await asyncio.to_thread(self.completion_prompts, req.prompt)
+        else:
+            prompts = self.completion_prompts(req.prompt)
         top = req.logprobs or 0
         params = [self.params(req, len(p), top, "prompt") for p in prompts]
         if req.stream:
@@ -511,6 +610,21 @@ class _IncrementalText:
             self.sent = final_text
             return delta
         return ""
+
+
+def text_chars(value: Any) -> int:
+    """How many characters the strings in a JSON value hold, together (keys included)."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(k) for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
 
 
 def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,11 @@
 Every error is ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status:
 malformed JSON and invalid fields are a 400 (not FastAPI's 422), an unknown route a 404, and an
 unexpected exception a 500 that leaves the server up.
+
+``json_object`` is the one door for a request body: besides malformed JSON it answers 400 for
+what Python's ``json`` accepts but nothing downstream should see — ``NaN``/``Infinity``, integers
+over 4300 digits, nesting deeper than ``MAX_JSON_DEPTH``, and strings holding a lone surrogate
+(``"\ud800"``: valid JSON, but not encodable, so tokenizers and templates fail on it).
 """
 
 from __future__ import annotations
@@ -50,19 +55,61 @@ def validation_message(exc: ValidationError | RequestValidationError) -> tuple[s
     return f"{param + ': ' if param else ''}{first.get('msg')}", param
 
 
-def json_object(raw: bytes, required: bool = True) -> dict[str, Any]:
+MAX_JSON_DEPTH = 64
+"""How deeply a request body may nest arrays and objects (OpenAI requests need about 8)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number; send a finite number")
+
+
+def json_object(raw: bytes, required: bool = True, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
     """The request body as a JSON object, or an ``APIError`` 400 saying what is wrong with it."""
     if not raw.strip():
         if required:
             raise APIError(400, "the request needs a JSON body")
         return {}
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise APIError(400, f"the request body nests deeper than {max_depth} levels") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity, over-long integers
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object")
+    check_json_values(data, max_depth)
     return data
+
+
+def check_json_values(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """An ``APIError`` 400 if ``data`` nests deeper than ``max_depth`` or holds a string that is not
+    valid Unicode (a lone surrogate); walks the tree without recursion."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value)
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth > max_depth:
+            raise APIError(400, f"the request body nests deeper than {max_depth} levels")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key)
+                stack.append((item, depth + 1))
+        else:
+            stack.extend((item, depth + 1) for item in value)
+
+
+def _check_text(text: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(400, f"the request holds a string that is not valid Unicode ({exc.reason} at "
+                       f"character {exc.start}: a lone UTF-16 surrogate such as \\ud800); send UTF-8 text") from None
 
 
 def validate(model: type, data: dict[str, Any]) -> Any:

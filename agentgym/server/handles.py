@@ -21,17 +21,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgym.client.health import wait_healthy
+from agentgym.server.http_timeouts import READ_TIMEOUT_S, WRITE_TIMEOUT_S, timed_protocol
 
 if TYPE_CHECKING:
     import torch
 
 
 class PolicyServerHandle:
-    """A running policy server. Subclasses start it; this is what every caller relies on."""
+    """A running policy server. Subclasses start it; this is what every caller relies on.
+    ``admin_key``: the key its control routes (pause, weight updates) take, where it has one."""
 
     url: str
     backend: str
     model: str
+    admin_key: str | None = None
 
     def update_weights(self, weights: str | os.PathLike[str] | dict[str, torch.Tensor], version: int) -> int:
         """Load ``weights`` (a path the server can read, or a state dict) as ``version``; returns it
@@ -50,6 +53,7 @@ class PolicyServerHandle:
         """A ``PolicyClient`` for this server."""
         from agentgym.client import PolicyClient
 
+        kwargs.setdefault("admin_key", self.admin_key)
         return PolicyClient(self.url, backend=self.backend, model=self.model, **kwargs)
 
     def __enter__(self) -> PolicyServerHandle:
@@ -85,16 +89,20 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class AppThread:
-    """Any ASGI app served by uvicorn in a daemon thread of this process (``port=0``: a free port)."""
+    """Any ASGI app served by uvicorn in a daemon thread of this process (``port=0``: a free port).
+    Connections that send a request slower than ``read_timeout`` or stop reading their answer for
+    ``write_timeout`` seconds are closed (``agentgym.server.http_timeouts``)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 read_timeout: float = READ_TIMEOUT_S, write_timeout: float = WRITE_TIMEOUT_S) -> None:
         import uvicorn
 
         self.app = app
         self._sock = bind_socket(host, port)
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_keep_alive=30)
+        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_keep_alive=30,
+                                http=timed_protocol(read_timeout, write_timeout))
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name=f"agentgym-http-{self.port}", daemon=True)
@@ -114,16 +122,21 @@ class AppThread:
 
 
 class EmbeddedServerHandle(PolicyServerHandle):
-    """The embedded server running in this process: uvicorn in a daemon thread over an ``Engine``."""
+    """The embedded server running in this process: uvicorn in a daemon thread over an ``Engine``.
+    ``admin_key`` guards its control routes (None: a new random one, in ``.admin_key``);
+    ``limits``: a ``ServerLimits``."""
 
     backend = "embedded"
 
-    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 admin_key: str | None = None, limits: Any = None) -> None:
         from agentgym.server.app import build_app
 
         self.engine = engine
         self.model = engine.model_name
-        self._http = AppThread(build_app(engine), host, port, log_level)
+        app = build_app(engine, admin_key=admin_key, limits=limits)
+        self.admin_key: str | None = app.state.admin_key
+        self._http = AppThread(app, host, port, log_level)
         self.app, self.port, self.url = self._http.app, self._http.port, self._http.url
 
     @property
@@ -151,12 +164,13 @@ class SubprocessServerHandle(PolicyServerHandle):
 
     def __init__(self, command: list[str], url: str, backend: str, model: str, weights: Any,
                  env: dict[str, str] | None = None, log_path: str | os.PathLike[str] | None = None,
-                 grace: float = 15.0) -> None:
+                 grace: float = 15.0, admin_key: str | None = None) -> None:
         self.command = command
         self.url = url.rstrip("/")
         self.backend = backend
         self.model = model
         self.weights = weights
+        self.admin_key = admin_key
         self.grace = grace
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix=f"agentgym-{backend}-", suffix=".log")

@@ -21,6 +21,7 @@ from agentgym.server.handles import (
     SubprocessServerHandle,
     free_port,
 )
+from agentgym.server.limits import ADMIN_KEY_ENV, ServerLimits, admin_key_from_env, new_admin_key
 
 
 # ---- the embedded server, in this process ------------------------------------------------------
@@ -49,21 +50,25 @@ def create_engine(model: str = "tiny", *, device: str | None = None, dtype: str 
 def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0.0.1", *, in_process: bool = True,
                           device: str | None = None, dtype: str | None = None, max_batch_size: int = 32,
                           max_model_len: int | None = None, served_model_name: str | None = None,
-                          timeout: float = 120.0) -> PolicyServerHandle:
+                          timeout: float = 120.0, admin_key: str | None = None,
+                          limits: ServerLimits | None = None) -> PolicyServerHandle:
     """Start the embedded server on ``model``; ``port=0`` picks a free port (see ``.url``).
 
     ``in_process=True`` (default): a thread in this process. ``False``: ``agentgym serve`` in a
-    child process (its own process group), returned once ``/health`` answers.
+    child process (its own process group), returned once ``/health`` answers. ``admin_key``
+    guards its control routes (default: a new random key; the handle's ``.admin_key``, handed to
+    a child process through ``$AGENTGYM_SERVER_ADMIN_KEY``); ``limits``: its ``ServerLimits``.
     """
     if in_process:
         engine = create_engine(model, device=device, dtype=dtype, max_batch_size=max_batch_size,
                                max_model_len=max_model_len, served_model_name=served_model_name)
         try:
-            return EmbeddedServerHandle(engine, host=host, port=port)
+            return EmbeddedServerHandle(engine, host=host, port=port, admin_key=admin_key, limits=limits)
         except BaseException:
             engine.stop()
             raise
     port = port or free_port(host)
+    admin_key = admin_key or new_admin_key()
     command = [sys.executable, "-m", "agentgym.cli", "serve", "--engine", "embedded", "--model", str(model),
                "--host", host, "--port", str(port), "--max-batch-size", str(max_batch_size)]
     if device:
@@ -72,13 +77,34 @@ def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0
         command += ["--max-model-len", str(max_model_len)]
     if served_model_name:
         command += ["--served-model-name", served_model_name]
+    command += limit_flags(limits or ServerLimits())
     from agentgym.client.weights import EmbeddedWeights
     from agentgym.model import resolve_model_path
 
     handle = SubprocessServerHandle(command, f"http://{host}:{port}", "embedded", served_model_name or str(model),
-                                    EmbeddedWeights(model_dir=resolve_model_path(model)))
+                                    EmbeddedWeights(model_dir=resolve_model_path(model), admin_key=admin_key),
+                                    env={ADMIN_KEY_ENV: admin_key}, admin_key=admin_key)
     handle.wait_ready(timeout)
     return handle
+
+
+def limit_flags(limits: ServerLimits) -> list[str]:
+    """``agentgym serve`` flags that give a child server ``limits``."""
+    flags = ["--max-body-bytes", str(limits.max_body_bytes), "--max-pause-s", str(limits.max_pause_s)]
+    if limits.max_prompt_chars:
+        flags += ["--max-prompt-chars", str(limits.max_prompt_chars)]
+    if limits.allow_client_chat_template:
+        flags.append("--allow-client-chat-template")
+    return flags
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    defaults = ServerLimits()
+    return ServerLimits(
+        max_body_bytes=getattr(args, "max_body_bytes", None) or defaults.max_body_bytes,
+        max_prompt_chars=getattr(args, "max_prompt_chars", None),
+        allow_client_chat_template=bool(getattr(args, "allow_client_chat_template", False)),
+        max_pause_s=getattr(args, "max_pause_s", None) or defaults.max_pause_s)
 
 
 def start_policy_server(engine: str = "embedded", model: str = "tiny", port: int = 0, **kwargs: Any
@@ -121,16 +147,25 @@ def serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
     from agentgym.server.app import build_app
+    from agentgym.server.http_timeouts import timed_protocol
 
+    admin_key = getattr(args, "admin_key", None) or admin_key_from_env()
+    generated = admin_key is None
+    admin_key = admin_key or new_admin_key()
+    limits = limits_from_args(args)
     print(f"loading {args.model} ...", flush=True)
     engine = create_engine(args.model, device=args.device, max_batch_size=args.max_batch_size,
                            max_model_len=args.max_model_len, served_model_name=getattr(args, "served_model_name", None))
-    app = build_app(engine)
+    app = build_app(engine, admin_key=admin_key, limits=limits)
     print(f"agentgym embedded server: model {engine.model_name!r} on {engine.device}, "
           f"max_model_len {engine.max_model_len}, max batch {engine.max_batch_size}; "
           f"http://{args.host}:{args.port}/v1", flush=True)
+    if generated:  # a key the operator gave is never echoed
+        print(f"admin key (weight updates, pause/resume; set one with --admin-key or ${ADMIN_KEY_ENV}): "
+              f"{admin_key}", flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                    http=timed_protocol())
     finally:
         engine.stop()
     return 0

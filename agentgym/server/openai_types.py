@@ -35,11 +35,11 @@ class _SamplingFields(_Request):
     n: int = Field(1, ge=1, le=128)
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=1 << 30)
     min_tokens: int = Field(0, ge=0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=1024)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -57,6 +57,8 @@ class _SamplingFields(_Request):
             v = [v]
         if v is not None and any(not s for s in v):
             raise ValueError("stop strings must not be empty")
+        if v is not None and len(v) > 64:
+            raise ValueError("at most 64 stop strings")
         return v
 
     @field_validator("seed")
@@ -65,6 +67,37 @@ class _SamplingFields(_Request):
         if v is not None and not (-(2**63) <= v < 2**63):
             raise ValueError("seed must fit in 64 bits")
         return v
+
+
+def check_message(m: dict[str, Any], where: str) -> None:
+    """A ``ValueError`` naming the field if a chat message's fields have the wrong types: ``content``
+    is text, null or a list of content parts (a ``text`` part's ``text`` is a string; other parts are
+    ignored); ``name`` and ``tool_call_id`` are strings; ``tool_calls`` are function calls."""
+    content = m.get("content")
+    if isinstance(content, list):
+        for k, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise ValueError(f"{where}.content[{k}] must be a content part object")
+            if part.get("type") in ("text", None) and not isinstance(part.get("text", ""), str):
+                raise ValueError(f"{where}.content[{k}].text must be a string")
+    elif content is not None and not isinstance(content, str):
+        raise ValueError(f"{where}.content must be a string, null or a list of content parts")
+    for key in ("name", "tool_call_id"):
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise ValueError(f"{where}.{key} must be a string")
+    calls = m.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise ValueError(f"{where}.tool_calls must be a list")
+    for k, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(f"{where}.tool_calls[{k}] needs a function with a name")
+        if not isinstance(function.get("arguments"), (str, dict, type(None))):
+            raise ValueError(f"{where}.tool_calls[{k}].function.arguments must be a JSON string")
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            raise ValueError(f"{where}.tool_calls[{k}].id must be a string")
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -87,6 +120,7 @@ class ChatCompletionRequest(_SamplingFields):
         for i, m in enumerate(v):
             if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
                 raise ValueError(f"messages[{i}] needs a role of system, developer, user, assistant or tool")
+            check_message(m, f"messages[{i}]")
         return v
 
     @field_validator("tool_choice")
@@ -284,7 +318,7 @@ class ErrorResponse(_Response):
 class UpdateWeightsFromDiskRequest(_Request):
     """SGLang's ``/update_weights_from_disk`` body."""
 
-    model_path: str
+    model_path: str = Field(..., min_length=1)
     weight_version: int | str | None = None
     load_format: str | None = None
     abort_all_requests: bool = False
@@ -292,11 +326,11 @@ class UpdateWeightsFromDiskRequest(_Request):
     @field_validator("weight_version")
     @classmethod
     def _int_version(cls, v: int | str | None) -> int | None:
-        if v is None or isinstance(v, int):
+        if isinstance(v, str) and v.strip().lstrip("-").isdigit() and len(v.strip()) <= 20:
+            v = int(v)
+        if v is None or (isinstance(v, int) and -(2**63) <= v < 2**63):
             return v
-        if v.strip().lstrip("-").isdigit():
-            return int(v)
-        raise ValueError("weight_version must be an integer (or a string of one)")
+        raise ValueError("weight_version must be a 64-bit integer (or a string of one)")
 
 
 class UpdateWeightsResponse(_Response):
