@@ -252,6 +252,7 @@ def test_weights_reach_a_server_given_by_url(tmp_path):
             f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.use_ray=false",
             "trainer.total_training_steps=2", "trainer.val_before_train=false",
             f"actor_rollout_ref.rollout.server_urls=[{server.url}]",
+            f"actor_rollout_ref.rollout.server_admin_key={server.admin_key}",
         ])
         summary = train(cfg, show_progress=False)
         assert server.weight_version == 2

@@ -30,17 +30,22 @@ class RolloutServers:
 
     def __init__(self, cfg: Any) -> None:
         from agentgym.client import PolicyClient
+        from agentgym.server.limits import admin_key_from_env, new_admin_key
 
         rollout = cfg.actor_rollout_ref.rollout
         self.backend = str(rollout.name)
         self.handles: list[Any] = []
         urls = [str(u) for u in rollout.server_urls]
         model = str(cfg.actor_rollout_ref.model.path)
+        # the key the servers' weight routes take: given, or from the environment; servers we start get a new one
+        self.admin_key = rollout.get("server_admin_key") or admin_key_from_env()
         if not urls:
             from agentgym.server.launch import start_policy_server
 
             kwargs: dict[str, Any] = {}
             if self.backend == "embedded":
+                self.admin_key = self.admin_key or new_admin_key()
+                kwargs["admin_key"] = self.admin_key
                 if rollout.device:
                     kwargs["device"] = str(rollout.device)
                 kwargs["max_model_len"] = int(cfg.data.max_prompt_length + cfg.data.max_response_length)
@@ -57,8 +62,8 @@ class RolloutServers:
                 raise
             urls = [h.url for h in self.handles]
         self.urls = urls
-        self.client = PolicyClient(urls, backend=self.backend,
-                                   model=self.handles[0].model if self.handles else None)
+        self.client = PolicyClient(urls, backend=self.backend, model=self.handles[0].model if self.handles else None,
+                                   admin_key=self.admin_key)
 
     def in_process_handles(self) -> list[Any]:
         """Embedded servers running in this process (they take a state dict directly)."""
