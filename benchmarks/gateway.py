@@ -52,9 +52,14 @@ from standin_server import start_standin  # noqa: E402  (tests start it through 
 
 
 # ---- the programs under test -------------------------------------------------------------------
+ADMIN_KEY = "sk-agentgym-benchmark-admin"
+"""The admin key of the gateways started here (unless ``env`` names another)."""
+
+
 def start_gateway_process(port: int, servers: list[str], timeout: float = 120.0,
                           env: dict[str, str] | None = None, workers: int = 1) -> subprocess.Popen:
-    """``agentgym gateway`` in a child process, returned once it answers ``/health``."""
+    """``agentgym gateway`` in a child process (admin key ``ADMIN_KEY``), returned once it answers ``/health``."""
+    env = {"AGENTGYM_GATEWAY_ADMIN_KEY": ADMIN_KEY, **(env or {})}
     cmd = [sys.executable, "-m", "agentgym.cli", "gateway", "--model", "tiny", "--port", str(port),
            "--workers", str(workers)]
     for url in servers:
@@ -143,7 +148,8 @@ async def _worker(kind: str, url: str, seconds: float, warmup: float, latencies:
         call_url = url
         if kind == "gateway":
             t = time.perf_counter()
-            status, body = await pools.post(url, "/sessions", {"task": {}, "sampling": {"max_tokens": 16}})
+            status, body = await pools.post(url, "/sessions", {"task": {}, "sampling": {"max_tokens": 16}},
+                                            ADMIN_KEY)
             admin.append(time.perf_counter() - t)
             info = json.loads(body)
             sid, key, call_url = info["id"], info["api_key"], info["base_url"]
@@ -158,7 +164,7 @@ async def _worker(kind: str, url: str, seconds: float, warmup: float, latencies:
                 latencies.append(time.perf_counter() - t)
         if sid:
             t = time.perf_counter()
-            await pools.post(url, f"/sessions/{sid}/finish", {})
+            await pools.post(url, f"/sessions/{sid}/finish", {}, ADMIN_KEY)
             admin.append(time.perf_counter() - t)
 
 

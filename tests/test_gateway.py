@@ -52,8 +52,13 @@ def tok():
     return load_tokenizer("tiny")
 
 
+def admin(gw) -> dict:
+    """The admin key's header (a gateway always has a key: start_gateway makes one)."""
+    return {"Authorization": f"Bearer {gw.admin_key}"}
+
+
 def new_session(gw, **body) -> dict:
-    r = httpx.post(gw.url + "/sessions", json=body)
+    r = httpx.post(gw.url + "/sessions", json=body, headers=admin(gw))
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -63,7 +68,7 @@ def client_for(info: dict) -> openai.OpenAI:
 
 
 def finish(gw, info: dict, **body) -> list[Trajectory]:
-    r = httpx.post(f"{gw.url}/sessions/{info['id']}/finish", json=body)
+    r = httpx.post(f"{gw.url}/sessions/{info['id']}/finish", json=body, headers=admin(gw))
     assert r.status_code == 200, r.text
     return [Trajectory.from_dict(t) for t in r.json()["trajectories"]]
 
@@ -281,7 +286,7 @@ def test_keys_are_per_session_and_errors_have_openai_shape(gw):
     assert finish(gw, a) == first
     with pytest.raises(openai.ConflictError):
         client_for(a).chat.completions.create(model="m", messages=messages)
-    r = httpx.post(gw.url + "/sessions", json={"task": {"reward_fn": "gsm8kk", "ground_truth": "1"}})
+    r = httpx.post(gw.url + "/sessions", json={"task": {"reward_fn": "gsm8kk", "ground_truth": "1"}}, headers=admin(gw))
     assert r.status_code == 400 and "Did you mean 'gsm8k'" in r.json()["error"]["message"]
     assert httpx.get(gw.url + "/health").json()["status"] == "ok"
 
@@ -314,14 +319,14 @@ def test_rewards_posted_and_computed_are_summed(gw):
     assert traj.turns[0].reward == pytest.approx(0.1)
     assert traj.outcome_reward == pytest.approx(1.5)  # posted 0.5 + gsm8k 1.0
     assert traj.total_reward == pytest.approx(1.6) and sum(traj.token_rewards()) == pytest.approx(1.6)
-    summary = httpx.get(f"{gw.url}/sessions/{info['id']}").json()
+    summary = httpx.get(f"{gw.url}/sessions/{info['id']}", headers=admin(gw)).json()
     assert summary["finished"] and summary["branches"][0]["num_turns"] == 2
 
 
 def test_pause_holds_calls_until_resume(gw):
     info = new_session(gw)
     client = client_for(info)
-    assert httpx.post(gw.url + "/pause", json={}).json()["paused"] is True
+    assert httpx.post(gw.url + "/pause", json={}, headers=admin(gw)).json()["paused"] is True
     done = threading.Event()
 
     def call() -> None:
@@ -333,7 +338,7 @@ def test_pause_holds_calls_until_resume(gw):
     try:
         assert not done.wait(0.5)
     finally:
-        httpx.post(gw.url + "/resume")
+        httpx.post(gw.url + "/resume", headers=admin(gw))
     assert done.wait(10)
     thread.join()
     assert finish(gw, info)[0].num_turns == 1
@@ -342,7 +347,7 @@ def test_pause_holds_calls_until_resume(gw):
 def test_a_call_that_outlives_its_session_is_refused_and_not_recorded(gw):
     info = new_session(gw)
     client = client_for(info)
-    httpx.post(gw.url + "/pause", json={})
+    httpx.post(gw.url + "/pause", json={}, headers=admin(gw))
     errors = []
 
     def call() -> None:
@@ -355,7 +360,7 @@ def test_a_call_that_outlives_its_session_is_refused_and_not_recorded(gw):
     thread.start()
     time.sleep(0.3)
     assert finish(gw, info) == []  # finished while the call waits for the pause to end
-    httpx.post(gw.url + "/resume")
+    httpx.post(gw.url + "/resume", headers=admin(gw))
     thread.join(10)
     assert errors == [409] and finish(gw, info) == []
 
@@ -383,7 +388,7 @@ def test_idle_sessions_expire_as_failed(tok):
 
 
 async def test_gateway_client_weight_update_context(gw):
-    client = GatewayClient(gw.url)
+    client = GatewayClient(gw.url, gw.admin_key)
     try:
         async with client.weight_update(7):
             assert (await client.stats())["paused"] is True
@@ -392,7 +397,7 @@ async def test_gateway_client_weight_update_context(gw):
         await client.aclose()
     # servers that report no version with their samples (vLLM, SGLang) are taken to hold version 7 now
     assert {s.version for s in gw.gateway.policy.servers} == {7}
-    assert httpx.post(gw.url + "/resume", json={"weight_version": "seven"}).status_code == 400
+    assert httpx.post(gw.url + "/resume", json={"weight_version": "seven"}, headers=admin(gw)).status_code == 400
 
 
 # ---- training from agents ------------------------------------------------------------------------
@@ -435,7 +440,7 @@ async def test_agent_source_runs_sync_and_async_agents_in_groups(gw, oracle):
             raise RuntimeError("the agent fell over")
         return 0.25
 
-    source = AgentTrajectorySource(agent, tasks[:2], n=3, gateway=gw.url)
+    source = AgentTrajectorySource(agent, tasks[:2], n=3, gateway=gw.url, admin_key=gw.admin_key)
     try:
         trajs = await source.collect(step=1)
     finally:
@@ -572,7 +577,9 @@ def test_bad_agent_and_reward_fn_names_say_what_is_wrong():
     with pytest.raises(ValueError, match="not callable"):
         load_agent("examples.gsm8k_agent:__doc__")
     with pytest.raises(ValueError, match="could not be imported"):
-        resolve_reward_fn("os.path:no_such_fn")
+        resolve_reward_fn("os.path:no_such_fn", allowed=["os.path:*"])
     with pytest.raises(ValueError, match="Did you mean 'gsm8k'"):
         resolve_reward_fn("gsm8kk")
-    assert resolve_reward_fn("os.path:basename") is __import__("os").path.basename
+    with pytest.raises(ValueError, match="not allowed"):  # import paths only from the operator's allowlist
+        resolve_reward_fn("os.path:basename")
+    assert resolve_reward_fn("os.path:basename", allowed=["os.path:basename"]) is __import__("os").path.basename

@@ -103,7 +103,7 @@ async def test_1000_sessions_survive_a_server_restart_and_bad_requests(oracle, w
     try:
         gateway = bench.start_gateway_process(gateway_port, [standin_url], workers=workers)
         ready = time.monotonic()
-        admin = GatewayClient(url)
+        admin = GatewayClient(url, bench.ADMIN_KEY)
         limits = httpx.Limits(max_connections=SESSIONS // CLIENTS + 10, max_keepalive_connections=SESSIONS // CLIENTS + 10)
         tls = ssl.create_default_context()  # loaded once: each client would spend ~50 ms on its own
         https = [httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0, connect=30.0), verify=tls)

@@ -12,7 +12,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from agentgym.gateway.gateway import SAMPLING_FIELDS, Gateway
+from agentgym.gateway.validation import check_index, check_number, check_sampling, check_task
 from agentgym.server.errors import APIError, error_response, install_error_handlers, json_object, validate
+from agentgym.server.limits import read_body as read_limited
 from agentgym.server.openai_types import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from agentgym.types import Trajectory, Turn
 
@@ -54,13 +56,20 @@ def build_app(gateway: Gateway) -> GatewayApp:
     async def create(request: Request) -> dict[str, Any]:
         gw.require_admin(request)
         data = await body(request, required=False)
-        task, sampling = data.get("task") or {}, data.get("sampling") or {}
-        if not isinstance(task, dict) or not isinstance(sampling, dict):
-            raise APIError(400, "'task' and 'sampling' must be JSON objects")
+        task = check_task(data.get("task") or {}, gw.max_task_bytes)
+        sampling = data.get("sampling") or {}
+        if not isinstance(sampling, dict):
+            raise APIError(400, "'sampling' must be a JSON object", param="sampling")
         unknown = sorted(set(sampling) - SAMPLING_FIELDS)
         if unknown:
             raise APIError(400, f"unknown sampling fields {unknown}; pin any of {sorted(SAMPLING_FIELDS)}",
                            param="sampling")
+        sampling = check_sampling(sampling, len(gw.tokenizer), gw.max_model_len)
+        if len(gw.store.open) >= gw.max_sessions:
+            raise APIError(429, f"{len(gw.store.open)} sessions are open, this gateway's limit "
+                           "(agentgym gateway --max-sessions); finish some first", code="too_many_sessions")
+        if data.get("group_id") is not None and not isinstance(data["group_id"], (str, int)):
+            raise APIError(400, "'group_id' must be a string", param="group_id")
         try:
             session = gw.store.create(task, data.get("group_id"), sampling)
         except ValueError as exc:
@@ -80,8 +89,10 @@ def build_app(gateway: Gateway) -> GatewayApp:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or kind not in ("final", "turn"):
             raise APIError(400, "post {\"reward\": <number>, \"kind\": \"final\" | \"turn\"} (optional \"turn\", \"branch\")",
                            param="reward")
+        value = check_number(value)
+        turn, branch = check_index(data.get("turn"), "turn"), check_index(data.get("branch"), "branch")
         try:
-            posted = session.post_reward(value, kind, data.get("turn"), data.get("branch"))
+            posted = session.post_reward(value, kind, turn, branch)
         except ValueError as exc:
             raise APIError(409 if session.finished else 400, str(exc), param="reward") from None
         return {"id": sid, "reward": vars(posted)}
@@ -90,12 +101,12 @@ def build_app(gateway: Gateway) -> GatewayApp:
     async def finish(sid: str, request: Request) -> dict[str, Any]:
         session = gw.session_for(sid, request, admin=True)
         data = await body(request, required=False)
-        value = data.get("reward")
-        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-            raise APIError(400, "'reward' must be a number", param="reward")
+        value = check_number(data.get("reward"), required=False)
+        failure = data.get("failure")
+        if failure is not None and not isinstance(failure, str):
+            raise APIError(400, "'failure' must be a string (what went wrong) or null", param="failure")
         was_open = not session.finished
-        trajectories = gw.store.finish(session, failure=data.get("failure"),
-                                       reward=value if was_open else None)
+        trajectories = gw.store.finish(session, failure=failure, reward=value if was_open else None)
         if was_open:
             gw.policy.release_session(session.id)
         return {"id": sid, "group_id": session.group_id, "trajectories": [trajectory_json(t) for t in trajectories]}
@@ -104,7 +115,8 @@ def build_app(gateway: Gateway) -> GatewayApp:
     async def pause(request: Request) -> dict[str, Any]:
         gw.require_admin(request)
         data = await body(request, required=False)
-        return await gw.pause(float(data.get("drain_timeout", 60.0)))
+        drain = check_number(data.get("drain_timeout", 60.0), "drain_timeout")
+        return await gw.pause(min(max(drain, 0.0), gw.pause_timeout))
 
     @app.post("/resume")
     async def resume(request: Request) -> dict[str, Any]:
@@ -125,14 +137,7 @@ def build_app(gateway: Gateway) -> GatewayApp:
 
 async def read_body(gw: Gateway, request: Request, model: type | None = None, required: bool = True) -> Any:
     """The request's JSON object (validated as ``model`` if given), within the gateway's size limit."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > gw.max_body_bytes:
-        raise APIError(413, f"the request body is {declared} bytes; the gateway takes at most {gw.max_body_bytes}",
-                       code="request_too_large")
-    raw = await request.body()
-    if len(raw) > gw.max_body_bytes:
-        raise APIError(413, f"the request body is over {gw.max_body_bytes} bytes", code="request_too_large")
-    data = json_object(raw, required)
+    data = json_object(await read_limited(request, gw.max_body_bytes), required)
     return data if model is None else validate(model, data)
 
 

@@ -13,13 +13,17 @@ def gateway_command(args: argparse.Namespace) -> int:
     """``agentgym gateway --server URL [--server URL ...] --model M --host H --port P [--workers N]``.
 
     Without ``--server`` an embedded server is started on ``--model``. The admin key comes from
-    ``--admin-key`` or ``$AGENTGYM_GATEWAY_ADMIN_KEY``; the server dialect from ``--backend`` or
-    ``$AGENTGYM_GATEWAY_BACKEND`` (default ``embedded``). ``--workers N`` (N > 1) serves from N
-    processes (``agentgym.gateway.workers``).
+    ``--admin-key`` or ``$AGENTGYM_GATEWAY_ADMIN_KEY``, else a new one is made and printed; the server
+    dialect from ``--backend`` or ``$AGENTGYM_GATEWAY_BACKEND`` (default ``embedded``). ``--workers N``
+    (N > 1) serves from N processes (``agentgym.gateway.workers``); the limits (``--max-sessions``...)
+    apply to each.
     """
     from agentgym.model import load_tokenizer
+    from agentgym.server.limits import new_admin_key
 
     admin_key = getattr(args, "admin_key", None) or os.environ.get("AGENTGYM_GATEWAY_ADMIN_KEY") or None
+    generated = admin_key is None
+    admin_key = admin_key or new_admin_key()
     backend = getattr(args, "backend", None) or os.environ.get("AGENTGYM_GATEWAY_BACKEND", "embedded")
     servers = list(args.server or [])
     workers = int(getattr(args, "workers", 1) or 1)
@@ -34,10 +38,10 @@ def gateway_command(args: argparse.Namespace) -> int:
     url = f"http://{args.host}:{sock.getsockname()[1]}"
     banner = (f"agentgym gateway on {url} -> {', '.join(servers)} ({backend}); "
               f"{f'{workers} worker processes; ' if workers > 1 else ''}"
-              f"admin key {'set' if admin_key else 'not set (admin endpoints open)'}; "
-              f"create sessions with POST {url}/sessions")
+              f"admin key {admin_key if generated else 'as given'}; "
+              f"create sessions with POST {url}/sessions (Authorization: Bearer <admin key>)")
     options = {"model_name": str(args.model), "admin_key": admin_key,
-               "max_model_len": getattr(args, "max_model_len", None)}
+               "max_model_len": getattr(args, "max_model_len", None), **limit_options(args)}
     try:
         if workers > 1:
             from agentgym.gateway.workers import serve_workers
@@ -51,3 +55,15 @@ def gateway_command(args: argparse.Namespace) -> int:
         if embedded is not None:
             embedded.stop()
     return 0
+
+
+LIMIT_FLAGS = {"max_sessions": int, "max_body_bytes": int, "max_task_bytes": int, "idle_timeout": float,
+               "read_timeout": float, "write_timeout": float}
+
+
+def limit_options(args: argparse.Namespace) -> dict:
+    """The gateway limits given on the command line (``--max-sessions`` ...) and ``--reward-fn`` allowances."""
+    options = {k: cast(getattr(args, k)) for k, cast in LIMIT_FLAGS.items() if getattr(args, k, None) is not None}
+    if getattr(args, "reward_fn", None):
+        options["allowed_reward_fns"] = list(args.reward_fn)
+    return options

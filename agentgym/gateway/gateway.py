@@ -6,7 +6,8 @@ chat itself, samples token-in/token-out from the policy servers (``PolicyClient.
 and records prompt ids, sampled ids, logprobs and weight version per turn. How requests map to
 trajectories (extend / fork / fresh branches) is ``agentgym.gateway.sessions``.
 
-Admin endpoints (``Authorization: Bearer <admin key>`` when the gateway has one):
+Admin endpoints (``Authorization: Bearer <admin key>``; a gateway always has one: given, or a new
+random one that ``agentgym gateway`` prints and ``GatewayHandle.admin_key`` holds):
 
 * ``POST /sessions`` ``{"task": {...}, "group_id": str, "sampling": {...}}`` ->
   ``{"id", "api_key", "base_url", "group_id"}``. ``sampling`` (``SamplingParams`` names:
@@ -36,6 +37,15 @@ Choices made:
 * ``tool_choice`` ``required``/named and ``response_format`` are accepted, not enforced;
   ``top_logprobs`` alternatives are empty (the servers report the sampled token's logprob only).
 * The ``model`` field is ignored: the session decides what answers.
+
+Limits (``Gateway`` options; ``agentgym gateway`` flags of the same names): ``max_sessions`` open at
+once (429 beyond), ``max_body_bytes`` per request (413), ``max_task_bytes`` per session task,
+``idle_timeout`` for a session nobody uses; connections that send a request slower than
+``read_timeout`` or stop reading for ``write_timeout`` seconds are closed
+(``agentgym.server.http_timeouts``). What a client stores is checked when it arrives
+(``agentgym.gateway.validation``). A policy server's 4xx is answered at once as a 400, a 5xx after
+``PolicyClient``'s bounded retries as a 502; only unreachable servers are waited for
+(``upstream_retry_s``).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hmac
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -57,6 +68,7 @@ from agentgym.rollout.chat import ChatTokenizer
 from agentgym.server.errors import (
     APIError,
 )
+from agentgym.server.limits import new_admin_key
 from agentgym.server.openai_types import (
     ChatChoice,
     ChatCompletionRequest,
@@ -95,17 +107,22 @@ class Gateway:
 
     def __init__(self, policy: PolicyClient, tokenizer: Any, *, model_name: str = "agentgym",
                  admin_key: str | None = None, max_model_len: int | None = None, default_max_tokens: int = 1024,
-                 max_body_bytes: int = 32 << 20, pause_timeout: float = 600.0, upstream_retry_s: float = 60.0,
+                 max_body_bytes: int = 16 << 20, pause_timeout: float = 600.0, upstream_retry_s: float = 60.0,
                  public_url: str | None = None, keep_finished: int = 10_000, template_check_every: int = 1,
-                 idle_timeout: float = 3600.0, worker: int | None = None, worker_port: int | None = None) -> None:
+                 idle_timeout: float = 3600.0, worker: int | None = None, worker_port: int | None = None,
+                 max_sessions: int = 8192, max_task_bytes: int = 1 << 20,
+                 allowed_reward_fns: Sequence[str] = ()) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer)
         self.store = SessionStore(self.chat, keep_finished=keep_finished, template_check_every=template_check_every,
-                                  idle_timeout=idle_timeout, id_prefix="" if worker is None else f"w{worker}-")
+                                  idle_timeout=idle_timeout, id_prefix="" if worker is None else f"w{worker}-",
+                                  allowed_reward_fns=allowed_reward_fns)
         self.worker, self.worker_port = worker, worker_port
         self.model_name = model_name
-        self.admin_key = admin_key
+        self.admin_key = admin_key or new_admin_key()  # never open: no key would let anyone in
+        self.max_sessions = max_sessions
+        self.max_task_bytes = max_task_bytes
         limit = max_model_len or getattr(tokenizer, "model_max_length", None)
         self.max_model_len = int(limit) if limit and limit < 10**8 else 32768
         self.default_max_tokens = default_max_tokens
@@ -129,27 +146,28 @@ class Gateway:
         scheme, _, token = header.partition(" ")
         return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
+    def is_admin(self, key: str | None) -> bool:
+        return key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode())
+
     def require_admin(self, request: Request) -> None:
-        if self.admin_key is not None and self.bearer(request) != self.admin_key:
+        if not self.is_admin(self.bearer(request)):
             raise APIError(401, "this endpoint needs the gateway's admin key (Authorization: Bearer <admin key>)",
                            "authentication_error", code="invalid_api_key")
 
     def session_for(self, sid: str, request: Request, admin: bool = False) -> Session:
         """The session ``sid`` if the request may use it: with the session's own key, or for the
-        admin endpoints (``admin=True``) with the admin key (or no key, if the gateway has none)."""
+        admin endpoints (``admin=True``) with the admin key."""
         session = self.store.get(sid)
         key = self.bearer(request)
         if key == session.key:
             return session
-        if admin and self.admin_key is not None and key == self.admin_key:
+        if admin and self.is_admin(key):
             return session
         owner = self.store.owner(key) if key else None
         if owner is not None:
             raise APIError(403, f"this API key belongs to another session, not {sid}; use the api_key that "
                            "POST /sessions returned with this session's base_url", "permission_error",
                            code="wrong_session")
-        if admin and self.admin_key is None and key is None:
-            return session
         if key is None:
             raise APIError(401, "no API key: pass the session's api_key (Authorization: Bearer <key>)",
                            "authentication_error", code="invalid_api_key")
@@ -207,7 +225,8 @@ class Gateway:
     # ---- sampling -------------------------------------------------------------------------
     async def generate(self, session: Session, prompt_ids: list[int], sampling: SamplingParams) -> TokenSample:
         """One sample from the policy servers, sticky to the session's server; waits out pauses and
-        retries unreachable servers for ``upstream_retry_s``."""
+        retries unreachable servers for ``upstream_retry_s``. A server's own answer is never retried
+        here: a 4xx is the request's fault (400), a 5xx already had ``PolicyClient``'s retries (502)."""
         if not self._running.is_set():
             self.counts["paused_waits"] += 1
             try:
@@ -226,6 +245,9 @@ class Gateway:
                 except PolicyServerError as exc:
                     if exc.refused is not None:  # the server's own 4xx: retrying cannot help
                         raise APIError(400, f"the policy server refused the request: {exc}") from None
+                    if not exc.unreachable:  # it answered 5xx (or 429) through every retry
+                        raise APIError(502, f"the policy server failed: {exc}", "server_error",
+                                       code="upstream_error") from None
                     if loop.time() > deadline:
                         raise APIError(503, f"no policy server answered for {self.upstream_retry_s:.0f}s: {exc}",
                                        "server_error", code="upstream_unavailable") from None

@@ -15,6 +15,8 @@ from agentgym.gateway.app import build_app
 from agentgym.gateway.client import GatewayClient
 from agentgym.gateway.gateway import Gateway
 from agentgym.server.handles import bind_socket
+from agentgym.server.http_timeouts import READ_TIMEOUT_S, WRITE_TIMEOUT_S, timed_protocol
+from agentgym.server.limits import new_admin_key
 
 
 class GatewayHandle:
@@ -26,7 +28,8 @@ class GatewayHandle:
 
         from agentgym.model import load_tokenizer
 
-        self.admin_key = options.get("admin_key")
+        options["admin_key"] = self.admin_key = options.get("admin_key") or new_admin_key()
+        timeouts = {k: options.pop(k) for k in ("read_timeout", "write_timeout") if k in options}
         tokenizer = load_tokenizer(str(model))
         self._sock = bind_socket(host, port)
         self.port = self._sock.getsockname()[1]
@@ -39,7 +42,7 @@ class GatewayHandle:
         async def serve() -> None:
             policy = PolicyClient(servers, backend=backend, model=server_model)
             self.gateway = Gateway(policy, tokenizer, model_name=options.pop("model_name", str(model)), **options)
-            self._server = uvicorn.Server(uvicorn_config(build_app(self.gateway), log_level))
+            self._server = uvicorn.Server(uvicorn_config(build_app(self.gateway), log_level, **timeouts))
             self.loop = asyncio.get_running_loop()
             ready.set()
             try:
@@ -79,8 +82,9 @@ def start_gateway(servers: str | Sequence[str], model: str = "tiny", port: int =
                   **options: Any) -> GatewayHandle:
     """Serve a gateway over ``servers`` (policy server base URLs) in a background thread; ``port=0``
     picks a free port. ``options``: ``backend`` (the servers' dialect), ``server_model`` (the name the
-    servers answer to; default: asked), and ``Gateway``'s: ``admin_key``, ``max_model_len``,
-    ``default_max_tokens``, ``pause_timeout``, ``upstream_retry_s`` ..."""
+    servers answer to; default: asked), ``read_timeout`` / ``write_timeout`` (slow connections), and
+    ``Gateway``'s: ``admin_key`` (default: a new one, the handle's ``.admin_key``), ``max_model_len``,
+    ``default_max_tokens``, ``pause_timeout``, ``upstream_retry_s``, ``max_sessions`` ..."""
     return GatewayHandle(servers, model=model, host=host, port=port, **options)
 
 
@@ -97,13 +101,15 @@ def _run(main: Any) -> None:
         runner.run(main)
 
 
-def uvicorn_config(app: Any, log_level: str = "warning") -> Any:
-    """How every gateway is served: no access log or lifespan, long keep-alive, a deep backlog, and no
-    proxy-header rewriting (``public_url`` covers proxies; the middleware costs CPU on every call)."""
+def uvicorn_config(app: Any, log_level: str = "warning", read_timeout: float = READ_TIMEOUT_S,
+                   write_timeout: float = WRITE_TIMEOUT_S) -> Any:
+    """How every gateway is served: no access log or lifespan, long keep-alive, a deep backlog, no
+    proxy-header rewriting (``public_url`` covers proxies; the middleware costs CPU on every call), and
+    slow or stalled connections closed (``agentgym.server.http_timeouts``)."""
     import uvicorn
 
     return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_keep_alive=60,
-                          backlog=4096, proxy_headers=False)
+                          backlog=4096, proxy_headers=False, http=timed_protocol(read_timeout, write_timeout))
 
 
 async def serve_gateway(sockets: list[Any], servers: list[str], backend: str, tokenizer: Any,
@@ -112,9 +118,10 @@ async def serve_gateway(sockets: list[Any], servers: list[str], backend: str, to
     ``wrap``: a function of the gateway's ASGI app giving the app to serve instead."""
     import uvicorn
 
+    timeouts = {k: options.pop(k) for k in ("read_timeout", "write_timeout") if k in options}
     policy = PolicyClient(servers, backend=backend)
     app = build_app(Gateway(policy, tokenizer, **options))
-    server = uvicorn.Server(uvicorn_config(wrap(app) if wrap else app))
+    server = uvicorn.Server(uvicorn_config(wrap(app) if wrap else app, **timeouts))
     if banner:
         print(banner, flush=True)
     try:

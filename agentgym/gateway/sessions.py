@@ -30,18 +30,23 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
+import math
 import secrets
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentgym.gateway.validation import allowed_import
 from agentgym.registry import import_object
 from agentgym.rollout.chat import ChatTokenizer, tools_key
 from agentgym.server.errors import ERROR_TYPES, APIError
 from agentgym.types import Message, TokenSample, Trajectory, Turn
+
+log = logging.getLogger("agentgym.gateway")
 
 # ---- reward functions --------------------------------------------------------------------------
 RewardFn = Callable[[list[Message], dict[str, Any]], float]
@@ -86,11 +91,16 @@ def register_reward_fn(name: str, fn: RewardFn) -> None:
     REWARD_FNS[name] = fn
 
 
-def resolve_reward_fn(name: str) -> RewardFn:
-    """A registered name (``gsm8k``) or an import path ``package.module:function``."""
+def resolve_reward_fn(name: str, allowed: Collection[str] = ()) -> RewardFn:
+    """A registered name (``gsm8k``) or an import path ``package.module:function`` that ``allowed``
+    lists (``package.module:*``: any function of that module); see ``agentgym.gateway.validation``."""
     if name in REWARD_FNS:
         return REWARD_FNS[name]
     if ":" in name:
+        if not allowed_import(name, allowed):
+            raise ValueError(f"reward_fn {name!r} is not allowed: a task may name a registered reward function "
+                             f"({', '.join(sorted(REWARD_FNS))}) or an import path the gateway's operator allowed "
+                             "(agentgym gateway --reward-fn package.module:function)")
         try:
             fn = import_object(name)
         except (ValueError, ImportError, AttributeError) as exc:
@@ -244,6 +254,10 @@ class Session:
         for a turn reward, to ``turn`` (default: that branch's latest turn)."""
         if self.finished:
             raise ValueError(f"session {self.id} is finished; post rewards before finishing it")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise ValueError(f"a reward must be a finite number, got {reward!r}")
+        if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in (turn, branch)):
+            raise ValueError(f"turn and branch must be integers, got turn={turn!r}, branch={branch!r}")
         branch = self.active if branch is None else branch
         if branch is not None and not 0 <= branch < len(self.branches):
             raise ValueError(f"session {self.id} has no branch {branch} (it has {len(self.branches)})")
@@ -297,8 +311,9 @@ class SessionStore:
     """
 
     def __init__(self, chat: ChatTokenizer, keep_finished: int = 10_000, template_check_every: int = 1,
-                 idle_timeout: float = 3600.0, id_prefix: str = "") -> None:
+                 idle_timeout: float = 3600.0, id_prefix: str = "", allowed_reward_fns: Collection[str] = ()) -> None:
         self.chat = chat
+        self.allowed_reward_fns = tuple(allowed_reward_fns)  # import paths a task may name (validation.py)
         self.id_prefix = id_prefix  # a multi-worker gateway's worker index: w<k>-
         self.keep_finished = keep_finished
         self.template_check_every = template_check_every
@@ -316,7 +331,7 @@ class SessionStore:
         task = dict(task or {})
         name = task_reward_fn(task)
         if name is not None:
-            resolve_reward_fn(name)  # a typo fails here, not at finish
+            resolve_reward_fn(name, self.allowed_reward_fns)  # a typo fails here, not at finish
             ground_truth(task)
         sid = self.id_prefix + uuid.uuid4().hex
         session = Session(id=sid, key=f"sk-agentgym-{secrets.token_urlsafe(24)}", task=task,
@@ -329,12 +344,19 @@ class SessionStore:
         return session
 
     def expire(self) -> int:
-        """Finish (as failed) every open session idle for over ``idle_timeout``; returns how many."""
+        """Finish (as failed) every open session idle for over ``idle_timeout``; returns how many.
+        Never raises: one session that cannot be finished is logged and dropped, not a failure of
+        whatever request ran the sweep."""
         self._next_sweep = time.monotonic() + 60.0
         limit = time.monotonic() - self.idle_timeout
         stale = [s for s in self.open.values() if s.last_used < limit and not any(b.pending for b in s.branches)]
         for session in stale:
-            self.finish(session, failure=f"expired: no request for {self.idle_timeout:.0f}s and never finished")
+            try:
+                self.finish(session, failure=f"expired: no request for {self.idle_timeout:.0f}s and never finished")
+            except Exception:  # finish() guards each branch; this is the last line of defence
+                log.exception("could not finish expired session %s; dropping it", session.id)
+                self.open.pop(session.id, None)
+                self._by_key.pop(session.key, None)
         self.counts["expired"] += len(stale)
         return len(stale)
 
@@ -498,45 +520,60 @@ class SessionStore:
         check = every > 0 and self.counts["finished"] % every == 0
         out = []
         for b in branches:
-            turns = [Turn(**vars(t)) for t in b.turns]
-            metrics: dict[str, float] = {"branches": float(len(branches)), "branch": float(b.index),
-                                         "active_branch": float(b.index == session.active),
-                                         "requests": float(session.requests)}
-            posted = 0.0
-            for r in session.rewards:
-                if r.branch != b.index:
-                    continue
-                if r.kind == "turn" and r.turn is not None:
-                    turns[r.turn].reward += r.reward
-                else:
-                    posted += r.reward
-            metrics["posted_reward"] = posted
-            status, failure = ("failed", session.failure) if session.failure else ("ok", None)
-            if status == "ok" and turns[-1].finish_reason == "length":
-                status = "truncated"
-            outcome = posted
-            if name is not None and b.kind == "chat":
-                try:
-                    score = float(resolve_reward_fn(name)(b.messages, task))
-                except Exception as exc:  # a broken reward function must not lose the session
-                    status, failure = "failed", f"reward_fn {name!r} raised {type(exc).__name__}: {exc}"
-                    score = 0.0
-                metrics["reward_fn_score"] = score
-                outcome += score
-            sampled = sum(len(t.response_ids) for t in turns)
-            metrics.update(turns=float(len(turns)), sampled_tokens=float(sampled),
-                           tokens=float(sampled + sum(len(t.prompt_ids) for t in turns)),
-                           success=float(status != "failed" and outcome > 0))
-            if check and b.kind == "chat":
-                metrics["template_mismatch"] = float(self._mismatch(b) is not None)
-                self.counts["template_mismatch"] += int(metrics["template_mismatch"])
-            out.append(Trajectory(
-                turns=turns, outcome_reward=outcome, env_id=str(task.get("env") or "gateway"),
-                group_id=session.group_id, seed=task.get("seed"), status=status, failure=failure,
-                data_source=str(task.get("data_source") or ""), messages=list(b.messages), metrics=metrics,
-                task={**task, "session_id": session.id, "branch": b.index, "parent": b.parent},
-            ))
+            try:
+                out.append(self._trajectory(session, b, len(branches), name, check))
+            except Exception as exc:  # one branch that cannot be built must not lose the others
+                log.exception("session %s: could not build branch %d's trajectory", session.id, b.index)
+                out.append(Trajectory(
+                    turns=[Turn(**vars(t)) for t in b.turns], env_id=str(task.get("env") or "gateway"),
+                    group_id=session.group_id, seed=task.get("seed"), status="failed",
+                    failure=f"the gateway could not build this trajectory: {type(exc).__name__}: {exc}",
+                    data_source=str(task.get("data_source") or ""), messages=list(b.messages),
+                    metrics={"branch": float(b.index)}, task={**task, "session_id": session.id, "branch": b.index}))
         return out
+
+    def _trajectory(self, session: Session, b: Branch, n_branches: int, name: str | None, check: bool) -> Trajectory:
+        task = session.task
+        turns = [Turn(**vars(t)) for t in b.turns]
+        metrics: dict[str, float] = {"branches": float(n_branches), "branch": float(b.index),
+                                     "active_branch": float(b.index == session.active),
+                                     "requests": float(session.requests)}
+        posted = 0.0
+        for r in session.rewards:
+            if r.branch != b.index:
+                continue
+            if r.kind == "turn" and r.turn is not None:
+                turns[r.turn].reward += r.reward
+            else:
+                posted += r.reward
+        metrics["posted_reward"] = posted
+        status, failure = ("failed", session.failure) if session.failure else ("ok", None)
+        if status == "ok" and turns[-1].finish_reason == "length":
+            status = "truncated"
+        outcome = posted
+        if name is not None and b.kind == "chat":
+            try:
+                score = float(resolve_reward_fn(name, self.allowed_reward_fns)(b.messages, task))
+                if not math.isfinite(score):
+                    raise ValueError(f"it returned {score}, not a finite number")
+            except Exception as exc:  # a broken reward function must not lose the session
+                status, failure = "failed", f"reward_fn {name!r} raised {type(exc).__name__}: {exc}"
+                score = 0.0
+            metrics["reward_fn_score"] = score
+            outcome += score
+        sampled = sum(len(t.response_ids) for t in turns)
+        metrics.update(turns=float(len(turns)), sampled_tokens=float(sampled),
+                       tokens=float(sampled + sum(len(t.prompt_ids) for t in turns)),
+                       success=float(status != "failed" and outcome > 0))
+        if check and b.kind == "chat":
+            metrics["template_mismatch"] = float(self._mismatch(b) is not None)
+            self.counts["template_mismatch"] += int(metrics["template_mismatch"])
+        return Trajectory(
+            turns=turns, outcome_reward=outcome, env_id=str(task.get("env") or "gateway"),
+            group_id=session.group_id, seed=task.get("seed"), status=status, failure=failure,
+            data_source=str(task.get("data_source") or ""), messages=list(b.messages), metrics=metrics,
+            task={**task, "session_id": session.id, "branch": b.index, "parent": b.parent},
+        )
 
     def _mismatch(self, b: Branch) -> int | None:
         raw = [{"role": "assistant", "content": b.replies[i]} if i in b.replies else m for i, m in enumerate(b.messages)]

@@ -187,6 +187,9 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
                        "--model-name", str(options.get("model_name") or model)]
             if options.get("max_model_len"):
                 command += ["--max-model-len", str(options["max_model_len"])]
+            limits = {k: v for k, v in options.items() if k not in ("admin_key", "model_name", "max_model_len")}
+            if limits:
+                command += ["--options", json.dumps(limits)]
             for url in servers:
                 command += ["--server", url]
             procs.append(subprocess.Popen(command, env=env, pass_fds=(public.fileno(), sock.fileno())))
@@ -235,6 +238,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--model-name", default=None)
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--options", default="{}", help="more Gateway options, as JSON (limits)")
     args = parser.parse_args(argv)
     public = socket.socket(fileno=args.public_fd)
     private = socket.socket(fileno=args.private_fd)
@@ -257,7 +261,7 @@ def worker_main(argv: list[str] | None = None) -> int:
                 wrap=lambda app: WorkerRouter(app, args.index, peers, "127.0.0.1" if host == "0.0.0.0" else host),
                 model_name=args.model_name or args.model, max_model_len=args.max_model_len,
                 admin_key=os.environ.get("AGENTGYM_GATEWAY_ADMIN_KEY") or None,
-                worker=args.index, worker_port=peers[args.index])
+                worker=args.index, worker_port=peers[args.index], **json.loads(args.options))
         finally:
             watch.cancel()
 

@@ -80,12 +80,12 @@ async def read_body(request: Request, max_bytes: int | None) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise APIError(413, f"the request body is {declared} bytes; this server takes at most {max_bytes} "
-                       "(agentgym serve --max-body-bytes)", code="request_too_large")
+                       "(--max-body-bytes)", code="request_too_large")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise APIError(413, f"the request body is over {max_bytes} bytes (agentgym serve --max-body-bytes)",
+            raise APIError(413, f"the request body is over {max_bytes} bytes (--max-body-bytes)",
                            code="request_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
