@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,21 +64,54 @@ class ConsoleLogger:
 
 
 class JsonlLogger:
-    def __init__(self, path: Path) -> None:
+    """One JSON line per step, on disk (flushed and fsynced) before the next step starts.
+
+    ``resume_step``: a run resumed from that step's checkpoint. Lines after it (steps the killed run
+    took after its last checkpoint, which the resumed run takes again) are dropped, and the line
+    of ``resume_step`` itself is restored from ``resume_line`` (the checkpoint's copy) if the run
+    was killed between saving the checkpoint and writing it: no line lost, none doubled."""
+
+    def __init__(self, path: Path, resume_step: int | None = None,
+                 resume_line: dict[str, float] | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        kept = truncate_jsonl(path, resume_step) if resume_step is not None else set()
         self._file = open(path, "a")  # noqa: SIM115 - open for the run
+        if resume_step is not None and resume_step not in kept and resume_line:
+            self.log(resume_line, resume_step)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
         self._file.flush()
+        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         self._file.close()
 
 
+def truncate_jsonl(path: Path, last_step: int) -> set[int]:
+    """Drop the lines of ``path`` whose ``step`` is after ``last_step`` (and any line a kill cut short);
+    returns the steps kept. The file is replaced atomically."""
+    if not path.is_file():
+        return set()
+    kept, steps = [], set()
+    with open(path) as f:
+        for line in f:
+            try:
+                step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if step <= last_step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+                steps.add(step)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+    return steps
+
+
 class TensorBoardLogger:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, purge_step: int | None = None) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
@@ -85,7 +119,7 @@ class TensorBoardLogger:
                 "trainer.logger has 'tensorboard' but the tensorboard package is not installed: "
                 "pip install tensorboard (or drop it: trainer.logger=[console,jsonl])"
             ) from exc
-        self.writer = SummaryWriter(log_dir=str(directory))
+        self.writer = SummaryWriter(log_dir=str(directory), purge_step=purge_step)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
@@ -118,7 +152,8 @@ class Tracking:
     """Fans a step's metrics out to every chosen backend."""
 
     def __init__(self, loggers: Sequence[str], run_dir: Path, project: str = "agentgym", experiment: str = "",
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None, resume_step: int | None = None,
+                 resume_line: dict[str, float] | None = None) -> None:
         self.run_dir = run_dir
         self.backends: list[Any] = []
         self.jsonl_path: Path | None = None
@@ -128,10 +163,11 @@ class Tracking:
                 self.backends.append(ConsoleLogger())
             elif name == "jsonl":
                 self.jsonl_path = run_dir / "metrics.jsonl"
-                self.backends.append(JsonlLogger(self.jsonl_path))
+                self.backends.append(JsonlLogger(self.jsonl_path, resume_step, resume_line))
             elif name == "tensorboard":
                 self.tensorboard_dir = run_dir / "tensorboard"
-                self.backends.append(TensorBoardLogger(self.tensorboard_dir))
+                self.backends.append(TensorBoardLogger(self.tensorboard_dir,
+                                                       None if resume_step is None else resume_step + 1))
             elif name == "wandb":
                 self.backends.append(WandbLogger(project, experiment, config or {}, run_dir))
             else:

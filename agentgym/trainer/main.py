@@ -10,12 +10,17 @@ From Python, ``train(cfg, source=...)`` runs the same loop on any ``TrajectorySo
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
+import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError
 from agentgym.trainer.config import load_config, world_size
@@ -169,18 +174,75 @@ def train_command(args: argparse.Namespace) -> int:
         print(f"agentgym train: {exc}", file=sys.stderr)
         return 2
     print(describe(cfg), flush=True)
-    source = None
-    servers = None
-    if agent is not None:
-        from agentgym.trainer.weight_sync import RolloutServers
+    from agentgym.trainer.checkpoint import CheckpointError
+    from agentgym.trainer.failures import TrainingFailed
 
-        servers = RolloutServers(cfg)
-        source = _agent_source(cfg, agent, servers)
+    threads_before = set(threading.enumerate())
     handler = show_trainer_warnings()
+    restore_signals = exit_on_signals()
+    code = 0
     try:
+        source = None
+        servers = None
+        if agent is not None:
+            from agentgym.trainer.weight_sync import RolloutServers
+
+            servers = RolloutServers(cfg)
+            try:
+                source = _agent_source(cfg, agent, servers)
+            except BaseException:
+                servers.stop()
+                raise
         summary = train(cfg, source=source, servers=servers)
+        print(summary_text(summary), flush=True)
+    except (TrainingFailed, CheckpointError) as exc:
+        print(f"agentgym train: error: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    except SystemExit as exc:  # SIGTERM / SIGHUP (exit_on_signals): everything above has cleaned up
+        code = exc.code if isinstance(exc.code, int) else 1
     finally:
+        restore_signals()
         if handler is not None:
             logging.getLogger("agentgym.trainer").removeHandler(handler)
-    print(summary_text(summary), flush=True)
-    return 0
+    return exit_without_stuck_threads(code, float(OmegaConf.select(cfg, "trainer.shutdown_timeout", default=10.0)),
+                                      threads_before)
+
+
+def exit_on_signals() -> Callable[[], None]:
+    """Make SIGTERM and SIGHUP end the run like an exception (``SystemExit(128 + signal)``), so every
+    ``finally`` and ``atexit`` cleanup runs (shared-memory weight files, servers, Ray); returns a
+    function that puts the previous handlers back. Only the main thread can do this."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def exit_without_stuck_threads(code: int, timeout: float, before: set[threading.Thread]) -> int:
+    """``code``, once the threads the run started have ended. Threads still running after ``timeout``
+    seconds (``trainer.shutdown_timeout``: an env step or an agent that never returns; Python cannot
+    stop a thread) would keep the interpreter alive forever at exit: then the ``atexit`` cleanups run
+    and the process exits with ``code`` without waiting for them."""
+    deadline = time.monotonic() + timeout
+    started = [t for t in threading.enumerate() if t not in before and not t.daemon]
+    for thread in started:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in started if t.is_alive()]
+    if not stuck:
+        return code
+    print(f"agentgym train: {len(stuck)} thread(s) still running {timeout:g} s after the run ended "
+          f"({', '.join(sorted(stuck)[:5])}): a hung env call or agent? Exiting without waiting for them "
+          "(trainer.shutdown_timeout).", file=sys.stderr, flush=True)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

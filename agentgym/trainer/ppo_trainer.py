@@ -51,7 +51,7 @@ from agentgym.trainer.flat_rewards import (
     flat_rewards_warning,
     group_reward_spread,
 )
-from agentgym.trainer.loggers import Progress, Tracking, trajectory_metrics, write_samples
+from agentgym.trainer.loggers import Progress, Tracking, trajectory_metrics, truncate_jsonl, write_samples
 from agentgym.trainer.train_state import rng_state, set_rng_state
 from agentgym.trainer.worker_group import WorkerGroup
 from agentgym.trainer.workers import CriticWorker, PolicyWorker
@@ -200,9 +200,11 @@ class PPOTrainer:
         with timer("gen", timing):
             trajectories: list[Trajectory] = self.run(self.source.collect(step))
         metrics.update(trajectory_metrics(trajectories))
-        lags = [step - 1 - turn.weight_version for traj in trajectories for turn in traj.turns]
+        latest = self.weight_sync.version if self.weight_sync is not None else step - 1
+        lags = [latest - turn.weight_version for traj in trajectories for turn in traj.turns]
         if lags and self.weight_sync is not None:  # 0: every turn was sampled by the latest weights
             metrics["rollout/weight_version_lag"] = float(np.mean(lags))
+        metrics.update(self.check_rollouts(step, trajectories))
         for key in ("template_mismatch", "throughput/episodes_per_s"):
             if key in getattr(self.source, "last_metrics", {}):
                 metrics[f"rollout/{key}"] = float(self.source.last_metrics[key])
@@ -315,6 +317,26 @@ class PPOTrainer:
         metrics["training/global_step"] = float(step)
         return metrics
 
+    def check_rollouts(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
+        """Stop the run when too many episodes failed; refuse samples of lost weights and push the
+        weights again (``agentgym.trainer.failures``)."""
+        from agentgym.trainer import failures
+
+        max_frac = float(OmegaConf.select(self.cfg, "trainer.max_failed_episode_frac", default=1.0))
+        failed = sum(t.status == "failed" for t in trajectories)
+        dead = []
+        if trajectories and failed / len(trajectories) > max_frac and self.servers is not None:
+            dead = self.run(failures.dead_servers(self.servers.client))
+        out = failures.failed_episode_check(trajectories, step, max_frac, dead)
+        if self.weight_sync is not None:
+            expected = self.weight_sync.version  # pushed after the last update (or at resume)
+            stale = failures.stale_trajectories(trajectories, expected)
+            out["rollout/stale_episodes"] = float(len(stale))
+            if stale:
+                log.warning("step %d: %s", step, failures.refuse_stale(stale, expected))
+                self.run(self.weight_sync.push(expected))
+        return out
+
     def check_flat_rewards(self, step: int, spread: GroupRewardSpread, advantages: torch.Tensor | None = None,
                            mask: torch.Tensor | None = None) -> bool:
         """Count a step whose groups all got identical rewards (so its advantages are zero), and
@@ -373,7 +395,9 @@ class PPOTrainer:
         return metrics
 
     # ---- checkpoints ----------------------------------------------------------------------------
-    def save_checkpoint(self, step: int) -> Path:
+    def save_checkpoint(self, step: int, metrics: dict[str, float] | None = None) -> Path:
+        """Save the workers' and the driver's state; ``metrics``: the step's metrics line, restored at
+        resume if the run dies before writing it."""
         directory = checkpoint.step_dir(self.run_dir, step)
         directory.mkdir(parents=True, exist_ok=True)
         pending = [self.actor.call_async("save_checkpoint", str(directory))]
@@ -388,6 +412,7 @@ class PPOTrainer:
             "kl_ctrl_value": self.kl_ctrl.value,
             "rng": rng_state(),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
+            "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
         }
         checkpoint.save_trainer_state(directory, state)
         checkpoint.mark_latest(self.run_dir, step)
@@ -404,6 +429,7 @@ class PPOTrainer:
         self.kl_ctrl.value = float(state["kl_ctrl_value"])
         set_rng_state(state["rng"])
         self.global_step = int(state["global_step"])
+        self.resumed_metrics = state.get("metrics")
         return self.global_step
 
     def save_hf_model(self) -> Path:
@@ -430,8 +456,12 @@ class PPOTrainer:
             random.seed(seed)
             np.random.seed(seed)
             torch.manual_seed(seed)
+        resume_step = self.global_step if resumed_from is not None else None
         self.tracking = Tracking(list(cfg.logger), self.run_dir, str(cfg.project_name), str(cfg.experiment_name),
-                                 OmegaConf.to_container(self.cfg, resolve=True))
+                                 OmegaConf.to_container(self.cfg, resolve=True), resume_step,
+                                 getattr(self, "resumed_metrics", None))
+        if resume_step is not None:  # steps after the checkpoint are taken again: their samples too
+            truncate_jsonl(self.run_dir / "samples.jsonl", resume_step)
         test_freq, save_freq = int(cfg.test_freq), int(cfg.save_freq)
         started = time.perf_counter()
         if resumed_from is not None:
@@ -460,7 +490,7 @@ class PPOTrainer:
                     self.last_val_metrics = val or self.last_val_metrics
                 if save_freq > 0 and (step % save_freq == 0 or last):
                     with timer("save_checkpoint", metrics):
-                        last_saved = self.save_checkpoint(step)
+                        last_saved = self.save_checkpoint(step, dict(metrics))
                 self.last_metrics = metrics
                 self.tracking.log(metrics, step)
                 if "val/reward/mean" in metrics:

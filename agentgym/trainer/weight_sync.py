@@ -11,11 +11,17 @@ server loads it and reports ``version`` from then on, and the file is deleted. W
 the actor lives in this process and a server is an embedded one in this process too, the
 weights are copied straight from the actor's tensors, with no file at all. Both halves
 are timed (``weight_sync/save_s``, ``weight_sync/load_s``).
+
+The push directory (``agentgym-policy-<pid>-<id>``, memory while it exists) is removed on every way
+out: ``cleanup()`` at shutdown, an ``atexit`` hook (``agentgym train`` turns SIGTERM/SIGHUP into a
+normal exit, so they pass through it too), and for a process killed outright (``kill -9``) by the
+next ``WeightSync``, which removes the directories of processes that no longer exist.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import shutil
@@ -112,6 +118,9 @@ class WeightSync:
         self.path = self.directory / "model.safetensors"
         in_process = servers.in_process_handles()
         self.direct = not actor.use_ray and len(in_process) == len(servers.handles) and bool(in_process)
+        self.version = 0  # the version the servers were last sent (what they should all report)
+        remove_orphans(base)
+        atexit.register(self.cleanup)
 
     async def push(self, version: int) -> dict[str, float]:
         started = time.perf_counter()
@@ -130,6 +139,7 @@ class WeightSync:
             finally:
                 self.path.unlink(missing_ok=True)  # /dev/shm is memory: free it once the servers have read it
         done = time.perf_counter()
+        self.version = version
         return {
             "weight_sync/save_s": saved - started,
             "weight_sync/load_s": done - saved,
@@ -150,3 +160,38 @@ class WeightSync:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+        atexit.unregister(self.cleanup)
+
+
+def remove_orphans(base: Path, min_age_s: float = 600.0) -> list[Path]:
+    """Remove push files left under ``base`` by agentgym processes that are gone (killed with no
+    chance to clean up): ``agentgym-policy-<pid>-*`` directories and ``agentgym-weights-<pid>-*`` files
+    untouched for ``min_age_s`` (a process of another PID namespace sharing ``/dev/shm`` looks gone
+    too; its files are left alone while it pushes)."""
+    removed = []
+    now = time.time()
+    for pattern in ("agentgym-policy-*-*", "agentgym-weights-*-*"):
+        for path in base.glob(pattern):
+            pid = path.name.split("-")[2]
+            try:
+                idle = now - path.stat().st_mtime
+            except OSError:
+                continue
+            if not pid.isdigit() or _alive(int(pid)) or idle < min_age_s:
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True

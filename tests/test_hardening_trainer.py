@@ -1,0 +1,267 @@
+"""The trainer when things go wrong (issue 16, "Trainer").
+
+A dead policy server stops the run (exit 1, the server named) instead of "done" with exit 0;
+samples of weights a restarted server lost are refused and the weights pushed again; a corrupt
+checkpoint or a bad ``latest`` file is refused; a kill -9 and resume neither loses nor doubles a
+metrics line; the shared-memory push directory goes on SIGTERM and after a kill -9; each failing
+episode is counted once; a hung env thread does not keep the process alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from test_checkpoint import _run
+
+from agentgym.envs.first_letter import FirstLetterEnv
+from agentgym.server.handles import free_port
+from agentgym.trainer import checkpoint
+from agentgym.trainer.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["trainer.use_ray=false", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
+        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "data.max_response_length=16",
+        "trainer.save_hf_model=false"]
+
+
+def run_python(code: str, timeout: float = 300, argv: list[str] = ()) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "RAY_AUTH_MODE": "disabled"}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# ---- fail loudly -------------------------------------------------------------------------------------
+def test_a_dead_policy_server_stops_the_run_with_exit_1_and_names_it(tmp_path, capsys):
+    from agentgym.cli import main
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    code = main(["train", "--env", "first_letter", *FAST, f"trainer.default_local_dir={tmp_path}",
+                 "trainer.total_training_steps=3", f"actor_rollout_ref.rollout.server_urls=[{dead}]"])
+    err = capsys.readouterr().err
+    assert code == 1, err[-2000:]
+    assert "8 of 8 episodes failed" in err and "max_failed_episode_frac" in err
+    assert f"Not answering /health: {dead}" in err
+    assert not (tmp_path / "huggingface").exists()
+
+
+class _RestartingSource:
+    """The env source, with the policy server "restarted" (initial weights, version 0) before ``at``."""
+
+    def __init__(self, inner, server, at: int) -> None:
+        self.inner, self.server, self.at = inner, server, at
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def collect(self, step: int):
+        if step == self.at:
+            from agentgym.model import load_causal_lm
+
+            self.server.update_weights(load_causal_lm("tiny").state_dict(), 0)
+        return await self.inner.collect(step)
+
+
+def test_samples_of_lost_weights_are_refused_and_the_weights_pushed_again(tmp_path, caplog):
+    from agentgym.model import load_tokenizer
+    from agentgym.server.launch import start_embedded_server
+    from agentgym.trainer.main import train
+    from agentgym.trainer.sources import EnvRolloutSource
+    from agentgym.trainer.weight_sync import RolloutServers
+
+    with start_embedded_server("tiny") as server:
+        cfg = load_config(env="first_letter", overrides=[
+            *FAST, f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=3",
+            f"actor_rollout_ref.rollout.server_urls=[{server.url}]",
+            f"actor_rollout_ref.rollout.server_admin_key={server.admin_key}"])
+        servers = RolloutServers(cfg)
+        source = _RestartingSource(EnvRolloutSource(cfg, servers.client, load_tokenizer("tiny")), server, at=2)
+        train(cfg, source=source, servers=servers, show_progress=False)
+        assert server.weight_version == 3
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/stale_episodes"] for r in rows] == [0, 8, 0]
+    assert rows[1]["batch/trainable"] == 0  # nothing of version 0 was trained on at step 2
+    assert rows[2]["rollout/weight_version_lag"] == 0  # the weights were pushed again at once
+    assert "not trained on" in caplog.text
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------------
+GRPO = ("algorithm=grpo", "actor_rollout_ref.actor.use_kl_loss=false")
+
+
+def test_a_corrupt_checkpoint_is_refused(tmp_path):
+    _run(tmp_path, 2, "trainer.save_freq=1", *GRPO)
+    model = tmp_path / "global_step_2" / "actor" / "model.pt"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0x10  # one bit, in the middle of the weights
+    model.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match=r"actor/model.pt does not match") as refused:
+        _run(tmp_path, 3, "trainer.save_freq=1", *GRPO)
+    assert "global_step_1" in str(refused.value) and "resume_from_path" in str(refused.value)
+
+
+@pytest.mark.parametrize("latest", ["abc", "9", ""])
+def test_a_bad_latest_file_is_refused_not_a_restart_from_step_0(tmp_path, latest):
+    _run(tmp_path, 1, "trainer.save_freq=1", *GRPO)
+    (tmp_path / checkpoint.LATEST_FILE).write_text(latest)
+    with pytest.raises(checkpoint.CheckpointError, match="global_step_1"):
+        _run(tmp_path, 2, "trainer.save_freq=1", *GRPO)
+
+
+# ---- metrics across kill -9 -----------------------------------------------------------------------------
+KILLED_RUN = """
+    import os, signal, sys
+    from test_checkpoint import _run
+    from agentgym.trainer.ppo_trainer import PPOTrainer
+
+    directory, steps, save_freq, kill_after_save, kill_at_step = sys.argv[1], *map(int, sys.argv[2:])
+    save, train_step = PPOTrainer.save_checkpoint, PPOTrainer.train_step
+
+    def saving(self, step, *args, **kwargs):
+        out = save(self, step, *args, **kwargs)
+        if step == kill_after_save:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+    def stepping(self, step):
+        if step == kill_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return train_step(self, step)
+
+    PPOTrainer.save_checkpoint, PPOTrainer.train_step = saving, stepping
+    from pathlib import Path
+    _run(Path(directory), steps, f"trainer.save_freq={save_freq}", "algorithm=grpo",
+         "actor_rollout_ref.actor.use_kl_loss=false")
+"""
+
+
+@pytest.mark.parametrize("kill_after_save,kill_at_step,save_freq", [(2, 0, 1), (0, 4, 2)],
+                         ids=["killed between a checkpoint and its metrics line", "killed after the checkpoint's next step"])
+def test_kill_9_and_resume_neither_loses_nor_doubles_a_metrics_line(tmp_path, kill_after_save, kill_at_step, save_freq):
+    steps = 4
+    killed = run_python(KILLED_RUN, 300, [str(tmp_path), str(steps), str(save_freq), str(kill_after_save),
+                                          str(kill_at_step)])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = run_python(KILLED_RUN, 300, [str(tmp_path), str(steps), str(save_freq), "0", "0"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all("actor/pg_loss" in r for r in rows)
+
+
+# ---- temporary files ---------------------------------------------------------------------------------------
+def test_the_push_directory_goes_when_the_trainer_is_terminated(tmp_path):
+    from agentgym.model.weights import push_dir
+    from agentgym.server.launch import start_embedded_server
+
+    with start_embedded_server("tiny") as server:  # a server given by URL: weights go through /dev/shm
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentgym.cli", "train", "--env", "first_letter", *FAST,
+             f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=500",
+             f"actor_rollout_ref.rollout.server_urls=[{server.url}]",
+             f"actor_rollout_ref.rollout.server_admin_key={server.admin_key}"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 240
+            while server.weight_version < 1:  # the first push has made the directory
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+                time.sleep(0.2)
+            assert list(push_dir().glob(f"agentgym-policy-{proc.pid}-*"))
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not list(push_dir().glob(f"agentgym-policy-{proc.pid}-*"))
+
+
+def test_push_files_of_a_killed_trainer_are_removed_by_the_next(tmp_path):
+    from agentgym.trainer.weight_sync import remove_orphans
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    orphan = tmp_path / f"agentgym-policy-{pid}-0a1b2c3d"
+    orphan.mkdir()
+    (orphan / "model.safetensors").write_bytes(b"x" * 1000)
+    stray = tmp_path / f"agentgym-weights-{pid}-3.safetensors"
+    stray.write_bytes(b"y")
+    mine = tmp_path / f"agentgym-policy-{os.getpid()}-deadbeef"
+    mine.mkdir()
+    fresh = tmp_path / f"agentgym-policy-{pid}-fresh000"  # just written: maybe another PID namespace's
+    fresh.mkdir()
+    hour_ago = time.time() - 3600
+    for path in (orphan, stray, mine):
+        os.utime(path, (hour_ago, hour_ago))
+    assert sorted(remove_orphans(tmp_path)) == sorted([orphan, stray])
+    assert mine.exists() and fresh.exists() and not orphan.exists() and not stray.exists()
+
+
+# ---- env failures -------------------------------------------------------------------------------------------
+HANGS = 17
+
+
+class HangingEnv(FirstLetterEnv):
+    """FirstLetter whose episodes of seed ``HANGS`` never return from ``step``."""
+
+    def reset(self, seed=None, options=None):
+        self.hang = seed == HANGS
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.hang:
+            time.sleep(3600)
+        return super().step(action)
+
+
+@pytest.mark.xfail(strict=True, reason="agentgym/rollout/executors.py belongs to another helper: the fix (calls on "
+                   "threads inside each worker process) is on the adapters branch, e68bc79; remove this mark on merge")
+async def test_the_process_executor_counts_each_failing_episode_once(standin_server):
+    """A hung step held its worker process, so calls queued behind it timed out too: 12 failures were
+    counted for 6 failing episodes. Only the hung episodes may fail."""
+    from agentgym.rollout import RolloutConfig, RolloutRunner, Task
+
+    standin_server.token_ids = [5, 6, 7]
+    from agentgym.client import PolicyClient
+
+    async with PolicyClient(standin_server.url) as client:
+        runner = RolloutRunner(HangingEnv, client, "tiny", RolloutConfig(
+            n=3, env_executor="process", env_workers=2, env_timeout=1.5, max_concurrency=12, max_tokens=4))
+        try:
+            result = await runner.run([Task(seed=s) for s in (11, HANGS, 13, 15, HANGS + 100, 19)])
+        finally:
+            await runner.aclose()
+    failed = [t for t in result.trajectories if t.status == "failed"]
+    assert {t.seed for t in failed} == {HANGS}, [(t.seed, t.failure) for t in failed]
+    assert result.metrics["failed"] == 3
+
+
+HUNG_TRAIN = f"""
+    import agentgym
+    from test_hardening_trainer import HangingEnv
+    from agentgym.cli import main
+
+    agentgym.register("hanging_first_letter", HangingEnv)
+    raise SystemExit(main(["train", "--env", "hanging_first_letter", *{FAST!r}, "trainer.default_local_dir=DIR",
+                           "trainer.total_training_steps=1", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
+                           "env.train_seed_start={HANGS - 1}", "env.timeout=2", "trainer.shutdown_timeout=2"]))
+"""
+
+
+def test_a_hung_env_thread_does_not_keep_the_process_alive(tmp_path):
+    started = time.monotonic()
+    try:
+        done = run_python(HUNG_TRAIN.replace("DIR", str(tmp_path)), timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("agentgym train never exited: its hung env thread kept the interpreter alive")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "done: 1 steps" in done.stdout and "still running" in done.stderr
+    assert time.monotonic() - started < 200
