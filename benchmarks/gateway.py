@@ -50,7 +50,6 @@ if str(ROOT / "benchmarks") not in sys.path:  # run as a script it is there; loa
 
 from standin_server import start_standin  # noqa: E402  (tests start it through this module)
 
-
 # ---- the programs under test -------------------------------------------------------------------
 ADMIN_KEY = "sk-agentgym-benchmark-admin"
 """The admin key of the gateways started here (unless ``env`` names another)."""

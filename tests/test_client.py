@@ -15,7 +15,6 @@ from agentgym.server.handles import AppThread, free_port
 from agentgym.server.launch import start_embedded_server
 from agentgym.types import SamplingParams
 
-
 ADMIN = "sk-test-admin"  # both servers take it, so one client can push weights to both
 
 

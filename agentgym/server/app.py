@@ -30,12 +30,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
-from agentgym.server.engine import Engine, Sequence, TokenEvent
+from agentgym.server.engine import Engine, Sequence
 from agentgym.server.engine import Request as EngineRequest
 from agentgym.server.errors import APIError, install_error_handlers, json_object, validate
-from agentgym.server.limits import ServerLimits, new_admin_key, read_body, require_admin
+from agentgym.server.limits import ServerLimits, new_admin_key, read_body, require_admin, text_chars
 from agentgym.server.openai_types import (
     ChatChoice,
     ChatCompletionChunk,
@@ -61,6 +61,7 @@ from agentgym.server.openai_types import (
     UsageInfo,
 )
 from agentgym.server.sampling import GenerationParams
+from agentgym.server.streaming import IncrementalText, events, sse
 from agentgym.server.token_pieces import TokenPieces
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
 
@@ -340,7 +341,7 @@ class _Server:
         parse_tools = bool(req.tools) and req.tool_choice != "none"
         if req.stream:
             request = self.engine.submit(prompt_ids, params, n=req.n, stream=True)
-            return _sse(self.chat_stream(req, request, parse_tools), self.engine, request)
+            return sse(self.chat_stream(req, request, parse_tools), self.engine, request)
         request = self.engine.submit(prompt_ids, params, n=req.n)
         seqs = await self.wait(request)
         choices = []
@@ -376,7 +377,7 @@ class _Server:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         markers = list(req.stop or []) + ([TOOL_CALL_OPEN] if parse_tools else [])
-        streams = [_IncrementalText(self.tokenizer, req.skip_special_tokens, markers) for _ in range(req.n)]
+        streams = [IncrementalText(self.tokenizer, req.skip_special_tokens, markers) for _ in range(req.n)]
         version = None
 
         def chunk(choice: ChatStreamChoice, **extra: Any) -> str:
@@ -386,7 +387,7 @@ class _Server:
             return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
 
         first = True
-        async for event in _events(request):
+        async for event in events(request):
             if version is None:
                 version = request.sequences[0].weight_version if request.sequences else self.engine.weight_version
             if first:
@@ -467,7 +468,7 @@ class _Server:
             if len(prompts) != 1:
                 raise APIError(400, "streaming takes one prompt", param="prompt")
             request = self.engine.submit(prompts[0], params[0], n=req.n, stream=True)
-            return _sse(self.completion_stream(req, request), self.engine, request)
+            return sse(self.completion_stream(req, request), self.engine, request)
         requests = [self.engine.submit(p, ps, n=req.n) for p, ps in zip(prompts, params)]
         try:
             results = await asyncio.gather(*(self.wait(r) for r in requests))
@@ -510,11 +511,11 @@ class _Server:
 
     async def completion_stream(self, req: CompletionRequest, request: EngineRequest) -> AsyncIterator[str]:
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        streams = [_IncrementalText(self.tokenizer, req.skip_special_tokens, list(req.stop or []))
+        streams = [IncrementalText(self.tokenizer, req.skip_special_tokens, list(req.stop or []))
                    for _ in range(req.n)]
         offsets = [0] * req.n
         version = None
-        async for event in _events(request):
+        async for event in events(request):
             if version is None:
                 version = request.sequences[0].weight_version if request.sequences else self.engine.weight_version
             stream = streams[event.index]
@@ -541,90 +542,6 @@ class _Server:
                                    weight_version=version if version is not None else self.engine.weight_version)
             yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
         yield "data: [DONE]\n\n"
-
-
-async def _events(request: EngineRequest) -> AsyncIterator[TokenEvent]:
-    while True:
-        event = await request.events.get()
-        if event is None:
-            return
-        yield event
-
-
-def _sse(body: AsyncIterator[str], engine: Engine, request: EngineRequest) -> StreamingResponse:
-    async def guarded() -> AsyncIterator[str]:
-        finished = False
-        try:
-            async for part in body:
-                yield part
-            finished = True
-        finally:
-            if not finished:  # the client went away: stop sampling for it
-                engine.abort(request)
-
-    return StreamingResponse(guarded(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-class _IncrementalText:
-    """Turns a growing list of token ids into text deltas, never emitting half a character
-    and holding back text that could be the start of a marker (a stop string, ``<tool_call>``):
-    once a marker appears, everything from it on waits for ``finish``."""
-
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool, markers: list[str]) -> None:
-        self.tokenizer = tokenizer
-        self.skip = skip_special_tokens
-        self.markers = [m for m in markers if m]
-        self.ids: list[int] = []
-        self.sent = ""
-        self.held = False
-        self.first = True
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        if self.held:
-            return ""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        if text.endswith("\ufffd"):
-            return ""
-        end = len(text)
-        for m in self.markers:
-            at = text.find(m, max(0, len(self.sent) - len(m)))
-            if at >= 0:
-                end = min(end, at)
-                self.held = True
-            else:
-                for k in range(min(len(m) - 1, len(text)), 0, -1):
-                    if text.endswith(m[:k]):
-                        end = min(end, len(text) - k)
-                        break
-        if end <= len(self.sent):
-            return ""
-        delta = text[len(self.sent):end]
-        self.sent = text[:end]
-        return delta
-
-    def finish(self, final_text: str) -> str:
-        if final_text.startswith(self.sent):
-            delta = final_text[len(self.sent):]
-            self.sent = final_text
-            return delta
-        return ""
-
-
-def text_chars(value: Any) -> int:
-    """How many characters the strings in a JSON value hold, together (keys included)."""
-    total, stack = 0, [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):
-            total += sum(len(k) for k in item if isinstance(k, str))
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return total
 
 
 def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:

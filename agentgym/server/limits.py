@@ -24,6 +24,7 @@ import hmac
 import os
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 
@@ -89,3 +90,18 @@ async def read_body(request: Request, max_bytes: int | None) -> bytes:
                            code="request_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def text_chars(value: Any) -> int:
+    """How many characters the strings in a JSON value hold, together (keys included)."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(k) for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total

@@ -49,8 +49,9 @@ def step_dir(root: str | os.PathLike[str], step: int) -> Path:
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint under ``root``; None when there is no ``latest`` file (a fresh
-    run). A ``latest`` file that names no checkpoint raises ``CheckpointError``."""
+    """The newest complete checkpoint under ``root``, its files checked against its manifest; None
+    when there is no ``latest`` file (a fresh run). A ``latest`` file that names no checkpoint, or a
+    checkpoint whose files changed, raises ``CheckpointError``."""
     marker = Path(root) / LATEST_FILE
     if not marker.is_file():
         return None
@@ -60,6 +61,7 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     path = step_dir(root, int(text))
     if not (path / STATE_FILE).is_file():
         raise CheckpointError(f"{marker} names step {text}, but {path} holds no {STATE_FILE}. {_choices(root)}")
+    verify_manifest(path)
     return path
 
 
@@ -126,12 +128,9 @@ def resume_dir(root: str | os.PathLike[str], mode: str, path: str | None = None)
         if not (target / STATE_FILE).is_file():
             raise FileNotFoundError(f"trainer.resume_from_path={path} holds no {STATE_FILE}; "
                                     "point it at a global_step_N directory")
-    else:
-        target = latest_checkpoint(root)
-        if target is None:
-            return None
-    verify_manifest(target)
-    return target
+        verify_manifest(target)
+        return target
+    return latest_checkpoint(root)
 
 
 def step_of(path: str | os.PathLike[str]) -> int:
