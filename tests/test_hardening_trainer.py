@@ -222,11 +222,10 @@ class HangingEnv(FirstLetterEnv):
         return super().step(action)
 
 
-@pytest.mark.xfail(strict=True, reason="agentgym/rollout/executors.py belongs to another helper: the fix (calls on "
-                   "threads inside each worker process) is on the adapters branch, e68bc79; remove this mark on merge")
 async def test_the_process_executor_counts_each_failing_episode_once(standin_server):
     """A hung step held its worker process, so calls queued behind it timed out too: 12 failures were
-    counted for 6 failing episodes. Only the hung episodes may fail."""
+    counted for 6 failing episodes. Only the hung episodes may fail. (The fix is the adapters branch's
+    executors, merged in 8734630; this test failed on 2b6ae53.)"""
     from agentgym.rollout import RolloutConfig, RolloutRunner, Task
 
     standin_server.token_ids = [5, 6, 7]
