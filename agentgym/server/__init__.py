@@ -1,8 +1,11 @@
 """The policy server: what samples tokens for everyone else.
 
 * The embedded server: ``engine.py`` (continuous batching over a KV cache), ``app.py`` (FastAPI
-  routes), ``openai_types.py`` (request/response models), ``errors.py`` (OpenAI-shaped errors),
-  ``tool_calls.py`` and ``token_pieces.py`` (shared with the gateway, which speaks the same API).
+  routes), ``streaming.py`` (server-sent events), ``openai_types.py`` (request/response models),
+  ``errors.py`` (OpenAI-shaped errors, the one door for a JSON body), ``limits.py`` (request
+  bounds, the admin key), ``tool_calls.py`` and ``token_pieces.py`` (shared with the gateway,
+  which speaks the same API). ``http_timeouts.py``: uvicorn connections that send or read too
+  slowly are closed (the gateway's too).
 * ``handles.py``: ``PolicyServerHandle`` and its kinds (in this process, or a child process).
 * ``launch.py``: ``start_embedded_server`` / ``start_policy_server`` and ``agentgym serve``.
 * ``engines.py``: vLLM and SGLang command lines and start-up; ``vllm_extension.py`` is loaded

@@ -82,9 +82,20 @@ def timed_protocol(read_timeout: float = READ_TIMEOUT_S, write_timeout: float = 
         def on_response_complete(self) -> None:
             unread = self.cycle is not None and self.cycle.more_body
             super().on_response_complete()
-            if unread and not self.transport.is_closing():
-                self.transport.close()  # answered before its body arrived: the connection cannot be reused
-            self._receiving = False  # idle now: uvicorn's keep-alive timeout takes over
+            if not unread:
+                self._idle()
+            elif not hasattr(base, "on_message_complete") and not self.transport.is_closing():
+                self.transport.close()  # h11: no hook tells when the rest arrives; do not reuse the connection
+            # else: answered before its whole body arrived (a 401, a 413): uvicorn reads and drops the
+            # rest, which must still come by the request's deadline
+
+        def on_message_complete(self) -> None:  # httptools: the request's last byte arrived
+            super().on_message_complete()
+            if self.cycle is not None and self.cycle.response_complete:
+                self._idle()
+
+        def _idle(self) -> None:
+            self._receiving = False  # uvicorn's keep-alive timeout takes over
             if self._read_timer is not None:
                 self._read_timer.cancel()
                 self._read_timer = None
