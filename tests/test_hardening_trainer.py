@@ -180,8 +180,11 @@ def test_the_push_directory_goes_when_the_trainer_is_terminated(tmp_path):
         finally:
             if proc.poll() is None:
                 proc.kill()
+    leftover = list(push_dir().glob(f"agentgym-policy-{proc.pid}-*"))
+    for path in leftover:  # do not leave them to the next test run
+        subprocess.run(["rm", "-rf", str(path)], check=False)
+    assert not leftover, "the push directory outlived the run"
     assert proc.returncode == 128 + signal.SIGTERM
-    assert not list(push_dir().glob(f"agentgym-policy-{proc.pid}-*"))
 
 
 def test_push_files_of_a_killed_trainer_are_removed_by_the_next(tmp_path):
