@@ -3,6 +3,7 @@
     python benchmarks/gateway.py                    # 256 concurrent sessions, 20 s per side
     python benchmarks/gateway.py --workers 2        # agentgym gateway --workers 2
     python benchmarks/gateway.py --delay-ms 100     # the stand-in takes 100 ms per generation
+    python benchmarks/gateway.py --peer rllm-model-gateway   # vs the peer, at 1, 64 and 256 sessions
 
 Three programs share the machine: this client, the gateway (``agentgym gateway [--workers N]``)
 and the stand-in policy server (``benchmarks/standin_server.py`` in ``fixed`` mode, a child
@@ -65,6 +66,26 @@ def start_gateway_process(port: int, servers: list[str], timeout: float = 120.0,
     return proc
 
 
+PEER = "rllm-model-gateway"
+PEER_PYTHON = os.environ.get("AGENTGYM_PEER_PYTHON", "/work/venvs/rllm/bin/python")
+PEER_INSTALL = (f"python -m venv /work/venvs/rllm && /work/venvs/rllm/bin/pip install {PEER}==0.1.0 uvloop httptools "
+                "(or point $AGENTGYM_PEER_PYTHON at a Python that has it)")
+
+
+def start_peer_process(port: int, standin_url: str, db_path: str, python: str = PEER_PYTHON,
+                       timeout: float = 60.0) -> subprocess.Popen:
+    """``rllm-model-gateway`` (its own CLI, its default SQLite trace store at ``db_path``) in a child
+    process of ``python`` (its own venv: its dependencies are not agentgym's), in front of the
+    stand-in's vLLM-shaped chat route, returned once it answers ``/health``."""
+    if not Path(python).exists():
+        raise SystemExit(f"--peer {PEER}: no Python at {python}; install the peer in its own venv: {PEER_INSTALL}")
+    cmd = [python, "-m", "rllm_model_gateway", "--host", "127.0.0.1", "--port", str(port),
+           "--worker", f"{standin_url}/vllm/v1", "--db-path", db_path, "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_health(f"http://127.0.0.1:{port}", proc, timeout)
+    return proc
+
+
 def _wait_health(url: str, proc: subprocess.Popen, timeout: float) -> None:
     from agentgym.client.health import wait_healthy
 
@@ -105,14 +126,15 @@ class Pools:
         self.limit = limit
         self.pools: dict[tuple[str, int], Any] = {}
 
-    async def post(self, url: str, path: str, payload: dict[str, Any], key: str | None = None) -> tuple[int, bytes]:
+    async def post(self, url: str, path: str, payload: dict[str, Any] | None, key: str | None = None,
+                   method: str = "POST") -> tuple[int, bytes]:
         from agentgym.client.http11 import ConnectionPool
 
         host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
         pool = self.pools.get((host, int(port)))
         if pool is None:
             pool = self.pools[(host, int(port))] = ConnectionPool(host, int(port), self.limit)
-        answer = await pool.fetch("POST", path, json.dumps(payload).encode(),
+        answer = await pool.fetch(method, path, None if payload is None else json.dumps(payload).encode(),
                                   headers={"Authorization": f"Bearer {key}"} if key else None)
         return answer.status, answer.body
 
@@ -133,20 +155,40 @@ def _messages(turn: int) -> list[dict[str, Any]]:
     return messages
 
 
+async def _open(kind: str, url: str, pools: Pools) -> tuple[str | None, str | None, str]:
+    """A session on ``kind`` (``gateway``: agentgym's; ``peer``: rllm-model-gateway's; ``direct``: none):
+    ``(session id, api key, the URL its model calls go to)``."""
+    if kind == "gateway":
+        status, body = await pools.post(url, "/sessions", {"task": {}, "sampling": {"max_tokens": 16}})
+        info = json.loads(body)
+        return info["id"], info["api_key"], info["base_url"]
+    if kind == "peer":
+        status, body = await pools.post(url, "/sessions", {"metadata": {"task": "benchmark"}})
+        return json.loads(body)["session_id"], None, url
+    return None, None, url
+
+
+async def _close(kind: str, url: str, sid: str, pools: Pools) -> None:
+    """Collect what the gateway recorded: agentgym's finish returns the trajectories; the peer's
+    traces are read with ``GET /sessions/<id>/traces``."""
+    if kind == "gateway":
+        status, body = await pools.post(url, f"/sessions/{sid}/finish", {})
+    else:
+        status, body = await pools.post(url, f"/sessions/{sid}/traces", None, method="GET")
+    if status != 200:
+        raise RuntimeError(f"{kind}: collecting session {sid} failed ({status}): {body[:300]!r}")
+
+
 async def _worker(kind: str, url: str, seconds: float, warmup: float, latencies: list[float], admin: list[float],
                   pools: Pools) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     end = start + warmup + seconds
     while loop.time() < end:
-        sid = key = None
-        call_url = url
-        if kind == "gateway":
-            t = time.perf_counter()
-            status, body = await pools.post(url, "/sessions", {"task": {}, "sampling": {"max_tokens": 16}})
+        t = time.perf_counter()
+        sid, key, call_url = await _open(kind, url, pools)
+        if sid:
             admin.append(time.perf_counter() - t)
-            info = json.loads(body)
-            sid, key, call_url = info["id"], info["api_key"], info["base_url"]
         for turn in range(TURNS):
             payload = {"model": "m", "messages": _messages(turn), "max_tokens": 16}
             path = f"/sessions/{sid}/v1/chat/completions" if sid else "/v1/chat/completions"
@@ -158,7 +200,7 @@ async def _worker(kind: str, url: str, seconds: float, warmup: float, latencies:
                 latencies.append(time.perf_counter() - t)
         if sid:
             t = time.perf_counter()
-            await pools.post(url, f"/sessions/{sid}/finish", {})
+            await _close(kind, url, sid, pools)
             admin.append(time.perf_counter() - t)
 
 
@@ -240,15 +282,77 @@ def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: flo
               f"{budget * 1e3:.0f} us of CPU per call; it spends {through['gateway_cpu_ms_per_call'] * 1e3:.0f} us{verdict}.")
 
 
+def run_versus_peer(concurrencies: list[int], seconds: float, warmup: float, delay_ms: float,
+                    python: str = PEER_PYTHON) -> list[tuple[int, dict[str, dict[str, float]]]]:
+    """agentgym's gateway and ``rllm-model-gateway`` in one run, in front of the same stand-in, at each
+    concurrency (that many 4-turn sessions at once), with direct calls to the stand-in as the baseline
+    for the added latency. Prints the table; returns the figures."""
+    import tempfile
+
+    standin = start_standin(0, mode="fixed", delay_ms=delay_ms)
+    procs: list[subprocess.Popen] = []
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="peer-gateway-") as tmp:
+        try:
+            ours_port, peer_port = free_port(), free_port()
+            procs.append(start_gateway_process(ours_port, [standin.url]))
+            procs.append(start_peer_process(peer_port, standin.url, str(Path(tmp) / "traces.db"), python))
+            urls = {"direct": standin.url, "gateway": f"http://127.0.0.1:{ours_port}",
+                    "peer": f"http://127.0.0.1:{peer_port}"}
+            pids = {"direct": {}, "gateway": {"gateway": procs[0].pid}, "peer": {"gateway": procs[1].pid}}
+            for c in concurrencies:
+                figures = {}
+                for kind in ("direct", "gateway", "peer"):
+                    figures[kind] = asyncio.run(measure(kind, urls[kind], c, seconds, warmup,
+                                                        {**pids[kind], "standin": standin.pid}))
+                rows.append((c, figures))
+        finally:
+            for proc in procs:
+                stop(proc)
+            stop(standin)
+
+    print(f"\nagentgym gateway vs {PEER} 0.1.0, each in front of the same stand-in "
+          f"({'instant' if not delay_ms else f'{delay_ms:.0f} ms per generation'}); {TURNS}-turn sessions "
+          f"re-sending their history, each created and collected (agentgym: finish -> trajectories; peer: GET "
+          f"traces); {seconds:.0f} s per row; {os.cpu_count()} CPU(s) shared by client, gateways and stand-in; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'sessions':>8} {'path':<20} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} "
+          f"{'gateway CPU ms/call':>20}")
+    names = {"direct": "direct (no gateway)", "gateway": "agentgym gateway", "peer": PEER}
+    for c, figures in rows:
+        direct = figures["direct"]
+        for kind in ("direct", "gateway", "peer"):
+            r = figures[kind]
+            added = ("-", "-") if kind == "direct" else (f"+{r['p50_ms'] - direct['p50_ms']:.2f}",
+                                                          f"+{r['p99_ms'] - direct['p99_ms']:.2f}")
+            cpu = f"{r['gateway_cpu_ms_per_call']:.3f}" if kind != "direct" else "-"
+            print(f"{c:>8} {names[kind]:<20} {r['calls_per_s']:>8.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>8.2f} "
+                  f"{added[0]:>10} {added[1]:>10} {cpu:>20}")
+        ratio = figures["gateway"]["calls_per_s"] / max(figures["peer"]["calls_per_s"], 1e-9)
+        cpu_ratio = figures["peer"]["gateway_cpu_ms_per_call"] / max(figures["gateway"]["gateway_cpu_ms_per_call"], 1e-9)
+        print(f"{'':>8} {'agentgym / peer':<20} {ratio:>7.1f}x {'':>38} {'peer / agentgym':>10} {cpu_ratio:>5.1f}x")
+    print("(a gateway's CPU per call includes its share of session create + collect, one each per "
+          f"{TURNS} calls; added latency: that path's minus direct's at the same concurrency)")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per side")
+    parser.add_argument("--concurrency", type=str, default=None,
+                        help="concurrent sessions; a comma list with --peer (default: 256; with --peer 1,64,256)")
+    parser.add_argument("--seconds", type=float, default=None, help="measured seconds per side (default 20; --peer 8)")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--delay-ms", type=float, default=0.0, help="stand-in latency per generation (0: instant)")
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (agentgym gateway --workers)")
+    parser.add_argument("--peer", choices=[PEER], default=None,
+                        help=f"measure against this peer gateway in the same run (its Python: $AGENTGYM_PEER_PYTHON, "
+                             f"default {PEER_PYTHON})")
     args = parser.parse_args(argv)
-    run_benchmark(args.concurrency, args.seconds, args.warmup, args.delay_ms, args.workers)
+    if args.peer:
+        concurrencies = [int(c) for c in (args.concurrency or "1,64,256").split(",")]
+        run_versus_peer(concurrencies, args.seconds or 8.0, args.warmup, args.delay_ms)
+        return 0
+    run_benchmark(int(args.concurrency or 256), args.seconds or 20.0, args.warmup, args.delay_ms, args.workers)
     return 0
 
 

@@ -18,6 +18,10 @@ It speaks the embedded server's wire format (the JSON ``PolicyClient`` parses):
 
 * ``POST /v1/chat/completions``: a canned OpenAI chat answer (``The answer is 72.``): the direct
   path of ``benchmarks/gateway.py``.
+* ``POST /vllm/v1/chat/completions`` (``fixed`` mode): the same answer as vLLM gives it with
+  ``return_token_ids`` and ``logprobs``: ``prompt_token_ids``, ``choices[0].token_ids`` and
+  ``logprobs.content`` (the fixed reply's ids): what a gateway that records vLLM's chat answers
+  (``rllm-model-gateway``, measured by ``benchmarks/gateway.py --peer``) needs to find.
 * ``GET /health`` (``{"status": "ok", "weight_version": N}``) and ``GET /v1/models``.
 
 It reports weight version ``--weight-version``; ``--delay-ms`` holds back the answers to
@@ -101,7 +105,25 @@ def prebuilt(weight_version: int, fixed_ids: list[int] | None = None, eos: int |
     if fixed_ids is not None:
         finish = "stop" if fixed_ids and fixed_ids[-1] == eos else "length"
         answers[b"POST /v1/completions"] = completion(fixed_ids, logprobs(fixed_ids), finish, weight_version)
+        answers[b"POST /vllm/v1/chat/completions"] = vllm_chat(fixed_ids)
     return answers
+
+
+VLLM_PROMPT_TOKENS = 64  # about what the benchmark's chats render to
+
+
+def vllm_chat(ids: list[int]) -> bytes:
+    """A vLLM chat answer with ``return_token_ids`` and ``logprobs`` on (the reply's token strings are
+    placeholders: nothing reads them)."""
+    content = [{"token": f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in zip(ids, logprobs(ids))]
+    return http(200, json.dumps({
+        "id": "chatcmpl-standin", "object": "chat.completion", "created": 0, "model": "standin",
+        "prompt_token_ids": list(range(100, 100 + VLLM_PROMPT_TOKENS)),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": CHAT_REPLY}, "token_ids": ids,
+                     "logprobs": {"content": content}, "finish_reason": "stop", "stop_reason": None}],
+        "usage": {"prompt_tokens": VLLM_PROMPT_TOKENS, "completion_tokens": len(ids),
+                  "total_tokens": VLLM_PROMPT_TOKENS + len(ids)},
+    }, separators=(",", ":")).encode())
 
 
 _USER_BLOCK = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
