@@ -35,7 +35,7 @@ def make_client(url: str, transport: str, concurrency: int) -> Any:
     """A ``PolicyClient`` on ``url`` whose server is reached over ``transport``."""
     import httpx
 
-    from agentgym.server import client as policy_client
+    from agentgym.client import policy as policy_client
 
     client = policy_client.PolicyClient(url, max_connections=max(concurrency, 1), timeout=60.0)
     if transport == "http11":
