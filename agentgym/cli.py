@@ -218,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="key required by the admin endpoints (default: $AGENTGYM_GATEWAY_ADMIN_KEY; none: open)")
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes (each owns its sessions; agents talk to their own worker's port)")
+    p.add_argument("--store", default="memory", metavar="memory|sqlite:PATH",
+                   help="where finished sessions are kept: in memory, or in SQLite (they survive a crash or "
+                        "restart; with --workers N each worker keeps PATH's name with .w<k>)")
     p.set_defaults(func=_cmd_gateway)
 
     p = sub.add_parser("sft", help="supervised fine-tuning on demos or chat data (veRL sft_trainer keys), "

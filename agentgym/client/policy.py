@@ -527,15 +527,28 @@ class PolicyClient:
         return min(known, default=None)
 
     async def health(self) -> list[bool]:
+        """Ask every server's ``/health``; one that fails is passed over for ``cooldown`` seconds."""
         async def one(server: _Server) -> bool:
-            try:
-                ok = (await server.transport.request("GET", "/health", timeout=5.0))[0] == 200
-            except TransportError:
-                ok = False
+            ok = await self._healthy(server.transport, 5.0)
             server.mark(ok, self.cooldown)
             return ok
 
         return list(await asyncio.gather(*(one(s) for s in self.servers)))
+
+    async def check_health(self, url: str, timeout: float = 10.0) -> bool:
+        """Whether ``url`` (a server not necessarily routed to) answers ``GET /health`` with 200."""
+        transport = _transport(url.rstrip("/"), 2, 1, timeout)
+        try:
+            return await self._healthy(transport, timeout)
+        finally:
+            await transport.aclose()
+
+    @staticmethod
+    async def _healthy(transport: Any, timeout: float) -> bool:
+        try:
+            return (await transport.request("GET", "/health", timeout=timeout))[0] == 200
+        except TransportError:
+            return False
 
     async def aclose(self) -> None:
         await asyncio.gather(*(s.transport.aclose() for s in self.servers))
