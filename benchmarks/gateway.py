@@ -54,10 +54,12 @@ from standin_server import start_standin  # noqa: E402  (tests start it through 
 
 # ---- the programs under test -------------------------------------------------------------------
 def start_gateway_process(port: int, servers: list[str], timeout: float = 120.0,
-                          env: dict[str, str] | None = None, workers: int = 1) -> subprocess.Popen:
-    """``agentgym gateway`` in a child process, returned once it answers ``/health``."""
+                          env: dict[str, str] | None = None, workers: int = 1,
+                          extra: list[str] | None = None) -> subprocess.Popen:
+    """``agentgym gateway`` in a child process, returned once it answers ``/health``; ``extra``: more
+    command-line arguments (``["--store", "sqlite:PATH"]``)."""
     cmd = [sys.executable, "-m", "agentgym.cli", "gateway", "--model", "tiny", "--port", str(port),
-           "--workers", str(workers)]
+           "--workers", str(workers), *(extra or [])]
     for url in servers:
         cmd += ["--server", url]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
