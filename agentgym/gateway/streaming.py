@@ -33,7 +33,8 @@ from agentgym.types import SamplingParams, TokenSample
 
 if TYPE_CHECKING:
     from agentgym.client.policy import TokenDelta
-    from agentgym.gateway.gateway import Gateway
+
+Gateway = Any  # agentgym.gateway.gateway.Gateway, which imports this module
 
 
 def sse(chunks: list[str]) -> StreamingResponse:
