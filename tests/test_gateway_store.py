@@ -190,3 +190,20 @@ def test_query_api_lists_annotates_records_and_deletes(standin):
         assert httpx.post(c["base_url"] + "/chat/completions", headers={"Authorization": f"Bearer {c['api_key']}"},
                           json={"messages": [{"role": "user", "content": "x"}]}).status_code in (401, 404)
         assert listed() == [a["id"], b["id"]]
+
+
+async def test_the_admin_client_speaks_the_query_api(standin):
+    with start_gateway([standin], model="tiny") as gw:
+        client = gw.client()
+        info = await client.create_session(group_id="q", metadata={"a": 1})
+        await asyncio.to_thread(_chat, info, "hi")
+        assert [s["id"] for s in await client.list_sessions(group_id="q", status="open")] == [info["id"]]
+        assert await client.set_metadata(info["id"], {"b": 2}) == {"a": 1, "b": 2}
+        [call] = await client.calls(info["id"])
+        assert call["responses"][0]["content"] == "echo: hi"
+        [traj] = await client.finish_session(info["id"])
+        assert traj.group_id == "q" and [s["id"] for s in await client.list_sessions(status="finished")] == [info["id"]]
+        assert [s["url"] for s in await client.servers()] == [standin]
+        await client.delete_session(info["id"])
+        assert await client.list_sessions() == []
+        await client.aclose()
