@@ -10,10 +10,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,6 +25,11 @@ from agentgym.gateway import start_gateway
 from agentgym.gateway.archive import ArchivedSession, MemoryArchive, SqliteArchive, open_archive
 
 bench = gateway_bench()
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +214,39 @@ async def test_the_admin_client_speaks_the_query_api(standin):
         await client.delete_session(info["id"])
         assert await client.list_sessions() == []
         await client.aclose()
+
+
+@pytest.mark.slow
+def test_workers_keep_their_own_files_and_list_together(standin, tmp_path):
+    pytest.importorskip("aiosqlite")
+    store = ["--store", f"sqlite:{tmp_path}/s.sqlite"]
+    port = bench.free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = bench.start_gateway_process(port, [standin], workers=2, extra=store)
+    try:
+        infos = [httpx.post(url + "/sessions", json={"group_id": "w"}).json() for _ in range(4)]
+        assert {i["id"][:3] for i in infos} == {"w0-", "w1-"}
+        for i, info in enumerate(infos):
+            _chat(info, f"worker session {i}")
+            assert httpx.post(f"{url}/sessions/{info['id']}/finish", json={}).status_code == 200
+        assert len(httpx.get(url + "/sessions").json()["sessions"]) == 4
+    finally:
+        workers = _children(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # the parent: its workers notice and exit
+        proc.wait()
+    deadline = time.monotonic() + 20
+    while any(Path(f"/proc/{w}").exists() for w in workers) and time.monotonic() < deadline:
+        for w in workers:  # reap nothing (not our children); just wait for them to be gone
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{w}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    workers = [x for x in workers if x != w]
+        time.sleep(0.1)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".sqlite") == ["s.w0.sqlite", "s.w1.sqlite"]
+    proc = bench.start_gateway_process(port, [standin], workers=2, extra=store)
+    try:
+        listed = httpx.get(url + "/sessions", params={"status": "finished"}).json()["sessions"]
+        assert sorted(h["id"] for h in listed) == sorted(i["id"] for i in infos)
+        for info in infos:  # the public port forwards each to its own worker, which reads its own file
+            assert len(httpx.get(f"{url}/sessions/{info['id']}/calls").json()["calls"]) == 1
+    finally:
+        bench.stop(proc)
