@@ -18,6 +18,12 @@ prebuilt bytes). Both sides send the same chat request from the same lean load g
   ``/v1/completions`` token-in/out, records the turn and answers in OpenAI's shape; a session is
   created before and finished after its calls).
 
+``--peer rllm-model-gateway`` measures agentgym's gateway (finished sessions in memory, and with
+``--store sqlite``) against that peer gateway (PyPI ``rllm-model-gateway`` 0.1.0, started from its own
+venv, ``$AGENTGYM_PEER_PYTHON``; it proxies the stand-in's vLLM-shaped ``/vllm/v1/chat/completions``
+and records each call in its default SQLite trace store), all in one run at 1, 64 and 256 concurrent
+sessions: calls/s, p50/p99 latency added over direct calls, and each gateway's CPU ms per call.
+
 Printed: throughput (calls/s) and latency p50/p99 per side at the chosen concurrency, the
 gateway's added latency under that load (gateway minus direct), the unloaded added latency
 (one call at a time), and each program's CPU ms per call (the gateway's summed over its worker
@@ -286,30 +292,32 @@ def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: flo
 
 def run_versus_peer(concurrencies: list[int], seconds: float, warmup: float, delay_ms: float,
                     python: str = PEER_PYTHON) -> list[tuple[int, dict[str, dict[str, float]]]]:
-    """agentgym's gateway and ``rllm-model-gateway`` in one run, in front of the same stand-in, at each
-    concurrency (that many 4-turn sessions at once), with direct calls to the stand-in as the baseline
-    for the added latency. Prints the table; returns the figures."""
+    """agentgym's gateway (finished sessions in memory, and in SQLite) and ``rllm-model-gateway`` (its
+    default SQLite trace store) in one run, in front of the same stand-in, at each concurrency (that
+    many 4-turn sessions at once), with direct calls to the stand-in as the baseline for the added
+    latency. Prints the table; returns the figures."""
     import tempfile
 
     standin = start_standin(0, mode="fixed", delay_ms=delay_ms)
-    procs: list[subprocess.Popen] = []
+    procs: dict[str, subprocess.Popen] = {}
     rows = []
     with tempfile.TemporaryDirectory(prefix="peer-gateway-") as tmp:
         try:
-            ours_port, peer_port = free_port(), free_port()
-            procs.append(start_gateway_process(ours_port, [standin.url]))
-            procs.append(start_peer_process(peer_port, standin.url, str(Path(tmp) / "traces.db"), python))
-            urls = {"direct": standin.url, "gateway": f"http://127.0.0.1:{ours_port}",
-                    "peer": f"http://127.0.0.1:{peer_port}"}
-            pids = {"direct": {}, "gateway": {"gateway": procs[0].pid}, "peer": {"gateway": procs[1].pid}}
+            ports = {kind: free_port() for kind in PATHS[1:]}
+            procs["gateway"] = start_gateway_process(ports["gateway"], [standin.url])
+            procs["gateway-sqlite"] = start_gateway_process(ports["gateway-sqlite"], [standin.url],
+                                                            extra=["--store", f"sqlite:{tmp}/agentgym.sqlite"])
+            procs["peer"] = start_peer_process(ports["peer"], standin.url, str(Path(tmp) / "traces.db"), python)
+            urls = {"direct": standin.url, **{kind: f"http://127.0.0.1:{port}" for kind, port in ports.items()}}
             for c in concurrencies:
                 figures = {}
-                for kind in ("direct", "gateway", "peer"):
-                    figures[kind] = asyncio.run(measure(kind, urls[kind], c, seconds, warmup,
-                                                        {**pids[kind], "standin": standin.pid}))
+                for kind in PATHS:
+                    pids = {"gateway": procs[kind].pid} if kind in procs else {}
+                    figures[kind] = asyncio.run(measure(kind.split("-")[0], urls[kind], c, seconds, warmup,
+                                                        {**pids, "standin": standin.pid}))
                 rows.append((c, figures))
         finally:
-            for proc in procs:
+            for proc in procs.values():
                 stop(proc)
             stop(standin)
 
@@ -318,24 +326,30 @@ def run_versus_peer(concurrencies: list[int], seconds: float, warmup: float, del
           f"re-sending their history, each created and collected (agentgym: finish -> trajectories; peer: GET "
           f"traces); {seconds:.0f} s per row; {os.cpu_count()} CPU(s) shared by client, gateways and stand-in; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'sessions':>8} {'path':<20} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} "
-          f"{'gateway CPU ms/call':>20}")
-    names = {"direct": "direct (no gateway)", "gateway": "agentgym gateway", "peer": PEER}
+    print(f"{'sessions':>8} {'path':<26} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>8} {'added p50':>10} "
+          f"{'added p99':>10} {'gateway CPU ms/call':>20}")
     for c, figures in rows:
         direct = figures["direct"]
-        for kind in ("direct", "gateway", "peer"):
+        for kind in PATHS:
             r = figures[kind]
             added = ("-", "-") if kind == "direct" else (f"+{r['p50_ms'] - direct['p50_ms']:.2f}",
                                                           f"+{r['p99_ms'] - direct['p99_ms']:.2f}")
             cpu = f"{r['gateway_cpu_ms_per_call']:.3f}" if kind != "direct" else "-"
-            print(f"{c:>8} {names[kind]:<20} {r['calls_per_s']:>8.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>8.2f} "
+            print(f"{c:>8} {PATH_NAMES[kind]:<26} {r['calls_per_s']:>8.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>8.2f} "
                   f"{added[0]:>10} {added[1]:>10} {cpu:>20}")
-        ratio = figures["gateway"]["calls_per_s"] / max(figures["peer"]["calls_per_s"], 1e-9)
-        cpu_ratio = figures["peer"]["gateway_cpu_ms_per_call"] / max(figures["gateway"]["gateway_cpu_ms_per_call"], 1e-9)
-        print(f"{'':>8} {'agentgym / peer':<20} {ratio:>7.1f}x {'':>38} {'peer / agentgym':>10} {cpu_ratio:>5.1f}x")
+        for kind in ("gateway", "gateway-sqlite"):
+            ratio = figures[kind]["calls_per_s"] / max(figures["peer"]["calls_per_s"], 1e-9)
+            cpu_ratio = figures["peer"]["gateway_cpu_ms_per_call"] / max(figures[kind]["gateway_cpu_ms_per_call"], 1e-9)
+            print(f"{'':>8} {PATH_NAMES[kind] + ' / peer':<26} {ratio:>7.1f}x calls/s; the peer spends "
+                  f"{cpu_ratio:.1f}x its CPU per call")
     print("(a gateway's CPU per call includes its share of session create + collect, one each per "
           f"{TURNS} calls; added latency: that path's minus direct's at the same concurrency)")
     return rows
+
+
+PATHS = ("direct", "gateway", "gateway-sqlite", "peer")
+PATH_NAMES = {"direct": "direct (no gateway)", "gateway": "agentgym (memory)",
+              "gateway-sqlite": "agentgym (--store sqlite)", "peer": f"{PEER} (sqlite)"}
 
 
 def main(argv: list[str] | None = None) -> int:
