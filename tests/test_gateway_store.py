@@ -56,8 +56,6 @@ def _record(i: int, group: str = "g") -> ArchivedSession:
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 async def test_archive_keeps_lists_and_forgets(kind, tmp_path):
-    if kind == "sqlite":
-        pytest.importorskip("aiosqlite")
     archive = open_archive("memory" if kind == "memory" else f"sqlite:{tmp_path}/a.sqlite")
     assert isinstance(archive, MemoryArchive if kind == "memory" else SqliteArchive)
     await archive.start()
@@ -88,7 +86,6 @@ def test_open_archive_names_what_it_takes(tmp_path):
 
 # ---- kill -9 and restart ------------------------------------------------------------------------------
 def test_finished_sessions_survive_kill_9(standin, tmp_path):
-    pytest.importorskip("aiosqlite")
     store = ["--store", f"sqlite:{tmp_path}/sessions.sqlite"]
     port = bench.free_port()
     url = f"http://127.0.0.1:{port}"
@@ -218,7 +215,6 @@ async def test_the_admin_client_speaks_the_query_api(standin):
 
 @pytest.mark.slow
 def test_workers_keep_their_own_files_and_list_together(standin, tmp_path):
-    pytest.importorskip("aiosqlite")
     store = ["--store", f"sqlite:{tmp_path}/s.sqlite"]
     port = bench.free_port()
     url = f"http://127.0.0.1:{port}"

@@ -402,9 +402,11 @@ class Gateway:
             while True:
                 started = False
                 try:
-                    async for delta in self.policy.generate_stream(prompt_ids, sampling, session_id=session.id):
-                        started = True
-                        yield delta
+                    async with contextlib.aclosing(self.policy.generate_stream(prompt_ids, sampling,
+                                                                               session_id=session.id)) as deltas:
+                        async for delta in deltas:
+                            started = True
+                            yield delta
                     return
                 except PolicyServerError as exc:
                     if started:
