@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -120,6 +121,11 @@ class Gateway:
         self._idle = asyncio.Event()
         self._idle.set()
         self.pieces = TokenPieces(tokenizer)
+        backend = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: no per-call Python overhead
+        if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+            self._decode_reply = functools.partial(backend.decode, skip_special_tokens=True)
+        else:
+            self._decode_reply = functools.partial(tokenizer.decode, skip_special_tokens=True)
         self.counts = {"completions": 0, "errors": 0, "upstream_retries": 0, "paused_waits": 0, "late_completions": 0,
                        "archive_errors": 0}
 
@@ -437,7 +443,7 @@ class Gateway:
 
     def reply_text(self, sample: TokenSample, stop: Sequence[str]) -> str:
         """The sampled text the agent sees: special tokens dropped, cut before the first stop string."""
-        text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+        text = self._decode_reply(sample.token_ids)
         cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
         return text[:min(cuts)] if cuts else text
 
