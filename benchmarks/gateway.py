@@ -81,14 +81,14 @@ PEER_INSTALL = (f"python -m venv /work/venvs/rllm && /work/venvs/rllm/bin/pip in
 
 
 def start_peer_process(port: int, standin_url: str, db_path: str, python: str = PEER_PYTHON,
-                       timeout: float = 60.0) -> subprocess.Popen:
-    """``rllm-model-gateway`` (its own CLI, its default SQLite trace store at ``db_path``) in a child
-    process of ``python`` (its own venv: its dependencies are not agentgym's), in front of the
-    stand-in's vLLM-shaped chat route, returned once it answers ``/health``."""
+                       timeout: float = 60.0, store: str = "sqlite") -> subprocess.Popen:
+    """``rllm-model-gateway`` (its own CLI; its trace store ``store``: its default SQLite at ``db_path``,
+    or ``memory``) in a child process of ``python`` (its own venv: its dependencies are not agentgym's),
+    in front of the stand-in's vLLM-shaped chat route, returned once it answers ``/health``."""
     if not Path(python).exists():
         raise SystemExit(f"--peer {PEER}: no Python at {python}; install the peer in its own venv: {PEER_INSTALL}")
     cmd = [python, "-m", "rllm_model_gateway", "--host", "127.0.0.1", "--port", str(port),
-           "--worker", f"{standin_url}/vllm/v1", "--db-path", db_path, "--log-level", "warning"]
+           "--worker", f"{standin_url}/vllm/v1", "--db-path", db_path, "--store", store, "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _wait_health(f"http://127.0.0.1:{port}", proc, timeout)
     return proc
@@ -291,7 +291,7 @@ def run_benchmark(concurrency: int, seconds: float, warmup: float, delay_ms: flo
 
 
 def run_versus_peer(concurrencies: list[int], seconds: float, warmup: float, delay_ms: float,
-                    python: str = PEER_PYTHON) -> list[tuple[int, dict[str, dict[str, float]]]]:
+                    python: str = PEER_PYTHON, peer_store: str = "sqlite") -> list[tuple[int, dict[str, dict[str, float]]]]:
     """agentgym's gateway (finished sessions in memory, and in SQLite) and ``rllm-model-gateway`` (its
     default SQLite trace store) in one run, in front of the same stand-in, at each concurrency (that
     many 4-turn sessions at once), with direct calls to the stand-in as the baseline for the added
@@ -307,7 +307,8 @@ def run_versus_peer(concurrencies: list[int], seconds: float, warmup: float, del
             procs["gateway"] = start_gateway_process(ports["gateway"], [standin.url])
             procs["gateway-sqlite"] = start_gateway_process(ports["gateway-sqlite"], [standin.url],
                                                             extra=["--store", f"sqlite:{tmp}/agentgym.sqlite"])
-            procs["peer"] = start_peer_process(ports["peer"], standin.url, str(Path(tmp) / "traces.db"), python)
+            procs["peer"] = start_peer_process(ports["peer"], standin.url, str(Path(tmp) / "traces.db"), python,
+                                               store=peer_store)
             urls = {"direct": standin.url, **{kind: f"http://127.0.0.1:{port}" for kind, port in ports.items()}}
             for c in concurrencies:
                 figures = {}
@@ -335,7 +336,8 @@ def run_versus_peer(concurrencies: list[int], seconds: float, warmup: float, del
             added = ("-", "-") if kind == "direct" else (f"+{r['p50_ms'] - direct['p50_ms']:.2f}",
                                                           f"+{r['p99_ms'] - direct['p99_ms']:.2f}")
             cpu = f"{r['gateway_cpu_ms_per_call']:.3f}" if kind != "direct" else "-"
-            print(f"{c:>8} {PATH_NAMES[kind]:<26} {r['calls_per_s']:>8.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>8.2f} "
+            name = PATH_NAMES[kind].replace("(sqlite)", f"({peer_store})") if kind == "peer" else PATH_NAMES[kind]
+            print(f"{c:>8} {name:<26} {r['calls_per_s']:>8.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>8.2f} "
                   f"{added[0]:>10} {added[1]:>10} {cpu:>20}")
         for kind in ("gateway", "gateway-sqlite"):
             ratio = figures[kind]["calls_per_s"] / max(figures["peer"]["calls_per_s"], 1e-9)
@@ -363,10 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer", choices=[PEER], default=None,
                         help=f"measure against this peer gateway in the same run (its Python: $AGENTGYM_PEER_PYTHON, "
                              f"default {PEER_PYTHON})")
+    parser.add_argument("--peer-store", choices=["sqlite", "memory"], default="sqlite",
+                        help="the peer's trace store (its default: sqlite)")
     args = parser.parse_args(argv)
     if args.peer:
         concurrencies = [int(c) for c in (args.concurrency or "1,64,256").split(",")]
-        run_versus_peer(concurrencies, args.seconds or 8.0, args.warmup, args.delay_ms)
+        run_versus_peer(concurrencies, args.seconds or 8.0, args.warmup, args.delay_ms, peer_store=args.peer_store)
         return 0
     run_benchmark(int(args.concurrency or 256), args.seconds or 20.0, args.warmup, args.delay_ms, args.workers)
     return 0
