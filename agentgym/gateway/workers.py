@@ -1,6 +1,6 @@
 """``agentgym gateway --workers N``: one gateway served by N processes.
 
-One gateway process tops out at one core (about 0.35 ms of CPU per model call). Sessions live in
+One gateway process tops out at one core (0.4-0.5 ms of CPU per model call on a 2-core machine). Sessions live in
 the memory of the process that created them, so the workers split the sessions, not the calls:
 
 * the parent binds the public port and one private port per worker, starts the workers (each a
