@@ -3,7 +3,7 @@
 ``Tracking`` sends each step's metrics to the backends in ``trainer.logger``:
 
 * ``console``: one line per step with the headline numbers (the progress bar stays below);
-* ``jsonl``: every metric, one JSON object per step, in ``<run dir>/metrics.jsonl``;
+* ``jsonl``: every metric, one JSON object per step, in ``<run dir>/metrics.jsonl`` (always written);
 * ``tensorboard``: ``<run dir>/tensorboard`` (needs ``pip install tensorboard``);
 * ``wandb``: Weights & Biases, project ``trainer.project_name``, run ``trainer.experiment_name``.
 
@@ -121,6 +121,8 @@ class Tracking:
         self.backends: list[Any] = []
         self.jsonl_path: Path | None = None
         self.tensorboard_dir: Path | None = None
+        if "jsonl" not in loggers:  # the run directory always keeps its metrics (plots and resume read them)
+            loggers = [*loggers, "jsonl"]
         for name in loggers:
             if name == "console":
                 self.backends.append(ConsoleLogger())

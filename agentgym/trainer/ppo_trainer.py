@@ -81,6 +81,7 @@ def init_ray(cfg: DictConfig) -> None:
         return
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg.ray_init, resolve=True).items() if v is not None}
     address = kwargs.pop("address", None)
+    kwargs.pop("timeline_json_file", None)  # not a ray.init argument: written at the end (main.write_ray_timeline)
     kwargs.setdefault("logging_level", logging.WARNING)
     kwargs.setdefault("log_to_driver", True)
     if address:
