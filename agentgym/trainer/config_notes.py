@@ -84,8 +84,9 @@ def kl_settings_unused(comp: Composition) -> str | None:
         out += [k for k in comp.explicit if k in (f"{AR}.actor.kl_loss_coef", f"{AR}.actor.kl_loss_type")]
     if not out:
         return None
-    return (f"{_listed(sorted(out))}: no effect, algorithm.use_kl_in_reward={cfg.algorithm.use_kl_in_reward} and "
-            f"{AR}.actor.use_kl_loss={cfg.actor_rollout_ref.actor.use_kl_loss}")
+    return (f"{_listed(sorted(out))}: no effect, algorithm.use_kl_in_reward="
+            f"{str(cfg.algorithm.use_kl_in_reward).lower()} and {AR}.actor.use_kl_loss="
+            f"{str(cfg.actor_rollout_ref.actor.use_kl_loss).lower()}")
 
 
 def gspo_aggregation(comp: Composition) -> str | None:
