@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from agentgym.trainer import algos
+from agentgym.trainer.batch import micro_batches
 from agentgym.trainer.forward import ValueModel, chunks, policy_forward, select_rows, value_forward
 from agentgym.trainer.train_state import (
     TrainState,
@@ -115,6 +116,27 @@ class Worker:
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size)
 
+    def micro_batches(self, batch: Tensors, rows: Sequence[int], section: dict[str, Any]) -> list[list[int]]:
+        """``rows`` (this rank's share of a mini-batch) cut into micro-batches: by row count, or by
+        token budget with ``use_dynamic_bsz`` (the same count on every rank, so sharded passes line up)."""
+        packed = self.packed
+        if not section.get("use_dynamic_bsz"):
+            return micro_batches(rows, [], int(section["ppo_micro_batch_size_per_gpu"]))
+        lengths = batch["attention_mask"].sum(-1)
+        budget = int(section["ppo_max_token_len_per_gpu"])
+        micros = micro_batches(rows, lengths, 0, budget, packed)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            count = torch.tensor([len(micros)])
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            micros = micro_batches(rows, lengths, 0, budget, packed, count=int(count))
+        return micros
+
+    @property
+    def packed(self) -> bool:
+        return bool(self.config["actor_rollout_ref"]["model"].get("use_remove_padding", False))
+
     def needs_process_group(self) -> bool:
         return self.world_size > 1 or self.strategy == "fsdp2"
 
@@ -159,7 +181,8 @@ class PolicyWorker(Worker):
         model.eval()
         outs, ents = [], []
         for chunk in chunks(rows, size):
-            lp, ent = policy_forward(model, select_rows(batch, chunk, self.device), with_entropy=with_entropy)
+            lp, ent = policy_forward(model, select_rows(batch, chunk, self.device), with_entropy=with_entropy,
+                                     packed=self.packed)
             outs.append(lp.cpu())
             ents.append(ent.cpu() if ent is not None else torch.zeros_like(lp).cpu())
         model.train()
@@ -170,7 +193,8 @@ class PolicyWorker(Worker):
         if self.ref is None:
             raise RuntimeError("the reference policy was not loaded (no KL term is on)")
         size = int(self.config["actor_rollout_ref"]["ref"].get("log_prob_micro_batch_size_per_gpu", 16))
-        outs = [policy_forward(self.ref, select_rows(batch, chunk, self.device))[0].cpu() for chunk in chunks(rows, size)]
+        outs = [policy_forward(self.ref, select_rows(batch, chunk, self.device), packed=self.packed)[0].cpu()
+                for chunk in chunks(rows, size)]
         return {"ref_log_prob": torch.cat(outs)}
 
     # ---- the update -------------------------------------------------------------------------------
@@ -178,7 +202,6 @@ class PolicyWorker(Worker):
         """One optimizer step per ``plan`` entry (ppo_epochs x mini-batches), each accumulating
         gradients over micro-batches of ``ppo_micro_batch_size_per_gpu`` rows."""
         cfg = self.config["actor_rollout_ref"]["actor"]
-        micro_size = int(cfg["ppo_micro_batch_size_per_gpu"])
         entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
         use_kl_loss = bool(cfg.get("use_kl_loss", False))
         loss_kwargs = {
@@ -201,11 +224,12 @@ class PolicyWorker(Worker):
         tokens = 0
         for entry in plan:
             per_step: dict[str, list[float]] = defaultdict(list)
-            micros = chunks(entry["rows"], micro_size)
+            micros = self.micro_batches(batch, entry["rows"], cfg)
             for i, chunk in enumerate(micros):
                 micro = select_rows(batch, chunk, self.device)
                 state.set_gradient_sync(i == len(micros) - 1)
-                log_prob, entropy = policy_forward(model, micro, with_entropy=True, entropy_grad=entropy_coeff != 0)
+                log_prob, entropy = policy_forward(model, micro, with_entropy=True, entropy_grad=entropy_coeff != 0,
+                                                   packed=self.packed)
                 mask = micro["response_mask"]
                 # One epoch over one mini-batch: the weights have not moved since the rollout's
                 # old log-probs would have been computed, so they are this pass's own, detached.
@@ -289,23 +313,23 @@ class CriticWorker(Worker):
         size = int(self.config["critic"].get("forward_micro_batch_size_per_gpu", 16))
         model = self.critic.module
         model.eval()
-        outs = [value_forward(model, select_rows(batch, chunk, self.device)).cpu() for chunk in chunks(rows, size)]
+        outs = [value_forward(model, select_rows(batch, chunk, self.device), self.packed).cpu()
+                for chunk in chunks(rows, size)]
         model.train()
         return {"values": torch.cat(outs)}
 
     def update_critic(self, batch: Tensors, plan: list[dict[str, Any]]) -> dict[str, float]:
         cfg = self.config["critic"]
-        micro_size = int(cfg["ppo_micro_batch_size_per_gpu"])
         state = self.critic
         model = state.module
         totals: dict[str, list[float]] = defaultdict(list)
         for entry in plan:
             losses, clipfracs, vpred_means = [], [], []
-            micros = chunks(entry["rows"], micro_size)
+            micros = self.micro_batches(batch, entry["rows"], cfg)
             for i, chunk in enumerate(micros):
                 micro = select_rows(batch, chunk, self.device)
                 state.set_gradient_sync(i == len(micros) - 1)
-                vpreds = value_forward(model, micro)
+                vpreds = value_forward(model, micro, self.packed)
                 mask = micro["response_mask"]
                 vf_loss, vf_clipfrac = algos.compute_value_loss(
                     vpreds, micro["returns"], micro["values"], mask, float(cfg["cliprange_value"]),

@@ -15,8 +15,6 @@ get gradient (every loss goes through ``agg_loss``, which multiplies by the mask
 Differs from veRL, deliberately:
 
 - Plain keyword arguments (veRL's key names) instead of ``ActorConfig``/``AlgoConfig``/``DataProto``.
-- ``reinforce_plus_plus`` carries the return across observation tokens (veRL PR #7300); its
-  returns are 0 on mask-0 tokens, which no loss reads.
 - ``agg_loss`` on a micro-batch with no masked-in token gives 0, where veRL gives 0/0 = NaN;
   masked-out entries are zeroed with ``torch.where`` in every mode, so a NaN there cannot leak.
 - ``compute_policy_loss_gspo`` defaults its clip to GSPO's 3e-4 / 4e-4 (veRL reads the actor's
