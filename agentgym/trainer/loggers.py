@@ -226,3 +226,19 @@ def _std(xs: Sequence[float]) -> float:
         return 0.0
     m = sum(xs) / len(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def per_source_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> dict[str, float]:
+    """``<prefix><source>/reward/mean`` and ``.../success_rate`` per data source or env tag, when the
+    batch holds more than one (several envs in one run, or rows of several data sources)."""
+    by_source: dict[str, list[Trajectory]] = {}
+    for traj in trajectories:
+        by_source.setdefault(traj.data_source or traj.env_id or "env", []).append(traj)
+    if len(by_source) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for name, group in by_source.items():
+        summary = trajectory_metrics(group)
+        for key in ("reward/mean", "success_rate"):
+            out[f"{prefix}{name}/{key}"] = summary[key]
+    return out

@@ -133,6 +133,13 @@ class Worker:
             micros = micro_batches(rows, lengths, 0, budget, packed, count=int(count))
         return micros
 
+    def checkpoint_contents(self, *path: str) -> list[str]:
+        """``checkpoint.save_contents`` / ``load_contents`` of the section at ``path`` (default: all parts)."""
+        node: Any = self.config
+        for part in path[:-1]:
+            node = node.get(part, {})
+        return list((node.get("checkpoint") or {}).get(path[-1]) or ("model", "optimizer", "extra"))
+
     @property
     def packed(self) -> bool:
         return bool(self.config["actor_rollout_ref"]["model"].get("use_remove_padding", False))
@@ -215,6 +222,10 @@ class PolicyWorker(Worker):
             "use_kl_loss": use_kl_loss,
             "kl_loss_coef": float(cfg.get("kl_loss_coef", 0.001)),
             "kl_loss_type": cfg.get("kl_loss_type", "low_var_kl"),
+            "dual_clip": bool(cfg.get("dual_clip_loss", True)),
+            "sft_loss_coef": float(cfg.get("sft_loss_coef", 0.0) or 0.0),
+            "topr_positive_weight": float(cfg["policy_loss"].get("topr_positive_weight", 1.0)),
+            "topr_negative_weight": float(cfg["policy_loss"].get("topr_negative_weight", 1.0)),
         }
         state = self.actor
         model = state.module
@@ -236,7 +247,8 @@ class PolicyWorker(Worker):
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
                 loss, metrics = algos.compute_actor_loss(
                     old, log_prob, micro["advantages"], mask, entropy=entropy,
-                    ref_log_prob=micro.get("ref_log_prob"), global_batch_info=entry["global"], **loss_kwargs,
+                    ref_log_prob=micro.get("ref_log_prob"), global_batch_info=entry["global"],
+                    episode_scores=micro["token_level_scores"].sum(-1), **loss_kwargs,
                 )
                 loss.backward()
                 tokens += int(micro["attention_mask"].sum())
@@ -291,10 +303,14 @@ class PolicyWorker(Worker):
         load_tokenizer(str(self.config["actor_rollout_ref"]["model"]["path"])).save_pretrained(directory)
 
     def save_checkpoint(self, directory: str) -> None:
-        self.actor.save(Path(directory) / "actor", self.rank)
+        contents = self.checkpoint_contents("actor_rollout_ref", "actor", "save_contents")
+        self.actor.save(Path(directory) / "actor", self.rank, contents)
+        if "hf_model" in contents:
+            self.save_hf(str(Path(directory) / "actor" / "huggingface"))
 
     def load_checkpoint(self, directory: str) -> None:
-        self.actor.load(Path(directory) / "actor", self.rank)
+        self.actor.load(Path(directory) / "actor", self.rank,
+                        self.checkpoint_contents("actor_rollout_ref", "actor", "load_contents"))
 
 
 class CriticWorker(Worker):
@@ -349,7 +365,7 @@ class CriticWorker(Worker):
         return out
 
     def save_checkpoint(self, directory: str) -> None:
-        self.critic.save(Path(directory) / "critic", self.rank)
+        self.critic.save(Path(directory) / "critic", self.rank, self.checkpoint_contents("critic", "save_contents"))
 
     def load_checkpoint(self, directory: str) -> None:
-        self.critic.load(Path(directory) / "critic", self.rank)
+        self.critic.load(Path(directory) / "critic", self.rank, self.checkpoint_contents("critic", "load_contents"))

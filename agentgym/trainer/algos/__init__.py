@@ -24,6 +24,7 @@ Differs from veRL, deliberately:
 
 Files: ``stats.py`` (masked statistics) · ``advantages.py`` (``ADV_ESTIMATOR_REGISTRY``, keyed by
 ``algorithm.adv_estimator``) · ``aggregation.py`` (``agg_loss``, ``LOSS_AGG_MODES``) ·
+``shaping.py`` (ROLL's reward normalisation and advantage clipping) ·
 ``policy_losses.py`` (``POLICY_LOSS_REGISTRY``, keyed by ``policy_loss.loss_mode``; entropy and
 value losses; the actor loss) · ``kl.py`` (KL controllers, estimators, KL loss, KL in the reward) ·
 ``token_rewards.py`` (turn-level credit: rewards from ``Trajectory`` objects onto tokens).
@@ -39,6 +40,7 @@ from agentgym.trainer.algos.advantages import (
     compute_grpo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
+    compute_reinforce_return,
     compute_rloo_outcome_advantage,
     get_adv_estimator_fn,
     group_rows,
@@ -67,6 +69,11 @@ from agentgym.trainer.algos.policy_losses import (
     compute_value_loss,
     get_policy_loss_fn,
 )
+from agentgym.trainer.algos.shaping import (
+    RunningMoments,
+    postprocess_advantages,
+    shape_rewards,
+)
 from agentgym.trainer.algos.stats import (
     entropy_from_logits,
     masked_mean,
@@ -85,6 +92,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "POLICY_LOSS_REGISTRY",
     "AdaptiveKLController",
+    "RunningMoments",
     "FixedKLController",
     "agg_loss",
     "apply_kl_penalty",
@@ -93,6 +101,7 @@ __all__ = [
     "compute_entropy_loss",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "compute_reinforce_return",
     "compute_kl_loss",
     "compute_policy_loss_gspo",
     "compute_policy_loss_vanilla",
@@ -111,7 +120,9 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "postprocess_advantages",
     "scores_equal",
+    "shape_rewards",
     "token_level_scores_from_rewards",
     "trajectories_to_token_rewards",
 ]
