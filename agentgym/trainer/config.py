@@ -116,6 +116,10 @@ def resolve(cfg: DictConfig, agent: str | None = None) -> DictConfig:
         rollout.temperature = 0.0
     if not rollout.val_kwargs.do_sample:
         rollout.val_kwargs.temperature = 0.0
+    turns = rollout.multi_turn
+    if turns.max_user_turns is not None:  # veRL: after max_user_turns replies to the model, its next turn is the last
+        cap = int(turns.max_user_turns) + 1
+        turns.max_assistant_turns = min(cap, int(turns.max_assistant_turns)) if turns.max_assistant_turns else cap
     if rollout.max_tokens_per_turn is None:
         rollout.max_tokens_per_turn = cfg.data.max_response_length
     for section in (actor, critic):
