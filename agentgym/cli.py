@@ -50,7 +50,21 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.env is None:  # veRL's main_eval: score a file of responses
+        from agentgym.trainer.offline.scoring import offline_eval_command
+
+        return offline_eval_command(args)
+    if args.overrides:
+        print("agentgym eval: key=value overrides score a file (data.path=FILE); with --env use the options "
+              f"(--tasks, -n, ...), got {' '.join(args.overrides)}", file=sys.stderr)
+        return 2
     return _against_servers(args, "eval")
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from agentgym.trainer.offline.generate import generate_command
+
+    return generate_command(args)
 
 
 def _against_servers(args: argparse.Namespace, mode: str) -> int:
@@ -136,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("eval", _cmd_eval, "evaluate a policy on an env: success rate, pass@k, per-source breakdown"),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--env", required=True)
+        p.add_argument("--env", required=name == "rollout",
+                       help="registered env name" + ("; without it, eval scores a file: data.path=FILE" if name == "eval"
+                                                    else ""))
         p.add_argument("--model", default="tiny")
         p.add_argument("--server", action="append", metavar="URL",
                        help="policy server base URL (repeatable); default: start an embedded server")
@@ -153,7 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the API of the --server URLs")
         p.add_argument("--env-executor", choices=["thread", "process", "inline"], default="thread",
                        help="where env steps run (inline: on the event loop, for cheap envs)")
+        if name == "eval":
+            p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                           help="score a file of responses, veRL's main_eval keys (configs/evaluation.yaml): "
+                                "data.path=FILE [data.response_key=...] [custom_reward_function.path=...]")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("generate", help="sample responses for a file of prompts (veRL's main_generation)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="configs/generation.yaml keys: data.path=FILE data.output_path=OUT data.n_samples=N ...")
+    p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("train", help="train a policy with PPO/GRPO on an env or an agent program")
     target = p.add_mutually_exclusive_group()

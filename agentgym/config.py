@@ -303,12 +303,14 @@ def compose(
     *,
     env_group: str | None = None,
     key_policy: KeyPolicy | None = None,
+    base_file: str = "train.yaml",
 ) -> Composition:
     """Compose ``train.yaml``, its group files, ``config_file`` and ``overrides`` (see the module
-    docstring); ``env_group`` picks an env group file without naming an env (``--agent`` runs).
+    docstring); ``env_group`` picks an env group file without naming an env (``--agent`` runs);
+    ``base_file``: another schema in ``configs/`` (``generation.yaml``, ``evaluation.yaml``).
     Every unknown key of every source is reported in one ``ConfigError``."""
     base_dir = Path(directory) if directory is not None else config_dir()
-    base = read_yaml(base_dir / "train.yaml")
+    base = read_yaml(base_dir / base_file)
     choices: dict[str, str | None] = dict(base.pop("defaults", {}) or {})
     schema = flatten(base)
     report = _KeyReport(schema, key_policy)

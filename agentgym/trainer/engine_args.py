@@ -65,8 +65,12 @@ def sglang_flags(rollout: DictConfig) -> list[str]:
 
 def engine_server_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """Keyword arguments for ``agentgym.server.engines.start_engine_server`` (``dtype``, ``extra_args``)
-    from the rollout config; ``{}`` for the embedded server."""
-    rollout = cfg.actor_rollout_ref.rollout
+    from the training config's rollout section; ``{}`` for the embedded server."""
+    return rollout_engine_kwargs(cfg.actor_rollout_ref.rollout)
+
+
+def rollout_engine_kwargs(rollout: DictConfig) -> dict[str, Any]:
+    """``engine_server_kwargs`` for a rollout section (``generation.yaml``'s ``rollout`` too)."""
     engine = str(rollout.name)
     if engine not in ("vllm", "sglang"):
         return {}
