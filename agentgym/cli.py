@@ -97,6 +97,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return train_command(args)
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    from agentgym.trainer.compat.command import config_command
+
+    return config_command(args)
+
+
 def _cmd_gateway(args: argparse.Namespace) -> int:
     from agentgym.gateway.command import gateway_command
 
@@ -188,6 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="a YAML config to start from (default: configs/train.yaml)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, veRL names")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("config", help="translate a veRL, ROLL, ChatLearn or Claw-R1 config into agentgym's")
+    p.add_argument("--from", dest="from_system", required=True, choices=["verl", "roll", "chatlearn", "claw-r1"])
+    p.add_argument("file", help="their YAML config")
+    p.add_argument("-o", "--output", default=None, help="write the agentgym config here (default: stdout)")
+    p.set_defaults(func=_cmd_config)
 
     p = sub.add_parser("gateway", help="serve the OpenAI API for black-box agents and record trajectories")
     p.add_argument("--server", action="append", metavar="URL", help="policy server URL (repeatable)")

@@ -29,7 +29,7 @@ def describe(cfg: DictConfig, steps: int | None = None) -> str:
         steps = cfg.trainer.total_training_steps
     length = (f"{steps} steps" if steps is not None
               else f"{cfg.trainer.total_epochs} epoch(s) of the env's tasks")
-    target = cfg.env.name if cfg.env.name else "an agent"
+    target = cfg.env.name if cfg.env.name else (f"envs {', '.join(cfg.env.tags)}" if cfg.env.tags else "an agent")
     return (
         f"agentgym train: {target} | model {a.model.path} | {cfg.algorithm.adv_estimator}"
         f"{' + critic' if cfg.critic.enable else ''} | {cfg.data.train_batch_size} tasks x {a.rollout.n} "
