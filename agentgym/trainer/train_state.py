@@ -180,7 +180,9 @@ def allreduce_mean(grads: list[torch.Tensor]) -> None:
 
 def shard(module: nn.Module, fsdp_config: dict[str, Any], device: str, layer_classes: Sequence[str]) -> None:
     """FSDP2: ``fully_shard`` each transformer block (the classes HF lists in
-    ``_no_split_modules``), then the whole model."""
+    ``_no_split_modules``), then the whole model. On a GPU, ``param_offload`` or ``optimizer_offload``
+    (veRL's keys) turn on FSDP2's CPU offload: parameters, gradients and optimizer state stay in CPU
+    memory between uses (FSDP2 offloads them together). Without a GPU they are in CPU memory anyway."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"reshard_after_forward": bool(fsdp_config.get("reshard_after_forward", True))}
@@ -189,6 +191,10 @@ def shard(module: nn.Module, fsdp_config: dict[str, Any], device: str, layer_cla
             param_dtype=getattr(torch, fsdp_config.get("param_dtype", "bfloat16")),
             reduce_dtype=getattr(torch, fsdp_config.get("reduce_dtype", "float32")),
         )
+        if fsdp_config.get("param_offload") or fsdp_config.get("optimizer_offload"):
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     names = set(layer_classes)
     for sub in module.modules():
         if type(sub).__name__ in names:

@@ -176,7 +176,9 @@ class PolicyWorker(Worker):
                 p.requires_grad_(False)
             ref.to(self.device)
             if self.strategy == "fsdp2":
-                shard(ref, cfg["actor"].get("fsdp_config") or {}, self.device, layers)
+                ref_offload = (cfg.get("ref", {}).get("fsdp_config") or {}).get("param_offload", False)
+                shard(ref, {**(cfg["actor"].get("fsdp_config") or {}), "param_offload": ref_offload,
+                            "optimizer_offload": False}, self.device, layers)
             self.ref = ref
 
     # ---- log-probs ------------------------------------------------------------------------------
@@ -320,9 +322,11 @@ class CriticWorker(Worker):
         cfg = self.config["critic"]
         dtype = getattr(torch, self.config["actor_rollout_ref"]["model"].get("dtype", "float32"))
         model = ValueModel(str(cfg["model"]["path"]), dtype=dtype).train()
+        fsdp = {**(self.config["actor_rollout_ref"]["actor"].get("fsdp_config") or {}),
+                **{k: v for k, v in ((cfg.get("model") or {}).get("fsdp_config") or {}).items()
+                   if k in ("param_offload", "optimizer_offload")}}
         self.critic = TrainState(model, cfg["optim"], total_steps, self.strategy, self.world_size, self.device,
-                                 self.config["actor_rollout_ref"]["actor"].get("fsdp_config"),
-                                 layer_classes(model.body))
+                                 fsdp, layer_classes(model.body))
 
     @torch.no_grad()
     def compute_values(self, batch: Tensors, rows: Sequence[int]) -> Tensors:

@@ -58,6 +58,7 @@ class Translation:
     mapped: list[tuple[str, str, Any]] = field(default_factory=list)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)
+    derived: list[tuple[str, str, str]] = field(default_factory=list)  # their key, agentgym key, how
     notes: list[str] = field(default_factory=list)
 
     def set(self, key: str, value: Any, source: str | None = None) -> None:
@@ -90,6 +91,9 @@ class Translation:
             lines.append("mapped:")
             width = max(len(m[0]) for m in self.mapped)
             lines += [f"  {theirs:<{width}} -> {ours} = {value!r}" for theirs, ours, value in self.mapped]
+        if self.derived:
+            lines.append("used to compute:")
+            lines += [f"  {theirs} -> {ours} ({how})" for theirs, ours, how in self.derived]
         if self.dropped:
             lines.append("no effect in agentgym (dropped):")
             lines += [f"  {key}: {why}" for key, why in self.dropped]
@@ -155,8 +159,8 @@ def translate(system: str, data: dict[str, Any], table: Sequence[KeyMap],
             tr.refused.append((key, f"no agentgym equivalent known for this {system} key"))
         elif row.kind == "map":
             tr.set(str(row.target), row.convert(value) if row.convert else _number(value), key)
-        elif row.kind == "derived":
-            continue  # derive() records it with the value it computes
+        elif row.kind == "derived":  # derive() sets the value it computes from this and other keys
+            tr.derived.append((key, str(row.target), row.note))
         elif row.kind == "ignore" and (row.unless is ANY or _harmless(value, row.unless)):
             tr.dropped.append((key, row.note))
         elif row.kind == "ignore":
