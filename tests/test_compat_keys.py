@@ -354,3 +354,41 @@ def test_checkpoint_load_contents_picks_the_parts(tmp_path):
     assert torch.equal(fresh.module.weight, saved.module.weight) and not fresh.optimizer.state
     with pytest.raises(FileNotFoundError, match="load_contents"):
         state().load(tmp_path, 0, ["model", "extra"])
+
+
+# ---- algorithm keys --------------------------------------------------------------------------------
+
+
+def test_token_sum_aggregation_sums_over_the_global_batch():
+    from agentgym.trainer import algos
+
+    loss = torch.tensor([[1.0, 2.0, 5.0], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.float32)
+    assert float(algos.agg_loss(loss, mask, "token-sum")) == 6.0
+    assert float(algos.agg_loss(loss, mask, "token-sum", dp_size=2)) == 12.0  # ranks average: the global sum
+    assert load_config(env="first_letter", overrides=["actor_rollout_ref.actor.loss_agg_mode=token-sum"],
+                       warn=False).actor_rollout_ref.actor.loss_agg_mode == "token-sum"
+
+
+def test_gspo_says_which_aggregation_its_policy_loss_uses(caplog):
+    load_config(env="first_letter", overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"])
+    assert any("seq-mean-token-mean whatever" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    load_config(env="first_letter", overrides=["algorithm=gspo"])
+    assert not any("gspo" in r.getMessage() for r in caplog.records)
+
+
+def test_offload_keys_warn_without_a_gpu_and_shard_with_cpu_offload_on_one(monkeypatch, caplog):
+    from agentgym.trainer import train_state
+
+    if not torch.cuda.is_available():
+        load_config(env="first_letter", overrides=["actor_rollout_ref.actor.fsdp_config.param_offload=true"])
+        assert any("no effect without a GPU" in r.getMessage() for r in caplog.records)
+    seen = []
+    monkeypatch.setattr("torch.distributed.fsdp.fully_shard", lambda module, **kw: seen.append(kw))
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    train_state.shard(module, {"param_offload": True}, "cuda", ["Linear"])
+    assert seen and all(type(kw["offload_policy"]).__name__ == "CPUOffloadPolicy" for kw in seen)
+    seen.clear()
+    train_state.shard(module, {"param_offload": True}, "cpu", ["Linear"])
+    assert all("offload_policy" not in kw for kw in seen)

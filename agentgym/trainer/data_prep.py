@@ -66,6 +66,15 @@ def prompt_tokens(chat: Any, prompt: Any) -> int:
     return len(chat.prompt_ids(as_messages(prompt, "row")))
 
 
+def fits(chat: Any, prompt: Any, limit: int) -> bool:
+    """Whether the rendered prompt has at most ``limit`` tokens; without tokenizing when its text has
+    at most ``limit`` bytes (no token is shorter than a byte)."""
+    from agentgym.envs.data import as_messages
+
+    text = chat.render(as_messages(prompt, "row"), add_generation_prompt=True)
+    return len(text.encode("utf-8")) <= limit or prompt_tokens(chat, prompt) <= limit
+
+
 def cut(text_ids: list[int], keep: int, side: str) -> list[int]:
     """``keep`` of ``text_ids``: ``left`` keeps the end, ``right`` the start, ``middle`` both ends."""
     if keep >= len(text_ids):
@@ -118,8 +127,7 @@ def prepare_split(cfg: DictConfig, split: str, files: Any, max_samples: int, cha
         changed = True
     if chat is not None and rows and all("prompt" in r for r in rows):
         limit = int(data.max_prompt_length)
-        lengths = [prompt_tokens(chat, r["prompt"]) for r in rows]
-        long_rows = [i for i, n in enumerate(lengths) if n > limit]
+        long_rows = [i for i, r in enumerate(rows) if not fits(chat, r["prompt"], limit)]
         if long_rows and data.filter_overlong_prompts:
             keep = set(range(len(rows))) - set(long_rows)
             rows = [r for i, r in enumerate(rows) if i in keep]
@@ -131,7 +139,7 @@ def prepare_split(cfg: DictConfig, split: str, files: Any, max_samples: int, cha
             first = long_rows[0]
             raise ConfigError(
                 f"{len(long_rows)} of {len(rows)} {split} rows have prompts longer than data.max_prompt_length={limit} "
-                f"tokens (row {first}: {lengths[first]} tokens). Set data.filter_overlong_prompts=true to drop them, "
+                f"tokens (row {first}: {prompt_tokens(chat, rows[first]['prompt'])} tokens). Set data.filter_overlong_prompts=true to drop them, "
                 f"data.truncation=left|right|middle to cut them, or raise data.max_prompt_length")
         elif long_rows:
             from agentgym.envs.data import as_messages
