@@ -126,3 +126,25 @@ def test_roll_agentic_sokoban_translates_and_runs_two_steps(tmp_path):
     last = rows[-1]
     assert last["step"] == 2 and last["episodes"] == 8  # 2 groups x 4
     assert "val/SimpleSokoban/reward/mean" in last and "val/LargerSokoban/reward/mean" in last
+
+
+def test_several_envs_by_tag_with_inductive_normalisation(tmp_path):
+    """Two tags in one run: each tag its groups, metrics per tag, rewards normalised within a tag."""
+    from agentgym.trainer.config import load_config
+    from agentgym.trainer.main import train
+
+    cfg = load_config(env="first_letter", overrides=[
+        "env.name=null", "+env.custom_envs.vowel={env: first_letter}",
+        "+env.custom_envs.xyz={env: first_letter, kwargs: {targets: xyz, description: x y or z}}",
+        "env.tags=[vowel,xyz]", "env.n_groups=[3,1]", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
+        "data.val_batch_size=2", "algorithm.reward_normalization.grouping=inductive",
+        "algorithm.reward_normalization.method=mean_std", "algorithm.adv_estimator=reinforce",
+        "trainer.use_ray=false", "trainer.total_training_steps=2", "trainer.val_before_train=false",
+        "trainer.test_freq=2", "trainer.save_freq=-1", f"trainer.default_local_dir={tmp_path}",
+        "trainer.logger=[jsonl]"], warn=False)
+    summary = train(cfg, show_progress=False)
+    rows = [json.loads(line) for line in Path(summary["metrics_file"]).read_text().splitlines()]
+    assert all("vowel/reward/mean" in r and "xyz/reward/mean" in r for r in rows)
+    assert rows[-1]["episodes"] == 16 and "val/vowel/reward/mean" in rows[-1] and "val/xyz/success_rate" in rows[-1]
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert samples
