@@ -55,6 +55,7 @@ def test_quickstart_runs_ppo_with_its_critic(gsm8k, tmp_path, capsys):
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows if "critic/vf_loss" in r] == [1, 2]
     assert all("critic/values/mean" in r for r in rows if "critic/vf_loss" in r)
+    assert rows[-1]["val/episodes"] == 16  # veRL validates on every row of data.val_files
     assert (tmp_path / "global_step_2" / "critic").is_dir()
     cfg = run_config(tmp_path)
     assert cfg["algorithm"]["adv_estimator"] == "gae" and cfg["actor_rollout_ref"]["rollout"]["n"] == 1

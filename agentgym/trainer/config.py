@@ -125,8 +125,8 @@ def resolve(cfg: DictConfig, agent: str | None = None) -> DictConfig:
     for section in (actor, critic):
         if section.checkpoint.load_contents is None:
             section.checkpoint.load_contents = list(section.checkpoint.save_contents)
-    if cfg.data.val_batch_size is None:
-        cfg.data.val_batch_size = cfg.env.num_val_tasks
+    if cfg.data.val_batch_size is None and (not cfg.data.val_files or cfg.env.tags):
+        cfg.data.val_batch_size = cfg.env.num_val_tasks  # with val_files: every row, set by preflight (veRL)
     if isinstance(cfg.trainer.logger, str):
         cfg.trainer.logger = [cfg.trainer.logger]
     trainer = cfg.trainer

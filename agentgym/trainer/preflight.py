@@ -195,6 +195,10 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
                 f"{AR}.actor.ppo_mini_batch_size at most that) or give more data")
         for split in plan.prepared.values():
             plan.notes += [f"data ({split.split}): {note}" for note in split.notes]
+        if cfg.data.val_batch_size is None and "val" in plan.prepared:  # veRL validates on every row
+            cfg.data.val_batch_size = len(plan.prepared["val"].rows)
+    if cfg.data.val_batch_size is None:
+        cfg.data.val_batch_size = cfg.env.num_val_tasks
     if cfg.trainer.total_training_steps is not None:
         plan.steps = int(cfg.trainer.total_training_steps)
     elif plan.rows is not None:
