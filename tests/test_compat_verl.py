@@ -138,7 +138,7 @@ def test_rollout_log_prob_micro_batch_size_sets_the_old_log_prob_chunks(monkeypa
     assert cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 3
     seen = []
 
-    def fake_forward(model, micro, with_entropy=False, entropy_grad=False):
+    def fake_forward(model, micro, with_entropy=False, entropy_grad=False, packed=False):
         import torch
 
         seen.append(int(micro["input_ids"].shape[0]))
