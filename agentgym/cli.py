@@ -12,12 +12,23 @@ from collections.abc import Sequence
 
 
 def _cmd_envs(args: argparse.Namespace) -> int:
-    from agentgym.registry import env_spec, registered
+    from agentgym.registry import ENVS, env_family, env_spec, registered
 
-    names = registered("env")
+    if args.family:  # `agentgym envs rg/`: the members of one family (imports its package)
+        family = env_family(args.family)
+        if family.installed_version() is None:
+            print(f"error: {family.summary()}", file=sys.stderr)
+            return 2
+        names = [f"{family.prefix}/{m}" for m in family.members()]
+    else:
+        names = registered("env")
     rows = []
     for name in names:
         try:
+            if name.endswith("/*"):  # a family: one row, its package not imported
+                family = env_family(name)
+                rows.append((f"{family.prefix}/<{family.member_label}>", ENVS.package(name), family.summary()))
+                continue
             spec = env_spec(name)
             rows.append((name, spec.package, spec.description))
         except Exception as exc:  # a broken plugin must not hide the others
@@ -109,6 +120,33 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     return gateway_command(args)
 
 
+def _cmd_sft(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from agentgym.trainer.sft import sft_command
+
+    return sft_command(args)
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from agentgym.trainer.plots import plot_command
+
+    return plot_command(args)
+
+
+def _cmd_view(args: argparse.Namespace) -> int:
+    from agentgym.rollout.viewer import view_command
+
+    return view_command(args)
+
+
+def _cmd_env_serve(args: argparse.Namespace) -> int:
+    from agentgym.envs.adapters.openenv_server import env_serve_command
+
+    return env_serve_command(args)
+
+
 def _parse_kv(pairs: Sequence[str] | None) -> dict[str, object]:
     """``["dim_room=[8,8]", "num_boxes=2"]`` -> kwargs, values parsed as YAML scalars/lists."""
     import yaml
@@ -128,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("envs", help="list registered environments and the package that provides each")
     p.add_argument("--all", action="store_true", help="also list interactions and tools")
+    p.add_argument("family", nargs="?", metavar="PREFIX/",
+                   help="list the members of one family of envs (e.g. rg/, ta/, vf/)")
     p.set_defaults(func=_cmd_envs)
 
     p = sub.add_parser("play", help="play a text env in the terminal")
@@ -173,8 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", default=None, help="trajectory file (.jsonl or .parquet)")
         p.add_argument("--backend", choices=["embedded", "vllm", "sglang"], default="embedded",
                        help="the API of the --server URLs")
-        p.add_argument("--env-executor", choices=["thread", "process", "inline"], default="thread",
-                       help="where env steps run (inline: on the event loop, for cheap envs)")
+        p.add_argument("--env-executor", choices=["thread", "process", "inline", "openenv", "workers", "ray"],
+                       default="thread", help="where env steps run (inline: on the event loop, for cheap envs; "
+                       "workers/ray: whole episodes in worker processes / Ray actors)")
+        p.add_argument("--env-workers", type=int, default=None, help="processes / actors for the executor")
+        p.add_argument("--env-url", action="append", metavar="URL", help="--env-executor openenv: an env server")
         if name == "eval":
             p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                            help="score a file of responses, veRL's main_eval keys (configs/evaluation.yaml): "
@@ -213,6 +256,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes (each owns its sessions; agents talk to their own worker's port)")
     p.set_defaults(func=_cmd_gateway)
+
+    p = sub.add_parser("sft", help="supervised fine-tuning on demos or chat data (veRL sft_trainer keys), "
+                                   "in the format RL continues from")
+    p.add_argument("--config", default=None, help="a YAML config to start from (default: configs/sft.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="dotted config overrides, e.g. data.train_files=demos.jsonl model.partial_pretrain=tiny")
+    p.set_defaults(func=_cmd_sft)
+
+    p = sub.add_parser("plot", help="draw a run's training curves (reward, success, length, KL, ...) as a PNG")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holding metrics.jsonl) or a metrics file")
+    p.add_argument("-m", "--metric", action="append", metavar="METRIC",
+                   help="a metric to plot (repeatable; its val/ twin is drawn too); default: the usual panels")
+    p.add_argument("-o", "--output", default=None, help="PNG to write (default: RUN_DIR/curves.png)")
+    p.set_defaults(func=_cmd_plot)
+
+    p = sub.add_parser("view", help="a self-contained HTML page to browse trajectories, token by token")
+    p.add_argument("path", metavar="TRAJECTORIES", help=".jsonl/.parquet trajectories (agentgym rollout --out, "
+                                                        "a run's samples.jsonl)")
+    p.add_argument("-o", "--output", default=None, help="HTML file to write (default: beside the input)")
+    p.add_argument("--model", default="tiny", help="the tokenizer that made the token ids (default: tiny)")
+    p.add_argument("--limit", type=int, default=2000, help="at most this many episodes (default 2000)")
+    p.set_defaults(func=_cmd_view)
+
+    p = sub.add_parser("env-serve", help="serve a registered env over OpenEnv's HTTP/WebSocket API")
+    p.add_argument("--env", required=True, help="registered env name (see `agentgym envs`)")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor argument")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8010)
+    p.add_argument("--max-sessions", type=int, default=1024, help="most env instances alive at once")
+    p.set_defaults(func=_cmd_env_serve)
     return parser
 
 

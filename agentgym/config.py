@@ -310,6 +310,9 @@ def compose(
     ``base_file``: another schema in ``configs/`` (``generation.yaml``, ``evaluation.yaml``).
     Every unknown key of every source is reported in one ``ConfigError``."""
     base_dir = Path(directory) if directory is not None else config_dir()
+    if not (base_dir / base_file).is_file():
+        raise ConfigError(f"no config {base_dir / base_file}; choices: "
+                          f"{', '.join(sorted(p.stem for p in base_dir.glob('*.yaml')))}")
     base = read_yaml(base_dir / base_file)
     choices: dict[str, str | None] = dict(base.pop("defaults", {}) or {})
     schema = flatten(base)
@@ -405,11 +408,13 @@ def compose_config(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
     directory: str | os.PathLike[str] | None = None,
+    base_name: str = "train",
 ) -> DictConfig:
-    """Compose ``train.yaml``, its group files, ``config_file`` and ``overrides``; every key checked
-    against ``train.yaml`` and every value against its default's type; interpolations resolved.
-    What the values mean is checked by their user (``agentgym.trainer.config.load_config``)."""
-    return compose(env, config_file, overrides, directory).cfg
+    """Compose ``<base_name>.yaml`` (``train``; ``sft`` for ``agentgym sft``), its group files,
+    ``config_file`` and ``overrides``; every key checked against the base file and every value
+    against its default's type; interpolations resolved. What the values mean is checked by
+    their user (``agentgym.trainer.config.load_config``)."""
+    return compose(env, config_file, overrides, directory, base_file=f"{base_name}.yaml").cfg
 
 
 def _plain(value: Any) -> Any:

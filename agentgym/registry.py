@@ -6,7 +6,13 @@ listed without importing them; an object is imported the first time it is asked 
 An ``agentgym.envs`` entry point names a ``TextEnv`` subclass or an ``EnvSpec``;
 the other groups name a class.
 
-Every env is also registered with Gymnasium as ``agentgym/<Name>-v0``.
+A family of envs whose names are only known once a package is imported (``rg/<task>`` for
+every reasoning-gym dataset) is one entry point named ``<prefix>/*`` that names an
+``EnvFamily``: ``agentgym envs`` shows it as one row without importing the package, and
+``make("rg/chain_sum")`` asks the family for that member's ``EnvSpec``.
+
+Every env is also registered with Gymnasium as ``agentgym/<Name>-v0`` (a family member when
+it is first resolved).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+import importlib.metadata
 import re
 import threading
 from collections.abc import Callable
@@ -49,6 +56,71 @@ class EnvSpec:
         return self.load()(**{**self.kwargs, **kwargs})
 
 
+class EnvFamily:
+    """Env names under one prefix that a package defines at import time (``rg/<task>``).
+
+    Registered as an ``agentgym.envs`` entry point named ``<prefix>/*``. Subclasses implement
+    ``members()`` (the member names; may import the package, so it is called only when a
+    member is asked for or listed) and ``member_spec(member)`` (the ``EnvSpec`` of one).
+    ``requires`` is the distribution that provides the members and ``extra`` the agentgym
+    extra that installs it; ``installed()`` checks the former without importing anything.
+    ``open_ended``: members that ``members()`` does not list are still tried (``vf/<module>``
+    takes any importable module).
+    """
+
+    prefix: str = ""
+    member_label: str = "name"
+    description: str = ""
+    requires: str = ""
+    extra: str = ""
+    open_ended: bool = False
+
+    def members(self) -> list[str]:
+        raise NotImplementedError
+
+    def member_spec(self, member: str) -> EnvSpec:
+        raise NotImplementedError
+
+    def installed_version(self) -> str | None:
+        if not self.requires:
+            return ""
+        try:
+            return importlib.metadata.version(self.requires)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def install_hint(self) -> str:
+        return f"pip install 'agentgym[{self.extra}]'" if self.extra else f"pip install {self.requires}"
+
+    def summary(self) -> str:
+        """One line for ``agentgym envs``: what the family holds and whether it is installed."""
+        version = self.installed_version()
+        if version is None:
+            state = f"{self.requires} not installed: {self.install_hint()}"
+        else:
+            state = (f"{self.requires} {version}; " if self.requires else "") + f"`agentgym envs {self.prefix}/` lists them"
+        return f"{self.description} ({state})"
+
+    def spec(self, member: str) -> EnvSpec:
+        """The member's spec; an unknown member gets the closest names (``UnknownNameError``)."""
+        if self.installed_version() is None:
+            raise ImportError(f"env {self.prefix}/{member} needs {self.requires}: {self.install_hint()}")
+        if not self.open_ended:
+            known = self.members()
+            if member not in known:
+                close = difflib.get_close_matches(member, known, n=3, cutoff=0.5)
+                hint = f" Did you mean {', '.join(f'{self.prefix}/{c}' for c in close)}?" if close else ""
+                raise UnknownNameError(f"unknown env '{self.prefix}/{member}'.{hint} `agentgym envs {self.prefix}/` "
+                                       f"lists the {len(known)} {self.prefix}/ envs.")
+        return self.member_spec(member)
+
+
+def family_key(name: str) -> str | None:
+    """``"rg/chain_sum"`` -> ``"rg/*"`` (the entry-point name of its family); None for a plain name."""
+    prefix, sep, member = name.partition("/")
+    return f"{prefix}/*" if sep and member and member != "*" else None
+
+
 @dataclass
 class _Entry:
     """A registered name: ``value`` once loaded, else the loader that produces it."""
@@ -65,8 +137,8 @@ class UnknownNameError(KeyError):
 
 
 def gym_name(name: str) -> str:
-    """``gsm8k_tool`` -> ``Gsm8kTool``; ``sokoban-6x6-2`` -> ``Sokoban-6x6-2``."""
-    parts = [p for p in re.split(r"_+", name) if p]
+    """``gsm8k_tool`` -> ``Gsm8kTool``; ``sokoban-6x6-2`` -> ``Sokoban-6x6-2``; ``rg/chain_sum`` -> ``RgChainSum``."""
+    parts = [p for p in re.split(r"[_/]+", name) if p]
     return "".join(p[:1].upper() + p[1:] for p in parts)
 
 
@@ -89,6 +161,7 @@ class Registry:
         self.kind = kind
         self.group = GROUPS[kind]
         self._entries: dict[str, _Entry] = {}
+        self._members: dict[str, _Entry] = {}  # family members resolved so far (not listed by names())
         self._discovered = False
         self._lock = threading.RLock()
 
@@ -105,12 +178,13 @@ class Registry:
             self._discovered = True
             if self.kind == "env":
                 for name in self._entries:
-                    _register_with_gymnasium(name)
+                    if not name.endswith("/*"):
+                        _register_with_gymnasium(name)
 
     def register(self, name: str, value: Any, package: str = "") -> None:
         with self._lock:
             self._entries[name] = _Entry(name, package or _package_of(value), value=value)
-            if self.kind == "env":
+            if self.kind == "env" and not name.endswith("/*"):
                 _register_with_gymnasium(name)
 
     def names(self) -> list[str]:
@@ -135,10 +209,18 @@ class Registry:
 
     def _entry(self, name: str) -> _Entry:
         self.discover()
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise UnknownNameError(self._unknown_message(name)) from None
+        entry = self._entries.get(name) or self._members.get(name)
+        if entry is not None:
+            return entry
+        key = family_key(name)
+        if key is not None and key in self._entries:
+            family = self.get(key)
+            spec = family.spec(name.partition("/")[2])
+            with self._lock:
+                entry = self._members[name] = _Entry(name, self._entries[key].package, value=spec)
+            _register_with_gymnasium(name)
+            return entry
+        raise UnknownNameError(self._unknown_message(name))
 
     def _unknown_message(self, name: str) -> str:
         known = sorted(self._entries)
@@ -194,8 +276,18 @@ def register(name: str, entry_point: Any, *, kind: str = "env", kwargs: dict[str
 
 
 def registered(kind: str = "env") -> list[str]:
-    """Sorted names registered for ``kind`` (``env``, ``interaction`` or ``tool``)."""
+    """Sorted names registered for ``kind`` (``env``, ``interaction`` or ``tool``); a family
+    appears once, as ``<prefix>/*`` (``env_family(prefix).members()`` lists it)."""
     return _REGISTRIES[kind].names()
+
+
+def env_family(prefix: str) -> EnvFamily:
+    """The family registered as ``<prefix>/*`` (``"rg"``, ``"rg/"`` and ``"rg/*"`` all work)."""
+    key = prefix.rstrip("/*") + "/*"
+    family = ENVS.get(key)
+    if not isinstance(family, EnvFamily):
+        raise TypeError(f"{key} names {family!r}, not an agentgym.registry.EnvFamily")
+    return family
 
 
 def _register_with_gymnasium(name: str) -> None:

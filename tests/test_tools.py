@@ -17,6 +17,7 @@ import pytest
 from shared_data import GSM8K_TEST
 
 import agentgym
+import agentgym.envs.tools.sandbox as sandbox_package
 from agentgym.envs.gsm8k_tool import Gsm8kToolEnv
 from agentgym.envs.tools import (
     Tool,
@@ -24,12 +25,20 @@ from agentgym.envs.tools import (
     make_tool,
     normalize_tool_calls,
     parse_tool_calls,
-    sandbox,
     split_reply,
 )
 from agentgym.envs.tools.calculator import CalculatorTool, calculate
 from agentgym.envs.tools.python import PythonTool
-from agentgym.envs.tools.sandbox import run_python
+from agentgym.envs.tools.sandbox import (
+    MODE_ENV,
+    SandboxUnavailable,
+    bubblewrap,
+    guardrail,
+    process,
+    resolve_mode,
+    run_python,
+    strong_problem,
+)
 
 TIMEOUT_S = 2.0
 
@@ -191,12 +200,29 @@ def test_tools_are_registered() -> None:
 
 
 # ---- python sandbox ------------------------------------------------------------------------
-@pytest.fixture(params=["all_layers", "audit_only"])
+STRONG_PROBLEM = strong_problem()
+
+
+@pytest.fixture(autouse=True)
+def _weak_sandbox_without_bubblewrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the strong sandbox cannot run, the tests of everything else opt into the weak one
+    (what a user without bubblewrap must do too); strong-only tests skip."""
+    if STRONG_PROBLEM is not None:
+        monkeypatch.setenv(MODE_ENV, "weak")
+
+
+def skip_without_strong() -> None:
+    if STRONG_PROBLEM is not None:
+        pytest.skip(f"the strong sandbox cannot run here: {STRONG_PROBLEM}")
+
+
+@pytest.fixture(params=["strong", "weak"])
 def python_tool(request: pytest.FixtureRequest) -> PythonTool:
-    """Every isolation layer the machine allows, and the in-process audit hook alone."""
-    if request.param == "audit_only":
-        return PythonTool(timeout_s=TIMEOUT_S, memory_mb=512, isolate_network=False, use_cgroup=False)
-    return PythonTool(timeout_s=TIMEOUT_S, memory_mb=512)
+    """The strong sandbox, and the weak one with its in-process audit hook alone."""
+    if request.param == "weak":
+        return PythonTool(timeout_s=TIMEOUT_S, memory_mb=512, isolate_network=False, use_cgroup=False, sandbox="weak")
+    skip_without_strong()
+    return PythonTool(timeout_s=TIMEOUT_S, memory_mb=512, sandbox="strong")
 
 
 def run_tool(tool: Tool, code: str) -> tuple[Any, float]:
@@ -212,21 +238,31 @@ def test_python_runs_code(python_tool: PythonTool) -> None:
     assert no_children_left()
 
 
-@pytest.mark.parametrize(("name", "code", "kind", "says"), [
-    ("infinite loop", "while True:\n    pass", "timeout", "did not finish within"),
-    ("fork bomb", "import os\nwhile True:\n    os.fork()", "code_error", "starting processes is not allowed"),
-    ("10 GB allocation", "x = bytearray(10 * 2**30)", "code_error", "MemoryError"),
-    ("network socket", "import socket\nsocket.socket().connect(('1.1.1.1', 80))", "code_error", "network access is not allowed"),
-    ("subprocess", "import subprocess\nsubprocess.run(['sleep', '100'])", "code_error", "starting processes is not allowed"),
-])
-def test_python_survives_hostile_code(python_tool: PythonTool, name: str, code: str, kind: str, says: str) -> None:
+# name, code, then (kind, what the message says) under the strong and the weak sandbox
+HOSTILE = [
+    ("infinite loop", "while True:\n    pass", ("timeout", "did not finish within"), ("timeout", "did not finish within")),
+    ("fork bomb", "import os\nwhile True:\n    os.fork()",
+     ("code_error", "Resource temporarily unavailable"), ("code_error", "starting processes is not allowed")),
+    ("10 GB allocation", "x = bytearray(10 * 2**30)", ("code_error", "MemoryError"), ("code_error", "MemoryError")),
+    ("network socket", "import socket\nsocket.socket().connect(('1.1.1.1', 80))",
+     ("code_error", "Network is unreachable"), ("code_error", "network access is not allowed")),
+    ("subprocess", "import subprocess\nsubprocess.run(['sleep', '100'])",
+     ("timeout", "did not finish within"), ("code_error", "starting processes is not allowed")),
+]
+
+
+@pytest.mark.parametrize(("name", "code", "strong", "weak"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_python_survives_hostile_code(python_tool: PythonTool, name: str, code: str, strong: tuple[str, str],
+                                      weak: tuple[str, str]) -> None:
+    kind, says = strong if python_tool.mode == "strong" else weak
     result, seconds = run_tool(python_tool, code)
     assert result.error == kind and says in result.text, (name, result.text)
     assert seconds < TIMEOUT_S + 1.5, name
     assert no_children_left(), name
 
 
-def test_python_cannot_write_outside_its_scratch_directory(python_tool: PythonTool, tmp_path: Path) -> None:
+def test_weak_python_cannot_write_outside_its_scratch_directory(tmp_path: Path) -> None:
+    python_tool = PythonTool(timeout_s=TIMEOUT_S, memory_mb=512, isolate_network=False, use_cgroup=False, sandbox="weak")
     target = tmp_path / "escaped.txt"
     code = f"print(__import__('os').getcwd())\nopen({str(target)!r}, 'w').write('x')"
     result = python_tool.run(code)
@@ -239,8 +275,45 @@ def test_python_cannot_write_outside_its_scratch_directory(python_tool: PythonTo
     assert not target.exists() and no_children_left()
 
 
+def test_strong_python_sees_a_private_fresh_tmp_and_a_read_only_system(tmp_path: Path) -> None:
+    skip_without_strong()
+    tool = PythonTool(timeout_s=TIMEOUT_S, sandbox="strong")
+    first = tool.run(f"import os\nprint(os.getcwd(), os.getuid())\nopen('notes.txt', 'w').write('x')\n"
+                     f"print(os.path.exists({str(tmp_path)!r}))")
+    cwd, uid, sees_host_tmp = first.stdout.split()
+    assert first.ok and cwd == "/tmp" and sees_host_tmp == "False"
+    assert uid != "0" or os.geteuid() != 0  # root here: nobody there
+    second = tool.run("import os\nprint(os.listdir('.'))\nopen('/usr/escaped', 'w')")
+    assert second.stdout.strip() == "[]" and "Read-only file system" in second.stderr
+    assert not os.path.exists("/usr/escaped") and no_children_left()
+
+
+def test_strong_python_keeps_threads_subprocesses_and_multiprocessing() -> None:
+    skip_without_strong()
+    code = """
+import concurrent.futures, subprocess, threading
+out = []
+worker = threading.Thread(target=lambda: out.append("thread"))
+worker.start()
+worker.join()
+print(out[0], subprocess.run(["echo", "subprocess"], capture_output=True, text=True).stdout.strip())
+with concurrent.futures.ProcessPoolExecutor(2) as pool:  # semaphores in /dev/shm
+    print(sum(pool.map(abs, [-1, -2, -3])))
+"""
+    result = PythonTool(timeout_s=10, sandbox="strong").run(code)
+    assert result.ok and result.stdout.split() == ["thread", "subprocess", "6"], result.stderr
+    assert no_children_left()
+
+
+def test_strong_python_traceback_shows_the_code() -> None:
+    skip_without_strong()
+    result, _ = run_tool(PythonTool(timeout_s=TIMEOUT_S, sandbox="strong"), "def f():\n    return 1 / 0\nf()")
+    assert result.error == "code_error" and "return 1 / 0" in result.text and "ZeroDivisionError" in result.text
+    assert "<string>" not in result.text  # none of the sandbox's own frames
+
+
 def test_python_output_is_truncated() -> None:
-    tool = PythonTool(timeout_s=TIMEOUT_S, max_output_chars=100)
+    tool = PythonTool(timeout_s=10, max_output_chars=100)  # (100,000 unbuffered writes: slow on a busy machine)
     result, _ = run_tool(tool, "for i in range(100000):\n    print('line', i)")
     assert result.ok and "truncated" in result.text and len(result.text) < 200
 
@@ -260,13 +333,14 @@ def test_python_runs_concurrently() -> None:
 
 
 def test_cgroup_cleanup_kills_processes_that_left_the_session() -> None:
-    """What the cgroup layer adds: a process that escaped the process group (here with setsid,
-    which the audit hook would refuse in a snippet) is still found and killed."""
-    if "cgroup" not in run_python("pass", timeout_s=TIMEOUT_S).layers or not shutil.which("setsid"):
+    """What the cgroup layer adds: a process that escaped the process group (here with setsid)
+    is still found and killed."""
+    if "cgroup" not in run_python("pass", timeout_s=TIMEOUT_S, mode="weak").layers or not shutil.which("setsid"):
         pytest.skip("no writable pids cgroup here")
-    cgroup = sandbox._PidsCgroup(sandbox._probe_cgroup(), 16)
+    cgroups, _ = process.make_run_cgroups(16, None)
+    (cgroup,) = cgroups
     proc = subprocess.Popen(["sh", "-c", "setsid sleep 30 & exec sleep 30"], start_new_session=True,
-                            preexec_fn=sandbox._preexec({}, 0, cgroup.join))
+                            preexec_fn=process.make_preexec({}, [cgroup.join]))
     try:
         def escaped() -> list[int]:
             out = []
@@ -281,20 +355,77 @@ def test_cgroup_cleanup_kills_processes_that_left_the_session() -> None:
             time.sleep(0.01)
         runaways = escaped()
         assert runaways, "the background sleep never left the process group"
-        sandbox._kill_session(proc)
+        process.kill_session(proc)
         assert running(runaways[0])  # the process-group kill missed it
         cgroup.kill_all()
         assert not cgroup.pids() and not any(running(p) for p in runaways)  # dead (init reaps the zombie later)
     finally:
-        sandbox._kill_session(proc)
+        process.kill_session(proc)
         cgroup.kill_all()
         cgroup.remove()
     assert not cgroup.path.exists()
 
 
+@pytest.mark.parametrize("mode", ["strong", "weak"])
+def test_a_cgroup_the_child_cannot_join_is_given_up(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if mode == "strong":
+        skip_without_strong()
+    if "cgroup" not in run_python("pass", timeout_s=TIMEOUT_S, mode=mode).layers:
+        pytest.skip("no writable pids cgroup here")
+    monkeypatch.setattr(process, "_cgroup_parents", dict(process._cgroup_parents))  # restored afterwards
+    made: list[process.RunCgroup] = []
+
+    def unjoinable(*args: Any) -> tuple[list[process.RunCgroup], list[str]]:
+        cgroups, layers = process.make_run_cgroups(*args)
+        for cgroup in cgroups:
+            cgroup.join = "/nonexistent/tasks"
+        made.extend(cgroups)
+        return cgroups, layers
+
+    monkeypatch.setattr(bubblewrap if mode == "strong" else guardrail, "make_run_cgroups", unjoinable)
+    result = run_python("print('ran')", timeout_s=TIMEOUT_S, mode=mode)
+    assert result.ok and result.stdout == "ran\n" and "cgroup" not in result.layers
+    assert made and not any(c.path.exists() for c in made)
+    assert "cgroup" not in run_python("pass", timeout_s=TIMEOUT_S, mode=mode).layers  # not tried again
+
+
 def test_sandbox_reports_its_layers() -> None:
-    layers = run_python("pass", timeout_s=TIMEOUT_S).layers
-    assert {"scratch", "rlimits", "session", "audit"} <= set(layers)
+    weak = run_python("pass", timeout_s=TIMEOUT_S, mode="weak")
+    assert weak.mode == "weak" and {"scratch", "rlimits", "session", "audit"} <= set(weak.layers)
+    skip_without_strong()
+    strong = run_python("pass", timeout_s=TIMEOUT_S, mode="strong")
+    assert strong.mode == "strong" and strong.ok
+    assert {"namespaces", "read-only-root", "tmpfs-quota", "rlimits", "session"} <= set(strong.layers)
+    assert "audit" not in strong.layers
+
+
+def test_sandbox_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MODE_ENV, "weak")
+    assert resolve_mode() == "weak" and resolve_mode("strong") == "strong"
+    assert PythonTool(sandbox="weak").schema["function"]["description"] == PythonTool.DESCRIPTIONS["weak"]
+    monkeypatch.delenv(MODE_ENV)
+    assert resolve_mode() == "strong"
+    monkeypatch.setenv(MODE_ENV, "paranoid")
+    with pytest.raises(ValueError, match="strong, weak"):
+        resolve_mode()
+
+
+def test_without_bubblewrap_the_tool_refuses_loudly_unless_weak_is_chosen(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(bubblewrap, "_problem", [])  # probe again, on a PATH without bwrap
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv(MODE_ENV, raising=False)
+    with caplog.at_level("ERROR"), pytest.raises(SandboxUnavailable, match="AGENTGYM_SANDBOX=weak") as refused:
+        PythonTool(timeout_s=TIMEOUT_S)
+    assert "bubblewrap (`bwrap`) is not installed" in str(refused.value)
+    assert any("cannot run here" in r.getMessage() for r in caplog.records)  # said at start, in the log
+    with pytest.raises(SandboxUnavailable):
+        run_python("print(1)", timeout_s=TIMEOUT_S)
+    monkeypatch.setattr(sandbox_package, "_warned_weak", False)
+    with caplog.at_level("WARNING"):
+        tool = PythonTool(timeout_s=TIMEOUT_S, sandbox="weak")
+    assert any("WEAK sandbox" in r.getMessage() for r in caplog.records)
+    assert tool.mode == "weak" and tool.run("print(6 * 7)").stdout.strip() == "42"
 
 
 # ---- the GSM8K tool env --------------------------------------------------------------------

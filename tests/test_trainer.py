@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -220,6 +221,8 @@ def test_grpo_learns_first_letter(tmp_path, ray_session):
     assert versions == list(range(1, 16))
     assert all(r["rollout/weight_version_lag"] == 0 for r in rows if "reward/mean" in r)  # on-policy every step
     assert rows[-1]["training/rollout_probs_diff_mean"] < 1e-3  # trainer and server agree on log-probs
+    if importlib.util.find_spec("matplotlib"):
+        assert summary["curves"] == str(tmp_path / "curves.png") and (tmp_path / "curves.png").stat().st_size > 10_000
 
 
 def test_loggers_write_jsonl_tensorboard_and_samples(tmp_path, capsys):

@@ -214,6 +214,27 @@ class ChatTokenizer:
             self._remember(self._deltas, key, ids)
         return ids
 
+    @property
+    def closing_id(self) -> int | None:
+        """The token that ends an assistant turn (ChatML: ``<|im_end|>``), or None if the template has none."""
+        ranked = sorted(self._closing_ids, key=lambda i: -self._closing_len[i])
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return eos if eos in self._closing_ids else (ranked[0] if ranked else None)
+
+    def assistant_ids(self, message: Message, tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """The tokens a model generates to write the assistant ``message``: its content as the
+        template renders it (tool calls included), then the closing token. What ``agentgym sft``
+        trains on, so a demonstration reads exactly like a sampled reply followed by
+        ``delta_ids(..., last_token=closing_id)``."""
+        user: Message = {"role": "user", "content": _DUMMY_USER}
+        head = self.render([user], tools, add_generation_prompt=True)
+        full = self.render([user, message], tools)
+        closing, closing_id = self.closing_text, self.closing_id
+        if not full.startswith(head) or closing_id is None or not closing or not full.endswith(closing):
+            raise ValueError("this chat template does not render an assistant message as generation prompt + "
+                             "content + closing token, so its tokens cannot be told apart for supervised training")
+        return self.encode(full[len(head):len(full) - len(closing)]) + [closing_id]
+
     def assistant_content(self, response_ids: Sequence[int], text: str | None = None) -> str:
         """The assistant message's text: the sampled text without the closing token.
         ``text``: ``decode(response_ids)`` when the caller already has it."""

@@ -73,6 +73,7 @@ async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: s
         n=args.n, temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns,
         max_concurrency=args.concurrency, seed=args.seed,
         env_executor=getattr(args, "env_executor", None) or "thread",
+        env_workers=getattr(args, "env_workers", None), env_urls=list(getattr(args, "env_url", None) or ()),
     )
     writer = None
     async with contextlib.AsyncExitStack() as stack:

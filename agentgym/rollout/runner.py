@@ -8,7 +8,12 @@
 Each task (an env seed, or a dataset row for envs with ``num_tasks()``) gets a group of
 ``n`` episodes that share a ``group_id`` (veRL's ``actor_rollout_ref.rollout.n``). Episodes
 run concurrently (``max_concurrency``); env calls run where ``env_executor`` says (see
-``agentgym.rollout.executors``).
+``agentgym.rollout.executors``: in this process, worker processes or remote OpenEnv servers;
+with ``workers``/``ray`` whole episodes run in worker processes or on Ray actors).
+
+A multi-agent env (one that has ``agents``, e.g. a two-player game in self-play) is played
+by ``agentgym.rollout.multi_agent.run_game``: one game gives a trajectory per seat, each in
+its own group (``{group_id}/{agent}``).
 
 Token bookkeeping (``agentgym.rollout.chat``): the runner renders the first prompt with the
 chat template, then only appends — the sampled ids exactly as the server returned them
@@ -50,7 +55,7 @@ from typing import Any, Literal
 
 from agentgym.envs.tools.parsing import parse_tool_calls
 from agentgym.rollout.chat import ChatTokenizer, tools_key
-from agentgym.rollout.executors import EnvBackend, EnvTimeout
+from agentgym.rollout.executors import EPISODE_EXECUTORS, EnvBackend, EnvTimeout, EpisodePool
 from agentgym.rollout.metrics import summarize
 from agentgym.types import Message, SamplingParams, Trajectory, Turn
 
@@ -70,9 +75,11 @@ class RolloutConfig:
     max_turns: int | None = None      # most model turns (veRL multi_turn.max_assistant_turns); None: env's
     stop_token_ids: list[int] = field(default_factory=list)
     max_concurrency: int = 64         # episodes in flight
-    env_executor: Literal["thread", "process", "inline"] = "thread"
-    env_workers: int | None = None    # threads (default max_concurrency) or processes (default CPUs)
+    env_executor: Literal["thread", "process", "inline", "openenv", "workers", "ray"] = "thread"
+    env_workers: int | None = None    # threads (default max_concurrency), processes or actors (default CPUs)
     env_timeout: float | None = 60.0  # seconds per reset/step (not for inline)
+    env_urls: list[str] = field(default_factory=list)  # env_executor=openenv: the OpenEnv env servers
+    worker_env_executor: Literal["thread", "inline"] = "thread"  # workers/ray: env calls inside each worker
     template_check_every: int = 1     # re-render every k-th episode at its end; 0: never
     seed: int = 0                     # first env seed; task i uses seed + i
 
@@ -178,7 +185,10 @@ class RolloutRunner:
         self.envs = EnvBackend(_env_factory(env, dict(env_kwargs or {})), cfg.env_executor,
                                workers=cfg.env_workers or (cfg.max_concurrency if cfg.env_executor == "thread"
                                                            else None),
-                               timeout=cfg.env_timeout)
+                               timeout=cfg.env_timeout, urls=cfg.env_urls)
+        self.episodes: EpisodePool | None = None  # workers / ray: whole episodes run there
+        if cfg.env_executor in EPISODE_EXECUTORS:
+            self.episodes = EpisodePool(self, cfg.env_executor, cfg.env_workers)
         self._env_info: dict[str, Any] | None = None
         self._episodes_started = 0
 
@@ -219,19 +229,21 @@ class RolloutRunner:
         batch = uuid.uuid4().hex[:8]
         jobs = [(j, task, f"{batch}-{i}", k) for j, (i, task, k) in
                 enumerate((i, task, k) for i, task in enumerate(tasks) for k in range(cfg.n))]
-        trajectories: list[Trajectory | None] = [None] * len(jobs)
+        trajectories: list[list[Trajectory] | None] = [None] * len(jobs)
         pending = iter(jobs)
+        run_job = self.episodes.run_job if self.episodes is not None else self.run_job
 
         async def worker() -> None:  # max_concurrency workers pull episodes: no queue of waiting tasks
             for j, task, group_id, k in pending:
-                traj = await self.run_episode(task, group_id, k, max_turns=max_turns)
-                trajectories[j] = traj
-                if on_trajectory is not None:
-                    on_trajectory(traj)
+                trajs = await run_job(task, group_id, k, max_turns)
+                trajectories[j] = trajs
+                for traj in trajs:
+                    if on_trajectory is not None:
+                        on_trajectory(traj)
+                    if bar is not None and traj.status == "failed":
+                        bar.set_postfix_str(f"failed: {(traj.failure or '')[:60]}", refresh=False)
                 if bar is not None:
                     bar.update(1)
-                    if traj.status == "failed":
-                        bar.set_postfix_str(f"failed: {(traj.failure or '')[:60]}", refresh=False)
 
         start = time.perf_counter()
         try:
@@ -240,12 +252,22 @@ class RolloutRunner:
             if bar is not None:
                 bar.close()
         elapsed = time.perf_counter() - start
-        done = [t for t in trajectories if t is not None]
+        done = [t for trajs in trajectories if trajs is not None for t in trajs]
         metrics = summarize(done)
         turns = sum(t.num_turns for t in done)
         metrics.update({"time/rollout_s": elapsed, "throughput/turns_per_s": turns / elapsed if elapsed else 0.0,
-                        "throughput/episodes_per_s": len(trajectories) / elapsed if elapsed else 0.0})
+                        "throughput/episodes_per_s": len(done) / elapsed if elapsed else 0.0})
         return RolloutResult(done, metrics)
+
+    async def run_job(self, task: Task, group_id: str = "", sample: int = 0,
+                      max_turns: int | None = None) -> list[Trajectory]:
+        """One episode (``[trajectory]``), or one game of a multi-agent env (a trajectory per seat)."""
+        if (await self.env_info()).get("agents"):
+            from agentgym.rollout.multi_agent import run_game
+
+            return await run_game(self, task, group_id, sample, max_turns,
+                                  reply_message=assistant_message, failure=EpisodeFailure)
+        return [await self.run_episode(task, group_id, sample, max_turns=max_turns)]
 
     async def run_episode(self, task: Task, group_id: str = "", sample: int = 0,
                           max_turns: int | None = None) -> Trajectory:
@@ -377,6 +399,8 @@ class RolloutRunner:
 
     async def aclose(self) -> None:
         self.envs.shutdown()
+        if self.episodes is not None:
+            self.episodes.shutdown()
 
     async def __aenter__(self) -> RolloutRunner:
         return self

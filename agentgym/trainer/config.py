@@ -37,7 +37,8 @@ CHOICES = {
     "algorithm.reward_normalization.grouping": ("state", "batch", "inductive"),
     "algorithm.reward_normalization.method": ("identity", "mean", "mean_std", "asym_clip"),
     "algorithm.reward_norm": (None, "batch", "group", "running"),
-    "env.executor": ("thread", "process", "inline"),
+    "env.executor": ("thread", "process", "inline", "openenv", "workers", "ray"),
+    "env.worker_executor": ("thread", "inline"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")

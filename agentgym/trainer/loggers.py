@@ -8,7 +8,7 @@
 * ``wandb``: Weights & Biases, project ``trainer.project_name``, run ``trainer.experiment_name``.
 
 ``Progress`` is the tqdm line: step, reward, success rate, seconds per step and ETA.
-``write_samples`` appends a few trajectories per step to ``<run dir>/samples.jsonl``.
+``write_samples`` appends a few whole trajectories per step to ``<run dir>/samples.jsonl``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ HEADLINE = (
     ("timing_s/step", "s/step"),
     ("val/reward/mean", "val_reward"),
     ("val/success_rate", "val_success"),
+    ("sft/loss", "loss"),
+    ("val/sft/loss", "val_loss"),
 )
 
 
@@ -170,7 +172,8 @@ class Progress:
 
 
 def write_samples(path: Path, trajectories: Sequence[Trajectory], step: int, count: int, tag: str = "train") -> None:
-    """Append ``count`` trajectories (spread over the batch) with their decoded turns."""
+    """Append ``count`` trajectories (spread over the batch) whole: token ids, logprobs, rewards,
+    versions and messages, plus ``step`` and ``split`` (``agentgym view samples.jsonl`` shows them)."""
     if count <= 0 or not trajectories:
         return
     stride = max(1, len(trajectories) // count)
@@ -178,13 +181,7 @@ def write_samples(path: Path, trajectories: Sequence[Trajectory], step: int, cou
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         for traj in chosen:
-            record = {"step": step, "split": tag, "group_id": traj.group_id, "seed": traj.seed,
-                      "status": traj.status, "total_reward": traj.total_reward,
-                      "outcome_reward": traj.outcome_reward, "metrics": traj.metrics,
-                      "turns": [{"response": t.response_text, "reward": t.reward,
-                                 "weight_version": t.weight_version, "finish_reason": t.finish_reason,
-                                 "observation": t.observation} for t in traj.turns],
-                      "failure": traj.failure}
+            record = {"step": step, "split": tag, **traj.to_dict()}
             f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
 
 

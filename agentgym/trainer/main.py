@@ -215,6 +215,8 @@ def summary_text(summary: dict[str, Any]) -> str:
         lines.append(f"  checkpoint:  {summary['checkpoint']} (resume: run the same command again)")
     if summary.get("hf_model"):
         lines.append(f"  final model: {summary['hf_model']} (agentgym serve --model {summary['hf_model']})")
+    if summary.get("curves"):
+        lines.append(f"  curves:      {summary['curves']} (agentgym plot {summary['run_dir']})")
     if summary.get("metrics_file"):
         lines.append(f"  metrics:     {summary['metrics_file']}")
     if summary.get("tensorboard"):

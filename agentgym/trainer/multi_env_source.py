@@ -45,7 +45,8 @@ class MultiEnvSource:
         common = {
             "max_tokens": int(rollout.max_tokens_per_turn), "prompt_length": int(cfg.data.max_prompt_length),
             "response_length": int(cfg.data.max_response_length), "max_concurrency": int(rollout.concurrency),
-            "env_executor": cfg.env.executor, "env_timeout": cfg.env.timeout,
+            "env_executor": cfg.env.executor, "env_timeout": cfg.env.timeout, "env_workers": cfg.env.workers,
+            "worker_env_executor": cfg.env.worker_executor, "env_urls": list(cfg.env.urls or ()),
         }
         val = rollout.val_kwargs
         self.runners: dict[str, Any] = {}

@@ -139,6 +139,8 @@ class PPOTrainer:
         self.steps_run = 0  # training steps taken by this fit() (not counting resumed ones)
         self.flat_steps = 0  # of which every group got identical rewards (advantages all zero)
         self.warned_flat = False
+        self.warned_plot = False
+        self.curves: Path | None = None
 
     # ---- set-up ---------------------------------------------------------------------------------
     def run(self, coro: Any) -> Any:
@@ -479,9 +481,12 @@ class PPOTrainer:
                         last_saved = self.save_checkpoint(step)
                 self.last_metrics = metrics
                 self.tracking.log(metrics, step)
+                if "val/reward/mean" in metrics:
+                    self.write_curves()
                 progress.update(metrics)
         finally:
             progress.close()
+        self.write_curves()
         hf_dir = self.save_hf_model() if cfg.save_hf_model and self.global_step > 0 else None
         return {
             "steps": self.global_step,
@@ -494,9 +499,22 @@ class PPOTrainer:
             "metrics_file": str(self.tracking.jsonl_path) if self.tracking.jsonl_path else None,
             "tensorboard": str(self.tracking.tensorboard_dir) if self.tracking.tensorboard_dir else None,
             "samples_file": str(self.run_dir / "samples.jsonl"),
+            "curves": str(self.curves) if self.curves else None,
             "steps_run": self.steps_run,
             "flat_reward_steps": self.flat_steps,
         }
+
+    def write_curves(self) -> None:
+        """``<run dir>/curves.png`` from the metrics so far (``agentgym plot``); a run without
+        matplotlib or without a metrics file says so once and goes on."""
+        from agentgym.trainer.plots import PlotError, plot_run
+
+        try:
+            self.curves = plot_run(self.run_dir, self.run_dir / "curves.png")
+        except PlotError as exc:
+            if not self.warned_plot:
+                self.warned_plot = True
+                log.warning("no curves.png: %s", exc)
 
     def shutdown(self) -> None:
         if self.tracking is not None:

@@ -124,6 +124,9 @@ class EnvRolloutSource:
             "max_concurrency": int(rollout.concurrency),
             "env_executor": env_cfg.executor,
             "env_timeout": env_cfg.timeout,
+            "env_workers": env_cfg.workers,
+            "worker_env_executor": env_cfg.worker_executor,
+            "env_urls": list(env_cfg.urls or ()),
         }
         train_kwargs = dict(env_cfg.kwargs)
         if cfg.data.train_files:

@@ -272,6 +272,49 @@ class PolicyWorker(Worker):
         out["perf/update_s"] = time.perf_counter() - started
         return out
 
+    # ---- supervised fine-tuning (agentgym sft) ------------------------------------------------------
+    def update_sft(self, batch: Tensors, plan: list[dict[str, Any]]) -> dict[str, float]:
+        """One optimizer step per ``plan`` entry on the negative log-likelihood of the masked-in
+        (assistant) tokens, averaged over the mini-batch's tokens (``token-mean``)."""
+        cfg = self.config["actor_rollout_ref"]["actor"]
+        micro_size = int(cfg["ppo_micro_batch_size_per_gpu"])
+        state = self.actor
+        model = state.module
+        model.train()
+        losses, norms, tokens = [], [], 0
+        started = time.perf_counter()
+        for entry in plan:
+            total = 0.0
+            micros = chunks(entry["rows"], micro_size)
+            for i, chunk in enumerate(micros):
+                micro = select_rows(batch, chunk, self.device)
+                state.set_gradient_sync(i == len(micros) - 1)
+                log_prob, _ = policy_forward(model, micro)
+                loss = algos.agg_loss(-log_prob, micro["response_mask"], "token-mean", **entry["global"])
+                loss.backward()
+                total += float(loss.detach())
+                tokens += int(micro["response_mask"].sum())
+            norms.append(state.step(cfg.get("grad_clip")))
+            losses.append(total)
+            state.scheduler.step()
+        return {"sft/loss": float(np.mean(losses)), "sft/grad_norm": float(np.mean(norms)), "sft/lr": state.lr,
+                "perf/update_tokens": float(tokens), "perf/update_s": time.perf_counter() - started}
+
+    @torch.no_grad()
+    def sft_loss(self, batch: Tensors, rows: Sequence[int]) -> dict[str, float]:
+        """Summed negative log-likelihood and token count of the masked-in tokens of ``rows``."""
+        size = int(self.config["actor_rollout_ref"]["actor"].get("log_prob_micro_batch_size_per_gpu", 16))
+        model = self.actor.module
+        model.eval()
+        nll, count = 0.0, 0.0
+        for chunk in chunks(rows, size):
+            micro = select_rows(batch, chunk, self.device)
+            log_prob, _ = policy_forward(model, micro)
+            nll += float(-(log_prob * micro["response_mask"]).sum())
+            count += float(micro["response_mask"].sum())
+        model.train()
+        return {"nll": nll, "tokens": count}
+
     # ---- weights out -------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.actor.full_state_dict()

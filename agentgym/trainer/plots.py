@@ -1,0 +1,166 @@
+"""Training curves as one PNG: ``agentgym plot RUN_DIR [-m METRIC ...] -o curves.png``.
+
+Reads ``<run dir>/metrics.jsonl`` (one JSON object per step, written by the trainer and by
+``agentgym sft``) and draws one panel per quantity, training as a line and validation
+(``val/<metric>``) as dots on the same axes, against the step. Without ``-m`` the panels are
+the ones a person looks at first, each drawn only when the run logged it: reward, success,
+episode length, KL, entropy, staleness (async runs and weight-version lag), and the SFT loss.
+``agentgym train`` writes ``curves.png`` into the run directory at every validation and at
+the end of every run. matplotlib (the ``plot`` extra) draws off-screen (Agg backend).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# (title, training keys tried in order, y label). A panel shows the first key the run logged,
+# and its ``val/`` twin when there is one.
+DEFAULT_PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("reward", ("reward/mean",), "mean episode reward"),
+    ("success", ("success_rate",), "success rate"),
+    ("episode length", ("turns/mean", "response_length/mean"), "turns"),
+    ("KL", ("actor/kl_loss", "actor/ppo_kl"), "KL"),
+    ("entropy", ("actor/entropy", "actor/entropy_before_update"), "entropy"),
+    ("staleness", ("async/version_lag/mean", "rollout/weight_version_lag"), "weight versions behind"),
+    ("SFT loss", ("sft/loss",), "loss per assistant token"),
+    ("learning rate", ("sft/lr",), "lr"),
+)
+
+
+class PlotError(ValueError):
+    """Nothing to plot, or matplotlib missing; the message says what to do."""
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's metrics, one dict per step in step order; a step logged twice (a resumed run)
+    keeps its last line, and an unreadable line (a run killed mid-write) is skipped."""
+    path = Path(run_dir)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise PlotError(f"no metrics at {path}: pass a run directory that holds metrics.jsonl "
+                        f"(trainer.default_local_dir of a run with the jsonl logger)")
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), (int, float)):
+            by_step[int(row["step"])] = {**by_step.get(int(row["step"]), {}), **row}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """``(steps, values)`` of ``key`` over the rows that logged a finite number for it."""
+    steps, values = [], []
+    for row in rows:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            steps.append(int(row["step"]))
+            values.append(float(value))
+    return steps, values
+
+
+def choose_panels(rows: Sequence[dict[str, Any]], metrics: Sequence[str] = ()) -> list[tuple[str, str, str]]:
+    """``(title, training key, y label)`` per panel: ``metrics`` as given (a ``val/`` name or a
+    training name, either way paired with its twin), else the default panels the run logged."""
+    logged = {k for row in rows for k in row}
+    if metrics:
+        panels = []
+        for name in metrics:
+            base = name[4:] if name.startswith("val/") else name
+            if base not in logged and f"val/{base}" not in logged:
+                known = sorted(k for k in logged if k != "step")
+                import difflib
+
+                close = difflib.get_close_matches(base, known, n=3)
+                hint = f" Did you mean {', '.join(close)}?" if close else ""
+                raise PlotError(f"the run logged no metric {name!r}.{hint}")
+            panels.append((base, base, base))
+        return panels
+    panels = []
+    for title, keys, label in DEFAULT_PANELS:
+        for key in keys:
+            if key in logged or f"val/{key}" in logged:
+                panels.append((title, key, label))
+                break
+    if not panels:
+        raise PlotError("the run logged none of the usual metrics yet (reward, success, loss); "
+                        "name some with -m METRIC")
+    return panels
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotError("agentgym plot needs matplotlib: pip install 'agentgym[plot]' (or matplotlib)") from exc
+    return plt
+
+
+def figure(rows: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str, str]], title: str = "") -> Any:
+    """A matplotlib figure with one axes per panel: ``train`` line, ``validation`` dots."""
+    plt = _pyplot()
+    columns = min(3, len(panels))
+    lines = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(4.6 * columns, 3.2 * lines), squeeze=False)
+    for ax, (name, key, label) in zip(axes.flat, panels):
+        steps, values = series(rows, key)
+        if steps:
+            ax.plot(steps, values, color="#1f77b4", linewidth=1.6, label="train")
+        val_steps, val_values = series(rows, f"val/{key}")
+        if val_steps:
+            ax.plot(val_steps, val_values, color="#d62728", marker="o", markersize=4, linewidth=1.0,
+                    linestyle="--", label="validation")
+        ax.set_title(name, fontsize=11)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label if label != key else "")
+        ax.grid(alpha=0.3)
+        if steps and val_steps:
+            ax.legend(fontsize=8, loc="best")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def plot_run(run_dir: str | Path, output: str | Path | None = None, metrics: Sequence[str] = (),
+             title: str | None = None) -> Path:
+    """Draw the run's curves into ``output`` (default ``<run dir>/curves.png``); returns the path."""
+    plt = _pyplot()
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise PlotError(f"{run_dir} has a metrics file with no steps yet")
+    run = Path(run_dir)
+    home = run if run.is_dir() else run.parent
+    fig = figure(rows, choose_panels(rows, metrics), title if title is not None else home.name)
+    target = Path(output) if output is not None else home / "curves.png"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(target)  # a viewer never sees half a file
+    return target
+
+
+def plot_command(args: Any) -> int:
+    """``agentgym plot RUN_DIR [-m METRIC ...] [-o curves.png]``."""
+    import sys
+
+    try:
+        path = plot_run(args.run_dir, args.output, args.metric or ())
+    except PlotError as exc:
+        print(f"agentgym plot: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0

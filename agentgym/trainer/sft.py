@@ -1,0 +1,300 @@
+"""``agentgym sft``: supervised fine-tuning with the RL trainer's own pieces.
+
+    agentgym sft data.train_files=demos.jsonl model.partial_pretrain=tiny trainer.total_epochs=2
+
+Key names are veRL's ``sft_trainer.yaml`` (``configs/sft.yaml`` lists them all). What is shared
+with RL, so that RL continues from the result with nothing lost in between:
+
+* the data: each conversation is tokenized as the rollout runner tokenizes an episode
+  (``sft_data.to_trajectory``: same chat template, token deltas, closing tokens), and
+  ``batch.build_batch`` lays it out; the loss mask is 1 on every assistant token, 0 elsewhere;
+* the workers: the same ``PolicyWorker`` (FSDP2 on CUDA, CPU otherwise), in this process or as
+  a Ray worker group; the loss is the negative log-likelihood of the masked-in tokens,
+  averaged over the mini-batch's tokens across micro-batches and ranks (``update_plan``);
+* the output: ``global_step_N`` checkpoints and ``<run dir>/huggingface``, the model
+  ``agentgym train ... actor_rollout_ref.model.path=<run dir>/huggingface`` starts from.
+
+Every problem with the data (missing file, no assistant turn, demos for another env, a
+tokenizer without a chat template) is reported before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from agentgym.config import ConfigError, compose_config
+from agentgym.trainer import checkpoint
+from agentgym.trainer.batch import build_batch, pad_for_workers, update_plan
+from agentgym.trainer.loggers import Tracking
+from agentgym.trainer.sft_data import SFTDataError, iter_batches, load_sft_trajectories
+from agentgym.types import Trajectory
+
+log = logging.getLogger("agentgym.trainer")
+
+
+def load_sft_config(config_file: str | None = None, overrides: Sequence[str] = (),
+                    directory: str | None = None) -> DictConfig:
+    """``configs/sft.yaml`` + ``config_file`` + overrides, checked."""
+    cfg = compose_config(None, config_file, overrides, directory, base_name="sft")
+    if cfg.data.multiturn.enable:
+        cfg.data.messages_key = cfg.data.multiturn.messages_key
+        cfg.data.tools_key = cfg.data.multiturn.tools_key
+    choices = {"data.truncation": ("error", "skip"), "optim.lr_scheduler": ("constant", "cosine"),
+               "model.strategy": ("auto", "fsdp2", "dp"), "trainer.device": ("auto", "cpu", "cuda")}
+    for key, allowed in choices.items():
+        if OmegaConf.select(cfg, key) not in allowed:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r} is not one of {', '.join(allowed)}")
+    if not cfg.data.train_files:
+        raise ConfigError("no data to train on: pass data.train_files=<.jsonl/.parquet of chat messages> "
+                          "(demonstrations: agentgym demos --env ENV -o demos.jsonl)")
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    if world > 1 and not cfg.trainer.use_ray:
+        raise ConfigError(f"{world} ranks need trainer.use_ray=true (without Ray, SFT runs one rank in this process)")
+    batch, micro = int(cfg.data.train_batch_size), int(cfg.data.micro_batch_size_per_gpu)
+    if batch < 1 or micro < 1:
+        raise ConfigError("data.train_batch_size and data.micro_batch_size_per_gpu must be at least 1")
+    if batch % world:
+        raise ConfigError(f"data.train_batch_size={batch} does not split over {world} ranks")
+    return cfg
+
+
+def worker_config(cfg: DictConfig) -> dict[str, Any]:
+    """The RL worker's view of an SFT config (``PolicyWorker`` reads RL's key names)."""
+    optim = cfg.optim
+    micro = int(cfg.data.micro_batch_size_per_gpu)
+    return {
+        "trainer": {key: OmegaConf.select(cfg, f"trainer.{key}") for key in
+                    ("device", "seed", "cpu_threads_per_worker", "nnodes", "n_gpus_per_node")},
+        "actor_rollout_ref": {
+            "model": {"path": str(cfg.model.partial_pretrain), "dtype": str(cfg.model.dtype),
+                      "enable_gradient_checkpointing": bool(cfg.model.enable_gradient_checkpointing)},
+            "actor": {
+                "strategy": str(cfg.model.strategy),
+                "optim": {"lr": float(optim.lr), "betas": list(optim.betas), "weight_decay": float(optim.weight_decay),
+                          "eps": 1e-8, "lr_warmup_steps": -1, "lr_warmup_steps_ratio": float(optim.warmup_steps_ratio),
+                          "warmup_style": str(optim.lr_scheduler), "min_lr_ratio": float(optim.min_lr_ratio)},
+                "ppo_micro_batch_size_per_gpu": micro,
+                "log_prob_micro_batch_size_per_gpu": micro,
+                "grad_clip": float(optim.clip_grad),
+                "fsdp_config": {"param_dtype": "bfloat16", "reduce_dtype": "float32", "reshard_after_forward": True},
+            },
+            "ref": {"log_prob_micro_batch_size_per_gpu": micro},
+        },
+    }
+
+
+class SFTTrainer:
+    """Loads the data (checking it first), then trains epoch by epoch; ``fit()`` returns a summary."""
+
+    def __init__(self, cfg: DictConfig, show_progress: bool = True) -> None:
+        from agentgym.model import load_tokenizer
+        from agentgym.rollout.chat import ChatTokenizer
+
+        self.cfg = cfg
+        self.show_progress = show_progress
+        self.run_dir = Path(cfg.trainer.default_local_dir)
+        self.world_size = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+        path = str(cfg.model.partial_pretrain)
+        try:
+            tokenizer = load_tokenizer(path)
+        except ValueError as exc:  # no chat template
+            raise SFTDataError(f"{exc}. Give the model a tokenizer with a chat_template (tokenizer_config.json), "
+                               f"or start from one that has it (model.partial_pretrain=tiny works offline)") from None
+        self.chat = ChatTokenizer(tokenizer)
+        self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                                else tokenizer.eos_token_id or 0)
+        data = cfg.data
+        common = {"messages_key": data.messages_key, "prompt_key": data.prompt_key, "response_key": data.response_key,
+                  "tools_key_name": data.tools_key, "max_length": int(data.max_length),
+                  "truncation": str(data.truncation), "expect_env": data.env}
+        self.train_set, self.skipped = load_sft_trajectories(_files(data.train_files), self.chat, **common)
+        self.val_set: list[Trajectory] = []
+        if data.val_files:
+            self.val_set, _ = load_sft_trajectories(_files(data.val_files), self.chat, **common)
+            if data.val_batch_size:
+                self.val_set = self.val_set[: int(data.val_batch_size)]
+        self.batch_size = int(data.train_batch_size)
+        if len(self.train_set) < self.batch_size:
+            raise SFTDataError(f"{len(self.train_set)} conversations, fewer than data.train_batch_size="
+                               f"{self.batch_size}; lower it or give more data")
+        self.steps_per_epoch = len(self.train_set) // self.batch_size
+        steps = cfg.trainer.total_training_steps
+        self.total_steps = int(steps) if steps is not None else self.steps_per_epoch * int(cfg.trainer.total_epochs)
+        self.actor: Any = None
+        self.global_step = 0
+
+    def init_workers(self) -> None:
+        from agentgym.trainer.worker_group import WorkerGroup
+        from agentgym.trainer.workers import PolicyWorker
+
+        use_ray = bool(self.cfg.trainer.use_ray)
+        if use_ray:
+            from agentgym.trainer.ppo_trainer import init_ray
+
+            init_ray(OmegaConf.create({"ray_init": {"address": None, "num_cpus": None, "include_dashboard": False}}))
+        self.actor = WorkerGroup(PolicyWorker, worker_config(self.cfg), self.world_size, use_ray, "sft")
+        self.actor.call("init_model", self.total_steps, False)
+
+    def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        batch, _ = build_batch(trajectories, self.pad_token_id)
+        rows = len(batch)
+        batch, pad_rows = pad_for_workers(batch, self.world_size, [1])
+        plans = update_plan(batch["response_mask"], rows, pad_rows, 1, 1, self.world_size)
+        shared = self.actor.put(batch.tensors)
+        outs = self.actor.call("update_sft", shared, per_rank=[(p,) for p in plans])
+        metrics = {k: float(sum(o[k] for o in outs) / len(outs)) for k in outs[0]}
+        metrics["perf/update_tokens"] = float(sum(o["perf/update_tokens"] for o in outs))
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        if not self.val_set:
+            return {}
+        nll = tokens = 0.0
+        for start in range(0, len(self.val_set), self.batch_size):
+            batch, _ = build_batch(self.val_set[start:start + self.batch_size], self.pad_token_id)
+            batch, _ = pad_for_workers(batch, self.world_size, [1])
+            shards = [list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
+                      for r in range(self.world_size)]
+            for out in self.actor.call("sft_loss", self.actor.put(batch.tensors), per_rank=[(s,) for s in shards]):
+                nll += out["nll"]
+                tokens += out["tokens"]
+        return {"val/sft/loss": nll / max(tokens, 1.0)}
+
+    def fit(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg.trainer
+        if self.actor is None:
+            self.init_workers()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
+        resumed = checkpoint.latest_checkpoint(self.run_dir)
+        if resumed is not None:
+            state = checkpoint.load_trainer_state(resumed)
+            self.actor.call("load_checkpoint", str(resumed))
+            self.global_step = int(state["global_step"])
+        tracking = Tracking(list(cfg.logger) if "jsonl" in cfg.logger else [*cfg.logger, "jsonl"], self.run_dir,
+                            str(cfg.project_name), str(cfg.experiment_name), OmegaConf.to_container(self.cfg))
+        test_freq, save_freq = int(cfg.test_freq), int(cfg.save_freq)
+        bar = tqdm(total=self.total_steps, initial=self.global_step, desc="sft", unit="step", dynamic_ncols=True,
+                   disable=not self.show_progress, file=sys.stderr)
+        started = time.perf_counter()
+        last: dict[str, float] = {}
+        last_val: dict[str, float] = {}
+        try:
+            epoch = self.global_step // self.steps_per_epoch
+            while self.global_step < self.total_steps:
+                skip = self.global_step - epoch * self.steps_per_epoch  # batches of this epoch already trained
+                for k, trajectories in enumerate(iter_batches(self.train_set, self.batch_size, int(cfg.seed), epoch,
+                                                              bool(self.cfg.data.shuffle))):
+                    if k < skip:
+                        continue
+                    if self.global_step >= self.total_steps:
+                        break
+                    step_started = time.perf_counter()
+                    metrics = self.step(trajectories)
+                    self.global_step += 1
+                    seconds = time.perf_counter() - step_started
+                    metrics.update({"timing_s/step": seconds, "sft/epoch": float(epoch),
+                                    "perf/tokens_per_s": metrics["perf/update_tokens"] / max(seconds, 1e-9)})
+                    final = self.global_step == self.total_steps
+                    if (test_freq > 0 and self.global_step % test_freq == 0) or final:
+                        last_val = self.validate() or last_val
+                        metrics.update(last_val)
+                    if save_freq > 0 and (self.global_step % save_freq == 0 or final):
+                        self.save_checkpoint()
+                    tracking.log(metrics, self.global_step)
+                    last = metrics
+                    bar.set_postfix({"loss": f"{metrics['sft/loss']:.4f}", "epoch": epoch}, refresh=False)
+                    bar.update(1)
+                epoch += 1
+        finally:
+            bar.close()
+            tracking.close()
+        hf_dir = None
+        if cfg.save_hf_model and self.global_step > 0:
+            hf_dir = self.run_dir / "huggingface"
+            self.actor.call("save_hf", str(hf_dir))
+        curves = _curves(self.run_dir)
+        return {"steps": self.global_step, "seconds": time.perf_counter() - started, "metrics": last,
+                "val_metrics": last_val, "run_dir": str(self.run_dir), "hf_model": str(hf_dir) if hf_dir else None,
+                "conversations": len(self.train_set), "skipped_too_long": self.skipped, "curves": curves}
+
+    def save_checkpoint(self) -> None:
+        directory = checkpoint.step_dir(self.run_dir, self.global_step)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.actor.call("save_checkpoint", str(directory))
+        checkpoint.save_trainer_state(directory, {"global_step": self.global_step, "kind": "sft"})
+        checkpoint.mark_latest(self.run_dir, self.global_step)
+
+    def shutdown(self) -> None:
+        if self.actor is not None:
+            self.actor.shutdown()
+        if self.cfg.trainer.use_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _files(value: Any) -> Any:
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def _curves(run_dir: Path) -> str | None:
+    from agentgym.trainer.plots import PlotError, plot_run
+
+    try:
+        return str(plot_run(run_dir, run_dir / "curves.png"))
+    except PlotError:
+        return None
+
+
+def run_sft(cfg: DictConfig, show_progress: bool = True) -> dict[str, Any]:
+    trainer = SFTTrainer(cfg, show_progress=show_progress)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.shutdown()
+
+
+def sft_command(args: argparse.Namespace) -> int:
+    """``agentgym sft [--config FILE] KEY=VALUE ...``."""
+    try:
+        cfg = load_sft_config(getattr(args, "config", None), list(args.overrides or ()))
+        trainer = SFTTrainer(cfg)
+    except (ConfigError, SFTDataError) as exc:
+        print(f"agentgym sft: {exc}", file=sys.stderr)
+        return 2
+    world = trainer.world_size
+    print(f"agentgym sft: {len(trainer.train_set)} conversations ({trainer.skipped} too long, left out) | model "
+          f"{cfg.model.partial_pretrain} | {trainer.total_steps} steps of {trainer.batch_size} "
+          f"({trainer.steps_per_epoch} per epoch) | {world} rank(s) | run dir {trainer.run_dir}", flush=True)
+    try:
+        summary = trainer.fit()
+    finally:
+        trainer.shutdown()
+    metrics = summary["metrics"]
+    line = f"done: {summary['steps']} steps in {summary['seconds']:.0f} s"
+    if metrics:
+        line += f" | loss {metrics['sft/loss']:.4f}"
+    if summary["val_metrics"]:
+        line += f" | val loss {summary['val_metrics']['val/sft/loss']:.4f}"
+    print(line)
+    if summary["hf_model"]:
+        print(f"  final model: {summary['hf_model']}\n  continue with RL: agentgym train --env ENV "
+              f"actor_rollout_ref.model.path={summary['hf_model']}")
+    if summary["curves"]:
+        print(f"  curves:      {summary['curves']}")
+    if metrics and not math.isfinite(metrics["sft/loss"]):
+        print("agentgym sft: the loss is not finite; lower optim.lr", file=sys.stderr)
+        return 1
+    return 0

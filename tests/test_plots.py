@@ -1,0 +1,56 @@
+"""``agentgym plot`` and the trainer's curves.png."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentgym.cli import main
+
+plots = pytest.importorskip("agentgym.trainer.plots")
+pytest.importorskip("matplotlib", reason="pip install matplotlib (the plot extra)")
+
+
+def write_run(directory, steps=6, resumed_twice=(4,)):
+    lines = []
+    for step in range(1, steps + 1):
+        row = {"step": step, "reward/mean": 0.1 * step, "success_rate": 0.05 * step, "turns/mean": 3.0 - 0.1 * step,
+               "actor/entropy": 2.0 - 0.2 * step, "actor/kl_loss": 0.01 * step, "timing_s/step": 1.0}
+        if step % 3 == 0:
+            row.update({"val/reward/mean": 0.2 * step, "val/success_rate": 0.1 * step})
+        lines.append(json.dumps(row))
+        if step in resumed_twice:  # a resumed run logs the step again: the last line wins
+            lines.append(json.dumps({**row, "reward/mean": 9.0}))
+    lines.append('{"step": 7, "reward/me')  # a run killed mid-line
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def test_the_default_panels_hold_train_and_validation_series(tmp_path):
+    rows = plots.read_metrics(write_run(tmp_path / "run"))
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and rows[3]["reward/mean"] == 9.0
+    panels = plots.choose_panels(rows)
+    assert [p[0] for p in panels] == ["reward", "success", "episode length", "KL", "entropy"]
+    fig = plots.figure(rows, panels)
+    reward_axes = fig.axes[0]
+    (train, val) = reward_axes.get_lines()
+    assert list(train.get_xdata()) == [1, 2, 3, 4, 5, 6] and train.get_ydata()[3] == 9.0
+    assert list(val.get_xdata()) == [3, 6] and list(val.get_ydata()) == pytest.approx([0.6, 1.2])
+    assert [line.get_label() for line in reward_axes.get_lines()] == ["train", "validation"]
+    kl_axes = fig.axes[3]
+    assert len(kl_axes.get_lines()) == 1  # no validation KL
+
+
+def test_plot_command_writes_a_png(tmp_path, capsys):
+    run = write_run(tmp_path / "run")
+    assert main(["plot", str(run)]) == 0
+    png = run / "curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    out = tmp_path / "one.png"
+    assert main(["plot", str(run), "-m", "actor/entropy", "-m", "val/success_rate", "-o", str(out)]) == 0
+    assert out.is_file()
+    assert main(["plot", str(run), "-m", "reward/maen"]) == 2
+    assert "Did you mean reward/mean" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "nowhere")]) == 2
