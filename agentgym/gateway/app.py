@@ -165,6 +165,15 @@ def build_app(gateway: Gateway) -> GatewayApp:
         gw.session_for(sid, request)
         return ModelList(data=[ModelCard(id=gw.model_name, root=gw.model_name, max_model_len=gw.max_model_len)]).model_dump()
 
+    @app.api_route("/v1/{rest:path}", methods=["GET", "POST"])
+    async def root_v1(rest: str, request: Request) -> dict[str, Any]:
+        """An OpenAI client pointed at the gateway's root: say how to get a session's base_url."""
+        raise APIError(404, f"the gateway has no /v1/{rest} of its own: every agent talks to its own session. "
+                       f"Create one first: POST {str(request.base_url).rstrip('/')}/sessions (body "
+                       f'{{"task": {{...}}}}), then use the base_url and api_key it returns with the OpenAI '
+                       f"client: OpenAI(base_url=session['base_url'], api_key=session['api_key'])",
+                       code="no_session")
+
     return GatewayApp(gw, app)
 
 
