@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install agentgym with its dev tools, CPU-only.
+# Create .venv and install agentgym with its dev tools (or $AGENTGYM_EXTRAS), CPU-only.
 # torch is installed first and pinned for every later install: an unpinned torch
 # (asked for by transformers, trl, ...) would pull several GB of CUDA wheels.
 set -euo pipefail
@@ -19,7 +19,8 @@ fi
 installed=$(.venv/bin/python -c "import torch; print(torch.__version__)" 2>/dev/null)
 mkdir -p .venv/agentgym
 echo "torch==$installed" > .venv/agentgym/constraints.txt
-echo "==> installing agentgym[dev] (torch pinned to $installed)"
-.venv/bin/pip install -q -c .venv/agentgym/constraints.txt -e ".[dev]"
+EXTRAS="${AGENTGYM_EXTRAS:-dev}"
+echo "==> installing agentgym[$EXTRAS] (torch pinned to $installed)"
+.venv/bin/pip install -q -c .venv/agentgym/constraints.txt -e ".[$EXTRAS]"
 .venv/bin/pip check >/dev/null || { .venv/bin/pip check; exit 1; }
 echo "==> ready: source .venv/bin/activate"

@@ -1,7 +1,7 @@
 """How everything above the policy servers talks to them: rollout, gateway and trainer alike.
 
 * ``policy.py``: ``PolicyClient`` (token-level ``generate``, routing, retries, weight versions)
-  and ``PolicyServerError``; ``HTTPPools`` and ``ssl_context`` for httpx clients.
+  and ``PolicyServerError``; ``pools.py``: ``HTTPPools`` for httpx clients (``ssl_context``: ``tls.py``).
 * ``http11.py``: the lean HTTP/1.1 keep-alive transport ``PolicyClient`` uses for ``http://``.
 * ``weights.py``: the weight adapters that make a running server load new weights.
 * ``health.py``: ``wait_healthy``, the one ``/health`` polling loop.

@@ -10,7 +10,8 @@ from agentgym.server.handles import bind_socket
 
 
 def gateway_command(args: argparse.Namespace) -> int:
-    """``agentgym gateway --server URL [--server URL ...] --model M --host H --port P [--workers N]``.
+    """``agentgym gateway --server URL [--server URL ...] --model M --host H --port P [--workers N]
+    [--store memory|sqlite:PATH]``.
 
     Without ``--server`` an embedded server is started on ``--model``. The admin key comes from
     ``--admin-key`` or ``$AGENTGYM_GATEWAY_ADMIN_KEY``, else a new one is made and printed; the server
@@ -40,8 +41,13 @@ def gateway_command(args: argparse.Namespace) -> int:
               f"{f'{workers} worker processes; ' if workers > 1 else ''}"
               f"admin key {admin_key if generated else 'as given'}; "
               f"create sessions with POST {url}/sessions (Authorization: Bearer <admin key>)")
+    store = getattr(args, "store", None) or "memory"
+    from agentgym.gateway.archive import open_archive
+
+    open_archive(store)  # a bad --store fails here, before anything starts
+    banner += f"; finished sessions kept {'in memory' if store == 'memory' else f'in {store}'}"
     options = {"model_name": str(args.model), "admin_key": admin_key,
-               "max_model_len": getattr(args, "max_model_len", None), **limit_options(args)}
+               "max_model_len": getattr(args, "max_model_len", None), "store": store, **limit_options(args)}
     try:
         if workers > 1:
             from agentgym.gateway.workers import serve_workers

@@ -28,7 +28,6 @@ last assistant message. Both are summed into the outcome reward.
 
 from __future__ import annotations
 
-import difflib
 import json
 import logging
 import math
@@ -40,87 +39,20 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentgym.gateway.validation import allowed_import
-from agentgym.registry import import_object
+from agentgym.gateway.rewards import (  # noqa: F401 - the reward API's old home, still imported from here
+    REWARD_FNS,
+    RewardFn,
+    ground_truth,
+    last_assistant_text,
+    register_reward_fn,
+    resolve_reward_fn,
+    task_reward_fn,
+)
 from agentgym.rollout.chat import ChatTokenizer, tools_key
 from agentgym.server.errors import ERROR_TYPES, APIError
-from agentgym.types import Message, TokenSample, Trajectory, Turn
+from agentgym.types import TokenSample, Trajectory, Turn
 
 log = logging.getLogger("agentgym.gateway")
-
-# ---- reward functions --------------------------------------------------------------------------
-RewardFn = Callable[[list[Message], dict[str, Any]], float]
-"""``(messages, task) -> reward``: ``messages`` is the branch's whole conversation, ending with the
-model's last reply; ``task`` is the session's task dict."""
-
-
-def last_assistant_text(messages: Sequence[Message]) -> str:
-    """The content of the last assistant message ('' when there is none)."""
-    for message in reversed(messages):
-        if message.get("role") == "assistant":
-            return message.get("content") or ""
-    return ""
-
-
-def ground_truth(task: dict[str, Any]) -> str:
-    """``task["ground_truth"]``, or veRL's ``task["reward_model"]["ground_truth"]``."""
-    value = task.get("ground_truth")
-    if value is None:
-        value = (task.get("reward_model") or {}).get("ground_truth")
-    if value is None:
-        raise ValueError("the task names a reward function but has no 'ground_truth' "
-                         "(or 'reward_model': {'ground_truth': ...})")
-    return str(value)
-
-
-def gsm8k_reward(messages: list[Message], task: dict[str, Any]) -> float:
-    """GSM8K's ``compute_score`` on the last assistant message; ``task["reward_kwargs"]`` (e.g.
-    ``{"method": "flexible"}``) is passed through."""
-    from agentgym.envs.rewards import compute_score
-
-    return compute_score(last_assistant_text(messages), ground_truth(task), **(task.get("reward_kwargs") or {}))
-
-
-REWARD_FNS: dict[str, RewardFn] = {"gsm8k": gsm8k_reward}
-DATA_SOURCE_REWARDS = {"openai/gsm8k": "gsm8k", "gsm8k": "gsm8k"}
-"""A task with no ``reward_fn`` but a known ``data_source`` uses that source's reward (as veRL does)."""
-
-
-def register_reward_fn(name: str, fn: RewardFn) -> None:
-    """Make ``{"reward_fn": name}`` in a session's task call ``fn(messages, task)`` at finish."""
-    REWARD_FNS[name] = fn
-
-
-def resolve_reward_fn(name: str, allowed: Collection[str] = ()) -> RewardFn:
-    """A registered name (``gsm8k``) or an import path ``package.module:function`` that ``allowed``
-    lists (``package.module:*``: any function of that module); see ``agentgym.gateway.validation``."""
-    if name in REWARD_FNS:
-        return REWARD_FNS[name]
-    if ":" in name:
-        if not allowed_import(name, allowed):
-            raise ValueError(f"reward_fn {name!r} is not allowed: a task may name a registered reward function "
-                             f"({', '.join(sorted(REWARD_FNS))}) or an import path the gateway's operator allowed "
-                             "(agentgym gateway --reward-fn package.module:function)")
-        try:
-            fn = import_object(name)
-        except (ValueError, ImportError, AttributeError) as exc:
-            raise ValueError(f"reward_fn {name!r} could not be imported: {exc}") from None
-        if not callable(fn):
-            raise ValueError(f"reward_fn {name!r} is not callable")
-        return fn
-    close = difflib.get_close_matches(name, REWARD_FNS, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown reward_fn {name!r}; registered: {', '.join(sorted(REWARD_FNS))}, or give "
-                     f"'package.module:function'.{hint}")
-
-
-def task_reward_fn(task: dict[str, Any]) -> str | None:
-    """The reward function a task names, directly or through its ``data_source``."""
-    name = task.get("reward_fn")
-    if name is None and task.get("ground_truth") is not None:
-        name = DATA_SOURCE_REWARDS.get(str(task.get("data_source") or ""))
-    return str(name) if name else None
-
 
 # ---- messages ----------------------------------------------------------------------------------
 def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -247,6 +179,22 @@ class Session:
     finished: bool = False
     failure: str | None = None
     trajectories: list[Trajectory] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)  # the admin's own notes (the query API)
+    calls: list[dict[str, Any]] = field(default_factory=list)  # one record per model call (the query API)
+    finished_at: float | None = None
+    record: Any = None  # once finished: the ArchivedSession written to the archive
+    archived: Any = None  # the archive's write of it (a future)
+
+    @property
+    def status(self) -> str:
+        """``open``, ``finished``, or ``failed`` (finished with a failure)."""
+        return "open" if not self.finished else ("failed" if self.failure else "finished")
+
+    def header(self) -> dict[str, Any]:
+        """The session as the listing shows it."""
+        return {"id": self.id, "group_id": self.group_id, "status": self.status, "created": self.created,
+                "finished_at": self.finished_at, "metadata": self.metadata, "requests": self.requests,
+                "failure": self.failure}
 
     def post_reward(self, reward: float, kind: Literal["final", "turn"] = "final", turn: int | None = None,
                     branch: int | None = None) -> PostedReward:
@@ -283,7 +231,8 @@ class Session:
 
         return {"id": self.id, "group_id": self.group_id, "task": self.task, "sampling": self.sampling,
                 "finished": self.finished, "failure": self.failure, "requests": self.requests,
-                "active_branch": self.active,
+                "status": self.status, "created": self.created, "finished_at": self.finished_at,
+                "metadata": self.metadata, "active_branch": self.active,
                 "rewards": [vars(r) for r in self.rewards],
                 "branches": [branch(b) for b in self.branches if b.turns]}
 
@@ -322,12 +271,13 @@ class SessionStore:
         self.open: dict[str, Session] = {}
         self.finished: OrderedDict[str, Session] = OrderedDict()
         self._by_key: dict[str, str] = {}
+        self.on_finish: Callable[[Session], None] | None = None  # sees every session as it finishes
         self.counts = {"sessions": 0, "finished": 0, "requests": 0, "extend": 0, "fork": 0, "fresh": 0,
                        "branches": 0, "template_mismatch": 0, "expired": 0}
 
     # ---- sessions --------------------------------------------------------------------------
     def create(self, task: dict[str, Any] | None = None, group_id: str | None = None,
-               sampling: dict[str, Any] | None = None) -> Session:
+               sampling: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> Session:
         task = dict(task or {})
         name = task_reward_fn(task)
         if name is not None:
@@ -335,7 +285,8 @@ class SessionStore:
             ground_truth(task)
         sid = self.id_prefix + uuid.uuid4().hex
         session = Session(id=sid, key=f"sk-agentgym-{secrets.token_urlsafe(24)}", task=task,
-                          group_id=str(group_id) if group_id is not None else sid, sampling=dict(sampling or {}))
+                          group_id=str(group_id) if group_id is not None else sid, sampling=dict(sampling or {}),
+                          metadata=dict(metadata or {}))
         self.open[sid] = session
         self._by_key[session.key] = sid
         self.counts["sessions"] += 1
@@ -367,6 +318,13 @@ class SessionStore:
                                f"kept for the latest {self.keep_finished})", "session_not_found")
         return session
 
+    def delete(self, sid: str) -> Session | None:
+        """Forget a session, open or finished (an open one takes no more calls: they get a 404)."""
+        session = self.open.pop(sid, None) or self.finished.pop(sid, None)
+        if session is not None:
+            self._by_key.pop(session.key, None)
+        return session
+
     def owner(self, key: str) -> str | None:
         """The session a key belongs to (None for an unknown key)."""
         return self._by_key.get(key)
@@ -379,6 +337,7 @@ class SessionStore:
             session.post_reward(reward, "final")
         session.finished = True
         session.failure = failure
+        session.finished_at = time.time()
         session.trajectories = self._trajectories(session)
         self.open.pop(session.id, None)
         self._by_key.pop(session.key, None)
@@ -386,6 +345,8 @@ class SessionStore:
         while len(self.finished) > self.keep_finished:
             self.finished.popitem(last=False)
         self.counts["finished"] += 1
+        if self.on_finish is not None:
+            self.on_finish(session)
         return session.trajectories
 
     # ---- planning: which branch a request extends ----------------------------------------

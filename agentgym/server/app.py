@@ -61,8 +61,8 @@ from agentgym.server.openai_types import (
     UsageInfo,
 )
 from agentgym.server.sampling import GenerationParams
-from agentgym.server.streaming import IncrementalText, events, sse
-from agentgym.server.token_pieces import TokenPieces
+from agentgym.server.streaming import events, sse
+from agentgym.server.token_pieces import IncrementalText, TokenPieces
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
 
 log = logging.getLogger("agentgym.server")
