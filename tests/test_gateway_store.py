@@ -25,6 +25,7 @@ from agentgym.gateway import start_gateway
 from agentgym.gateway.archive import ArchivedSession, MemoryArchive, SqliteArchive, open_archive
 
 bench = gateway_bench()
+ADMIN = {"Authorization": f"Bearer {bench.ADMIN_KEY}"}  # the key of the gateways bench starts
 
 
 def _children(pid: int) -> list[int]:
@@ -92,7 +93,7 @@ def test_finished_sessions_survive_kill_9(standin, tmp_path):
     proc = bench.start_gateway_process(port, [standin], extra=store)
     finished: dict[str, dict] = {}
     try:
-        infos = [httpx.post(url + "/sessions", json={"group_id": f"g{i % 3}", "metadata": {"n": i}}).json()
+        infos = [httpx.post(url + "/sessions", json={"group_id": f"g{i % 3}", "metadata": {"n": i}}, headers=ADMIN).json()
                  for i in range(12)]
         for i, info in enumerate(infos):
             _chat(info, f"session {i} first")
@@ -102,7 +103,7 @@ def test_finished_sessions_survive_kill_9(standin, tmp_path):
                            headers={"Authorization": f"Bearer {info['api_key']}"})
             assert r.status_code == 200, r.text
             finished[info["id"]] = r.json()
-        r = httpx.post(f"{url}/sessions/{infos[0]['id']}/metadata", json={"metadata": {"checked": True}})
+        r = httpx.post(f"{url}/sessions/{infos[0]['id']}/metadata", json={"metadata": {"checked": True}}, headers=ADMIN)
         assert r.status_code == 200, r.text
     finally:
         os.kill(proc.pid, signal.SIGKILL)
@@ -110,32 +111,32 @@ def test_finished_sessions_survive_kill_9(standin, tmp_path):
 
     proc = bench.start_gateway_process(port, [standin], extra=store)
     try:
-        listed = httpx.get(url + "/sessions", params={"status": "finished"}).json()["sessions"]
+        listed = httpx.get(url + "/sessions", params={"status": "finished"}, headers=ADMIN).json()["sessions"]
         assert sorted(h["id"] for h in listed) == sorted(finished)
         assert all(h["finished_at"] >= h["created"] for h in listed)
         for sid, before in finished.items():
-            after = httpx.post(f"{url}/sessions/{sid}/finish", json={}).json()
+            after = httpx.post(f"{url}/sessions/{sid}/finish", json={}, headers=ADMIN).json()
             assert after == before  # the same trajectories, token for token
-            calls = httpx.get(f"{url}/sessions/{sid}/calls").json()["calls"]
+            calls = httpx.get(f"{url}/sessions/{sid}/calls", headers=ADMIN).json()["calls"]
             assert [c["request"]["messages"][-1]["content"].split()[-1] for c in calls] == ["first", "second"]
-            summary = httpx.get(f"{url}/sessions/{sid}").json()
+            summary = httpx.get(f"{url}/sessions/{sid}", headers=ADMIN).json()
             assert summary["status"] == "finished" and len(summary["branches"]) == 2
             assert summary["branches"][0]["turns"][0]["response_ids"] == before["trajectories"][0]["turns"][0][
                 "response_ids"]
         first = infos[0]["id"]
-        assert httpx.get(f"{url}/sessions/{first}").json()["metadata"] == {"n": 0, "checked": True}
-        by_group = httpx.get(url + "/sessions", params={"group_id": "g1"}).json()["sessions"]
+        assert httpx.get(f"{url}/sessions/{first}", headers=ADMIN).json()["metadata"] == {"n": 0, "checked": True}
+        by_group = httpx.get(url + "/sessions", params={"group_id": "g1"}, headers=ADMIN).json()["sessions"]
         assert [h["id"] for h in by_group] == [infos[i]["id"] for i in (1, 4, 7)]
         # the sessions that were open when it died are gone, and say so
-        assert httpx.get(f"{url}/sessions/{infos[10]['id']}").status_code == 404
+        assert httpx.get(f"{url}/sessions/{infos[10]['id']}", headers=ADMIN).status_code == 404
         # an agent's key still opens its own finished session; another's does not
         own = httpx.get(f"{url}/sessions/{infos[2]['id']}/calls",
                         headers={"Authorization": f"Bearer {infos[2]['api_key']}"})
         other = httpx.get(f"{url}/sessions/{infos[2]['id']}/calls",
                           headers={"Authorization": f"Bearer {infos[3]['api_key']}"})
         assert own.status_code == 200 and other.status_code == 401
-        assert httpx.delete(f"{url}/sessions/{first}").json() == {"id": first, "deleted": True}
-        assert httpx.get(f"{url}/sessions/{first}").status_code == 404
+        assert httpx.delete(f"{url}/sessions/{first}", headers=ADMIN).json() == {"id": first, "deleted": True}
+        assert httpx.get(f"{url}/sessions/{first}", headers=ADMIN).status_code == 404
     finally:
         bench.stop(proc)
 
@@ -220,12 +221,12 @@ def test_workers_keep_their_own_files_and_list_together(standin, tmp_path):
     url = f"http://127.0.0.1:{port}"
     proc = bench.start_gateway_process(port, [standin], workers=2, extra=store)
     try:
-        infos = [httpx.post(url + "/sessions", json={"group_id": "w"}).json() for _ in range(4)]
+        infos = [httpx.post(url + "/sessions", json={"group_id": "w"}, headers=ADMIN).json() for _ in range(4)]
         assert {i["id"][:3] for i in infos} == {"w0-", "w1-"}
         for i, info in enumerate(infos):
             _chat(info, f"worker session {i}")
-            assert httpx.post(f"{url}/sessions/{info['id']}/finish", json={}).status_code == 200
-        assert len(httpx.get(url + "/sessions").json()["sessions"]) == 4
+            assert httpx.post(f"{url}/sessions/{info['id']}/finish", json={}, headers=ADMIN).status_code == 200
+        assert len(httpx.get(url + "/sessions", headers=ADMIN).json()["sessions"]) == 4
     finally:
         workers = _children(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)  # the parent: its workers notice and exit
@@ -240,9 +241,9 @@ def test_workers_keep_their_own_files_and_list_together(standin, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".sqlite") == ["s.w0.sqlite", "s.w1.sqlite"]
     proc = bench.start_gateway_process(port, [standin], workers=2, extra=store)
     try:
-        listed = httpx.get(url + "/sessions", params={"status": "finished"}).json()["sessions"]
+        listed = httpx.get(url + "/sessions", params={"status": "finished"}, headers=ADMIN).json()["sessions"]
         assert sorted(h["id"] for h in listed) == sorted(i["id"] for i in infos)
         for info in infos:  # the public port forwards each to its own worker, which reads its own file
-            assert len(httpx.get(f"{url}/sessions/{info['id']}/calls").json()["calls"]) == 1
+            assert len(httpx.get(f"{url}/sessions/{info['id']}/calls", headers=ADMIN).json()["calls"]) == 1
     finally:
         bench.stop(proc)

@@ -41,12 +41,16 @@ def gw(slow):
         yield handle
 
 
+def _admin(gw) -> dict:
+    return {"Authorization": f"Bearer {gw.admin_key}"}
+
+
 def _session(gw) -> dict:
-    return httpx.post(gw.url + "/sessions", json={}).json()
+    return httpx.post(gw.url + "/sessions", json={}, headers=_admin(gw)).json()
 
 
 def _finish(gw, info) -> list[Trajectory]:
-    r = httpx.post(f"{gw.url}/sessions/{info['id']}/finish", json={})
+    r = httpx.post(f"{gw.url}/sessions/{info['id']}/finish", json={}, headers=_admin(gw))
     assert r.status_code == 200, r.text
     return [Trajectory.from_dict(t) for t in r.json()["trajectories"]]
 
@@ -168,7 +172,7 @@ def test_servers_added_and_removed_while_sessions_run(oracle):
     dead = f"http://127.0.0.1:{mod_free_port()}"
     try:
         with start_gateway([a.url], model="tiny", health_check_interval=0.2) as gw:
-            admin = httpx.Client(base_url=gw.url, timeout=30)
+            admin = httpx.Client(base_url=gw.url, timeout=30, headers=_admin(gw))
             r = admin.post("/servers", json={"url": dead})
             assert r.status_code == 400 and r.json()["error"]["code"] == "server_unhealthy"
             assert admin.delete("/servers", params={"url": a.url}).status_code == 409  # the last one stays
