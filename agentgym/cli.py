@@ -204,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--agent", metavar="MODULE:FUNCTION",
                         help="train an OpenAI-client agent through the gateway")
     p.add_argument("--config", default=None, help="a YAML config to start from (default: configs/train.yaml)")
+    p.add_argument("--config-name", default=None,
+                   help="a named config beside configs/train.yaml, e.g. async_ppo_trainer")
+    p.add_argument("--async", dest="async_", action="store_true",
+                   help="asynchronous training: rollout and training overlap (--config-name async_ppo_trainer)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, veRL names")
     p.set_defaults(func=_cmd_train)
 

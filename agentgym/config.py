@@ -15,8 +15,13 @@ How a config is made (``compose_config``), later steps winning:
    ``--env NAME`` picks ``configs/env/NAME.yaml`` when it exists, else ``env/generic.yaml``
    with ``env.name=NAME``. A bare ``group=choice`` on the command line picks another file
    (``algorithm=ppo``).
-3. ``--config FILE``: a user's YAML (it may carry its own ``defaults`` mapping).
-4. Command-line overrides: ``data.train_batch_size=8``, values parsed as YAML
+3. A named top-level config, ``configs/<config_name>.yaml`` (``agentgym train --config-name
+   async_ppo_trainer``; ``--async`` picks that one): a file beside ``train.yaml`` that sets other
+   defaults for some of its keys (and may carry its own ``defaults`` mapping of group choices).
+   Its values may interpolate others (``${async_training.use_rollout_log_probs}``): they are
+   resolved after the overrides, so an override of the source reaches the copy.
+4. ``--config FILE``: a user's YAML (it may carry its own ``defaults`` mapping).
+5. Command-line overrides: ``data.train_batch_size=8``, values parsed as YAML
    (``trainer.logger=[console,tensorboard]``); ``+a.b=c`` adds a key train.yaml lacks.
 
 Every key must be one ``train.yaml`` has (a typo gets the closest valid one named) and every
@@ -183,17 +188,26 @@ def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
 # ---- composing -----------------------------------------------------------------------------
 
 
+BASE_CONFIGS = ("train", "sft")  # whole schemas (agentgym train, agentgym sft); other top-level files overlay one
+
+
+def named_configs(directory: Path | None = None) -> list[str]:
+    """The named configs that overlay ``train.yaml`` (``configs/*.yaml`` other than the base files)."""
+    return sorted(p.stem for p in (directory or config_dir()).glob("*.yaml") if p.stem not in BASE_CONFIGS)
+
+
 def compose_config(
     env: str | None = None,
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
     directory: str | os.PathLike[str] | None = None,
+    config_name: str | None = None,
     base_name: str = "train",
 ) -> DictConfig:
-    """Compose ``<base_name>.yaml`` (``train``; ``sft`` for ``agentgym sft``), its group files,
-    ``config_file`` and ``overrides``; every key checked against the base file and every value
-    against its default's type; interpolations resolved. What the values mean is checked by
-    their user (``agentgym.trainer.config.load_config``)."""
+    """Compose ``<base_name>.yaml`` (``train``; ``sft`` for ``agentgym sft``), its group files, the
+    named config ``config_name`` (``async_ppo_trainer``), ``config_file`` and ``overrides``; every key
+    checked against the base file and every value against its default's type; interpolations
+    resolved. What the values mean is checked by their user (``agentgym.trainer.config.load_config``)."""
     base_dir = Path(directory) if directory is not None else config_dir()
     base_file = base_dir / f"{base_name}.yaml"
     if not base_file.is_file():
@@ -202,6 +216,19 @@ def compose_config(
     base = _read_yaml(base_file)
     choices: dict[str, str] = dict(base.pop("defaults", {}) or {})
     schema = flatten(base)
+
+    named: dict[str, Any] = {}
+    if config_name is not None and config_name != base_name:
+        path = base_dir / f"{config_name}.yaml"
+        if not path.is_file() or config_name in BASE_CONFIGS:
+            known = named_configs(base_dir)
+            close = difflib.get_close_matches(config_name, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"no config named {config_name!r} ({path} does not exist).{hint} "
+                              f"Named configs: {', '.join(['train', *known])}")
+        named = _read_yaml(path)
+        choices.update(named.pop("defaults", {}) or {})
+        check_keys(named, schema, str(path))
 
     user: dict[str, Any] = {}
     if config_file is not None:
@@ -238,6 +265,8 @@ def compose_config(
         cfg = OmegaConf.merge(cfg, data)
     if env_name_override is not None:
         cfg.env.name = env_name_override
+    if named:
+        cfg = OmegaConf.merge(cfg, named)
     if user:
         cfg = OmegaConf.merge(cfg, user)
 

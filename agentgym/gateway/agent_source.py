@@ -261,6 +261,26 @@ class AgentTrajectorySource:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._threads, self.agent, base_url, api_key, task)
 
+    # ---- asynchronous training: one task at a time (agentgym.trainer.async_trainer) ----------
+    resumes_aborted = False  # a push holds model calls (weight_update) instead of aborting them
+
+    async def next_tasks(self) -> list[dict[str, Any]]:
+        """The next step's tasks, in ``collect``'s order."""
+        step = self.first_step + getattr(self, "_async_steps", 0)
+        self._async_steps = getattr(self, "_async_steps", 0) + 1
+        return self.tasks_for_step(step)
+
+    async def run_task(self, task: dict[str, Any], group_id: str) -> list[Trajectory]:
+        """One task's ``n`` sessions (the gateway records each turn's weight version)."""
+        await self._sync_version()
+        return await self.run([task])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"async_steps": getattr(self, "_async_steps", 0)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._async_steps = int(state.get("async_steps", 0))
+
     # ---- weights and shutdown -------------------------------------------------------------
     def weight_update(self, weight_version: int | None = None, drain_timeout: float = 60.0
                       ) -> AbstractAsyncContextManager[None]:

@@ -37,9 +37,11 @@ def load_config(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
     directory: str | os.PathLike[str] | None = None,
+    config_name: str | None = None,
 ) -> DictConfig:
-    """Compose, override, resolve and validate a training config (see ``agentgym.config``)."""
-    cfg = compose_config(env, config_file, overrides, directory)
+    """Compose, override, resolve and validate a training config (see ``agentgym.config``);
+    ``config_name``: a named top-level config such as ``async_ppo_trainer``."""
+    cfg = compose_config(env, config_file, overrides, directory, config_name)
     resolve(cfg)
     validate(cfg)
     return cfg
@@ -132,6 +134,9 @@ def validate(cfg: DictConfig) -> None:
             close = difflib.get_close_matches(str(value), list(registry), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(sorted(registry))}.{hint}")
+    from agentgym.trainer.async_config import validate_async
+
+    validate_async(cfg)
     if cfg.critic.enable and cfg.algorithm.adv_estimator != "gae":
         raise ConfigError(
             f"critic.enable=true but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} uses no values; "

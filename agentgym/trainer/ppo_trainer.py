@@ -52,6 +52,7 @@ from agentgym.trainer.flat_rewards import (
     group_reward_spread,
 )
 from agentgym.trainer.loggers import Progress, Tracking, trajectory_metrics, write_samples
+from agentgym.trainer.rollout_correction import RolloutCorrection, rollout_is_weights
 from agentgym.trainer.train_state import rng_state, set_rng_state
 from agentgym.trainer.worker_group import WorkerGroup
 from agentgym.trainer.workers import CriticWorker, PolicyWorker
@@ -168,13 +169,7 @@ class PPOTrainer:
         cuda = self.cfg.trainer.device == "cuda" or (self.cfg.trainer.device == "auto" and torch.cuda.is_available())
         groups = 2 if self.cfg.critic.enable else 1
         num_gpus = 1.0 / groups if cuda and self.use_ray else 0.0
-        bundles = None
-        if num_gpus:  # one bundle per GPU: actor rank r and critic rank r share GPU r, ranks never do
-            import ray
-            from ray.util.placement_group import placement_group
-
-            bundles = placement_group([{"GPU": 1}] * self.world_size, strategy="PACK")
-            ray.get(bundles.ready())
+        bundles = self.worker_bundles(num_gpus)
         self.actor = WorkerGroup(PolicyWorker, plain, self.world_size, self.use_ray, "actor", num_gpus, bundles)
         pending = [self.actor.call_async("init_model", self.total_steps, uses_reference(self.cfg))]
         if self.cfg.critic.enable:
@@ -187,6 +182,17 @@ class PPOTrainer:
             from agentgym.trainer.weight_sync import WeightSync
 
             self.weight_sync = WeightSync(self.servers, self.actor, str(self.cfg.actor_rollout_ref.model.path))
+
+    def worker_bundles(self, num_gpus: float) -> Any:
+        """The placement group the workers go in (rank r in bundle r), or None."""
+        if not num_gpus:
+            return None
+        import ray  # one bundle per GPU: actor rank r and critic rank r share GPU r, ranks never do
+        from ray.util.placement_group import placement_group
+
+        bundles = placement_group([{"GPU": 1}] * self.world_size, strategy="PACK")
+        ray.get(bundles.ready())
+        return bundles
 
     # ---- one step -------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -231,7 +237,8 @@ class PPOTrainer:
             return metrics
         epochs = int(actor_cfg.ppo_epochs)
         on_policy_single_pass = epochs == 1 and actor_minis == 1
-        need_old = not actor_cfg.use_rollout_log_probs and (
+        correction = RolloutCorrection.from_cfg(cfg)  # decoupled PPO needs the proximal policy's log-probs
+        need_old = correction.enabled or not actor_cfg.use_rollout_log_probs and (
             not on_policy_single_pass or cfg.algorithm.use_kl_in_reward)
 
         # ---- log-probs, reference, values (actor and critic groups work at the same time) ----
@@ -249,6 +256,11 @@ class PPOTrainer:
                 metrics["actor/entropy_before_update"] = float(algos.masked_mean(entropy, batch["response_mask"]))
         elif actor_cfg.use_rollout_log_probs:
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+        if correction.enabled:
+            batch["rollout_is_weights"], is_metrics = rollout_is_weights(
+                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], correction.rollout_is,
+                correction.rollout_is_threshold, correction.rollout_is_batch_normalize)
+            metrics.update(is_metrics)
         if uses_reference(cfg):
             with timer("ref", timing):
                 outs = self.actor.call("compute_ref_log_prob", shared, per_rank=per_rank)
@@ -513,4 +525,7 @@ class PPOTrainer:
             with contextlib.suppress(Exception):
                 self.run(self.servers.aclose())
             self.servers.stop()
+        self.close_loop()
+
+    def close_loop(self) -> None:
         self.loop.close()

@@ -212,7 +212,8 @@ class PolicyWorker(Worker):
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
                 loss, metrics = algos.compute_actor_loss(
                     old, log_prob, micro["advantages"], mask, entropy=entropy,
-                    ref_log_prob=micro.get("ref_log_prob"), global_batch_info=entry["global"], **loss_kwargs,
+                    ref_log_prob=micro.get("ref_log_prob"), rollout_is_weights=micro.get("rollout_is_weights"),
+                    global_batch_info=entry["global"], **loss_kwargs,
                 )
                 loss.backward()
                 tokens += int(micro["attention_mask"].sum())
