@@ -222,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="key required by the admin endpoints (default: $AGENTGYM_GATEWAY_ADMIN_KEY; none: open)")
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes (each owns its sessions; agents talk to their own worker's port)")
+    pool = p.add_argument_group("feeding a DataPool (asynchronous training; agentgym.gateway.pool_feed)")
+    pool.add_argument("--data-pool-name", default=None, help="Ray actor name of the DataPool finished sessions go to")
+    pool.add_argument("--ray-address", default=None, help="the Ray cluster to join (default: auto)")
+    pool.add_argument("--ray-namespace", default="agentgym", help="Ray namespace of the DataPool")
+    pool.add_argument("--prompt-length", type=int, default=None, help="tokens before the first sampled token")
+    pool.add_argument("--response-length", type=int, default=None,
+                      help="tokens after it; with --prompt-length: the context bound (max_model_len)")
     p.set_defaults(func=_cmd_gateway)
 
     p = sub.add_parser("sft", help="supervised fine-tuning on demos or chat data (veRL sft_trainer keys), "

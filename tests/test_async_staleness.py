@@ -96,7 +96,7 @@ async def _simulate(plan: StalenessPlan, steps: int, partial: bool, lengths: lis
         while step < steps:
             count = min(require_batches, steps - step, plan.sync_every - step % plan.sync_every)
             batches = [await coordinator.next_batch(step + 1 + i) for i in range(count)]
-            for trajectories, metrics in batches:
+            for trajectories, metrics, _ in batches:
                 step += 1
                 for traj in trajectories:
                     lags.append(step - 1 - traj.oldest_version())
@@ -159,7 +159,7 @@ def test_max_queue_size_holds_admission_back_and_drops_nothing():
         assert coordinator.started <= 2 + 3 and pool.ready_count() <= 2 + 3
         trained = []
         for step in range(1, 21):
-            trajectories, _ = await coordinator.next_batch(step)
+            trajectories, _, _ = await coordinator.next_batch(step)
             trained += [t.task["index"] for t in trajectories]
             assert pool.ready_count() <= 2 + 3
             await coordinator.after_update(step, last=step == 20)

@@ -55,7 +55,7 @@ class PoolGroup:
     def info(self) -> dict[str, Any]:
         """What the trainer's batch selection needs, without the trajectories."""
         return {"group_id": self.group_id, "ticket": self.ticket, "version": self.version,
-                "complete": self.complete, "completed": self.completed}
+                "complete": self.complete, "completed": self.completed, "task": self.task}
 
 
 class DataPool:
@@ -211,7 +211,7 @@ class DataPool:
     def state_dict(self) -> dict[str, Any]:
         """Every group with its trajectories (JSON-able), and the counters."""
         return {"completions": self._completions, "taken": self._taken,
-                "groups": [{**group.info(), "size": group.size, "task": group.task,
+                "groups": [{**group.info(), "size": group.size,
                             "sessions": [[t.to_dict() for t in s] for s in group.sessions]}
                            for group in self._groups.values()]}
 

@@ -177,8 +177,9 @@ class AsyncCoordinator:
             await self._wait(seen)
 
     # ---- the trainer side ------------------------------------------------------------------------
-    async def next_batch(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
-        """The groups update ``step`` trains on, in admission order, and the step's async metrics."""
+    async def next_batch(self, step: int) -> tuple[list[Trajectory], dict[str, float], list[dict[str, Any]]]:
+        """The groups update ``step`` trains on (their trajectories in admission order), the step's
+        ``async/*`` metrics, and each group's pool info (``ticket``, ``version``, ``task``)."""
         self.start()
         waited_from = time.perf_counter()
         deadline_wait = False
@@ -218,7 +219,7 @@ class AsyncCoordinator:
             "async/servers_version": float(self.version),
             "async/admitted_tasks": float(self.started),
         }
-        return trajectories, metrics
+        return trajectories, metrics, [info for info, _ in taken]
 
     async def _wait_pool(self, seen: int, after: int) -> None:
         """Until the pool changes after ``after`` or this coordinator's state after ``seen``."""

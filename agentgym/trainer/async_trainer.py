@@ -46,7 +46,9 @@ class AsyncCollector:
         self.source = source
         self.last_metrics: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
-        self._batches: collections.deque[tuple[int, list[Trajectory], dict[str, float]]] = collections.deque()
+        self._batches: collections.deque[tuple[int, list[Trajectory], dict[str, float], list[dict[str, Any]]]] = \
+            collections.deque()
+        self.step_groups: list[dict[str, Any]] = []
         self._pending_state: dict[str, Any] | None = None
 
     @property
@@ -65,12 +67,12 @@ class AsyncCollector:
             sync = settings.trigger_parameter_sync_step
             count = min(settings.require_batches, total - step + 1, sync - (step - 1) % sync)
             for k in range(count):
-                trajectories, metrics = await coordinator.next_batch(step + k)
-                self._batches.append((step + k, trajectories, metrics))
-        planned, trajectories, metrics = self._batches.popleft()
+                self._batches.append((step + k, *await coordinator.next_batch(step + k)))
+        planned, trajectories, metrics, groups = self._batches.popleft()
         if planned != step:
             raise RuntimeError(f"asynchronous batches out of order: step {step} got update {planned}'s")
         self.step_metrics = metrics
+        self.step_groups = groups
         self.last_metrics = getattr(self.source, "last_metrics", {})
         return trajectories
 
@@ -162,11 +164,11 @@ class AsyncPPOTrainer(PPOTrainer):
             s = self.settings
             rollout = self.cfg.actor_rollout_ref.rollout
             n = int(rollout.n)
-            pool = DataPool(max_queue_size=s.max_queue_size, group_size=1)
-            if self.use_ray:
+            pool = DataPool(max_queue_size=s.max_queue_size, group_size=n)  # n: sessions of a group pushed
+            if self.use_ray:                                                # from outside (a gateway process)
                 from agentgym.rollout.data_pool import create_pool_actor
 
-                self.pool_actor = create_pool_actor(max_queue_size=s.max_queue_size, group_size=1)
+                self.pool_actor = create_pool_actor(max_queue_size=s.max_queue_size, group_size=n)
                 pool = self.pool_actor
             sync = self.weight_sync
             coordinator = AsyncCoordinator(
@@ -184,7 +186,19 @@ class AsyncPPOTrainer(PPOTrainer):
     def train_step(self, step: int) -> dict[str, float]:
         metrics = super().train_step(step)
         metrics.update(self.collector.step_metrics)
+        self.record_batch(step)
         return metrics
+
+    def record_batch(self, step: int) -> None:
+        """``<run dir>/async_batches.jsonl``: which tasks each update trained, admitted when and under
+        which version (a resumed run writes the steps after its checkpoint again: the last line wins)."""
+        import json
+
+        record = {"step": step, "groups": [{"ticket": g.get("ticket"), "version": g.get("version"),
+                                            "task": g.get("task")} for g in self.collector.step_groups]}
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "async_batches.jsonl", "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
 
     def fit(self) -> dict[str, Any]:
         summary = super().fit()
