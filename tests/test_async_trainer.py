@@ -155,6 +155,7 @@ def test_agent_flows_pick_what_produces_trajectories(tmp_path):
 # ---- checkpoints: kill -9 and resume --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_then_resume_trains_every_task_once(tmp_path):
     """A checkpoint is a consistent cut (admission stopped, running episodes finished, the DataPool
     saved with the data order); work after it is lost with the process and done again on resume."""
