@@ -205,6 +205,9 @@ class AsyncPPOTrainer(PPOTrainer):
         if self.coordinator is not None:
             self.run(self.coordinator.wait_push())
             summary["lag_histogram"] = dict(sorted(self.coordinator.lag_histogram.items()))
+        if self.use_ray and self.actor is not None:  # where the pools landed
+            summary["placement"] = {"trainer": self.actor.call("node_id"),
+                                    "rollout": [i["node_id"] for i in getattr(self.servers, "infos", [])]}
         return summary
 
     def shutdown(self) -> None:

@@ -178,6 +178,10 @@ class WeightSync:
             finally:
                 self.path.unlink(missing_ok=True)  # /dev/shm is memory: free it once the servers have read it
         done = time.perf_counter()
+        if hasattr(self.servers, "last_buckets"):  # servers on the rollout pool: the push went in buckets
+            return {"weight_sync/save_s": saved - started, "weight_sync/load_s": done - saved,
+                    "weight_sync/mb": size / 2**20, "weight_sync/version": float(version),
+                    "weight_sync/buckets": float(self.servers.last_buckets)}
         return {
             "weight_sync/save_s": saved - started,
             "weight_sync/load_s": done - saved,

@@ -115,6 +115,15 @@ class Worker:
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size)
 
+    def node_id(self) -> str | None:
+        """The Ray node this rank runs on (None outside Ray): where the trainer pool landed."""
+        try:
+            import ray
+
+            return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        except Exception:  # noqa: BLE001 - informational only
+            return None
+
     def needs_process_group(self) -> bool:
         return self.world_size > 1 or self.strategy == "fsdp2"
 
