@@ -24,7 +24,8 @@ Back-ends:
     rollout and training share two cores.
 
 Prints, per back-end, wall time and samples/s of each way and the speed-up over ``sync``, the
-engine's batch occupancy (i), and the version-lag histogram of the trained samples.
+engine's batch occupancy and the generations its pushes aborted (i), and the version-lag histogram
+of the trained samples.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ async def standin_run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         engine.wait()
     occupancy = stats["sequence_steps"] / max(1, stats["steps"] * args.cap)
     return {"mode": mode, "wall_s": wall, "samples": samples, "samples_per_s": samples / wall,
-            "occupancy": occupancy, "lags": dict(sorted(lags.items()))}
+            "occupancy": occupancy, "aborted": stats["aborted"], "lags": dict(sorted(lags.items()))}
 
 
 # ---- (ii) the real trainer ----------------------------------------------------------------------------------------
@@ -191,11 +192,11 @@ def real_run(mode: str, args: argparse.Namespace, directory: str) -> dict[str, A
 def table(title: str, rows: list[dict[str, Any]]) -> str:
     base = rows[0]["samples_per_s"]
     lines = [title, f"{'mode':<15}{'wall s':>9}{'samples':>9}{'samples/s':>11}{'speed-up':>10}"
-             + (f"{'engine busy':>13}" if "occupancy" in rows[0] else "")]
+             + (f"{'engine busy':>13}{'aborted':>9}" if "occupancy" in rows[0] else "")]
     for r in rows:
         line = f"{r['mode']:<15}{r['wall_s']:>9.1f}{r['samples']:>9}{r['samples_per_s']:>11.2f}{r['samples_per_s'] / base:>9.2f}x"
         if "occupancy" in r:
-            line += f"{100 * r['occupancy']:>12.0f}%"
+            line += f"{100 * r['occupancy']:>12.0f}%{r['aborted']:>9}"
         lines.append(line)
     lines.append("version lag of trained samples (lag: samples):")
     for r in rows:
@@ -219,7 +220,7 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=64, help="sequences the modelled engine decodes at once")
     parser.add_argument("--load-ms", type=float, default=200.0, help="a weight load in the modelled engine")
     parser.add_argument("--update-s", type=float, default=1.5, help="the modelled trainer update")
-    parser.add_argument("--staleness", type=float, default=0.5, help="async_training.staleness_threshold")
+    parser.add_argument("--staleness", type=float, default=0.1, help="async_training.staleness_threshold")
     parser.add_argument("--sync-every", type=int, default=4, help="async_training.trigger_parameter_sync_step")
     parser.add_argument("--real-steps", type=int, default=8)
     parser.add_argument("--real-batch", type=int, default=4)
