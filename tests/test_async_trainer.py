@@ -242,3 +242,19 @@ def test_async_learns_first_letter_as_well_as_sync(tmp_path):
     assert max(summary["lag_histogram"]) == 4  # it did train on stale samples
     asyn = summary["val_metrics"]["val/reward/mean"]
     assert sync > 0.8 and abs(asyn - sync) <= 0.05, (sync, asyn)
+
+
+def test_resume_from_a_checkpoint_inside_a_require_batches_fetch(tmp_path):
+    """require_batches=2 takes updates 1 and 2's groups at once; a checkpoint after update 1 saves
+    update 2's (taken, not trained) back into the pool, so a run resumed there trains them."""
+    common = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "async_training.require_batches=2",
+              "async_training.trigger_parameter_sync_step=2", "trainer.save_freq=1"]
+    _run(tmp_path, "run", [*common, "trainer.total_training_steps=3"], config_name="async_ppo_trainer")
+    resumed = _run(tmp_path, "run", [*common, "trainer.total_training_steps=4", "trainer.resume_mode=resume_path",
+                                     f"trainer.resume_from_path={tmp_path / 'run' / 'global_step_1'}"],
+                   config_name="async_ppo_trainer")
+    assert resumed["steps"] == 4 and resumed["steps_run"] == 3
+    last: dict[int, list[int]] = {}
+    for record in _rows(Path(resumed["run_dir"]) / "async_batches.jsonl"):
+        last[record["step"]] = [g["task"]["seed"] for g in record["groups"]]
+    assert sorted(seed for seeds in last.values() for seed in seeds) == list(range(8))

@@ -82,9 +82,12 @@ class AsyncCollector:
     def state_dict(self) -> dict[str, Any]:
         """A consistent cut of the asynchronous state (called from the trainer's thread)."""
         coordinator = self.trainer.run(self.trainer.coordinator_ready())
-        if self._batches:
-            raise RuntimeError("a checkpoint between the batches of one require_batches fetch; save at a weight push")
-        return {"async": self.trainer.run(coordinator.checkpoint_state())}
+        state = self.trainer.run(coordinator.checkpoint_state())
+        for _, trajectories, _, groups in self._batches:  # taken (require_batches) but not trained yet: back
+            for info in groups:                            # into the saved pool, to be trained after a resume
+                mine = [t.to_dict() for t in trajectories if t.group_id == info["group_id"]]
+                state["pool"]["groups"].append({**info, "size": 1, "sessions": [mine]})
+        return {"async": state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._pending_state = state.get("async")
