@@ -59,8 +59,9 @@ def test_staleness_zero_reproduces_the_synchronous_trainer(tmp_path, checkpoint_
             assert abs(x[key] - y[key]) < 1e-6, (key, x[key], y[key])
         assert y["async/lag_max"] == 0 and y["async/lag_bound"] == 0
         assert y["async/servers_version"] == x["weight_sync/version"] - 1 == y["step"] - 1  # sampled by the latest
-    samples = [(r["step"], r["seed"], [t["response"] for t in r["turns"]]) for r in _rows(Path(sync["samples_file"]))]
-    assert samples == [(r["step"], r["seed"], [t["response"] for t in r["turns"]])
+    samples = [(r["step"], r["seed"], [t["response_ids"] for t in r["turns"]])
+               for r in _rows(Path(sync["samples_file"]))]
+    assert samples == [(r["step"], r["seed"], [t["response_ids"] for t in r["turns"]])
                        for r in _rows(Path(asyn["samples_file"]))]
     w_sync = torch.load(Path(sync["run_dir"]) / "global_step_3" / "actor" / "model.pt")
     w_async = torch.load(Path(asyn["run_dir"]) / "global_step_3" / "actor" / "model.pt")
@@ -117,15 +118,19 @@ def test_async_config_is_selected_by_name_and_checked():
     assert cfg.actor_rollout_ref.hybrid_engine is False and cfg.async_training.trigger_parameter_sync_step == 4
     assert cfg.actor_rollout_ref.actor.use_rollout_log_probs is True  # follows async_training
     cfg = load_config(env="first_letter", config_name="async_ppo_trainer",
-                      overrides=["async_training.use_rollout_log_probs=false"])
+                      overrides=["async_training.use_rollout_log_probs=false", "algorithm.rollout_correction.rollout_is=null"])
     assert cfg.actor_rollout_ref.actor.use_rollout_log_probs is False
+    with pytest.raises(ConfigError, match="use_rollout_log_probs=true"):  # decoupled PPO needs the behaviour logprobs
+        load_config(env="first_letter", config_name="async_ppo_trainer",
+                    overrides=["async_training.use_rollout_log_probs=false"])
     with pytest.raises(ConfigError, match="asynchronous trainer"):
         load_config(env="first_letter", overrides=["async_training.partial_rollout=true"])
     with pytest.raises(ConfigError, match="max_queue_size"):
         load_config(env="first_letter", config_name="async_ppo_trainer", overrides=["async_training.max_queue_size=2"])
     with pytest.raises(ConfigError, match="follows"):
         load_config(env="first_letter", config_name="async_ppo_trainer",
-                    overrides=["actor_rollout_ref.actor.use_rollout_log_probs=false"])
+                    overrides=["actor_rollout_ref.actor.use_rollout_log_probs=false",
+                               "algorithm.rollout_correction.rollout_is=null"])
     with pytest.raises(ConfigError, match="rollout pool"):
         load_config(env="first_letter", config_name="async_ppo_trainer",
                     overrides=["actor_rollout_ref.rollout.num_servers=2"])
