@@ -4,8 +4,8 @@
     python benchmarks/async_train.py --backend standin   # (i) only; --backend real: (ii) only
 
 The workload: every task is a group of ``--n`` episodes of a multi-turn env whose episodes take
-``--turns`` turns, except ``--long-frac`` of them (10%) that take ``--long-factor`` (8) times as
-many; each turn samples ``--tokens`` tokens. Three ways to train on it, each for the same number
+``--turns`` turns (give or take one), except ``--long-frac`` of them (10%) that take
+``--long-factor`` (8) times as many; each turn samples ``--tokens`` tokens. Three ways to train on it, each for the same number
 of samples: ``sync`` (the synchronous trainer: generate a step's groups, update, push), ``async``
 (``async_ppo_trainer``: ``--staleness``, a push every ``--sync-every`` updates, checkpoint engine on,
 no partial rollout) and ``async+partial`` (the same with ``partial_rollout``).
@@ -50,7 +50,8 @@ from agentgym.envs.base import TextEnv  # noqa: E402
 
 
 class LongTailEnv(TextEnv):
-    """Multi-turn: ``turns`` turns, ``long_factor`` times as many for a ``long_frac`` share of seeds."""
+    """Multi-turn: ``turns - 1`` to ``turns + 1`` turns (uniform), ``long_factor`` times as many for a
+    ``long_frac`` share of seeds."""
 
     max_turns = None
 
@@ -60,7 +61,8 @@ class LongTailEnv(TextEnv):
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
         rng = random.Random(seed)
-        self.left = self.turns * (self.long_factor if rng.random() < self.long_frac else 1)
+        base = rng.randint(max(1, self.turns - 1), self.turns + 1)  # jitter: episodes do not finish in waves
+        self.left = base * (self.long_factor if rng.random() < self.long_frac else 1)
         self.total = self.left
         return [{"role": "user", "content": f"Task {seed}: think aloud."}], {}
 
@@ -228,7 +230,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     modes = ("sync", "async", "async+partial")
-    print(f"workload: {args.n} episodes per task, {args.turns} turns each, {100 * args.long_frac:.0f}% of episodes "
+    print(f"workload: {args.n} episodes per task, {args.turns}+-1 turns each, {100 * args.long_frac:.0f}% of episodes "
           f"{args.long_factor}x longer; async: staleness_threshold {args.staleness}, push every {args.sync_every} "
           f"updates, checkpoint engine on", flush=True)
     if args.backend in ("both", "standin"):
