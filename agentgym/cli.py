@@ -61,7 +61,21 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.env is None:  # veRL's main_eval: score a file of responses
+        from agentgym.trainer.offline.scoring import offline_eval_command
+
+        return offline_eval_command(args)
+    if args.overrides:
+        print("agentgym eval: key=value overrides score a file (data.path=FILE); with --env use the options "
+              f"(--tasks, -n, ...), got {' '.join(args.overrides)}", file=sys.stderr)
+        return 2
     return _against_servers(args, "eval")
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from agentgym.trainer.offline.generate import generate_command
+
+    return generate_command(args)
 
 
 def _against_servers(args: argparse.Namespace, mode: str) -> int:
@@ -92,6 +106,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from agentgym.trainer.main import train_command
 
     return train_command(args)
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from agentgym.trainer.compat.command import config_command
+
+    return config_command(args)
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
@@ -176,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("eval", _cmd_eval, "evaluate a policy on an env: success rate, pass@k, per-source breakdown"),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--env", required=True)
+        p.add_argument("--env", required=name == "rollout",
+                       help="registered env name" + ("; without it, eval scores a file: data.path=FILE" if name == "eval"
+                                                    else ""))
         p.add_argument("--model", default="tiny")
         p.add_argument("--server", action="append", metavar="URL",
                        help="policy server base URL (repeatable); default: start an embedded server")
@@ -196,7 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "workers/ray: whole episodes in worker processes / Ray actors)")
         p.add_argument("--env-workers", type=int, default=None, help="processes / actors for the executor")
         p.add_argument("--env-url", action="append", metavar="URL", help="--env-executor openenv: an env server")
+        if name == "eval":
+            p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                           help="score a file of responses, veRL's main_eval keys (configs/evaluation.yaml): "
+                                "data.path=FILE [data.response_key=...] [custom_reward_function.path=...]")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("generate", help="sample responses for a file of prompts (veRL's main_generation)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="configs/generation.yaml keys: data.path=FILE data.output_path=OUT data.n_samples=N ...")
+    p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("train", help="train a policy with PPO/GRPO on an env or an agent program")
     target = p.add_mutually_exclusive_group()
@@ -211,6 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, veRL names")
     p.set_defaults(func=_cmd_train)
 
+    p = sub.add_parser("config", help="translate a veRL, ROLL, ChatLearn or Claw-R1 config into agentgym's")
+    p.add_argument("--from", dest="from_system", required=True, choices=["verl", "roll", "chatlearn", "claw-r1"])
+    p.add_argument("file", help="their YAML config")
+    p.add_argument("-o", "--output", default=None, help="write the agentgym config here (default: stdout)")
+    p.set_defaults(func=_cmd_config)
+
     p = sub.add_parser("gateway", help="serve the OpenAI API for black-box agents and record trajectories")
     p.add_argument("--server", action="append", metavar="URL", help="policy server URL (repeatable)")
     p.add_argument("--model", default="tiny", help="tokenizer/chat template to render with")
@@ -222,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="key required by the admin endpoints (default: $AGENTGYM_GATEWAY_ADMIN_KEY; none: open)")
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes (each owns its sessions; agents talk to their own worker's port)")
+    p.add_argument("--store", default="memory", metavar="memory|sqlite:PATH",
+                   help="where finished sessions are kept: in memory, or in SQLite (they survive a crash or "
+                        "restart; with --workers N each worker keeps PATH's name with .w<k>)")
     pool = p.add_argument_group("feeding a DataPool (asynchronous training; agentgym.gateway.pool_feed)")
     pool.add_argument("--data-pool-name", default=None, help="Ray actor name of the DataPool finished sessions go to")
     pool.add_argument("--ray-address", default=None, help="the Ray cluster to join (default: auto)")

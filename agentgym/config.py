@@ -14,7 +14,9 @@ How a config is made (``compose_config``), later steps winning:
 2. The chosen group files, ``configs/<group>/<choice>.yaml``, merged at the top level.
    ``--env NAME`` picks ``configs/env/NAME.yaml`` when it exists, else ``env/generic.yaml``
    with ``env.name=NAME``. A bare ``group=choice`` on the command line picks another file
-   (``algorithm=ppo``).
+   (``algorithm=ppo``). An env file may carry its own ``defaults`` mapping: the groups it
+   names are its choice unless the user picked them (``--env sokoban`` picks GRPO, ``--env
+   sokoban algorithm=ppo`` still runs PPO).
 3. A named top-level config, ``configs/<config_name>.yaml`` (``agentgym train --config-name
    async_ppo_trainer``; ``--async`` picks that one): a file beside ``train.yaml`` that sets other
    defaults for some of its keys (and may carry its own ``defaults`` mapping of group choices).
@@ -22,19 +24,25 @@ How a config is made (``compose_config``), later steps winning:
    resolved after the overrides, so an override of the source reaches the copy.
 4. ``--config FILE``: a user's YAML (it may carry its own ``defaults`` mapping).
 5. Command-line overrides: ``data.train_batch_size=8``, values parsed as YAML
-   (``trainer.logger=[console,tensorboard]``); ``+a.b=c`` adds a key train.yaml lacks.
+   (``trainer.logger=[console,tensorboard]``); ``+a.b=c`` adds a key train.yaml lacks (nothing
+   in agentgym reads it: ``Composition.added`` lists them so the caller can say so).
 
-Every key must be one ``train.yaml`` has (a typo gets the closest valid one named) and every
-value of its default's type. This module knows nothing of what the keys mean: the trainer
-(``agentgym.trainer.config.load_config``) fills the defaults that follow from others and rejects
-values outside their choices and batch sizes that cannot divide, before any work starts.
+Every key must be one ``train.yaml`` has (every typo is reported at once, each with the
+closest valid key named) and every value of its default's type. A ``key_policy`` may accept a
+key train.yaml lacks (another system's key with no effect here: dropped and listed in
+``Composition.ignored``) or refuse it with a reason. This module knows nothing of what the keys
+mean: the trainer (``agentgym.trainer.config.load_config``) fills the defaults that follow from
+others and rejects values outside their choices and batch sizes that cannot divide, before any
+work starts.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +50,31 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 GROUPS = ("algorithm", "model", "server", "env")
-# Sections whose keys are free: passed through to a constructor or to ray.init.
-OPEN_SECTIONS = ("env.kwargs", "env.val_kwargs", "ray_init")
+# Whole schemas (train.yaml, and the other commands' own); any other top-level file is a named config
+BASE_CONFIGS = ("train", "sft", "generation", "evaluation")
+# Sections whose keys are free: passed through to a constructor, an engine or ray.init.
+OPEN_SECTIONS = ("env.kwargs", "env.val_kwargs", "ray_init", "actor_rollout_ref.rollout.engine_kwargs",
+                 "data.apply_chat_template_kwargs", "env.custom_envs", "reward_model.reward_kwargs")
+
+KeyPolicy = Callable[[str, Any], "tuple[str, str] | None"]
+"""``(key, value) -> (verdict, text)`` for a key train.yaml lacks, or None (a typo): ``("ignore",
+reason)`` accepts it with no effect, ``("refuse", reason)`` rejects it, ``("alias", other_key)``
+sets ``other_key`` instead (another system's name for a key agentgym has)."""
+
+
 class ConfigError(ValueError):
     """A config that cannot run; the message names the key and what to do."""
+
+
+@dataclass
+class Composition:
+    """A composed config and where its keys came from."""
+
+    cfg: DictConfig
+    explicit: set[str] = field(default_factory=set)  # leaf keys the user set (--config file, overrides)
+    added: dict[str, Any] = field(default_factory=dict)  # +key=value keys train.yaml lacks
+    ignored: dict[str, str] = field(default_factory=dict)  # accepted keys with no effect: key -> reason
+    groups: dict[str, str] = field(default_factory=dict)  # the group files used
 
 
 # ---- finding and reading files ----------------------------------------------------------
@@ -68,14 +97,40 @@ def config_dir() -> Path:
     )
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YAML_CACHE: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping (a fresh copy; parsed once per file version)."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping at the top level, not {type(data).__name__}")
-    return data
+        stat = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _YAML_CACHE:
+        try:
+            data = yaml.load(path.read_text(), Loader=_LOADER) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a mapping at the top level, not {type(data).__name__}")
+        _YAML_CACHE[key] = data
+    return copy.deepcopy(_YAML_CACHE[key])
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` merged into a copy of ``base``: mappings recursively, anything else replaced."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and value:
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+_read_yaml = read_yaml
 
 
 def group_choices(group: str, directory: Path | None = None) -> list[str]:
@@ -140,28 +195,87 @@ def _is_open(key: str) -> bool:
     return any(key == s or key.startswith(s + ".") for s in OPEN_SECTIONS)
 
 
-def _closest(key: str, known: Iterable[str]) -> str:
+def closest_key(key: str, known: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the most likely intended key, or ``""``. A right leaf name under
+    a wrong section names every place that leaf is a key (the misplaced-key case)."""
     known = list(known)
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    if not close:  # a right leaf name under a wrong section, or the reverse
-        leaf = key.rsplit(".", 1)[-1]
-        same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
-        close = difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0) if same_leaf else []
-    if not close:
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.3)
+    leaf = key.rsplit(".", 1)[-1]
+    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:
+        places = sorted(same_leaf, key=lambda k: -difflib.SequenceMatcher(None, key, k).ratio())[:3]
+        return " Did you mean " + " or ".join(repr(p) for p in places) + "?"
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(key, known, n=1,
+                                                                                                cutoff=0.3)
     return f" Did you mean {close[0]!r}?" if close else ""
+
+
+_closest = closest_key
+
+
+def _prefixes(schema: Iterable[str]) -> set[str]:
+    return {k.rsplit(".", i)[0] for k in schema for i in range(1, k.count(".") + 1)}
+
+
+class _KeyReport:
+    """Collects every unknown key of a composition, so all are reported at once."""
+
+    def __init__(self, schema: dict[str, Any], policy: KeyPolicy | None) -> None:
+        self.known = set(schema)
+        self.prefixes = _prefixes(schema)
+        self.policy = policy
+        self.errors: list[str] = []
+        self.ignored: dict[str, str] = {}
+
+    def check(self, key: str, value: Any, where: str, add_hint: bool = False) -> str | None:
+        """The key to set for ``key`` (itself, or what it is an alias of), or None when it is not
+        set: an unknown key is recorded (an error, or ignored by the policy)."""
+        if not key or key in self.known or _is_open(key) or key in self.prefixes:
+            return key
+        verdict = self.policy(key, value) if self.policy is not None else None
+        if verdict is not None and verdict[0] == "alias":
+            return verdict[1]
+        if verdict is not None and verdict[0] == "ignore":
+            self.ignored[key] = verdict[1]
+            return None
+        if verdict is not None:
+            self.errors.append(f"{key} (from {where}): {verdict[1]}")
+            return None
+        extra = f" To add a key on purpose, write +{key}=..." if add_hint else ""
+        self.errors.append(f"unknown config key {key!r} (from {where}).{closest_key(key, self.known)}{extra}")
+        return None
+
+    def check_mapping(self, data: dict[str, Any], where: str) -> dict[str, Any]:
+        """``data`` without the keys the policy ignores, aliases renamed (errors are recorded)."""
+        keep: dict[str, Any] = {}
+        for key, value in flatten(data).items():
+            target = self.check(key, value, where)
+            if target is not None:
+                keep[target] = value
+        return _unflatten(keep)
+
+    def raise_errors(self) -> None:
+        if len(self.errors) == 1:
+            raise ConfigError(self.errors[0])
+        if self.errors:
+            raise ConfigError(f"{len(self.errors)} config keys cannot be used:\n  " + "\n  ".join(self.errors))
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
 
 
 def check_keys(data: dict[str, Any], schema: dict[str, Any], where: str) -> None:
     """Every key in ``data`` must be a key of ``schema`` (train.yaml) or under an open section."""
-    known = set(schema)
-    prefixes = {k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)}
-    for key in flatten(data):
-        if not key or key in known or _is_open(key):
-            continue
-        if key in prefixes:  # a mapping set where train.yaml has a mapping: fine (e.g. {} for a section)
-            continue
-        raise ConfigError(f"unknown config key {key!r} (from {where}).{_closest(key, known)}")
+    report = _KeyReport(schema, None)
+    report.check_mapping(data, where)
+    report.raise_errors()
 
 
 def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
@@ -188,53 +302,46 @@ def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
 # ---- composing -----------------------------------------------------------------------------
 
 
-BASE_CONFIGS = ("train", "sft")  # whole schemas (agentgym train, agentgym sft); other top-level files overlay one
-
-
-def named_configs(directory: Path | None = None) -> list[str]:
-    """The named configs that overlay ``train.yaml`` (``configs/*.yaml`` other than the base files)."""
-    return sorted(p.stem for p in (directory or config_dir()).glob("*.yaml") if p.stem not in BASE_CONFIGS)
-
-
-def compose_config(
+def compose(
     env: str | None = None,
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
     directory: str | os.PathLike[str] | None = None,
+    *,
+    env_group: str | None = None,
+    key_policy: KeyPolicy | None = None,
+    base_file: str = "train.yaml",
     config_name: str | None = None,
-    base_name: str = "train",
-) -> DictConfig:
-    """Compose ``<base_name>.yaml`` (``train``; ``sft`` for ``agentgym sft``), its group files, the
-    named config ``config_name`` (``async_ppo_trainer``), ``config_file`` and ``overrides``; every key
-    checked against the base file and every value against its default's type; interpolations
-    resolved. What the values mean is checked by their user (``agentgym.trainer.config.load_config``)."""
+) -> Composition:
+    """Compose ``train.yaml``, its group files, ``config_file`` and ``overrides`` (see the module
+    docstring); ``env_group`` picks an env group file without naming an env (``--agent`` runs);
+    ``base_file``: another schema in ``configs/`` (``generation.yaml``, ``evaluation.yaml``);
+    ``config_name``: a named config overlaying it (``async_ppo_trainer``, see ``named_config``).
+    Every unknown key of every source is reported in one ``ConfigError``."""
     base_dir = Path(directory) if directory is not None else config_dir()
-    base_file = base_dir / f"{base_name}.yaml"
-    if not base_file.is_file():
-        raise ConfigError(f"no config {base_file}; choices: "
+    if not (base_dir / base_file).is_file():
+        raise ConfigError(f"no config {base_dir / base_file}; choices: "
                           f"{', '.join(sorted(p.stem for p in base_dir.glob('*.yaml')))}")
-    base = _read_yaml(base_file)
-    choices: dict[str, str] = dict(base.pop("defaults", {}) or {})
+    base = read_yaml(base_dir / base_file)
+    choices: dict[str, str | None] = dict(base.pop("defaults", {}) or {})
     schema = flatten(base)
+    report = _KeyReport(schema, key_policy)
+    user_choices: set[str] = set()
 
-    named: dict[str, Any] = {}
-    if config_name is not None and config_name != base_name:
-        path = base_dir / f"{config_name}.yaml"
-        if not path.is_file() or config_name in BASE_CONFIGS:
-            known = named_configs(base_dir)
-            close = difflib.get_close_matches(config_name, known, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"no config named {config_name!r} ({path} does not exist).{hint} "
-                              f"Named configs: {', '.join(['train', *known])}")
-        named = _read_yaml(path)
-        choices.update(named.pop("defaults", {}) or {})
-        check_keys(named, schema, str(path))
+    named = named_config(base_dir, config_name, base_file, schema) if config_name else {}
+    choices.update(named.pop("defaults", {}) or {})
 
     user: dict[str, Any] = {}
     if config_file is not None:
-        user = _read_yaml(Path(config_file))
-        choices.update(user.pop("defaults", {}) or {})
-        check_keys(user, schema, str(config_file))
+        user = read_yaml(Path(config_file))
+        file_defaults = user.pop("defaults", {}) or {}
+        if not isinstance(file_defaults, dict):
+            raise ConfigError(f"{config_file}: 'defaults' must map a group to a file name (e.g. algorithm: ppo); "
+                              "agentgym composes no Hydra defaults list (translate the file with `agentgym config "
+                              "--from`)")
+        choices.update(file_defaults)
+        user_choices.update(file_defaults)
+        user = report.check_mapping(user, str(config_file))
 
     env_name_override: str | None = None
     if env is not None:
@@ -243,6 +350,8 @@ def compose_config(
         else:
             choices["env"] = "generic"
             env_name_override = env
+    elif env_group is not None:
+        choices["env"] = env_group
 
     dotted: list[tuple[str, Any, bool]] = []
     for item in overrides:
@@ -252,34 +361,51 @@ def compose_config(
                 choices["env"], env_name_override = "generic", str(value)
             else:
                 choices[key] = str(value)
+            user_choices.add(key)
             continue
         dotted.append((key, value, add))
 
-    cfg = OmegaConf.create(base)
+    env_data: dict[str, Any] = {}
+    if choices.get("env") is not None:
+        env_path = _group_file(base_dir, "env", str(choices["env"]))
+        env_data = read_yaml(env_path)
+        for group, choice in (env_data.pop("defaults", {}) or {}).items():  # the env preset's own picks
+            if group not in user_choices:
+                choices[group] = choice
+
+    merged = base
+    used: dict[str, str] = {}
     for group in GROUPS:
         if choices.get(group) is None:
             continue
         path = _group_file(base_dir, group, str(choices[group]))
-        data = _read_yaml(path)
+        data = env_data if group == "env" else read_yaml(path)
         check_keys(data, schema, str(path))
-        cfg = OmegaConf.merge(cfg, data)
+        merged = deep_merge(merged, data)
+        used[group] = str(choices[group])
     if env_name_override is not None:
-        cfg.env.name = env_name_override
+        merged = deep_merge(merged, {"env": {"name": env_name_override}})
     if named:
-        cfg = OmegaConf.merge(cfg, named)
+        merged = deep_merge(merged, named)
     if user:
-        cfg = OmegaConf.merge(cfg, user)
+        merged = deep_merge(merged, user)
+    cfg = OmegaConf.create(merged)
 
+    explicit = set(flatten(user))
+    added: dict[str, Any] = {}
     for key, value, add in dotted:
-        if not add and key not in schema and not _is_open(key):
-            prefixes = {k.rsplit(".", i)[0] for k in schema for i in range(1, k.count(".") + 1)}
-            if key not in prefixes:
-                raise ConfigError(
-                    f"unknown config key {key!r} (from the command line).{_closest(key, schema)} "
-                    f"To add a key on purpose, write +{key}=..."
-                )
+        if key not in schema and not _is_open(key) and key not in report.prefixes:
+            if add:
+                added[key] = value
+            else:
+                target = report.check(key, value, "the command line", add_hint=True)
+                if target is None:
+                    continue
+                key = target
         value = _coerce(key, value, schema.get(key), "the command line")
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+        explicit.update(flatten(value, key) if isinstance(value, dict) else {key: value})
+    report.raise_errors()
 
     for key, default in schema.items():  # type checks on every source's values
         current = OmegaConf.select(cfg, key, throw_on_missing=False)
@@ -288,7 +414,42 @@ def compose_config(
             if coerced is not current and not isinstance(coerced, list):
                 OmegaConf.update(cfg, key, coerced, merge=False)
     OmegaConf.resolve(cfg)
-    return cfg
+    return Composition(cfg, explicit, added, report.ignored, used)
+
+
+def compose_config(
+    env: str | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    directory: str | os.PathLike[str] | None = None,
+    base_name: str = "train",
+    config_name: str | None = None,
+) -> DictConfig:
+    """Compose ``<base_name>.yaml`` (``train``; ``sft`` for ``agentgym sft``), its group files, the
+    named config ``config_name``, ``config_file`` and ``overrides``; every key checked against the
+    base file and every value against its default's type; interpolations resolved. What the values
+    mean is checked by their user (``agentgym.trainer.config.load_config``)."""
+    return compose(env, config_file, overrides, directory, base_file=f"{base_name}.yaml", config_name=config_name).cfg
+
+
+def named_configs(directory: Path | None = None) -> list[str]:
+    """The named configs one may pick (``configs/*.yaml`` other than the base schemas)."""
+    return sorted(p.stem for p in (directory or config_dir()).glob("*.yaml") if p.stem not in BASE_CONFIGS)
+
+
+def named_config(base_dir: Path, name: str, base_file: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """``configs/<name>.yaml``, a named config overlaying the base file: its keys must be the base's."""
+    path = base_dir / f"{name}.yaml"
+    if f"{name}.yaml" == base_file:
+        return {}
+    if not path.is_file() or name in BASE_CONFIGS:
+        known = named_configs(base_dir)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"no config named {name!r} ({path} is not one).{hint} Named configs: {', '.join(known)}")
+    data = read_yaml(path)
+    check_keys({k: v for k, v in data.items() if k != "defaults"}, schema, str(path))
+    return data
 
 
 def _plain(value: Any) -> Any:

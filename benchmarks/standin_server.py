@@ -18,6 +18,10 @@ It speaks the embedded server's wire format (the JSON ``PolicyClient`` parses):
 
 * ``POST /v1/chat/completions``: a canned OpenAI chat answer (``The answer is 72.``): the direct
   path of ``benchmarks/gateway.py``.
+* ``POST /vllm/v1/chat/completions`` (``fixed`` mode): the same answer as vLLM gives it with
+  ``return_token_ids`` and ``logprobs``: ``prompt_token_ids``, ``choices[0].token_ids`` and
+  ``logprobs.content`` (the fixed reply's ids): what a gateway that records vLLM's chat answers
+  (``rllm-model-gateway``, measured by ``benchmarks/gateway.py --peer``) needs to find.
 * ``GET /health`` (``{"status": "ok", "weight_version": N}``) and ``GET /v1/models``.
 
 It reports weight version ``--weight-version``; ``--delay-ms`` holds back the answers to
@@ -87,6 +91,30 @@ def completion(token_ids: list[int], token_logprobs: list[float], finish_reason:
     }, separators=(",", ":")).encode())
 
 
+def streamed(token_ids: list[int], token_logprobs: list[float], finish_reason: str, weight_version: int) -> list[bytes]:
+    """A streamed ``/v1/completions`` answer in the embedded server's shape, as the pieces written
+    one after another: the head, one SSE event per token (the last with ``finish_reason``), the end."""
+    def event(data: str) -> bytes:
+        raw = f"data: {data}\n\n".encode()
+        return b"%x\r\n%s\r\n" % (len(raw), raw)
+
+    pieces = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"]
+    last = len(token_ids) - 1
+    for i, (t, lp) in enumerate(zip(token_ids, token_logprobs)):
+        pieces.append(event(json.dumps({
+            "id": "cmpl-standin", "object": "text_completion", "model": "standin",
+            "choices": [{"index": 0, "text": "", "token_ids": [t], "logprobs": {"token_logprobs": [lp]},
+                         "finish_reason": finish_reason if i == last else None}],
+            "weight_version": weight_version}, separators=(",", ":"))))
+    if not token_ids:
+        pieces.append(event(json.dumps({"id": "cmpl-standin", "object": "text_completion", "model": "standin",
+                                        "choices": [{"index": 0, "text": "", "token_ids": [],
+                                                     "finish_reason": finish_reason}],
+                                        "weight_version": weight_version})))
+    pieces[-1] += event("[DONE]") + b"0\r\n\r\n"
+    return pieces
+
+
 def prebuilt(weight_version: int, fixed_ids: list[int] | None = None, eos: int | None = None) -> dict[bytes, bytes]:
     """The answers that never change, by ``b"METHOD /path"`` (``fixed_ids``: a ``fixed`` policy's)."""
     answers = {
@@ -101,7 +129,25 @@ def prebuilt(weight_version: int, fixed_ids: list[int] | None = None, eos: int |
     if fixed_ids is not None:
         finish = "stop" if fixed_ids and fixed_ids[-1] == eos else "length"
         answers[b"POST /v1/completions"] = completion(fixed_ids, logprobs(fixed_ids), finish, weight_version)
+        answers[b"POST /vllm/v1/chat/completions"] = vllm_chat(fixed_ids)
     return answers
+
+
+VLLM_PROMPT_TOKENS = 64  # about what the benchmark's chats render to
+
+
+def vllm_chat(ids: list[int]) -> bytes:
+    """A vLLM chat answer with ``return_token_ids`` and ``logprobs`` on (the reply's token strings are
+    placeholders: nothing reads them)."""
+    content = [{"token": f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in zip(ids, logprobs(ids))]
+    return http(200, json.dumps({
+        "id": "chatcmpl-standin", "object": "chat.completion", "created": 0, "model": "standin",
+        "prompt_token_ids": list(range(100, 100 + VLLM_PROMPT_TOKENS)),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": CHAT_REPLY}, "token_ids": ids,
+                     "logprobs": {"content": content}, "finish_reason": "stop", "stop_reason": None}],
+        "usage": {"prompt_tokens": VLLM_PROMPT_TOKENS, "completion_tokens": len(ids),
+                  "total_tokens": VLLM_PROMPT_TOKENS + len(ids)},
+    }, separators=(",", ":")).encode())
 
 
 _USER_BLOCK = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
@@ -160,16 +206,19 @@ class StandinProtocol(asyncio.Protocol):
     """One connection: parses pipelined HTTP/1.1 requests by ``Content-Length`` and answers each
     from ``answers`` (prebuilt bytes) or, for ``POST /v1/completions`` when there is a ``policy``,
     from the policy (the request and its answer appended to ``record`` when given). Answers to
-    ``POST /v1/...`` go out ``delay_s`` late."""
+    ``POST /v1/...`` go out ``delay_s`` late. A policy's answer to a request with ``"stream": true``
+    is streamed as the embedded server streams it (SSE over chunked encoding, one chunk per token
+    with its id and logprob, then the finish, then ``[DONE]``), a token every ``token_delay_s``."""
 
     def __init__(self, answers: dict[bytes, bytes], policy: Policy | None = None,
                  record: list[dict[str, Any]] | None = None, weight_version: int = 0,
-                 delay_s: float = 0.0) -> None:
+                 delay_s: float = 0.0, token_delay_s: float = 0.0) -> None:
         self.answers = answers
         self.policy = policy
         self.record = record
         self.weight_version = weight_version
         self.delay_s = delay_s
+        self.token_delay_s = token_delay_s
         self.buffer = bytearray()
         self.closing = False
         self.transport: asyncio.Transport | None = None
@@ -210,11 +259,29 @@ class StandinProtocol(asyncio.Protocol):
             if at >= 0 and lower[at + 13:].split(b"\r\n", 1)[0].strip() == b"close":
                 self.closing = True
                 break
-        if out:
+        if not out:
+            return
+        if all(isinstance(o, bytes) for o in out):  # the usual case: one write
             if delayed:
                 asyncio.get_running_loop().call_later(self.delay_s, self._send, b"".join(out), self.closing)
             else:
                 self._send(b"".join(out), self.closing)
+            return
+        at, group, schedule = (self.delay_s if delayed else 0.0), [], []
+        for answer in out:
+            if isinstance(answer, bytes):
+                group.append(answer)
+                continue
+            schedule.append((at, b"".join(group) + answer[0]))  # a stream: its head goes with what came before
+            group = []
+            for piece in answer[1:]:
+                at += self.token_delay_s
+                schedule.append((at, piece))
+        if group:
+            schedule.append((at, b"".join(group)))
+        loop = asyncio.get_running_loop()
+        for k, (when, data) in enumerate(schedule):
+            loop.call_later(when, self._send, data, self.closing and k == len(schedule) - 1)
 
     def _send(self, data: bytes, close: bool) -> None:
         transport = self.transport
@@ -223,7 +290,7 @@ class StandinProtocol(asyncio.Protocol):
             if close:
                 transport.close()
 
-    def _generate(self, body: bytes) -> bytes:
+    def _generate(self, body: bytes) -> bytes | list[bytes]:
         assert self.policy is not None
         try:
             request = json.loads(body)
@@ -238,6 +305,8 @@ class StandinProtocol(asyncio.Protocol):
         if self.record is not None:
             self.record.append({"request": request, "status": 200, "token_ids": token_ids,
                                 "logprobs": token_logprobs, "finish_reason": finish_reason})
+        if request.get("stream"):
+            return streamed(token_ids, token_logprobs, finish_reason, self.weight_version)
         return completion(token_ids, token_logprobs, finish_reason, self.weight_version)
 
 
@@ -246,12 +315,13 @@ async def listen(host: str, port: int, protocol: Callable[[], asyncio.Protocol])
 
 
 async def serve(host: str, port: int, mode: str = "echo", text: str = FIXED_TEXT, weight_version: int = 0,
-                delay_ms: float = 0.0, model: str = "tiny") -> None:
+                delay_ms: float = 0.0, model: str = "tiny", token_delay_ms: float = 0.0) -> None:
     """Serves until cancelled; prints ``READY <port>`` once listening."""
     policy = BuiltinPolicy(mode, text, model)
     answers = prebuilt(weight_version, policy.fixed if mode == "fixed" else None, policy.eos)
     generate = None if mode == "fixed" else policy  # fixed: the prebuilt answer, the body unparsed
-    server = await listen(host, port, lambda: StandinProtocol(answers, generate, None, weight_version, delay_ms / 1e3))
+    server = await listen(host, port, lambda: StandinProtocol(answers, generate, None, weight_version, delay_ms / 1e3,
+                                                                  token_delay_ms / 1e3))
     print(f"READY {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
@@ -264,11 +334,12 @@ class StandinProcess(subprocess.Popen):
 
 
 def start_standin(port: int = 0, mode: str = "echo", version: int = 0, timeout: float = 30.0,
-                  delay_ms: float = 0.0, text: str = FIXED_TEXT) -> StandinProcess:
+                  delay_ms: float = 0.0, text: str = FIXED_TEXT, token_delay_ms: float = 0.0) -> StandinProcess:
     """``python benchmarks/standin_server.py`` in a child process, returned once it listens (so it
     answers ``/health``); ``port`` 0: a free one, in ``.url``. ``version``: its weight version."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--port", str(port), "--mode", mode, "--text", text,
-           "--weight-version", str(version), "--delay-ms", str(delay_ms)]
+           "--weight-version", str(version), "--delay-ms", str(delay_ms),
+           "--token-delay-ms", str(token_delay_ms)]
     proc = StandinProcess(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     deadline, line = time.monotonic() + timeout, b""
@@ -294,11 +365,12 @@ class StandinServer:
     ``policy`` (default: ``token_ids`` every time) and ``token_ids`` may be changed while it runs."""
 
     def __init__(self, policy: Policy | None = None, token_ids: list[int] | None = None,
-                 weight_version: int = 1, delay_ms: float = 0.0) -> None:
+                 weight_version: int = 1, delay_ms: float = 0.0, token_delay_ms: float = 0.0) -> None:
         self.policy = policy
         self.token_ids = token_ids or []
         self.weight_version = weight_version
         self.delay_ms = delay_ms
+        self.token_delay_ms = token_delay_ms
         self.requests: list[dict[str, Any]] = []
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -309,7 +381,8 @@ class StandinServer:
         answers = prebuilt(self.weight_version)
 
         def protocol() -> StandinProtocol:
-            return StandinProtocol(answers, self._policy, self.requests, self.weight_version, self.delay_ms / 1e3)
+            return StandinProtocol(answers, self._policy, self.requests, self.weight_version, self.delay_ms / 1e3,
+                                   self.token_delay_ms / 1e3)
 
         def run() -> None:
             loop = self._loop = asyncio.new_event_loop()
@@ -346,11 +419,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="tiny", help="whose tokenizer (tokenizer.json) encodes and decodes")
     parser.add_argument("--weight-version", type=int, default=0)
     parser.add_argument("--delay-ms", type=float, default=0.0, help="answer each generation after this long")
+    parser.add_argument("--token-delay-ms", type=float, default=0.0, help="a streamed answer's time per token")
     args = parser.parse_args(argv)
     if str(ROOT) not in sys.path:
         sys.path.append(str(ROOT))  # agentgym, when it is not installed
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port, args.mode, args.text, args.weight_version, args.delay_ms, args.model))
+        asyncio.run(serve(args.host, args.port, args.mode, args.text, args.weight_version, args.delay_ms, args.model,
+                          args.token_delay_ms))
 
 
 if __name__ == "__main__":

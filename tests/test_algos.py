@@ -270,8 +270,9 @@ def test_registries_hold_verl_names():
         "rloo",
         "reinforce_plus_plus",
         "reinforce_plus_plus_baseline",
+        "reinforce",  # ROLL's name (tests/test_compat_roll.py)
     }
-    assert set(algos.POLICY_LOSS_REGISTRY) == {"vanilla", "gspo"}
+    assert set(algos.POLICY_LOSS_REGISTRY) == {"vanilla", "gspo", "topr"}
     with pytest.raises(ValueError, match="Did you mean 'grpo'"):
         algos.get_adv_estimator_fn("grp")
     with pytest.raises(ValueError, match="Did you mean 'vanilla'"):

@@ -57,7 +57,7 @@ def test_staleness_zero_reproduces_the_synchronous_trainer(tmp_path, checkpoint_
         for key in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
                     "critic/advantages/mean"):
             assert abs(x[key] - y[key]) < 1e-6, (key, x[key], y[key])
-        assert y["async/lag_max"] == 0 and y["async/lag_bound"] == 0
+        assert y["async/version_lag/max"] == 0 and y["async/version_lag/bound"] == 0
         assert y["async/servers_version"] == x["weight_sync/version"] - 1 == y["step"] - 1  # sampled by the latest
     samples = [(r["step"], r["seed"], [t["response_ids"] for t in r["turns"]])
                for r in _rows(Path(sync["samples_file"]))]
@@ -101,10 +101,10 @@ def test_async_partial_rollout_with_decoupled_ppo_runs_and_logs(tmp_path):
     rows = _rows(Path(summary["metrics_file"]))
     assert len(rows) == 4
     for row in rows:
-        assert row["async/lag_max"] <= row["async/lag_bound"] == 2  # ceil(1.5 * 2) - 1
+        assert row["async/version_lag/max"] <= row["async/version_lag/bound"] == 2  # ceil(1.5 * 2) - 1
         for key in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_max",
                     "rollout_corr/rollout_is_ratio_fraction_high", "async/pool_size", "async/rollout_idle_frac",
-                    "async/trainer_idle_frac", "async/lag_min", "async/lag_mean"):
+                    "async/trainer_idle_frac", "async/version_lag/min", "async/version_lag/mean"):
             assert key in row, key
     assert rows[-1]["async/servers_version"] >= 2
     assert sum(summary["lag_histogram"].values()) == 4 * 4 * 4
@@ -223,7 +223,7 @@ def test_black_box_agent_trains_through_the_gateway_in_async_mode(tmp_path, part
         "async_training.trigger_parameter_sync_step=2", f"async_training.partial_rollout={partial}"])
     summary = train(cfg, show_progress=False)
     rows = _rows(Path(summary["metrics_file"]))
-    assert len(rows) == 4 and all(r["async/lag_max"] <= r["async/lag_bound"] for r in rows)
+    assert len(rows) == 4 and all(r["async/version_lag/max"] <= r["async/version_lag/bound"] for r in rows)
     assert rows[-1]["async/servers_version"] == 2 and rows[-1]["episodes"] == 4
     batches = _rows(Path(summary["run_dir"]) / "async_batches.jsonl")
     trained = sorted(g["task"]["index"] for r in batches for g in r["groups"])

@@ -527,7 +527,8 @@ def test_trajectory_source_from_the_training_config(standin, tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cfg = load_config(overrides=[f"data.train_files={path}", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
-                                 "data.val_batch_size=1", "actor_rollout_ref.rollout.temperature=0.5"])
+                                 "data.val_batch_size=1", "actor_rollout_ref.rollout.temperature=0.5"],
+                      agent="examples.gsm8k_agent:run")
 
     class Servers:  # what the trainer passes: RolloutServers' urls, backend and client
         urls, backend = [standin], "embedded"

@@ -9,10 +9,17 @@ the finish reason and the weight version out. It speaks three dialects behind on
 * ``sglang``: ``POST /generate`` with ``input_ids`` and ``return_logprob=true``; ids and
   logprobs come back in ``meta_info.output_token_logprobs``.
 
+``PolicyClient.generate_stream`` is the same call streamed: ``TokenDelta``s (ids, logprobs,
+finish reason, weight version) as the server samples them (``stream=true`` on ``/v1/completions``;
+SGLang's ``/generate`` is not streamed: its one delta comes at the end).
+
 Requests go to the server with the fewest outstanding requests, except that every request
 of a session goes to the server that served its first one (so the server's prefix cache is
 reused across turns). Connection errors and 5xx answers are retried a bounded number of
-times with backoff, then raise ``PolicyServerError`` saying what failed and where.
+times with backoff, then raise ``PolicyServerError`` saying what failed and where (a stream
+only until its first token: after that a failure ends it). Servers can be added and removed
+while requests run (``add_server``, ``remove_server``: a removed server's sessions move to
+another server on their next request, its requests in flight finish first).
 
 Connections: ``http://`` servers are called through ``agentgym.client.http11`` (keep-alive
 connections, responses parsed by httptools: ~0.05 ms of CPU per call where httpx spends ~0.5 ms);
@@ -22,11 +29,13 @@ connections, responses parsed by httptools: ~0.05 ms of CPU per call where httpx
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -83,8 +92,42 @@ class HTTPPools:
             finally:
                 busy[k] -= 1
 
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, url: str, **kwargs: Any) -> AsyncIterator[httpx.Response]:
+        """``httpx.AsyncClient.stream`` on the least busy pool: the response before its body is read."""
+        async with self.slots:
+            busy = self.busy
+            k = min(range(len(busy)), key=busy.__getitem__, default=-1)
+            if k < 0 or busy[k] >= self.size:
+                self.clients.append(httpx.AsyncClient(**self._options))
+                busy.append(0)
+                k = len(busy) - 1
+            busy[k] += 1
+            try:
+                async with self.clients[k].stream(method, url, **kwargs) as response:
+                    yield response
+            finally:
+                busy[k] -= 1
+
     async def aclose(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self.clients))
+
+
+class _HttpxStreamed:
+    """An httpx streamed response in ``http11.Streamed``'s shape: ``status``, ``async for piece``, ``read()``."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.status, self._response = response.status_code, response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for piece in self._response.aiter_raw():
+                yield piece
+        except httpx.TransportError as exc:
+            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def read(self) -> bytes:
+        return b"".join([piece async for piece in self])
 
 
 class _HttpxTransport:
@@ -103,6 +146,17 @@ class _HttpxTransport:
             raise TransportError(f"{type(exc).__name__}: {exc}") from exc
         return response.status_code, response.content
 
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None
+                     ) -> AsyncIterator[_HttpxStreamed]:
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        try:
+            async with self.pools.stream(method, self.base + path, content=body, headers=headers,
+                                         timeout=timeout) as response:
+                yield _HttpxStreamed(response)
+        except httpx.TransportError as exc:
+            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+
     async def aclose(self) -> None:
         await self.pools.aclose()
 
@@ -118,7 +172,7 @@ class _Server:
     """One server's routing state and connections. A failed server is skipped for ``cooldown``
     seconds, then tried again (it may have restarted), instead of being dropped for good."""
 
-    __slots__ = ("url", "outstanding", "version", "unhealthy_until", "transport")
+    __slots__ = ("url", "outstanding", "version", "unhealthy_until", "transport", "removed")
 
     def __init__(self, url: str, transport: ConnectionPool | _HttpxTransport) -> None:
         self.url = url.rstrip("/")
@@ -126,6 +180,7 @@ class _Server:
         self.version = 0
         self.unhealthy_until = 0.0
         self.transport = transport
+        self.removed = False
 
     @property
     def healthy(self) -> bool:
@@ -133,6 +188,17 @@ class _Server:
 
     def mark(self, healthy: bool, cooldown: float = 5.0) -> None:
         self.unhealthy_until = 0.0 if healthy else time.monotonic() + cooldown
+
+
+@dataclass
+class TokenDelta:
+    """What a streamed generation adds: the newly sampled ids and their logprobs; ``finish_reason``
+    on the last one (None before); the weight version of the server that sampled them."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+    weight_version: int
 
 
 class PolicyClient:
@@ -169,6 +235,7 @@ class PolicyClient:
         self.backoff = backoff  # first retry's delay in seconds; doubles per attempt (jittered, at most 5 s)
         self.cooldown = cooldown  # seconds a failed server is passed over while others are healthy
         self.timeout = timeout
+        self.max_connections, self.pool_size = max_connections, pool_size
         self.servers = [_Server(u, _transport(u.rstrip("/"), max_connections, pool_size, timeout)) for u in urls]
         self._sticky: OrderedDict[str, _Server] = OrderedDict()
         self._max_sessions = max_sessions
@@ -177,7 +244,7 @@ class PolicyClient:
     def _pick(self, session_id: str | None, exclude: _Server | None = None) -> _Server:
         if session_id is not None:
             server = self._sticky.get(session_id)
-            if server is not None and server is not exclude and server.healthy:
+            if server is not None and server is not exclude and server.healthy and not server.removed:
                 self._sticky.move_to_end(session_id)
                 return server
         candidates = [s for s in self.servers if s is not exclude and s.healthy] or [
@@ -194,6 +261,33 @@ class PolicyClient:
     def release_session(self, session_id: str) -> None:
         """Forget a finished session's server assignment."""
         self._sticky.pop(session_id, None)
+
+    # ---- servers at run time -------------------------------------------------------------
+    def add_server(self, url: str) -> bool:
+        """Route new requests to ``url`` too (a base URL, as given at construction); False if it is there."""
+        url = url.rstrip("/")
+        if any(s.url == url for s in self.servers):
+            return False
+        self.servers = [*self.servers, _Server(url, _transport(url, self.max_connections, self.pool_size, self.timeout))]
+        return True
+
+    async def remove_server(self, url: str, drain_timeout: float = 60.0) -> bool:
+        """Stop routing to ``url``; returns once its requests in flight finished (or after ``drain_timeout``)
+        and its connections are closed. Its sessions move to another server on their next request.
+        False if no such server; the last server cannot be removed (add its replacement first)."""
+        url = url.rstrip("/")
+        server = next((s for s in self.servers if s.url == url), None)
+        if server is None:
+            return False
+        if len(self.servers) == 1:
+            raise ValueError(f"{url} is the only policy server; add another before removing it")
+        server.removed = True
+        self.servers = [s for s in self.servers if s is not server]
+        deadline = time.monotonic() + drain_timeout
+        while server.outstanding > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await server.transport.aclose()
+        return True
 
     async def _post(self, path: str, payload: dict[str, Any], session_id: str | None = None,
                     server: _Server | None = None) -> tuple[_Server, dict[str, Any]]:
@@ -245,6 +339,73 @@ class PolicyClient:
         server, body = await self._post("/v1/completions", self._completions_payload(prompt_ids, sampling),
                                         session_id)
         return self._parse_completions(body, server)
+
+    async def generate_stream(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None,
+                              session_id: str | None = None) -> AsyncIterator[TokenDelta]:
+        """``generate``, streamed: ``TokenDelta``s as the server samples them, the last with the finish
+        reason. Retried like ``generate`` until the first delta; a failure after that raises
+        ``PolicyServerError``. Closing the iterator early closes the connection (the server stops)."""
+        sampling = sampling or SamplingParams()
+        if self.backend == "sglang":  # its /generate stream reports cumulative logprobs: not streamed here
+            sample = await self.generate(prompt_ids, sampling, session_id)
+            yield TokenDelta(sample.token_ids, sample.logprobs, sample.finish_reason, sample.weight_version)
+            return
+        path = "/v1/completions"
+        body = json.dumps({**self._completions_payload(prompt_ids, sampling), "stream": True}).encode()
+        last_error = ""
+        failed: _Server | None = None
+        for attempt in range(self.max_retries + 1):
+            target = self._pick(session_id, exclude=failed)
+            target.outstanding += 1
+            started = False
+            try:
+                async with target.transport.stream("POST", path, body, timeout=self.timeout) as answer:
+                    if answer.status < 400:
+                        target.mark(True)
+                        async for event in _sse_events(answer):
+                            delta = self._parse_delta(event, target)
+                            if delta is not None:
+                                started = True
+                                yield delta
+                        return
+                    text = (await answer.read()).decode("utf-8", "replace")
+                if answer.status < 500 and answer.status != 429:
+                    raise PolicyServerError(f"{target.url}{path} refused the request ({answer.status}): {text[:500]}",
+                                            refused=answer.status)
+                last_error = f"HTTP {answer.status}: {text[:200]}"
+            except TransportError as exc:
+                if started:
+                    raise PolicyServerError(f"{target.url}{path} stopped streaming mid-answer: {exc}") from None
+                last_error = str(exc)
+            finally:
+                target.outstanding -= 1
+            if len(self.servers) > 1:
+                target.mark(False, self.cooldown)
+                failed = target
+            if attempt < self.max_retries:
+                await asyncio.sleep(min(self.backoff * 2**attempt, 5.0) * (0.5 + random.random()))
+        raise PolicyServerError(
+            f"policy server request {path} (stream) failed after {self.max_retries + 1} attempts "
+            f"({', '.join(s.url for s in self.servers)}): {last_error}. Check that the server is running and "
+            "reachable (agentgym serve --model ... --port ...)."
+        )
+
+    @staticmethod
+    def _parse_delta(event: dict[str, Any], server: _Server) -> TokenDelta | None:
+        choices = event.get("choices")
+        if not choices:  # a usage chunk
+            return None
+        choice = choices[0]
+        ids = choice.get("token_ids")
+        if ids is None:
+            raise PolicyServerError(f"{server.url} streamed a chunk with no token ids; a vLLM server must support "
+                                    "return_token_ids when streaming (vLLM >= 0.10.2)")
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        if len(logprobs) != len(ids):
+            raise PolicyServerError(f"{server.url} streamed {len(logprobs)} logprobs for {len(ids)} tokens")
+        version = event.get("weight_version", server.version)
+        return TokenDelta(list(ids), [float(x) for x in logprobs], choice.get("finish_reason"),
+                          int(version) if version is not None else server.version)
 
     def _completions_payload(self, prompt_ids: Sequence[int], s: SamplingParams) -> dict[str, Any]:
         payload: dict[str, Any] = {
@@ -366,15 +527,28 @@ class PolicyClient:
         return min(known, default=None)
 
     async def health(self) -> list[bool]:
+        """Ask every server's ``/health``; one that fails is passed over for ``cooldown`` seconds."""
         async def one(server: _Server) -> bool:
-            try:
-                ok = (await server.transport.request("GET", "/health", timeout=5.0))[0] == 200
-            except TransportError:
-                ok = False
+            ok = await self._healthy(server.transport, 5.0)
             server.mark(ok, self.cooldown)
             return ok
 
         return list(await asyncio.gather(*(one(s) for s in self.servers)))
+
+    async def check_health(self, url: str, timeout: float = 10.0) -> bool:
+        """Whether ``url`` (a server not necessarily routed to) answers ``GET /health`` with 200."""
+        transport = _transport(url.rstrip("/"), 2, 1, timeout)
+        try:
+            return await self._healthy(transport, timeout)
+        finally:
+            await transport.aclose()
+
+    @staticmethod
+    async def _healthy(transport: Any, timeout: float) -> bool:
+        try:
+            return (await transport.request("GET", "/health", timeout=timeout))[0] == 200
+        except TransportError:
+            return False
 
     async def aclose(self) -> None:
         await asyncio.gather(*(s.transport.aclose() for s in self.servers))
@@ -384,3 +558,24 @@ class PolicyClient:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+async def _sse_events(answer: Any) -> AsyncIterator[dict[str, Any]]:
+    """The JSON ``data:`` events of a server-sent-events body, until ``[DONE]`` or its end."""
+    buffer = b""
+    async for piece in answer:
+        buffer += piece.replace(b"\r\n", b"\n")
+        while True:
+            end = buffer.find(b"\n\n")
+            if end < 0:
+                break
+            event, buffer = buffer[:end], buffer[end + 2:]
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    try:
+                        yield json.loads(data)
+                    except ValueError:
+                        raise PolicyServerError(f"a streamed event is not JSON: {data[:200]!r}") from None

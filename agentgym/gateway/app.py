@@ -1,30 +1,52 @@
 """The gateway's HTTP face: the admin routes (FastAPI) and the model calls (a thin ASGI app in front).
 
-Routes and their bodies are described in ``agentgym.gateway.gateway``'s docstring.
+Admin endpoints (``Authorization: Bearer <admin key>`` when the gateway has one):
+
+* ``POST /sessions`` ``{"task": {...}, "group_id": str, "sampling": {...}}`` ->
+  ``{"id", "api_key", "base_url", "group_id"}``. ``sampling`` (``SamplingParams`` names:
+  ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed``...) is pinned: it
+  overrides what the agent asks for. The task may name a reward function
+  (``"reward_fn": "gsm8k"`` or ``"module:function"``) with its ``ground_truth``.
+  ``"metadata": {...}`` is the caller's own notes (see the query API below).
+* ``GET /sessions/<id>``, ``POST /sessions/<id>/reward`` ``{"reward", "kind": "final"|"turn",
+  "turn", "branch"}``, ``POST /sessions/<id>/finish`` ``{"failure", "reward"}`` -> ``{"trajectories"}``:
+  also open to the session's own key. Finishing twice returns the same trajectories.
+* The query API (same keys): ``GET /sessions?group_id=&status=open|finished|failed&since=&until=
+  &limit=&offset=`` -> ``{"sessions": [...]}`` (``since``/``until``: creation time, Unix seconds);
+  ``POST /sessions/<id>/metadata`` ``{"metadata": {...}}`` merges keys into the session's metadata;
+  ``GET /sessions/<id>/calls`` -> one record per model call (request, response, latency, token
+  counts, branch, weight version); ``DELETE /sessions/<id>``.
+* Finished sessions go to the archive (``agentgym.gateway.archive``): in memory (the latest
+  ``keep_finished``), or with ``store="sqlite:PATH"`` (``agentgym gateway --store``) in SQLite, written
+  when the session finishes and committed before the finish is answered, so finished sessions and
+  their trajectories survive a crash or restart of the gateway.
+* Policy servers at run time: ``GET /servers``, ``POST /servers`` ``{"url"}`` (added once it answers
+  ``/health``), ``DELETE /servers?url=<url>`` (its requests in flight finish; its sessions move to
+  another server on their next call). Every ``health_check_interval`` seconds each server's
+  ``/health`` is asked; one that fails is passed over until it answers again.
+* ``POST /pause`` (waits, bounded, for in-flight generations) and ``POST /resume``
+  ``{"weight_version": N}``: while paused, new model calls wait (up to ``pause_timeout``) instead of
+  failing; every turn records the weight version its server reported (or the one given at resume,
+  for servers that report none). ``GET /health``, ``GET /stats``.
+
+OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
+session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
+``logprobs``, ``stream``), ``POST /completions``, ``GET /models``. Another session's key is a
+403, a missing or unknown key a 401; every error has OpenAI's shape.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from agentgym.gateway.archive import STATUSES, ArchivedSession, archived_summary, finish_body
 from agentgym.gateway.gateway import SAMPLING_FIELDS, Gateway
 from agentgym.server.errors import APIError, error_response, install_error_handlers, json_object, validate
 from agentgym.server.openai_types import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from agentgym.types import Trajectory, Turn
-
-
-def trajectory_json(traj: Trajectory) -> dict[str, Any]:
-    """``traj.to_dict()`` without its deep copy of every token id (5 ms for a few hundred tokens)."""
-    out = {f.name: getattr(traj, f.name) for f in dataclasses.fields(traj)}
-    out["turns"] = [{f.name: getattr(t, f.name) for f in _TURN_FIELDS} for t in traj.turns]
-    return out
-
-
-_TURN_FIELDS = dataclasses.fields(Turn)
 
 
 def build_app(gateway: Gateway) -> GatewayApp:
@@ -50,27 +72,45 @@ def build_app(gateway: Gateway) -> GatewayApp:
     async def stats() -> dict[str, Any]:
         return gw.stats()
 
-    @app.post("/sessions")
-    async def create(request: Request) -> dict[str, Any]:
+    # POST /sessions and POST /sessions/<id>/finish: GatewayApp's (create_session, finish_session)
+
+    @app.get("/sessions")
+    async def listing(request: Request) -> dict[str, Any]:
         gw.require_admin(request)
-        data = await body(request, required=False)
-        task, sampling = data.get("task") or {}, data.get("sampling") or {}
-        if not isinstance(task, dict) or not isinstance(sampling, dict):
-            raise APIError(400, "'task' and 'sampling' must be JSON objects")
-        unknown = sorted(set(sampling) - SAMPLING_FIELDS)
-        if unknown:
-            raise APIError(400, f"unknown sampling fields {unknown}; pin any of {sorted(SAMPLING_FIELDS)}",
-                           param="sampling")
+        q = request.query_params
+        status = q.get("status")
+        if status is not None and status not in STATUSES:
+            raise APIError(400, f"status must be one of {', '.join(STATUSES)}", param="status")
         try:
-            session = gw.store.create(task, data.get("group_id"), sampling)
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="task") from None
-        return {"id": session.id, "api_key": session.key, "base_url": gw.base_url(request, session.id),
-                "group_id": session.group_id}
+            since, until = (float(q[k]) if q.get(k) else None for k in ("since", "until"))
+            limit, offset = int(q.get("limit") or 100), int(q.get("offset") or 0)
+        except ValueError:
+            raise APIError(400, "since/until are Unix times in seconds; limit/offset are integers") from None
+        return await gw.list_sessions(q.get("group_id"), status, since, until, max(0, min(limit, 10_000)),
+                                      max(0, offset))
 
     @app.get("/sessions/{sid}")
     async def get(sid: str, request: Request) -> dict[str, Any]:
-        return gw.session_for(sid, request, admin=True).summary(request.query_params.get("tokens", "1") != "0")
+        target = await gw.find(sid, request)
+        tokens = request.query_params.get("tokens", "1") != "0"
+        return archived_summary(target, tokens) if isinstance(target, ArchivedSession) else target.summary(tokens)
+
+    @app.delete("/sessions/{sid}")
+    async def delete(sid: str, request: Request) -> dict[str, Any]:
+        return await gw.delete(await gw.find(sid, request))
+
+    @app.get("/sessions/{sid}/calls")
+    async def calls(sid: str, request: Request) -> dict[str, Any]:
+        target = await gw.find(sid, request)
+        return {"id": sid, "calls": target.calls}
+
+    @app.post("/sessions/{sid}/metadata")
+    async def metadata(sid: str, request: Request) -> dict[str, Any]:
+        target = await gw.find(sid, request)
+        data = (await body(request)).get("metadata")
+        if not isinstance(data, dict):
+            raise APIError(400, "post {\"metadata\": {...}}: its keys are merged into the session's", param="metadata")
+        return await gw.set_metadata(target, data)
 
     @app.post("/sessions/{sid}/reward")
     async def reward(sid: str, request: Request) -> dict[str, Any]:
@@ -86,19 +126,24 @@ def build_app(gateway: Gateway) -> GatewayApp:
             raise APIError(409 if session.finished else 400, str(exc), param="reward") from None
         return {"id": sid, "reward": vars(posted)}
 
-    @app.post("/sessions/{sid}/finish")
-    async def finish(sid: str, request: Request) -> dict[str, Any]:
-        session = gw.session_for(sid, request, admin=True)
-        data = await body(request, required=False)
-        value = data.get("reward")
-        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-            raise APIError(400, "'reward' must be a number", param="reward")
-        was_open = not session.finished
-        trajectories = gw.store.finish(session, failure=data.get("failure"),
-                                       reward=value if was_open else None)
-        if was_open:
-            gw.policy.release_session(session.id)
-        return {"id": sid, "group_id": session.group_id, "trajectories": [trajectory_json(t) for t in trajectories]}
+    # ---- policy servers at run time -----------------------------------------------------
+    @app.get("/servers")
+    async def servers(request: Request) -> dict[str, Any]:
+        gw.require_admin(request)
+        return gw.servers()
+
+    @app.post("/servers")
+    async def add_server(request: Request) -> dict[str, Any]:
+        gw.require_admin(request)
+        return await gw.add_server((await body(request)).get("url"))
+
+    @app.delete("/servers")
+    async def remove_server(request: Request) -> dict[str, Any]:
+        gw.require_admin(request)
+        url = request.query_params.get("url")
+        if not url:
+            raise APIError(400, "DELETE /servers?url=<the server's base URL>", param="url")
+        return await gw.remove_server(url, float(request.query_params.get("drain_timeout") or 60.0))
 
     @app.post("/pause")
     async def pause(request: Request) -> dict[str, Any]:
@@ -120,7 +165,45 @@ def build_app(gateway: Gateway) -> GatewayApp:
         gw.session_for(sid, request)
         return ModelList(data=[ModelCard(id=gw.model_name, root=gw.model_name, max_model_len=gw.max_model_len)]).model_dump()
 
+    @app.api_route("/v1/{rest:path}", methods=["GET", "POST"])
+    async def root_v1(rest: str, request: Request) -> dict[str, Any]:
+        """An OpenAI client pointed at the gateway's root: say how to get a session's base_url."""
+        raise APIError(404, f"the gateway has no /v1/{rest} of its own: every agent talks to its own session. "
+                       f"Create one first: POST {str(request.base_url).rstrip('/')}/sessions (body "
+                       f'{{"task": {{...}}}}), then use the base_url and api_key it returns with the OpenAI '
+                       f"client: OpenAI(base_url=session['base_url'], api_key=session['api_key'])",
+                       code="no_session")
+
     return GatewayApp(gw, app)
+
+
+async def create_session(gw: Gateway, request: Request) -> dict[str, Any]:
+    """``POST /sessions``."""
+    gw.require_admin(request)
+    data = await read_body(gw, request, required=False)
+    task, sampling, metadata = data.get("task") or {}, data.get("sampling") or {}, data.get("metadata") or {}
+    if not isinstance(task, dict) or not isinstance(sampling, dict) or not isinstance(metadata, dict):
+        raise APIError(400, "'task', 'sampling' and 'metadata' must be JSON objects")
+    unknown = sorted(set(sampling) - SAMPLING_FIELDS)
+    if unknown:
+        raise APIError(400, f"unknown sampling fields {unknown}; pin any of {sorted(SAMPLING_FIELDS)}",
+                       param="sampling")
+    try:
+        session = gw.store.create(task, data.get("group_id"), sampling, metadata)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="task") from None
+    return {"id": session.id, "api_key": session.key, "base_url": gw.base_url(request, session.id),
+            "group_id": session.group_id}
+
+
+async def finish_session(gw: Gateway, sid: str, request: Request) -> bytes:
+    """``POST /sessions/<id>/finish``: ``{"id", "group_id", "trajectories"}``."""
+    target = await gw.find(sid, request)
+    data = await read_body(gw, request, required=False)
+    value = data.get("reward")
+    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+        raise APIError(400, "'reward' must be a number", param="reward")
+    return finish_body(await gw.finish(target, failure=data.get("failure"), reward=value))
 
 
 async def read_body(gw: Gateway, request: Request, model: type | None = None, required: bool = True) -> Any:
@@ -129,7 +212,15 @@ async def read_body(gw: Gateway, request: Request, model: type | None = None, re
     if declared is not None and declared.isdigit() and int(declared) > gw.max_body_bytes:
         raise APIError(413, f"the request body is {declared} bytes; the gateway takes at most {gw.max_body_bytes}",
                        code="request_too_large")
-    raw = await request.body()
+    chunks = []  # the ASGI messages read directly: Request.body()'s async generator costs more than the loop
+    while True:
+        message = await request.receive()
+        if message["type"] != "http.request":
+            raise APIError(400, "the client went away before sending the whole body")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if len(raw) > gw.max_body_bytes:
         raise APIError(413, f"the request body is over {gw.max_body_bytes} bytes", code="request_too_large")
     data = json_object(raw, required)
@@ -141,12 +232,15 @@ _MODEL_CALLS = {"chat/completions": (ChatCompletionRequest, Gateway.chat_complet
 
 
 class GatewayApp:
-    """The gateway's ASGI app. ``POST /sessions/<id>/v1/chat/completions`` and ``.../completions``
-    are answered here, before the FastAPI app (``api``) that serves every other route.
+    """The gateway's ASGI app. The calls made for every session are answered here, before the
+    FastAPI app (``api``) that serves every other route: ``POST /sessions/<id>/v1/chat/completions``
+    and ``.../completions``, and ``POST /sessions`` and ``POST /sessions/<id>/finish``.
 
-    Why: the model calls are the gateway's hot path, and FastAPI's middleware stack (error,
-    exception, body-limit, telemetry and exit-stack middlewares, the router, anyio's per-request
-    task group) cost more CPU per call than rendering the chat does. Errors keep OpenAI's shape.
+    Why: they are the gateway's hot path, and FastAPI's middleware stack (error, exception,
+    body-limit, telemetry and exit-stack middlewares, the router, dependency solving, anyio's
+    per-request task group) cost more CPU per call than rendering the chat does (measured: taking
+    create and finish out of it cut the gateway's CPU per model call by about a tenth). Errors
+    keep OpenAI's shape.
     """
 
     def __init__(self, gateway: Gateway, api: FastAPI) -> None:
@@ -155,12 +249,20 @@ class GatewayApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
-        if path.startswith("/sessions/"):
-            sid, sep, rest = path[10:].partition("/v1/")
-            call = _MODEL_CALLS.get(rest) if sep and sid and "/" not in sid else None
-            if call is not None:
-                response = await self.model_call(sid, *call, Request(scope, receive), scope["method"])
-                await response(scope, receive, send)
+        if path.startswith("/sessions"):
+            if path.startswith("/sessions/"):
+                sid, sep, rest = path[10:].partition("/v1/")
+                call = _MODEL_CALLS.get(rest) if sep and sid and "/" not in sid else None
+                if call is not None:
+                    response = await self.model_call(sid, *call, Request(scope, receive), scope["method"])
+                    await response(scope, receive, send)
+                    return
+                sid, sep, rest = path[10:].partition("/")
+                if rest == "finish" and sid and scope["method"] == "POST":
+                    await self.admin_call(finish_session, (sid,), scope, receive, send)
+                    return
+            elif path == "/sessions" and scope["method"] == "POST":
+                await self.admin_call(create_session, (), scope, receive, send)
                 return
         await self.api(scope, receive, send)
 
@@ -176,3 +278,17 @@ class GatewayApp:
         except Exception as exc:  # the gateway stays up; the agent gets a 500 in OpenAI's shape
             gw.counts["errors"] += 1
             return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+    async def admin_call(self, handler: Any, args: tuple[Any, ...], scope: dict[str, Any], receive: Any,
+                         send: Any) -> None:
+        gw = self.gateway
+        try:
+            result = await handler(gw, *args, Request(scope, receive))
+            body = result if isinstance(result, bytes) else json.dumps(result).encode()
+            response: Response = Response(body, media_type="application/json")
+        except APIError as exc:
+            response = error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+        except Exception as exc:
+            gw.counts["errors"] += 1
+            response = error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        await response(scope, receive, send)

@@ -10,7 +10,8 @@ from agentgym.server.handles import bind_socket
 
 
 def gateway_command(args: argparse.Namespace) -> int:
-    """``agentgym gateway --server URL [--server URL ...] --model M --host H --port P [--workers N]``.
+    """``agentgym gateway --server URL [--server URL ...] --model M --host H --port P [--workers N]
+    [--store memory|sqlite:PATH]``.
 
     Without ``--server`` an embedded server is started on ``--model``. The admin key comes from
     ``--admin-key`` or ``$AGENTGYM_GATEWAY_ADMIN_KEY``; the server dialect from ``--backend`` or
@@ -36,8 +37,13 @@ def gateway_command(args: argparse.Namespace) -> int:
               f"{f'{workers} worker processes; ' if workers > 1 else ''}"
               f"admin key {'set' if admin_key else 'not set (admin endpoints open)'}; "
               f"create sessions with POST {url}/sessions")
+    store = getattr(args, "store", None) or "memory"
+    from agentgym.gateway.archive import open_archive
+
+    open_archive(store)  # a bad --store fails here, before anything starts
+    banner += f"; finished sessions kept {'in memory' if store == 'memory' else f'in {store}'}"
     options = {"model_name": str(args.model), "admin_key": admin_key,
-               "max_model_len": getattr(args, "max_model_len", None)}
+               "max_model_len": getattr(args, "max_model_len", None), "store": store}
     pool_name = getattr(args, "data_pool_name", None)
     wrap = None
     if pool_name:  # feed a named DataPool (agentgym.gateway.pool_feed)

@@ -6,32 +6,18 @@ chat itself, samples token-in/token-out from the policy servers (``PolicyClient.
 and records prompt ids, sampled ids, logprobs and weight version per turn. How requests map to
 trajectories (extend / fork / fresh branches) is ``agentgym.gateway.sessions``.
 
-Admin endpoints (``Authorization: Bearer <admin key>`` when the gateway has one):
-
-* ``POST /sessions`` ``{"task": {...}, "group_id": str, "sampling": {...}}`` ->
-  ``{"id", "api_key", "base_url", "group_id"}``. ``sampling`` (``SamplingParams`` names:
-  ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed``...) is pinned: it
-  overrides what the agent asks for. The task may name a reward function
-  (``"reward_fn": "gsm8k"`` or ``"module:function"``) with its ``ground_truth``.
-* ``GET /sessions/<id>``, ``POST /sessions/<id>/reward`` ``{"reward", "kind": "final"|"turn",
-  "turn", "branch"}``, ``POST /sessions/<id>/finish`` ``{"failure", "reward"}`` -> ``{"trajectories"}``:
-  also open to the session's own key. Finishing twice returns the same trajectories.
-* ``POST /pause`` (waits, bounded, for in-flight generations) and ``POST /resume``
-  ``{"weight_version": N}``: while paused, new model calls wait (up to ``pause_timeout``) instead of
-  failing; every turn records the weight version its server reported (or the one given at resume,
-  for servers that report none). ``GET /health``, ``GET /stats``.
-
-OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
-session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
-``logprobs``, ``stream``), ``POST /completions``, ``GET /models``. Another session's key is a
-403, a missing or unknown key a 401; every error has OpenAI's shape.
+The HTTP routes (admin, query, servers, and the OpenAI ones per session) are listed in
+``agentgym.gateway.app``.
 
 Choices made:
 
 * ``n > 1``: each sample is recorded on its own branch (its own Trajectory); the first extends
   the matched branch, the others fork at the same point.
-* ``stream=true``: the whole response is generated, then sent as SSE chunks (role, content,
-  tool calls, finish, optional usage, ``[DONE]``); the agent sees no tokens earlier.
+* ``stream=true`` (``n`` = 1): tokens go to the agent as the server samples them (``PolicyClient.
+  generate_stream``); text that may be the start of a stop string or of a ``<tool_call>`` is held
+  back until it is known, and tool calls come as one delta at the end. The turn is recorded from
+  the sampled ids, exactly as without streaming. With ``n > 1`` the samples are generated first and
+  then sent as chunks.
 * ``max_tokens`` left out: ``default_max_tokens``, clipped to what the context has room for.
 * ``tool_choice`` ``required``/named and ``response_format`` are accepted, not enforced;
   ``top_logprobs`` alternatives are empty (the servers report the sampled token's logprob only).
@@ -43,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -51,8 +39,10 @@ from fastapi.responses import Response
 from jinja2 import TemplateError
 
 from agentgym.client import PolicyClient, PolicyServerError
-from agentgym.gateway.sessions import Plan, Session, SessionStore, normalize_message
-from agentgym.gateway.streaming import chat_chunks, completion_chunks, sse
+from agentgym.client.policy import TokenDelta
+from agentgym.gateway.archive import Archive, ArchivedSession, archive_record, key_hash, open_archive
+from agentgym.gateway.sessions import Plan, Session, SessionError, SessionStore, normalize_message
+from agentgym.gateway.streaming import chat_chunks, completion_chunks, live_chat, live_completion, sse
 from agentgym.rollout.chat import ChatTokenizer
 from agentgym.server.errors import (
     APIError,
@@ -90,19 +80,30 @@ class Gateway:
     ``idle_timeout``: an open session unused this long is finished as failed (``expired``).
     ``worker``: this gateway's index among the worker processes of ``agentgym gateway --workers N``
     (its session ids start ``w<index>-``); ``worker_port``: the port only it listens on, which its
-    sessions' ``base_url`` names so that the agent talks to it directly.
+    sessions' ``base_url`` names so that the agent talks to it directly. ``store``: where finished
+    sessions go (``memory``, ``sqlite:PATH``, or an ``Archive``); ``health_check_interval``: seconds
+    between health checks of the servers (0: none). ``await gateway.start()`` before serving,
+    ``await gateway.aclose()`` after.
     """
 
     def __init__(self, policy: PolicyClient, tokenizer: Any, *, model_name: str = "agentgym",
                  admin_key: str | None = None, max_model_len: int | None = None, default_max_tokens: int = 1024,
                  max_body_bytes: int = 32 << 20, pause_timeout: float = 600.0, upstream_retry_s: float = 60.0,
                  public_url: str | None = None, keep_finished: int = 10_000, template_check_every: int = 1,
-                 idle_timeout: float = 3600.0, worker: int | None = None, worker_port: int | None = None) -> None:
+                 idle_timeout: float = 3600.0, worker: int | None = None, worker_port: int | None = None,
+                 store: str | Archive | None = None, health_check_interval: float = 10.0) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer)
-        self.store = SessionStore(self.chat, keep_finished=keep_finished, template_check_every=template_check_every,
-                                  idle_timeout=idle_timeout, id_prefix="" if worker is None else f"w{worker}-")
+        self.archive: Archive = store if not isinstance(store, (str, type(None))) else open_archive(
+            store, keep_finished, worker)
+        # finished sessions stay in memory as well, a few, for late calls and quick reads; the archive has them all
+        self.store = SessionStore(self.chat, keep_finished=min(keep_finished, 1024),
+                                  template_check_every=template_check_every, idle_timeout=idle_timeout,
+                                  id_prefix="" if worker is None else f"w{worker}-")
+        self.store.on_finish = self._archive
+        self.health_check_interval = health_check_interval
+        self._health_task: asyncio.Task[None] | None = None
         self.worker, self.worker_port = worker, worker_port
         self.model_name = model_name
         self.admin_key = admin_key
@@ -120,8 +121,62 @@ class Gateway:
         self._idle = asyncio.Event()
         self._idle.set()
         self.pieces = TokenPieces(tokenizer)
-        self.counts = {"completions": 0, "errors": 0, "upstream_retries": 0, "paused_waits": 0, "late_completions": 0}
+        backend = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: no per-call Python overhead
+        if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+            self._decode_reply = functools.partial(backend.decode, skip_special_tokens=True)
+        else:
+            self._decode_reply = functools.partial(tokenizer.decode, skip_special_tokens=True)
+        self.counts = {"completions": 0, "errors": 0, "upstream_retries": 0, "paused_waits": 0, "late_completions": 0,
+                       "archive_errors": 0}
 
+    # ---- life ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the archive and start the servers' health checks (on the loop that will serve)."""
+        await self.archive.start()
+        if self.health_check_interval > 0 and self._health_task is None:
+            self._health_task = asyncio.create_task(self._check_health(), name="gateway-health-checks")
+
+    async def aclose(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        pending = [s.archived for s in self.store.finished.values() if s.archived is not None and not s.archived.done()]
+        await asyncio.gather(*pending, return_exceptions=True)
+        await self.archive.close()
+
+    async def _check_health(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_check_interval)
+            with contextlib.suppress(Exception):
+                await self.policy.health()
+
+    # ---- policy servers at run time -------------------------------------------------------
+    def servers(self) -> dict[str, Any]:
+        return {"servers": [{"url": s.url, "healthy": s.healthy, "outstanding": s.outstanding,
+                             "weight_version": s.version} for s in self.policy.servers]}
+
+    async def add_server(self, url: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Route model calls to ``url`` too, once it answers ``GET /health`` with 200."""
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise APIError(400, "post {\"url\": \"http://host:port\"} (a policy server's base URL, no /v1)", param="url")
+        if not await self.policy.check_health(url, timeout):
+            raise APIError(400, f"{url} did not answer GET /health with 200 within {timeout:.0f}s; start the server "
+                           "first (agentgym serve ...), then add it", param="url", code="server_unhealthy")
+        added = self.policy.add_server(url)
+        if added and self.weight_version is not None:
+            self.policy.servers[-1].version = self.weight_version
+        return {**self.servers(), "added": added}
+
+    async def remove_server(self, url: str, drain_timeout: float = 60.0) -> dict[str, Any]:
+        try:
+            removed = await self.policy.remove_server(url, drain_timeout)
+        except ValueError as exc:
+            raise APIError(409, str(exc), "conflict_error", param="url", code="last_server") from None
+        if not removed:
+            raise APIError(404, f"no policy server {url}; GET /servers lists them", "not_found_error", param="url")
+        return {**self.servers(), "removed": url}
     # ---- access ---------------------------------------------------------------------------
     @staticmethod
     def bearer(request: Request) -> str | None:
@@ -155,6 +210,28 @@ class Gateway:
                            "authentication_error", code="invalid_api_key")
         raise APIError(401, f"invalid API key for session {sid}", "authentication_error", code="invalid_api_key")
 
+    async def find(self, sid: str, request: Request, admin: bool = True) -> Session | ArchivedSession:
+        """``session_for``, or else the archived session ``sid`` (finished sessions no longer in memory,
+        those from before a restart among them), with the same rules for keys."""
+        try:
+            return self.session_for(sid, request, admin)
+        except SessionError as exc:
+            if exc.status != 404:
+                raise
+            record = await self.archive.get(sid)
+            if record is None:
+                raise
+        key = self.bearer(request)
+        if key is not None and key_hash(key) == record.key_hash:
+            return record
+        if admin and (key == self.admin_key if self.admin_key is not None else key is None):
+            return record
+        if key is not None and self.store.owner(key) is not None:
+            raise APIError(403, f"this API key belongs to another session, not {sid}", "permission_error",
+                           code="wrong_session")
+        raise APIError(401, f"{'no' if key is None else 'invalid'} API key for session {sid}", "authentication_error",
+                       code="invalid_api_key")
+
     @staticmethod
     def open_session(session: Session) -> Session:
         if session.finished:
@@ -170,6 +247,78 @@ class Gateway:
         else:
             root = str(request.base_url).rstrip("/")
         return f"{root}/sessions/{sid}/v1"
+
+    # ---- finished sessions ----------------------------------------------------------------
+    def _archive(self, session: Session) -> None:
+        """``SessionStore.on_finish``: the session goes to the archive (a write, awaited by ``finish``)."""
+        self.policy.release_session(session.id)
+        session.record = archive_record(session)
+        session.archived = asyncio.ensure_future(self.archive.put(session.record))
+        session.archived.add_done_callback(self._archived)
+
+    def _archived(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            self.counts["archive_errors"] += 1
+
+    async def finish(self, target: Session | ArchivedSession, failure: str | None = None,
+                     reward: float | None = None) -> ArchivedSession:
+        """Finish a session (once; again: the same trajectories) and return its record once the archive
+        holds it (for SQLite: committed)."""
+        if isinstance(target, ArchivedSession):
+            return target
+        if not target.finished:
+            self.store.finish(target, failure=failure, reward=reward)
+        if target.archived is not None:
+            try:
+                await asyncio.shield(target.archived)
+            except Exception as exc:
+                raise APIError(500, f"session {target.id} finished, but storing it failed: {exc}", "server_error",
+                               code="store_failed") from None
+        return target.record
+
+    async def delete(self, target: Session | ArchivedSession) -> dict[str, Any]:
+        self.store.delete(target.id)
+        self.policy.release_session(target.id)
+        archived = getattr(target, "archived", None)
+        if archived is not None:
+            await asyncio.gather(archived, return_exceptions=True)  # so the delete comes after the write
+        await self.archive.delete(target.id)
+        return {"id": target.id, "deleted": True}
+
+    async def set_metadata(self, target: Session | ArchivedSession, metadata: dict[str, Any]) -> dict[str, Any]:
+        target.metadata.update(metadata)
+        if isinstance(target, ArchivedSession) or target.finished:
+            archived = getattr(target, "archived", None)
+            if archived is not None:
+                await asyncio.gather(archived, return_exceptions=True)
+            await self.archive.set_metadata(target.id, metadata)
+        return {"id": target.id, "metadata": target.metadata}
+
+    async def list_sessions(self, group_id: str | None = None, status: str | None = None, since: float | None = None,
+                            until: float | None = None, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+        """Open sessions from memory, finished ones from the archive, by creation time."""
+        from agentgym.gateway.archive import matches
+
+        rows = []
+        if status in (None, "open"):
+            rows = [h for h in (s.header() for s in self.store.open.values())
+                    if matches(h, group_id, status, since, until)]
+        if status != "open":
+            rows += await self.archive.list(group_id, status, since, until, limit=offset + limit, offset=0)
+        rows.sort(key=lambda h: h["created"])
+        return {"sessions": rows[offset:offset + limit]}
+
+    def record_call(self, session: Session, endpoint: str, plan: Plan, request: dict[str, Any],
+                    sampling: SamplingParams, samples: list[TokenSample], responses: list[Any], started: float,
+                    wall: float) -> None:
+        """One model call as the query API shows it (``GET /sessions/<id>/calls``)."""
+        session.calls.append({
+            "index": len(session.calls), "endpoint": endpoint, "time": wall, "plan": plan.kind,
+            "branch": plan.branch.index, "request": request, "sampling": dict(vars(sampling)),
+            "responses": responses, "finish_reasons": [s.finish_reason for s in samples],
+            "prompt_tokens": len(plan.context_ids), "completion_tokens": [len(s.token_ids) for s in samples],
+            "weight_version": min(s.weight_version for s in samples),
+            "latency_ms": (asyncio.get_running_loop().time() - started) * 1e3})
 
     # ---- pause for weight updates ---------------------------------------------------------
     async def pause(self, drain_timeout: float = 60.0) -> dict[str, Any]:
@@ -205,9 +354,8 @@ class Gateway:
             self.resume(weight_version)
 
     # ---- sampling -------------------------------------------------------------------------
-    async def generate(self, session: Session, prompt_ids: list[int], sampling: SamplingParams) -> TokenSample:
-        """One sample from the policy servers, sticky to the session's server; waits out pauses and
-        retries unreachable servers for ``upstream_retry_s``."""
+    async def _admit(self) -> None:
+        """Wait out a pause (up to ``pause_timeout``), then count the call in flight."""
         if not self._running.is_set():
             self.counts["paused_waits"] += 1
             try:
@@ -217,24 +365,65 @@ class Gateway:
                                "retry later", "server_error", code="paused") from None
         self.inflight += 1
         self._idle.clear()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.upstream_retry_s
+
+    def _done(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    def _upstream_error(self, exc: PolicyServerError, deadline: float) -> APIError | None:
+        """What to answer for a failed server call: None means wait a little and retry."""
+        if exc.refused is not None:  # the server's own 4xx: retrying cannot help
+            return APIError(400, f"the policy server refused the request: {exc}")
+        if asyncio.get_running_loop().time() > deadline:
+            return APIError(503, f"no policy server answered for {self.upstream_retry_s:.0f}s: {exc}",
+                            "server_error", code="upstream_unavailable")
+        self.counts["upstream_retries"] += 1
+        return None
+
+    async def generate(self, session: Session, prompt_ids: list[int], sampling: SamplingParams) -> TokenSample:
+        """One sample from the policy servers, sticky to the session's server; waits out pauses and
+        retries unreachable servers for ``upstream_retry_s``."""
+        await self._admit()
+        deadline = asyncio.get_running_loop().time() + self.upstream_retry_s
         try:
             while True:
                 try:
                     return await self.policy.generate(prompt_ids, sampling, session_id=session.id)
                 except PolicyServerError as exc:
-                    if exc.refused is not None:  # the server's own 4xx: retrying cannot help
-                        raise APIError(400, f"the policy server refused the request: {exc}") from None
-                    if loop.time() > deadline:
-                        raise APIError(503, f"no policy server answered for {self.upstream_retry_s:.0f}s: {exc}",
-                                       "server_error", code="upstream_unavailable") from None
-                    self.counts["upstream_retries"] += 1
+                    error = self._upstream_error(exc, deadline)
+                    if error is not None:
+                        raise error from None
                     await asyncio.sleep(0.25)
         finally:
-            self.inflight -= 1
-            if self.inflight == 0:
-                self._idle.set()
+            self._done()
+
+    async def generate_stream(self, session: Session, prompt_ids: list[int], sampling: SamplingParams
+                              ) -> AsyncIterator[TokenDelta]:
+        """``generate``, streamed: the deltas as the server samples them. Pauses and unreachable servers
+        are waited out as ``generate`` does until the first delta; a failure after it is a 502."""
+        await self._admit()
+        deadline = asyncio.get_running_loop().time() + self.upstream_retry_s
+        try:
+            while True:
+                started = False
+                try:
+                    async with contextlib.aclosing(self.policy.generate_stream(prompt_ids, sampling,
+                                                                               session_id=session.id)) as deltas:
+                        async for delta in deltas:
+                            started = True
+                            yield delta
+                    return
+                except PolicyServerError as exc:
+                    if started:
+                        raise APIError(502, f"the policy server failed mid-answer: {exc}", "server_error",
+                                       code="upstream_failed") from None
+                    error = self._upstream_error(exc, deadline)
+                    if error is not None:
+                        raise error from None
+                    await asyncio.sleep(0.25)
+        finally:
+            self._done()
 
     def sampling(self, session: Session, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
                  param: str) -> SamplingParams:
@@ -254,7 +443,7 @@ class Gateway:
 
     def reply_text(self, sample: TokenSample, stop: Sequence[str]) -> str:
         """The sampled text the agent sees: special tokens dropped, cut before the first stop string."""
-        text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+        text = self._decode_reply(sample.token_ids)
         cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
         return text[:min(cuts)] if cuts else text
 
@@ -296,12 +485,18 @@ class Gateway:
                            "with the same template", param="chat_template_kwargs")
         messages = [normalize_message(m) for m in req.messages]
         tools = req.tools if req.tools and req.tool_choice != "none" else None
+        started, wall = asyncio.get_running_loop().time(), time.time()
         try:
             plan = self.store.plan_chat(session, messages, tools)
         except (ValueError, TypeError, KeyError, TemplateError) as exc:
             raise APIError(400, f"could not render the messages with the chat template: {exc}", param="messages") from exc
+        request = {"messages": messages, "tools": tools}
+        if req.stream and req.n == 1:
+            return await live_chat(self, session, plan, req, self.plan_sampling(session, plan, req, "messages"),
+                                   tools, request, started, wall)
         plans, samples, sampling = await self.sample_plan(session, plan, req, "messages")
         choices = []
+        replies = []
         for i, (p, sample) in enumerate(zip(plans, samples)):
             content, calls, finish = assistant_reply(self.reply_text(sample, sampling.stop), sample.finish_reason,
                                                      bool(tools))
@@ -309,10 +504,12 @@ class Gateway:
             if calls:
                 reply["tool_calls"] = calls
             self.store.commit(session, p, sample, normalize_message(reply))
+            replies.append(reply)
             choices.append(ChatChoice(
                 index=i, message=ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]),
                 logprobs=self.chat_logprobs(sample) if req.logprobs else None, finish_reason=finish,
                 token_ids=list(sample.token_ids) if req.return_token_ids else None))
+        self.record_call(session, "chat/completions", plan, request, sampling, samples, replies, started, wall)
         return self.respond(ChatCompletionResponse, chat_chunks, req, plan, samples, choices)
 
     # ---- text completions -----------------------------------------------------------------
@@ -328,12 +525,19 @@ class Gateway:
             if bad is not None:
                 raise APIError(400, f"prompt token id {bad} is outside the vocabulary (size {len(self.tokenizer)})",
                                param="prompt")
+        started, wall = asyncio.get_running_loop().time(), time.time()
         plan = self.store.plan_text(session, prompt)
+        request = {"prompt": prompt}
+        if req.stream and req.n == 1:
+            return await live_completion(self, session, plan, req, self.plan_sampling(session, plan, req, "prompt"),
+                                         request, started, wall)
         plans, samples, sampling = await self.sample_plan(session, plan, req, "prompt")
         choices = []
+        texts = []
         for i, (p, sample) in enumerate(zip(plans, samples)):
             text = self.reply_text(sample, sampling.stop)
             self.store.commit(session, p, sample, text=text)
+            texts.append(text)
             logprobs = None
             if req.logprobs is not None:
                 tokens = [self.pieces.text(t) for t in sample.token_ids]
@@ -341,6 +545,7 @@ class Gateway:
                 logprobs = CompletionLogprobs(tokens=tokens, token_logprobs=list(sample.logprobs), text_offset=offsets)
             choices.append(CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=sample.finish_reason,
                                             token_ids=list(sample.token_ids) if req.return_token_ids else None))
+        self.record_call(session, "completions", plan, request, sampling, samples, texts, started, wall)
         return self.respond(CompletionResponse, completion_chunks, req, plan, samples, choices)
 
     # ---- shared by both -------------------------------------------------------------------
@@ -348,13 +553,18 @@ class Gateway:
                           param: str) -> tuple[list[Plan], list[TokenSample], SamplingParams]:
         """``req.n`` samples from ``plan`` (the first) and its siblings; ``plan`` is released if the
         request cannot be sampled."""
+        sampling = self.plan_sampling(session, plan, req, param)
+        plans = [plan] + self.store.siblings(session, plan, req.n - 1)
+        return plans, await self.sample_all(session, plans, sampling), sampling
+
+    def plan_sampling(self, session: Session, plan: Plan, req: ChatCompletionRequest | CompletionRequest,
+                      param: str) -> SamplingParams:
+        """``sampling`` for ``plan``'s context; the plan is released if the request cannot be sampled."""
         try:
-            sampling = self.sampling(session, req, len(plan.context_ids), param)
+            return self.sampling(session, req, len(plan.context_ids), param)
         except APIError:
             self.store.release(plan)
             raise
-        plans = [plan] + self.store.siblings(session, plan, req.n - 1)
-        return plans, await self.sample_all(session, plans, sampling), sampling
 
     def respond(self, response_type: type, chunks: Any, req: ChatCompletionRequest | CompletionRequest, plan: Plan,
                 samples: list[TokenSample], choices: list[Any]) -> Response:

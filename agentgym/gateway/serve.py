@@ -39,12 +39,14 @@ class GatewayHandle:
         async def serve() -> None:
             policy = PolicyClient(servers, backend=backend, model=server_model)
             self.gateway = Gateway(policy, tokenizer, model_name=options.pop("model_name", str(model)), **options)
+            await self.gateway.start()
             self._server = uvicorn.Server(uvicorn_config(build_app(self.gateway), log_level))
             self.loop = asyncio.get_running_loop()
             ready.set()
             try:
                 await self._server.serve(sockets=[self._sock])
             finally:
+                await self.gateway.aclose()
                 await policy.aclose()
 
         self._thread = threading.Thread(target=_run, args=(serve(),), name=f"agentgym-gateway-{self.port}",
@@ -80,7 +82,7 @@ def start_gateway(servers: str | Sequence[str], model: str = "tiny", port: int =
     """Serve a gateway over ``servers`` (policy server base URLs) in a background thread; ``port=0``
     picks a free port. ``options``: ``backend`` (the servers' dialect), ``server_model`` (the name the
     servers answer to; default: asked), and ``Gateway``'s: ``admin_key``, ``max_model_len``,
-    ``default_max_tokens``, ``pause_timeout``, ``upstream_retry_s`` ..."""
+    ``default_max_tokens``, ``pause_timeout``, ``upstream_retry_s``, ``store`` ..."""
     return GatewayHandle(servers, model=model, host=host, port=port, **options)
 
 
@@ -113,13 +115,16 @@ async def serve_gateway(sockets: list[Any], servers: list[str], backend: str, to
     import uvicorn
 
     policy = PolicyClient(servers, backend=backend)
-    app = build_app(Gateway(policy, tokenizer, **options))
+    gateway = Gateway(policy, tokenizer, **options)
+    await gateway.start()
+    app = build_app(gateway)
     server = uvicorn.Server(uvicorn_config(wrap(app) if wrap else app))
     if banner:
         print(banner, flush=True)
     try:
         await server.serve(sockets=sockets)
     finally:
+        await gateway.aclose()
         await policy.aclose()
 
 

@@ -237,6 +237,22 @@ class Session:
     finished: bool = False
     failure: str | None = None
     trajectories: list[Trajectory] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)  # the admin's own notes (the query API)
+    calls: list[dict[str, Any]] = field(default_factory=list)  # one record per model call (the query API)
+    finished_at: float | None = None
+    record: Any = None  # once finished: the ArchivedSession written to the archive
+    archived: Any = None  # the archive's write of it (a future)
+
+    @property
+    def status(self) -> str:
+        """``open``, ``finished``, or ``failed`` (finished with a failure)."""
+        return "open" if not self.finished else ("failed" if self.failure else "finished")
+
+    def header(self) -> dict[str, Any]:
+        """The session as the listing shows it."""
+        return {"id": self.id, "group_id": self.group_id, "status": self.status, "created": self.created,
+                "finished_at": self.finished_at, "metadata": self.metadata, "requests": self.requests,
+                "failure": self.failure}
 
     def post_reward(self, reward: float, kind: Literal["final", "turn"] = "final", turn: int | None = None,
                     branch: int | None = None) -> PostedReward:
@@ -269,7 +285,8 @@ class Session:
 
         return {"id": self.id, "group_id": self.group_id, "task": self.task, "sampling": self.sampling,
                 "finished": self.finished, "failure": self.failure, "requests": self.requests,
-                "active_branch": self.active,
+                "status": self.status, "created": self.created, "finished_at": self.finished_at,
+                "metadata": self.metadata, "active_branch": self.active,
                 "rewards": [vars(r) for r in self.rewards],
                 "branches": [branch(b) for b in self.branches if b.turns]}
 
@@ -307,12 +324,13 @@ class SessionStore:
         self.open: dict[str, Session] = {}
         self.finished: OrderedDict[str, Session] = OrderedDict()
         self._by_key: dict[str, str] = {}
+        self.on_finish: Callable[[Session], None] | None = None  # sees every session as it finishes
         self.counts = {"sessions": 0, "finished": 0, "requests": 0, "extend": 0, "fork": 0, "fresh": 0,
                        "branches": 0, "template_mismatch": 0, "expired": 0}
 
     # ---- sessions --------------------------------------------------------------------------
     def create(self, task: dict[str, Any] | None = None, group_id: str | None = None,
-               sampling: dict[str, Any] | None = None) -> Session:
+               sampling: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> Session:
         task = dict(task or {})
         name = task_reward_fn(task)
         if name is not None:
@@ -320,7 +338,8 @@ class SessionStore:
             ground_truth(task)
         sid = self.id_prefix + uuid.uuid4().hex
         session = Session(id=sid, key=f"sk-agentgym-{secrets.token_urlsafe(24)}", task=task,
-                          group_id=str(group_id) if group_id is not None else sid, sampling=dict(sampling or {}))
+                          group_id=str(group_id) if group_id is not None else sid, sampling=dict(sampling or {}),
+                          metadata=dict(metadata or {}))
         self.open[sid] = session
         self._by_key[session.key] = sid
         self.counts["sessions"] += 1
@@ -345,6 +364,13 @@ class SessionStore:
                                f"kept for the latest {self.keep_finished})", "session_not_found")
         return session
 
+    def delete(self, sid: str) -> Session | None:
+        """Forget a session, open or finished (an open one takes no more calls: they get a 404)."""
+        session = self.open.pop(sid, None) or self.finished.pop(sid, None)
+        if session is not None:
+            self._by_key.pop(session.key, None)
+        return session
+
     def owner(self, key: str) -> str | None:
         """The session a key belongs to (None for an unknown key)."""
         return self._by_key.get(key)
@@ -357,6 +383,7 @@ class SessionStore:
             session.post_reward(reward, "final")
         session.finished = True
         session.failure = failure
+        session.finished_at = time.time()
         session.trajectories = self._trajectories(session)
         self.open.pop(session.id, None)
         self._by_key.pop(session.key, None)
@@ -364,6 +391,8 @@ class SessionStore:
         while len(self.finished) > self.keep_finished:
             self.finished.popitem(last=False)
         self.counts["finished"] += 1
+        if self.on_finish is not None:
+            self.on_finish(session)
         return session.trajectories
 
     # ---- planning: which branch a request extends ----------------------------------------

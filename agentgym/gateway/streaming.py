@@ -1,20 +1,40 @@
-"""A finished response as server-sent events: the chunks OpenAI's streaming API sends."""
+"""Responses as server-sent events, the chunks OpenAI's streaming API sends: a finished response cut
+into chunks (``chat_chunks``, ``completion_chunks``, for ``n > 1``), or a generation streamed live,
+token by token as the policy server samples it (``live_chat``, ``live_completion``)."""
 
 from __future__ import annotations
 
+import json
+import time
+import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import StreamingResponse
 
+from agentgym.gateway.sessions import Plan, Session, normalize_message
+from agentgym.server.errors import APIError
 from agentgym.server.openai_types import (
     ChatCompletionChunk,
+    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatStreamChoice,
+    CompletionChoice,
     CompletionChunk,
+    CompletionLogprobs,
+    CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    UsageInfo,
 )
+from agentgym.server.token_pieces import IncrementalText
+from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply
+from agentgym.types import SamplingParams, TokenSample
+
+if TYPE_CHECKING:
+    from agentgym.client.policy import TokenDelta
+
+Gateway = Any  # agentgym.gateway.gateway.Gateway, which imports this module
 
 
 def sse(chunks: list[str]) -> StreamingResponse:
@@ -64,3 +84,168 @@ def completion_chunks(response: CompletionResponse, include_usage: bool) -> list
                                          usage=response.usage, weight_version=response.weight_version)))
     out.append("data: [DONE]\n\n")
     return out
+
+
+# ---- live: tokens as the server samples them -------------------------------------------------
+async def _first(gw: Gateway, session: Session, plan: Plan, sampling: SamplingParams
+                 ) -> tuple[TokenDelta | None, AsyncIterator[TokenDelta]]:
+    """Start the generation and wait for its first delta, so that a server that cannot answer is still
+    an HTTP error (503, 400) and not a stream that breaks off."""
+    deltas = gw.generate_stream(session, plan.context_ids, sampling)
+    try:
+        return await anext(deltas, None), deltas
+    except BaseException:
+        gw.store.release(plan)
+        gw.counts["errors"] += 1
+        raise
+
+
+def _error_event(exc: Exception) -> str:
+    if isinstance(exc, APIError):
+        error = {"message": exc.message, "type": exc.type, "code": exc.code}
+    else:
+        error = {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "server_error", "code": None}
+    return f"data: {json.dumps({'error': error})}\n\n"
+
+
+class _Live:
+    """One streamed generation: its deltas, what they add up to, the text the agent has been sent."""
+
+    def __init__(self, gw: Gateway, session: Session, plan: Plan, sampling: SamplingParams, markers: list[str],
+                 first: TokenDelta | None, deltas: AsyncIterator[TokenDelta]) -> None:
+        self.gw, self.session, self.plan, self.sampling = gw, session, plan, sampling
+        self.first, self.deltas = first, deltas
+        self.text = IncrementalText(gw.tokenizer, True, markers)
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish: str | None = None
+        self.version = first.weight_version if first is not None else 0
+        self.committed = False
+
+    async def __aiter__(self) -> AsyncIterator[tuple[TokenDelta, str]]:
+        """Each delta with the text it lets the agent see now."""
+        delta = self.first
+        while delta is not None:
+            self.ids += delta.token_ids
+            self.logprobs += delta.logprobs
+            self.version = delta.weight_version
+            if delta.finish_reason is not None:
+                self.finish = delta.finish_reason
+            yield delta, "".join(self.text.push(t) for t in delta.token_ids)
+            delta = await anext(self.deltas, None)
+
+    def sample(self) -> TokenSample:
+        """The whole generation; raises a 409 if the session was finished meanwhile (nothing recorded)."""
+        if self.session.finished:
+            self.gw.counts["late_completions"] += 1
+            raise APIError(409, f"session {self.session.id} was finished while this call was generating; its result "
+                           "is not recorded", "conflict_error", code="session_finished")
+        return TokenSample(token_ids=self.ids, logprobs=self.logprobs, finish_reason=self.finish or "stop",
+                           weight_version=self.version)
+
+    async def close(self) -> None:
+        if not self.committed:  # failed, or the agent went away: the branch stays as it was
+            self.gw.store.release(self.plan)
+            self.gw.counts["errors"] += 1
+        await self.deltas.aclose()  # an unfinished generation: the server stops sampling it
+
+
+def _stream(body: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def live_chat(gw: Gateway, session: Session, plan: Plan, req: ChatCompletionRequest, sampling: SamplingParams,
+                    tools: list[dict[str, Any]] | None, request: dict[str, Any], started: float, wall: float
+                    ) -> StreamingResponse:
+    """A chat completion streamed as it is sampled (see ``agentgym.gateway.gateway``: stream=true)."""
+    first, deltas = await _first(gw, session, plan, sampling)
+    live = _Live(gw, session, plan, sampling, list(sampling.stop) + ([TOOL_CALL_OPEN] if tools else []), first, deltas)
+    cid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or gw.model_name
+
+    def chunk(choice: ChatStreamChoice | None, **extra: Any) -> str:
+        return _data(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice] if choice else [],
+                                         weight_version=live.version, **extra))
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            yield chunk(ChatStreamChoice(index=0, delta=DeltaMessage(role="assistant", content="")),
+                        prompt_token_ids=plan.context_ids if req.return_token_ids else None)
+            async for delta, piece in live:
+                logprobs = None
+                if req.logprobs and delta.token_ids:
+                    logprobs = gw.chat_logprobs(TokenSample(delta.token_ids, delta.logprobs, ""))
+                if piece or logprobs or (req.return_token_ids and delta.token_ids):
+                    yield chunk(ChatStreamChoice(index=0, delta=DeltaMessage(content=piece), logprobs=logprobs,
+                                                 token_ids=delta.token_ids if req.return_token_ids else None))
+            sample = live.sample()
+            content, calls, finish = assistant_reply(gw.reply_text(sample, sampling.stop), sample.finish_reason,
+                                                     bool(tools))
+            reply: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                reply["tool_calls"] = calls
+            gw.store.commit(session, plan, sample, normalize_message(reply))
+            live.committed = True
+            gw.counts["completions"] += 1
+            gw.record_call(session, "chat/completions", plan, request, sampling, [sample], [reply], started, wall)
+            tail = live.text.finish(content or "")
+            if tail or calls:
+                yield chunk(ChatStreamChoice(index=0, delta=DeltaMessage(
+                    content=tail or None, tool_calls=[{"index": k, **c} for k, c in enumerate(calls)] or None)))
+            yield chunk(ChatStreamChoice(index=0, delta=DeltaMessage(), finish_reason=finish))
+            if req.stream_options and req.stream_options.include_usage:
+                yield chunk(None, usage=_usage(plan, sample))
+            yield "data: [DONE]\n\n"
+        except Exception as exc:  # after the first byte an error can only be an event of the stream
+            yield _error_event(exc)
+        finally:
+            await live.close()
+
+    return _stream(body())
+
+
+async def live_completion(gw: Gateway, session: Session, plan: Plan, req: CompletionRequest, sampling: SamplingParams,
+                          request: dict[str, Any], started: float, wall: float) -> StreamingResponse:
+    """A text completion streamed as it is sampled."""
+    first, deltas = await _first(gw, session, plan, sampling)
+    live = _Live(gw, session, plan, sampling, list(sampling.stop), first, deltas)
+    cid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), req.model or gw.model_name
+
+    def chunk(choice: CompletionChoice | None, **extra: Any) -> str:
+        return _data(CompletionChunk(id=cid, created=created, model=model, choices=[choice] if choice else [],
+                                     weight_version=live.version, **extra))
+
+    async def body() -> AsyncIterator[str]:
+        offset = 0
+        try:
+            async for delta, piece in live:
+                logprobs = None
+                if req.logprobs is not None and delta.token_ids:
+                    tokens = [gw.pieces.text(t) for t in delta.token_ids]
+                    logprobs = CompletionLogprobs(tokens=tokens, token_logprobs=list(delta.logprobs),
+                                                  text_offset=gw.pieces.offsets(tokens, offset))
+                    offset += sum(len(t) for t in tokens)
+                if piece or logprobs or (req.return_token_ids and delta.token_ids):
+                    yield chunk(CompletionChoice(index=0, text=piece, logprobs=logprobs,
+                                                 token_ids=delta.token_ids if req.return_token_ids else None))
+            sample = live.sample()
+            text = gw.reply_text(sample, sampling.stop)
+            gw.store.commit(session, plan, sample, text=text)
+            live.committed = True
+            gw.counts["completions"] += 1
+            gw.record_call(session, "completions", plan, request, sampling, [sample], [text], started, wall)
+            yield chunk(CompletionChoice(index=0, text=live.text.finish(text), finish_reason=sample.finish_reason))
+            if req.stream_options and req.stream_options.include_usage:
+                yield chunk(None, usage=_usage(plan, sample))
+            yield "data: [DONE]\n\n"
+        except Exception as exc:
+            yield _error_event(exc)
+        finally:
+            await live.close()
+
+    return _stream(body())
+
+
+def _usage(plan: Plan, sample: TokenSample) -> UsageInfo:
+    prompt, completion = len(plan.context_ids), len(sample.token_ids)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

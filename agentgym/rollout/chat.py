@@ -68,9 +68,11 @@ class ChatTokenizer:
     """A tokenizer's chat template turned into token deltas for append-only rollouts.
 
     ``tokenizer``: a Hugging Face tokenizer with a chat template (see ``agentgym.model.load_tokenizer``).
+    ``template_kwargs``: extra template variables for every render (veRL's
+    ``data.apply_chat_template_kwargs``, e.g. ``{"enable_thinking": False}`` for Qwen3).
     """
 
-    def __init__(self, tokenizer: Any, cache_size: int = 8192) -> None:
+    def __init__(self, tokenizer: Any, cache_size: int = 8192, template_kwargs: dict[str, Any] | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template; rollouts render chats with it")
         self.tokenizer = tokenizer
@@ -79,7 +81,8 @@ class ChatTokenizer:
         # decode(skip_special_tokens=False, clean_up_tokenization_spaces=False), without the
         # per-call Python overhead that dominates on short texts.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._template_kwargs = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
+        self._extra_kwargs = dict(template_kwargs or {})
+        self._template_kwargs = {**dict(getattr(tokenizer, "special_tokens_map", {}) or {}), **self._extra_kwargs}
         self._compiled: Any = None
         self._compiled = self._fast_renderer()
         self._deltas: OrderedDict[Hashable, list[int]] = OrderedDict()
@@ -112,7 +115,7 @@ class ChatTokenizer:
             )
         return self.tokenizer.apply_chat_template(
             list(messages), tools=list(tools) if tools else None,
-            add_generation_prompt=add_generation_prompt, tokenize=False,
+            add_generation_prompt=add_generation_prompt, tokenize=False, **self._extra_kwargs,
         )
 
     def _fast_renderer(self) -> Any:
@@ -142,7 +145,7 @@ class ChatTokenizer:
                     fast = compiled.render(messages=probe, tools=t, documents=None, add_generation_prompt=gen,
                                            **self._template_kwargs)
                     slow = self.tokenizer.apply_chat_template(probe, tools=t, add_generation_prompt=gen,
-                                                              tokenize=False)
+                                                              tokenize=False, **self._extra_kwargs)
                     if fast != slow:
                         return None
         except Exception:  # noqa: BLE001

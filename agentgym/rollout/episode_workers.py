@@ -79,6 +79,7 @@ class EpisodePool:
             "env_factory": runner.envs.factory,
             "env_name": runner.env_name,
             "tokenizer": runner.chat.tokenizer,
+            "template_kwargs": dict(getattr(runner.chat, "_extra_kwargs", {}) or {}),  # e.g. enable_thinking
             "config": replace(cfg, env_executor=cfg.worker_env_executor, env_workers=None,
                               max_concurrency=max(1, cfg.max_concurrency // self.size + 1)),
             "client": client_spec(runner.client),
@@ -128,8 +129,12 @@ def _episode_worker_main(conn: Any, spec: dict[str, Any]) -> None:
 
 
 def _make_runner(spec: dict[str, Any]) -> Any:
-    runner = spec["runner_class"](spec["env_factory"], _build_client(spec["client"]), spec["tokenizer"],
-                                  spec["config"])
+    tokenizer = spec["tokenizer"]
+    if spec.get("template_kwargs"):
+        from agentgym.rollout.chat import ChatTokenizer
+
+        tokenizer = ChatTokenizer(tokenizer, template_kwargs=spec["template_kwargs"])
+    runner = spec["runner_class"](spec["env_factory"], _build_client(spec["client"]), tokenizer, spec["config"])
     runner.env_name = spec["env_name"]
     return runner
 

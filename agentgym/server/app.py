@@ -52,7 +52,7 @@ from agentgym.server.openai_types import (
     UsageInfo,
 )
 from agentgym.server.sampling import GenerationParams
-from agentgym.server.token_pieces import TokenPieces
+from agentgym.server.token_pieces import IncrementalText, TokenPieces
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
 
 
@@ -289,7 +289,7 @@ class _Server:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         markers = list(req.stop or []) + ([TOOL_CALL_OPEN] if parse_tools else [])
-        streams = [_IncrementalText(self.tokenizer, req.skip_special_tokens, markers) for _ in range(req.n)]
+        streams = [IncrementalText(self.tokenizer, req.skip_special_tokens, markers) for _ in range(req.n)]
         version = None
 
         def chunk(choice: ChatStreamChoice, **extra: Any) -> str:
@@ -411,7 +411,7 @@ class _Server:
 
     async def completion_stream(self, req: CompletionRequest, request: EngineRequest) -> AsyncIterator[str]:
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        streams = [_IncrementalText(self.tokenizer, req.skip_special_tokens, list(req.stop or []))
+        streams = [IncrementalText(self.tokenizer, req.skip_special_tokens, list(req.stop or []))
                    for _ in range(req.n)]
         offsets = [0] * req.n
         version = None
@@ -465,52 +465,6 @@ def _sse(body: AsyncIterator[str], engine: Engine, request: EngineRequest) -> St
 
     return StreamingResponse(guarded(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-class _IncrementalText:
-    """Turns a growing list of token ids into text deltas, never emitting half a character
-    and holding back text that could be the start of a marker (a stop string, ``<tool_call>``):
-    once a marker appears, everything from it on waits for ``finish``."""
-
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool, markers: list[str]) -> None:
-        self.tokenizer = tokenizer
-        self.skip = skip_special_tokens
-        self.markers = [m for m in markers if m]
-        self.ids: list[int] = []
-        self.sent = ""
-        self.held = False
-        self.first = True
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        if self.held:
-            return ""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        if text.endswith("\ufffd"):
-            return ""
-        end = len(text)
-        for m in self.markers:
-            at = text.find(m, max(0, len(self.sent) - len(m)))
-            if at >= 0:
-                end = min(end, at)
-                self.held = True
-            else:
-                for k in range(min(len(m) - 1, len(text)), 0, -1):
-                    if text.endswith(m[:k]):
-                        end = min(end, len(text) - k)
-                        break
-        if end <= len(self.sent):
-            return ""
-        delta = text[len(self.sent):end]
-        self.sent = text[:end]
-        return delta
-
-    def finish(self, final_text: str) -> str:
-        if final_text.startswith(self.sent):
-            delta = final_text[len(self.sent):]
-            self.sent = final_text
-            return delta
-        return ""
 
 
 def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:

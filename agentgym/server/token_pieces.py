@@ -1,6 +1,7 @@
-"""What OpenAI's logprobs say about each token: its text, its raw bytes, and text offsets.
+"""What OpenAI's logprobs say about each token: its text, its raw bytes, and text offsets; and
+``IncrementalText``, the text deltas of a reply streamed token by token.
 
-Shared by the embedded server and the gateway, which answer with the same logprob shapes.
+Shared by the embedded server and the gateway, which answer with the same logprob and stream shapes.
 """
 
 from __future__ import annotations
@@ -58,3 +59,49 @@ class TokenPieces:
             out.append(start)
             start += len(text)
         return out
+
+
+class IncrementalText:
+    """Turns a growing list of token ids into text deltas, never emitting half a character
+    and holding back text that could be the start of a marker (a stop string, ``<tool_call>``):
+    once a marker appears, everything from it on waits for ``finish``."""
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool, markers: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.markers = [m for m in markers if m]
+        self.ids: list[int] = []
+        self.sent = ""
+        self.held = False
+        self.first = True
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        if self.held:
+            return ""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        if text.endswith("\ufffd"):
+            return ""
+        end = len(text)
+        for m in self.markers:
+            at = text.find(m, max(0, len(self.sent) - len(m)))
+            if at >= 0:
+                end = min(end, at)
+                self.held = True
+            else:
+                for k in range(min(len(m) - 1, len(text)), 0, -1):
+                    if text.endswith(m[:k]):
+                        end = min(end, len(text) - k)
+                        break
+        if end <= len(self.sent):
+            return ""
+        delta = text[len(self.sent):end]
+        self.sent = text[:end]
+        return delta
+
+    def finish(self, final_text: str) -> str:
+        if final_text.startswith(self.sent):
+            delta = final_text[len(self.sent):]
+            self.sent = final_text
+            return delta
+        return ""

@@ -2,8 +2,9 @@
 
 Claw-R1's keys, under ``actor_rollout_ref.rollout.agent``:
 
-* ``default_agent_flow``: ``env`` (or null) runs the TextEnv ``env.name`` with the rollout runner
-  (white box: token-exact episodes, partial rollout supported); a name defined in
+* ``default_agent_flow``: ``env`` (or null, or Claw-R1's ``single_step_single_turn_agent``) runs
+  the TextEnv ``env.name`` (or the dataset rows) with the rollout runner (white box: token-exact
+  episodes, partial rollout supported); a name defined in
   ``agent_flow_config_path``; or a target written inline, ``package.module:function``.
 * ``agent_flow_config_path``: a YAML list of flows, each ``{name, _target_, ...}``. ``_target_``
   names a black-box agent, ``package.module:function`` or ``package.module.Name``: a function
@@ -35,6 +36,7 @@ import yaml
 from agentgym.config import ConfigError
 
 ENV_FLOW = "env"
+ENV_FLOWS = (ENV_FLOW, "single_step_single_turn_agent")  # Claw-R1's default: a dataset row, one turn = the env flow
 
 
 def load_flow_configs(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
@@ -80,7 +82,7 @@ def resolve_agent_flow(cfg: Any, agent: str | None = None) -> Any:
     section = cfg.actor_rollout_ref.rollout.agent
     name = section.default_agent_flow
     flows = load_flow_configs(section.agent_flow_config_path) if section.agent_flow_config_path else {}
-    if name is None or name == ENV_FLOW:
+    if name is None or name in ENV_FLOWS:
         return None
     if name in flows:
         entry = dict(flows[name])

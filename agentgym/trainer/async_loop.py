@@ -210,7 +210,7 @@ class AsyncCoordinator:
         stats = await self.pool.stats()
         metrics = {
             **lag_stats(step, oldest),
-            "async/lag_bound": float(self.plan.max_lag),
+            "async/version_lag/bound": float(self.plan.max_lag),
             "async/pool_size": stats["ready"],
             "async/running_tasks": float(len(self.in_flight)),
             "async/rollout_idle_frac": min(1.0, (idle - last_idle) / wall),

@@ -8,6 +8,14 @@ the observation tokens between turns and on padding), ``rollout_log_probs`` and
 ``token_level_scores`` (turn and outcome rewards on tokens, ``Trajectory.token_rewards``).
 ``prompt_lengths[i]`` says where row i's response region starts in ``input_ids``.
 
+Micro-batches (``micro_batches``): a worker's share of a mini-batch is cut into micro-batches of
+``ppo_micro_batch_size_per_gpu`` rows, or, with ``use_dynamic_bsz``, by token budget
+(``ppo_max_token_len_per_gpu``): rows sorted by length are packed first-fit so that each micro-batch's
+cost stays within the budget. The cost of a micro-batch is its rows times its longest row (each is
+padded to that length), or with ``use_remove_padding`` (rows packed into one sequence, see
+``packing.py``) the sum of its rows' lengths. Which rows share a micro-batch never changes the
+loss: every micro-batch's loss is its share of the global mini-batch loss.
+
 A trajectory that cannot be trained on (failed, empty, or longer than
 ``data.max_prompt_length`` / ``data.max_response_length``) keeps its row with
 ``response_mask`` all 0 and ``valid`` False, so batch shapes and group sizes stay as
@@ -217,3 +225,51 @@ def update_plan(
             for rank, share in enumerate(even_splits(mini + list(pad_rows[:short]), world_size)):
                 plans[rank].append({"rows": share, "global": info})
     return plans
+
+
+def micro_batch_cost(lengths: Sequence[int], packed: bool) -> int:
+    """Tokens a micro-batch of rows with these lengths computes: the packed sum, or rows x longest."""
+    if not lengths:
+        return 0
+    return int(sum(lengths)) if packed else int(max(lengths)) * len(lengths)
+
+
+def micro_batches(rows: Sequence[int], lengths: Sequence[int] | torch.Tensor, size: int,
+                  max_tokens: int | None = None, packed: bool = False, count: int | None = None) -> list[list[int]]:
+    """``rows`` cut into micro-batches: ``size`` rows each in order, or with ``max_tokens`` (veRL's
+    ``use_dynamic_bsz``) by token budget. ``lengths[r]``: row r's tokens (``attention_mask`` sum).
+
+    By budget: rows longest first, each into the first micro-batch whose cost
+    (``micro_batch_cost``) stays within ``max_tokens``, else a new one; a row longer than the budget
+    gets a micro-batch of its own. ``count``: split the largest micro-batches until there are that
+    many (every rank of a sharded model must run the same number of passes)."""
+    rows = list(rows)
+    if max_tokens is None:
+        return [rows[i: i + size] for i in range(0, len(rows), max(1, size))] or [[]]
+    length = [int(x) for x in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
+    bins: list[list[int]] = []
+    for row in sorted(rows, key=lambda r: -length[r]):
+        for micro in bins:
+            if micro_batch_cost([length[r] for r in micro] + [length[row]], packed) <= max_tokens:
+                micro.append(row)
+                break
+        else:
+            bins.append([row])
+    bins = bins or [[]]
+    while count is not None and len(bins) < count:
+        largest = max(range(len(bins)), key=lambda i: len(bins[i]))
+        if len(bins[largest]) < 2:
+            raise ValueError(f"cannot make {count} micro-batches of {len(rows)} rows")
+        half = len(bins[largest]) // 2
+        bins[largest:largest + 1] = [bins[largest][:half], bins[largest][half:]]
+    return bins
+
+
+def padding_report(rows: Sequence[int], lengths: Sequence[int] | torch.Tensor, micros: list[list[int]],
+                   packed: bool = False) -> dict[str, float]:
+    """Real tokens, computed tokens and the padding share of a micro-batch plan (for benchmarks and metrics)."""
+    length = [int(x) for x in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
+    real = sum(length[r] for r in rows)
+    computed = sum(micro_batch_cost([length[r] for r in m], packed) for m in micros)
+    return {"tokens": float(real), "computed_tokens": float(computed), "micro_batches": float(len(micros)),
+            "padding_frac": (computed - real) / computed if computed else 0.0}

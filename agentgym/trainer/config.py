@@ -1,35 +1,47 @@
 """The training config: ``agentgym.config``'s composed YAML, with the trainer's meaning.
 
-``load_config`` composes (``agentgym.config.compose_config``: files, groups, overrides, key and
-type checks), then ``resolve`` fills the ``null`` defaults that follow from other keys (critic
-on for ``gae``, critic batch sizes from the actor's, ...) and ``validate`` rejects values outside
-their choices (algorithm names come from the registries in ``agentgym.trainer.algos``) and batch
-sizes that cannot divide, before any work starts.
+``load_config`` composes (``agentgym.config.compose``: files, groups, overrides, key and type
+checks, with veRL's keys understood through ``agentgym.trainer.compat.verl``), then ``resolve``
+fills the ``null`` defaults that follow from other keys (critic on for ``gae``, critic batch sizes
+from the actor's, the run's name, ...) and ``validate`` rejects values outside their choices
+(every enum, checked at load; algorithm names come from the registries in
+``agentgym.trainer.algos``) and batch sizes that cannot divide, before any work starts. Keys that
+have no effect under the chosen settings are warned about once (``config_notes``).
 """
 
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from agentgym.config import ConfigError, compose_config
+from agentgym.config import Composition, ConfigError, compose
 from agentgym.trainer import algos
+from agentgym.trainer.compat.verl import verl_key_policy
+
+log = logging.getLogger("agentgym.config")
 
 CHOICES = {
     "actor_rollout_ref.rollout.name": ("embedded", "vllm", "sglang"),
-    "actor_rollout_ref.actor.strategy": ("auto", "fsdp2", "dp"),
+    "actor_rollout_ref.actor.strategy": ("auto", "fsdp2", "dp", "fsdp"),
     "actor_rollout_ref.actor.optim.warmup_style": ("constant", "cosine"),
     "critic.optim.warmup_style": ("constant", "cosine"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "data.truncation": ("error", "left", "right", "middle"),
+    "reward_model.reward_manager": ("naive", "dapo", "prime"),
+    "algorithm.reward_normalization.grouping": ("state", "batch", "inductive"),
+    "algorithm.reward_normalization.method": ("identity", "mean", "mean_std", "asym_clip"),
+    "algorithm.reward_norm": (None, "batch", "group", "running"),
     "env.executor": ("thread", "process", "inline", "openenv", "workers", "ray"),
     "env.worker_executor": ("thread", "inline"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 
 def load_config(
@@ -37,36 +49,96 @@ def load_config(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
     directory: str | os.PathLike[str] | None = None,
+    *,
+    agent: str | None = None,
+    warn: bool = True,
     config_name: str | None = None,
 ) -> DictConfig:
-    """Compose, override, resolve and validate a training config (see ``agentgym.config``);
-    ``config_name``: a named top-level config such as ``async_ppo_trainer``."""
-    cfg = compose_config(env, config_file, overrides, directory, config_name)
-    resolve(cfg)
-    validate(cfg)
-    return cfg
+    """Compose, override, resolve and validate a training config (see ``agentgym.config``).
+
+    ``agent``: the ``--agent MODULE:FUNCTION`` of the run (composes ``configs/env/agent.yaml``
+    unless ``env`` is given, and names the run). ``warn``: log the keys that have no effect
+    (``config_notes``) on the ``agentgym.config`` logger. ``config_name``: a named config over
+    ``train.yaml`` (``async_ppo_trainer``)."""
+    composition = compose_training(env, config_file, overrides, directory, agent=agent, config_name=config_name)
+    if warn:
+        for note in config_notes(composition):
+            log.warning("%s", note)
+    return composition.cfg
 
 
-def resolve(cfg: DictConfig) -> DictConfig:
+def compose_training(
+    env: str | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    directory: str | os.PathLike[str] | None = None,
+    *,
+    agent: str | None = None,
+    config_name: str | None = None,
+) -> Composition:
+    """``load_config`` without the warnings: the composition (which keys the user set) resolved and validated."""
+    composition = compose(env, config_file, overrides, directory, env_group="agent" if agent and env is None else None,
+                          key_policy=verl_key_policy, config_name=config_name)
+    resolve(composition.cfg, agent=agent)
+    validate(composition.cfg)
+    return composition
+
+
+def agent_label(agent: str) -> str:
+    """``examples.gsm8k_agent:run`` -> ``gsm8k_agent`` (the run's name for an ``--agent`` run)."""
+    module, _, function = agent.partition(":")
+    label = module.rsplit(".", 1)[-1] or function
+    return label if function in ("run", "main", "") else f"{label}.{function}"
+
+
+def resolve(cfg: DictConfig, agent: str | None = None) -> DictConfig:
     """Fill the ``null`` defaults that follow from other keys (in place)."""
     actor = cfg.actor_rollout_ref.actor
+    rollout = cfg.actor_rollout_ref.rollout
     critic = cfg.critic
     if actor.ppo_mini_batch_size is None:
         actor.ppo_mini_batch_size = cfg.data.train_batch_size
+    if actor.strategy == "fsdp":  # veRL's FSDP: FSDP2 on GPUs, plain data parallel on CPU
+        actor.strategy = "auto"
     if critic.enable is None:
         critic.enable = cfg.algorithm.adv_estimator == "gae"
     if critic.model.path is None:
         critic.model.path = cfg.actor_rollout_ref.model.path
-    for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "loss_agg_mode"):
+    for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "loss_agg_mode",
+                "use_dynamic_bsz"):
         if critic[key] is None:
             critic[key] = actor[key]
-    rollout = cfg.actor_rollout_ref.rollout
+    for optim in (actor.optim, critic.optim):
+        if optim.lr_scheduler_type is not None:
+            optim.warmup_style = optim.lr_scheduler_type
+    if rollout.log_prob_micro_batch_size_per_gpu is None:
+        rollout.log_prob_micro_batch_size_per_gpu = 16
+    for section in (actor, cfg.actor_rollout_ref.ref):
+        if section.log_prob_micro_batch_size_per_gpu is None:
+            section.log_prob_micro_batch_size_per_gpu = rollout.log_prob_micro_batch_size_per_gpu
+    if not rollout.do_sample:  # veRL: do_sample=false is greedy decoding
+        rollout.temperature = 0.0
+    if not rollout.val_kwargs.do_sample:
+        rollout.val_kwargs.temperature = 0.0
+    turns = rollout.multi_turn
+    if turns.max_user_turns is not None:  # veRL: after max_user_turns replies to the model, its next turn is the last
+        cap = int(turns.max_user_turns) + 1
+        turns.max_assistant_turns = min(cap, int(turns.max_assistant_turns)) if turns.max_assistant_turns else cap
     if rollout.max_tokens_per_turn is None:
         rollout.max_tokens_per_turn = cfg.data.max_response_length
-    if cfg.data.val_batch_size is None:
-        cfg.data.val_batch_size = cfg.env.num_val_tasks
+    for section in (actor, critic):
+        if section.checkpoint.load_contents is None:
+            section.checkpoint.load_contents = list(section.checkpoint.save_contents)
+    if cfg.data.val_batch_size is None and (not cfg.data.val_files or cfg.env.tags):
+        cfg.data.val_batch_size = cfg.env.num_val_tasks  # with val_files: every row, set by preflight (veRL)
     if isinstance(cfg.trainer.logger, str):
         cfg.trainer.logger = [cfg.trainer.logger]
+    trainer = cfg.trainer
+    if trainer.experiment_name is None:
+        who = cfg.env.name or (agent_label(agent) if agent else None) or "run"
+        trainer.experiment_name = f"{who}-{cfg.algorithm.adv_estimator}"
+    if trainer.default_local_dir is None:
+        trainer.default_local_dir = f"outputs/{trainer.project_name}/{trainer.experiment_name}"
     return cfg
 
 
@@ -80,19 +152,48 @@ def uses_reference(cfg: DictConfig) -> bool:
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
+def _choice_error(key: str, value: object, allowed: Sequence[object]) -> ConfigError:
+    names = [str(a) for a in allowed]
+    close = difflib.get_close_matches(str(value), names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"{key}={value!r} is not one of {', '.join(names)}.{hint}")
+
+
+def check_kl_estimator(key: str, value: str) -> None:
+    """A KL estimator name (``algorithm.kl_penalty``, ``actor.kl_loss_type``), refused here rather
+    than at the first update."""
+    base = value[:-1] if value.endswith("+") else value
+    if base == "full":
+        raise ConfigError(f"{key}={value!r}: the exact KL needs every vocabulary token's log-prob, which the "
+                          f"trainer does not keep (veRL does not implement it either); use low_var_kl (k3), kl (k1) "
+                          f"or mse (k2)")
+    if base not in algos.KL_PENALTY_TYPES:
+        raise _choice_error(key, value, [k for k in algos.KL_PENALTY_TYPES if k != "full"])
+
+
 def validate(cfg: DictConfig) -> None:
     """Choices, names and batch sizes; raises ``ConfigError`` naming the numbers that conflict."""
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
-            close = difflib.get_close_matches(str(value), allowed, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}.{hint}")
+            raise _choice_error(key, value, allowed)
     for name in cfg.trainer.logger:
         if name not in LOGGERS:
             close = difflib.get_close_matches(str(name), LOGGERS, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"trainer.logger has {name!r}, not one of {', '.join(LOGGERS)}.{hint}")
+    check_kl_estimator("algorithm.kl_penalty", str(cfg.algorithm.kl_penalty))
+    check_kl_estimator("actor_rollout_ref.actor.kl_loss_type", str(cfg.actor_rollout_ref.actor.kl_loss_type))
+    for section in ("actor_rollout_ref.actor", "critic"):
+        for which in ("save_contents", "load_contents"):
+            for item in OmegaConf.select(cfg, f"{section}.checkpoint.{which}") or []:
+                if item not in CHECKPOINT_CONTENTS:
+                    raise _choice_error(f"{section}.checkpoint.{which} item", item, CHECKPOINT_CONTENTS)
+    if cfg.reward_model.enable:
+        raise ConfigError(
+            "reward_model.enable=true asks for a model-based reward (a reward model scoring each response), which "
+            "agentgym does not serve. Score with a Python function instead: custom_reward_function.path=FILE "
+            "custom_reward_function.name=compute_score (veRL's signature), or an env that scores its episodes")
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir>/global_step_N")
     if not cfg.trainer.use_ray and world_size(cfg) != 1:
@@ -102,12 +203,14 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.trainer.total_training_steps is not None and cfg.trainer.total_training_steps < 1:
         raise ConfigError("trainer.total_training_steps must be at least 1 (or null to count epochs)")
+    actor = cfg.actor_rollout_ref.actor
     positive = {
         "data.train_batch_size": cfg.data.train_batch_size,
         "actor_rollout_ref.rollout.n": cfg.actor_rollout_ref.rollout.n,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": cfg.actor_rollout_ref.actor.ppo_mini_batch_size,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu,
-        "actor_rollout_ref.actor.ppo_epochs": cfg.actor_rollout_ref.actor.ppo_epochs,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": actor.ppo_mini_batch_size,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": actor.ppo_micro_batch_size_per_gpu,
+        "actor_rollout_ref.actor.ppo_epochs": actor.ppo_epochs,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": actor.ppo_max_token_len_per_gpu,
         "trainer.n_gpus_per_node": cfg.trainer.n_gpus_per_node,
         "trainer.nnodes": cfg.trainer.nnodes,
     }
@@ -115,25 +218,23 @@ def validate(cfg: DictConfig) -> None:
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     check_batch_sizes(
-        cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n,
-        cfg.actor_rollout_ref.actor.ppo_mini_batch_size,
-        cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, world_size(cfg), "actor_rollout_ref.actor",
+        cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, actor.ppo_mini_batch_size,
+        actor.ppo_micro_batch_size_per_gpu, world_size(cfg), "actor_rollout_ref.actor", actor.use_dynamic_bsz,
     )
     if cfg.critic.enable:
         check_batch_sizes(
             cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, cfg.critic.ppo_mini_batch_size,
-            cfg.critic.ppo_micro_batch_size_per_gpu, world_size(cfg), "critic",
+            cfg.critic.ppo_micro_batch_size_per_gpu, world_size(cfg), "critic", cfg.critic.use_dynamic_bsz,
         )
     for key, registry in (
         ("algorithm.adv_estimator", algos.ADV_ESTIMATOR_REGISTRY),
         ("actor_rollout_ref.actor.policy_loss.loss_mode", algos.POLICY_LOSS_REGISTRY),
         ("actor_rollout_ref.actor.loss_agg_mode", algos.LOSS_AGG_MODES),
+        ("critic.loss_agg_mode", algos.LOSS_AGG_MODES),
     ):
         value = OmegaConf.select(cfg, key)
         if value not in registry:
-            close = difflib.get_close_matches(str(value), list(registry), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(sorted(registry))}.{hint}")
+            raise _choice_error(key, value, sorted(registry))
     from agentgym.trainer.async_config import validate_async
 
     validate_async(cfg)
@@ -144,13 +245,17 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.algorithm.adv_estimator == "gae" and not cfg.critic.enable:
         raise ConfigError("algorithm.adv_estimator=gae needs the critic: set critic.enable=true (or null)")
+    from agentgym.trainer.env_groups import check_env_groups
+
+    check_env_groups(cfg)
 
 
-def check_batch_sizes(train_batch_size: int, n: int, mini: int, micro: int, workers: int, section: str) -> None:
+def check_batch_sizes(train_batch_size: int, n: int, mini: int, micro: int, workers: int, section: str,
+                      dynamic: bool = False) -> None:
     """veRL's batch arithmetic: the step's ``train_batch_size * n`` trajectories split into
     mini-batches of ``ppo_mini_batch_size * n``, each split evenly over the workers, each
     worker's share into micro-batches of ``ppo_micro_batch_size_per_gpu`` (one micro-batch
-    when it is at least the share)."""
+    when it is at least the share; with ``use_dynamic_bsz`` micro-batches go by token budget)."""
     if mini > train_batch_size:
         raise ConfigError(
             f"{section}.ppo_mini_batch_size={mini} is larger than data.train_batch_size={train_batch_size}; "
@@ -170,9 +275,16 @@ def check_batch_sizes(train_batch_size: int, n: int, mini: int, micro: int, work
             f"{workers} workers"
         )
     share = per_mini // workers
-    if micro < share and share % micro:  # a micro-batch larger than the share is just the share
+    if not dynamic and micro < share and share % micro:  # a micro-batch larger than the share is just the share
         raise ConfigError(
             f"each worker's share of a mini-batch is {section}.ppo_mini_batch_size * rollout.n / workers = "
             f"{mini} * {n} / {workers} = {share} trajectories, not a multiple of "
             f"{section}.ppo_micro_batch_size_per_gpu={micro}"
         )
+
+
+def config_notes(composition: Composition) -> list[str]:
+    """The warnings for a composed config: keys nothing reads, keys with no effect (see ``config_notes.py``)."""
+    from agentgym.trainer.config_notes import notes
+
+    return notes(composition)

@@ -31,10 +31,15 @@ def _response_positions(micro: Tensors) -> tuple[torch.Tensor, int, int, int]:
 
 
 def policy_forward(model: nn.Module, micro: Tensors, with_entropy: bool = False,
-                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy_grad: bool = False, packed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each row's response tokens, ``(b, R)`` (0 past the row's end), and the
     per-token entropy when asked. Only the logits of response positions are computed
-    (``logits_to_keep``), which matters with a large vocabulary."""
+    (``logits_to_keep``), which matters with a large vocabulary. ``packed``: the rows run as one
+    sequence with no padding (``packing.py``, veRL's ``use_remove_padding``)."""
+    if packed:
+        from agentgym.trainer.packing import packed_policy_forward
+
+        return packed_policy_forward(model, micro, with_entropy, entropy_grad)
     offsets, seq_len, first, resp_len = _response_positions(micro)
     input_ids = micro["input_ids"][:, :seq_len]
     attention_mask = micro["attention_mask"][:, :seq_len]
@@ -79,8 +84,12 @@ class ValueModel(nn.Module):
         return self.value_head(hidden).squeeze(-1)
 
 
-def value_forward(model: ValueModel, micro: Tensors) -> torch.Tensor:
+def value_forward(model: ValueModel, micro: Tensors, packed: bool = False) -> torch.Tensor:
     """``V(s_t)`` for each response token: the value at the position before it, ``(b, R)``."""
+    if packed:
+        from agentgym.trainer.packing import packed_value_forward
+
+        return packed_value_forward(model, micro)
     offsets, seq_len, first, resp_len = _response_positions(micro)
     values = model(micro["input_ids"][:, :seq_len], micro["attention_mask"][:, :seq_len])[:, first:].float()
     values = torch.gather(values, 1, offsets)

@@ -3,7 +3,7 @@
 ``Tracking`` sends each step's metrics to the backends in ``trainer.logger``:
 
 * ``console``: one line per step with the headline numbers (the progress bar stays below);
-* ``jsonl``: every metric, one JSON object per step, in ``<run dir>/metrics.jsonl``;
+* ``jsonl``: every metric, one JSON object per step, in ``<run dir>/metrics.jsonl`` (always written);
 * ``tensorboard``: ``<run dir>/tensorboard`` (needs ``pip install tensorboard``);
 * ``wandb``: Weights & Biases, project ``trainer.project_name``, run ``trainer.experiment_name``.
 
@@ -124,6 +124,8 @@ class Tracking:
         self.backends: list[Any] = []
         self.jsonl_path: Path | None = None
         self.tensorboard_dir: Path | None = None
+        if "jsonl" not in loggers:  # the run directory always keeps its metrics (plots and resume read them)
+            loggers = [*loggers, "jsonl"]
         for name in loggers:
             if name == "console":
                 self.backends.append(ConsoleLogger())
@@ -163,7 +165,7 @@ class Progress:
                            ("val/success_rate", "val_success")):
             if key in metrics:
                 postfix[short] = f"{metrics[key]:.3f}"
-        for key, short in (("async/lag_max", "lag"), ("async/pool_size", "pool")):  # asynchronous training
+        for key, short in (("async/version_lag/max", "lag"), ("async/pool_size", "pool")):  # asynchronous training
             if key in metrics:
                 postfix[short] = f"{metrics[key]:.0f}"
         self.bar.set_postfix(postfix, refresh=False)
@@ -225,3 +227,19 @@ def _std(xs: Sequence[float]) -> float:
         return 0.0
     m = sum(xs) / len(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def per_source_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> dict[str, float]:
+    """``<prefix><source>/reward/mean`` and ``.../success_rate`` per data source or env tag, when the
+    batch holds more than one (several envs in one run, or rows of several data sources)."""
+    by_source: dict[str, list[Trajectory]] = {}
+    for traj in trajectories:
+        by_source.setdefault(traj.data_source or traj.env_id or "env", []).append(traj)
+    if len(by_source) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for name, group in by_source.items():
+        summary = trajectory_metrics(group)
+        for key in ("reward/mean", "success_rate"):
+            out[f"{prefix}{name}/{key}"] = summary[key]
+    return out

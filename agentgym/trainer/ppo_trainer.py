@@ -51,7 +51,7 @@ from agentgym.trainer.flat_rewards import (
     flat_rewards_warning,
     group_reward_spread,
 )
-from agentgym.trainer.loggers import Progress, Tracking, trajectory_metrics, write_samples
+from agentgym.trainer.loggers import Progress, Tracking, per_source_metrics, trajectory_metrics, write_samples
 from agentgym.trainer.rollout_correction import RolloutCorrection, rollout_is_weights
 from agentgym.trainer.train_state import rng_state, set_rng_state
 from agentgym.trainer.worker_group import WorkerGroup
@@ -82,6 +82,7 @@ def init_ray(cfg: DictConfig) -> None:
         return
     kwargs = {k: v for k, v in OmegaConf.to_container(cfg.ray_init, resolve=True).items() if v is not None}
     address = kwargs.pop("address", None)
+    kwargs.pop("timeline_json_file", None)  # not a ray.init argument: written at the end (main.write_ray_timeline)
     kwargs.setdefault("logging_level", logging.WARNING)
     kwargs.setdefault("log_to_driver", True)
     if address:
@@ -206,6 +207,7 @@ class PPOTrainer:
         with timer("gen", timing):
             trajectories: list[Trajectory] = self.run(self.source.collect(step))
         metrics.update(trajectory_metrics(trajectories))
+        metrics.update(per_source_metrics(trajectories))
         lags = [step - 1 - turn.weight_version for traj in trajectories for turn in traj.turns]
         if lags and self.weight_sync is not None:  # 0: every turn was sampled by the latest weights
             metrics["rollout/weight_version_lag"] = float(np.mean(lags))
@@ -273,6 +275,8 @@ class PPOTrainer:
         with timer("adv", timing):
             mask = batch["response_mask"]
             rewards = batch["token_level_scores"]
+            rewards, shaping_metrics = self.shape_rewards(batch, trajectories)  # ROLL's reward normalisation
+            metrics.update(shaping_metrics)
             if cfg.algorithm.use_kl_in_reward:
                 old = batch["old_log_probs"] if "old_log_probs" in batch.tensors else batch["rollout_log_probs"]
                 rewards, kl_metrics = algos.apply_kl_penalty(rewards, old, batch["ref_log_prob"], mask,
@@ -285,6 +289,9 @@ class PPOTrainer:
                 gamma=float(cfg.algorithm.gamma), lam=float(cfg.algorithm.lam),
                 norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo),
             )
+            advantages, adv_metrics = algos.postprocess_advantages(
+                advantages, mask, bool(cfg.algorithm.whiten_advantages), cfg.algorithm.advantage_clip)
+            metrics.update(adv_metrics)
             batch["advantages"] = advantages * mask
             batch["returns"] = returns
         spread = group_reward_spread(batch["token_level_scores"].sum(-1), batch.uid, batch["valid"])
@@ -304,8 +311,11 @@ class PPOTrainer:
             critic_update = self.critic.call_async("update_critic", shared, per_rank=[(p,) for p in critic_plan])
         actor_plan = update_plan(mask, rows, pad_rows, actor_minis, epochs, self.world_size,
                                  bool(actor_cfg.shuffle), plan_seed, str(actor_cfg.loss_agg_mode), scale)
-        with timer("update_actor", timing):
-            actor_metrics = _mean_dicts(self.actor.call("update_actor", shared, per_rank=[(p,) for p in actor_plan]))
+        actor_metrics: dict[str, float] = {}
+        if step >= int(cfg.trainer.critic_warmup):  # veRL: the actor waits critic_warmup steps for the critic
+            with timer("update_actor", timing):
+                actor_metrics = _mean_dicts(self.actor.call("update_actor", shared,
+                                                            per_rank=[(p,) for p in actor_plan]))
         update_tokens = actor_metrics.pop("perf/update_tokens", 0.0) * self.world_size
         actor_metrics.pop("perf/update_s", None)
         metrics.update(actor_metrics)
@@ -323,9 +333,23 @@ class PPOTrainer:
         total_tokens = float(batch["attention_mask"][: rows].sum())
         metrics["perf/total_tokens"] = total_tokens
         metrics["perf/throughput_tokens_per_s"] = total_tokens / timing["timing_s/step"]
-        metrics["perf/update_tokens_per_s"] = update_tokens / max(timing["timing_s/update_actor"], 1e-9)
+        metrics["perf/update_tokens_per_s"] = update_tokens / max(timing.get("timing_s/update_actor", 0.0), 1e-9)
         metrics["training/global_step"] = float(step)
         return metrics
+
+    def shape_rewards(self, batch: Batch, trajectories: list[Trajectory]) -> tuple[torch.Tensor, dict[str, float]]:
+        """ROLL's reward normalisation / reward_norm / reward_clip (``algos.shape_rewards``) on the token
+        rewards; groups are the batch's uids, tags the trajectories' sources (env tags)."""
+        a = self.cfg.algorithm
+        tags = [t.data_source or t.env_id for t in trajectories]
+        tags += ["pad"] * (len(batch) - len(tags))
+        if a.reward_norm == "running" and not hasattr(self, "reward_moments"):
+            self.reward_moments = algos.RunningMoments()
+        return algos.shape_rewards(
+            batch["token_level_scores"], batch["response_mask"], batch.uid, tags,
+            grouping=str(a.reward_normalization.grouping), method=str(a.reward_normalization.method),
+            reward_norm_mode=a.reward_norm, reward_shift=bool(a.reward_shift), reward_scale=bool(a.reward_scale),
+            reward_clip=a.reward_clip, running=getattr(self, "reward_moments", None), valid=batch["valid"])
 
     def check_flat_rewards(self, step: int, spread: GroupRewardSpread, advantages: torch.Tensor | None = None,
                            mask: torch.Tensor | None = None) -> bool:
@@ -373,13 +397,7 @@ class PPOTrainer:
         if not trajectories:
             return {}
         metrics = trajectory_metrics(trajectories, prefix="val/")
-        by_source: dict[str, list[Trajectory]] = {}
-        for traj in trajectories:
-            by_source.setdefault(traj.data_source or traj.env_id or "env", []).append(traj)
-        if len(by_source) > 1:
-            for name, group in by_source.items():
-                for key in ("reward/mean", "success_rate"):
-                    metrics[f"val/{name}/{key}"] = trajectory_metrics(group)[key]
+        metrics.update(per_source_metrics(trajectories, "val/"))
         metrics["timing_s/validate"] = time.perf_counter() - started
         write_samples(self.run_dir / "samples.jsonl", trajectories, step, int(self.cfg.trainer.log_samples), "val")
         return metrics

@@ -130,9 +130,9 @@ def select_batch(groups: Sequence[dict[str, Any]], step: int, plan: StalenessPla
 
 
 def lag_stats(step: int, oldest_versions: Sequence[int | None]) -> dict[str, float]:
-    """``async/lag_{min,mean,max}`` of trajectories trained by update ``step`` (lag = ``step - 1 - v``)."""
+    """``async/version_lag/{min,mean,max}`` of trajectories trained by update ``step`` (lag = ``step - 1 - v``)."""
     lags = [step - 1 - v for v in oldest_versions if v is not None]
     if not lags:
         return {}
-    return {"async/lag_min": float(min(lags)), "async/lag_mean": float(sum(lags) / len(lags)),
-            "async/lag_max": float(max(lags))}
+    return {"async/version_lag/min": float(min(lags)), "async/version_lag/mean": float(sum(lags) / len(lags)),
+            "async/version_lag/max": float(max(lags))}

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 Tensors = dict[str, torch.Tensor]
+CONTENTS = ("model", "optimizer", "extra")
 
 
 def seed_everything(seed: int) -> None:
@@ -107,32 +108,43 @@ class TrainState:
             return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
 
-    def save(self, directory: Path, rank: int) -> None:
-        """dp: rank 0 writes the (replicated) state; fsdp2: every rank writes its shard."""
+    def save(self, directory: Path, rank: int, contents: Sequence[str] = CONTENTS) -> None:
+        """dp: rank 0 writes the (replicated) state; fsdp2: every rank writes its shard. ``contents``
+        (veRL's ``checkpoint.save_contents``): ``model``, ``optimizer``, ``extra`` (lr schedule, rng)."""
         directory.mkdir(parents=True, exist_ok=True)
         tag = f"world_size_{self.world_size}_rank_{rank}" if self.strategy == "fsdp2" else ""
         if self.strategy == "dp" and rank != 0:
             return
         suffix = f"_{tag}" if tag else ""
-        torch.save(self.module.state_dict(), directory / f"model{suffix}.pt")
-        torch.save(self.optimizer.state_dict(), directory / f"optim{suffix}.pt")
-        torch.save({"scheduler": self.scheduler.state_dict(), "rng": rng_state()}, directory / f"extra{suffix}.pt")
+        if "model" in contents:
+            torch.save(self.module.state_dict(), directory / f"model{suffix}.pt")
+        if "optimizer" in contents:
+            torch.save(self.optimizer.state_dict(), directory / f"optim{suffix}.pt")
+        if "extra" in contents:
+            torch.save({"scheduler": self.scheduler.state_dict(), "rng": rng_state()}, directory / f"extra{suffix}.pt")
 
-    def load(self, directory: Path, rank: int) -> None:
+    def load(self, directory: Path, rank: int, contents: Sequence[str] = CONTENTS) -> None:
+        """Read back what ``save`` wrote; ``contents`` (veRL's ``checkpoint.load_contents``) picks the parts."""
         suffix = f"_world_size_{self.world_size}_rank_{rank}" if self.strategy == "fsdp2" else ""
-        model_file = directory / f"model{suffix}.pt"
-        if not model_file.is_file():
-            found = ", ".join(sorted(p.name for p in directory.glob("model*.pt"))) or "nothing"
-            raise FileNotFoundError(
-                f"no {model_file.name} in {directory} (found {found}); a sharded (fsdp2) checkpoint resumes only "
-                f"with the same strategy and number of workers it was saved with"
-            )
-        self.module.load_state_dict(torch.load(model_file, map_location=self.device, weights_only=False))
-        self.optimizer.load_state_dict(torch.load(directory / f"optim{suffix}.pt", map_location=self.device,
-                                                  weights_only=False))
-        extra = torch.load(directory / f"extra{suffix}.pt", weights_only=False)
-        self.scheduler.load_state_dict(extra["scheduler"])
-        set_rng_state(extra["rng"])
+        parts = {"model": directory / f"model{suffix}.pt", "optimizer": directory / f"optim{suffix}.pt",
+                 "extra": directory / f"extra{suffix}.pt"}
+        for part in contents:
+            if part in parts and not parts[part].is_file():
+                found = ", ".join(sorted(p.name for p in directory.glob("*.pt"))) or "nothing"
+                raise FileNotFoundError(
+                    f"no {parts[part].name} in {directory} (found {found}); a sharded (fsdp2) checkpoint resumes only "
+                    f"with the same strategy and number of workers it was saved with, and only what its "
+                    f"checkpoint.save_contents held (set checkpoint.load_contents to match)"
+                )
+        if "model" in contents:
+            self.module.load_state_dict(torch.load(parts["model"], map_location=self.device, weights_only=False))
+        if "optimizer" in contents:
+            self.optimizer.load_state_dict(torch.load(parts["optimizer"], map_location=self.device,
+                                                      weights_only=False))
+        if "extra" in contents:
+            extra = torch.load(parts["extra"], weights_only=False)
+            self.scheduler.load_state_dict(extra["scheduler"])
+            set_rng_state(extra["rng"])
 
 
 def adamw(params: list[nn.Parameter], optim: dict[str, Any]) -> torch.optim.AdamW:
@@ -168,7 +180,9 @@ def allreduce_mean(grads: list[torch.Tensor]) -> None:
 
 def shard(module: nn.Module, fsdp_config: dict[str, Any], device: str, layer_classes: Sequence[str]) -> None:
     """FSDP2: ``fully_shard`` each transformer block (the classes HF lists in
-    ``_no_split_modules``), then the whole model."""
+    ``_no_split_modules``), then the whole model. On a GPU, ``param_offload`` or ``optimizer_offload``
+    (veRL's keys) turn on FSDP2's CPU offload: parameters, gradients and optimizer state stay in CPU
+    memory between uses (FSDP2 offloads them together). Without a GPU they are in CPU memory anyway."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"reshard_after_forward": bool(fsdp_config.get("reshard_after_forward", True))}
@@ -177,6 +191,10 @@ def shard(module: nn.Module, fsdp_config: dict[str, Any], device: str, layer_cla
             param_dtype=getattr(torch, fsdp_config.get("param_dtype", "bfloat16")),
             reduce_dtype=getattr(torch, fsdp_config.get("reduce_dtype", "float32")),
         )
+        if fsdp_config.get("param_offload") or fsdp_config.get("optimizer_offload"):
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     names = set(layer_classes)
     for sub in module.modules():
         if type(sub).__name__ in names:

@@ -50,9 +50,12 @@ class RolloutServers:
                 kwargs["max_model_len"] = int(cfg.data.max_prompt_length + cfg.data.max_response_length)
                 kwargs["max_batch_size"] = max(1, int(rollout.concurrency))
             else:
+                from agentgym.trainer.engine_args import engine_server_kwargs
+
                 kwargs.update(gpu_memory_utilization=float(rollout.gpu_memory_utilization),
                               tensor_parallel_size=int(rollout.tensor_model_parallel_size),
-                              max_model_len=int(cfg.data.max_prompt_length + cfg.data.max_response_length))
+                              max_model_len=int(cfg.data.max_prompt_length + cfg.data.max_response_length),
+                              **engine_server_kwargs(cfg))
             try:
                 for _ in range(int(rollout.num_servers)):
                     self.handles.append(start_policy_server(self.backend, model, port=0, **kwargs))

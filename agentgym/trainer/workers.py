@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from agentgym.trainer import algos
+from agentgym.trainer.batch import micro_batches
 from agentgym.trainer.forward import ValueModel, chunks, policy_forward, select_rows, value_forward
 from agentgym.trainer.train_state import (
     TrainState,
@@ -115,6 +116,34 @@ class Worker:
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size)
 
+    def micro_batches(self, batch: Tensors, rows: Sequence[int], section: dict[str, Any]) -> list[list[int]]:
+        """``rows`` (this rank's share of a mini-batch) cut into micro-batches: by row count, or by
+        token budget with ``use_dynamic_bsz`` (the same count on every rank, so sharded passes line up)."""
+        packed = self.packed
+        if not section.get("use_dynamic_bsz"):
+            return micro_batches(rows, [], int(section["ppo_micro_batch_size_per_gpu"]))
+        lengths = batch["attention_mask"].sum(-1)
+        budget = int(section["ppo_max_token_len_per_gpu"])
+        micros = micro_batches(rows, lengths, 0, budget, packed)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            count = torch.tensor([len(micros)])
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            micros = micro_batches(rows, lengths, 0, budget, packed, count=int(count))
+        return micros
+
+    def checkpoint_contents(self, *path: str) -> list[str]:
+        """``checkpoint.save_contents`` / ``load_contents`` of the section at ``path`` (default: all parts)."""
+        node: Any = self.config
+        for part in path[:-1]:
+            node = node.get(part, {})
+        return list((node.get("checkpoint") or {}).get(path[-1]) or ("model", "optimizer", "extra"))
+
+    @property
+    def packed(self) -> bool:
+        return bool(self.config["actor_rollout_ref"]["model"].get("use_remove_padding", False))
+
     def node_id(self) -> str | None:
         """The Ray node this rank runs on (None outside Ray): where the trainer pool landed."""
         try:
@@ -156,7 +185,9 @@ class PolicyWorker(Worker):
                 p.requires_grad_(False)
             ref.to(self.device)
             if self.strategy == "fsdp2":
-                shard(ref, cfg["actor"].get("fsdp_config") or {}, self.device, layers)
+                ref_offload = (cfg.get("ref", {}).get("fsdp_config") or {}).get("param_offload", False)
+                shard(ref, {**(cfg["actor"].get("fsdp_config") or {}), "param_offload": ref_offload,
+                            "optimizer_offload": False}, self.device, layers)
             self.ref = ref
 
     # ---- log-probs ------------------------------------------------------------------------------
@@ -168,7 +199,8 @@ class PolicyWorker(Worker):
         model.eval()
         outs, ents = [], []
         for chunk in chunks(rows, size):
-            lp, ent = policy_forward(model, select_rows(batch, chunk, self.device), with_entropy=with_entropy)
+            lp, ent = policy_forward(model, select_rows(batch, chunk, self.device), with_entropy=with_entropy,
+                                     packed=self.packed)
             outs.append(lp.cpu())
             ents.append(ent.cpu() if ent is not None else torch.zeros_like(lp).cpu())
         model.train()
@@ -179,7 +211,8 @@ class PolicyWorker(Worker):
         if self.ref is None:
             raise RuntimeError("the reference policy was not loaded (no KL term is on)")
         size = int(self.config["actor_rollout_ref"]["ref"].get("log_prob_micro_batch_size_per_gpu", 16))
-        outs = [policy_forward(self.ref, select_rows(batch, chunk, self.device))[0].cpu() for chunk in chunks(rows, size)]
+        outs = [policy_forward(self.ref, select_rows(batch, chunk, self.device), packed=self.packed)[0].cpu()
+                for chunk in chunks(rows, size)]
         return {"ref_log_prob": torch.cat(outs)}
 
     # ---- the update -------------------------------------------------------------------------------
@@ -187,7 +220,6 @@ class PolicyWorker(Worker):
         """One optimizer step per ``plan`` entry (ppo_epochs x mini-batches), each accumulating
         gradients over micro-batches of ``ppo_micro_batch_size_per_gpu`` rows."""
         cfg = self.config["actor_rollout_ref"]["actor"]
-        micro_size = int(cfg["ppo_micro_batch_size_per_gpu"])
         entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
         use_kl_loss = bool(cfg.get("use_kl_loss", False))
         loss_kwargs = {
@@ -201,6 +233,10 @@ class PolicyWorker(Worker):
             "use_kl_loss": use_kl_loss,
             "kl_loss_coef": float(cfg.get("kl_loss_coef", 0.001)),
             "kl_loss_type": cfg.get("kl_loss_type", "low_var_kl"),
+            "dual_clip": bool(cfg.get("dual_clip_loss", True)),
+            "sft_loss_coef": float(cfg.get("sft_loss_coef", 0.0) or 0.0),
+            "topr_positive_weight": float(cfg["policy_loss"].get("topr_positive_weight", 1.0)),
+            "topr_negative_weight": float(cfg["policy_loss"].get("topr_negative_weight", 1.0)),
         }
         state = self.actor
         model = state.module
@@ -210,11 +246,12 @@ class PolicyWorker(Worker):
         tokens = 0
         for entry in plan:
             per_step: dict[str, list[float]] = defaultdict(list)
-            micros = chunks(entry["rows"], micro_size)
+            micros = self.micro_batches(batch, entry["rows"], cfg)
             for i, chunk in enumerate(micros):
                 micro = select_rows(batch, chunk, self.device)
                 state.set_gradient_sync(i == len(micros) - 1)
-                log_prob, entropy = policy_forward(model, micro, with_entropy=True, entropy_grad=entropy_coeff != 0)
+                log_prob, entropy = policy_forward(model, micro, with_entropy=True, entropy_grad=entropy_coeff != 0,
+                                                   packed=self.packed)
                 mask = micro["response_mask"]
                 # One epoch over one mini-batch: the weights have not moved since the rollout's
                 # old log-probs would have been computed, so they are this pass's own, detached.
@@ -222,7 +259,8 @@ class PolicyWorker(Worker):
                 loss, metrics = algos.compute_actor_loss(
                     old, log_prob, micro["advantages"], mask, entropy=entropy,
                     ref_log_prob=micro.get("ref_log_prob"), rollout_is_weights=micro.get("rollout_is_weights"),
-                    global_batch_info=entry["global"], **loss_kwargs,
+                    global_batch_info=entry["global"], episode_scores=micro["token_level_scores"].sum(-1),
+                    **loss_kwargs,
                 )
                 loss.backward()
                 tokens += int(micro["attention_mask"].sum())
@@ -320,10 +358,14 @@ class PolicyWorker(Worker):
         load_tokenizer(str(self.config["actor_rollout_ref"]["model"]["path"])).save_pretrained(directory)
 
     def save_checkpoint(self, directory: str) -> None:
-        self.actor.save(Path(directory) / "actor", self.rank)
+        contents = self.checkpoint_contents("actor_rollout_ref", "actor", "save_contents")
+        self.actor.save(Path(directory) / "actor", self.rank, contents)
+        if "hf_model" in contents:
+            self.save_hf(str(Path(directory) / "actor" / "huggingface"))
 
     def load_checkpoint(self, directory: str) -> None:
-        self.actor.load(Path(directory) / "actor", self.rank)
+        self.actor.load(Path(directory) / "actor", self.rank,
+                        self.checkpoint_contents("actor_rollout_ref", "actor", "load_contents"))
 
 
 class CriticWorker(Worker):
@@ -333,32 +375,34 @@ class CriticWorker(Worker):
         cfg = self.config["critic"]
         dtype = getattr(torch, self.config["actor_rollout_ref"]["model"].get("dtype", "float32"))
         model = ValueModel(str(cfg["model"]["path"]), dtype=dtype).train()
+        fsdp = {**(self.config["actor_rollout_ref"]["actor"].get("fsdp_config") or {}),
+                **{k: v for k, v in ((cfg.get("model") or {}).get("fsdp_config") or {}).items()
+                   if k in ("param_offload", "optimizer_offload")}}
         self.critic = TrainState(model, cfg["optim"], total_steps, self.strategy, self.world_size, self.device,
-                                 self.config["actor_rollout_ref"]["actor"].get("fsdp_config"),
-                                 layer_classes(model.body))
+                                 fsdp, layer_classes(model.body))
 
     @torch.no_grad()
     def compute_values(self, batch: Tensors, rows: Sequence[int]) -> Tensors:
         size = int(self.config["critic"].get("forward_micro_batch_size_per_gpu", 16))
         model = self.critic.module
         model.eval()
-        outs = [value_forward(model, select_rows(batch, chunk, self.device)).cpu() for chunk in chunks(rows, size)]
+        outs = [value_forward(model, select_rows(batch, chunk, self.device), self.packed).cpu()
+                for chunk in chunks(rows, size)]
         model.train()
         return {"values": torch.cat(outs)}
 
     def update_critic(self, batch: Tensors, plan: list[dict[str, Any]]) -> dict[str, float]:
         cfg = self.config["critic"]
-        micro_size = int(cfg["ppo_micro_batch_size_per_gpu"])
         state = self.critic
         model = state.module
         totals: dict[str, list[float]] = defaultdict(list)
         for entry in plan:
             losses, clipfracs, vpred_means = [], [], []
-            micros = chunks(entry["rows"], micro_size)
+            micros = self.micro_batches(batch, entry["rows"], cfg)
             for i, chunk in enumerate(micros):
                 micro = select_rows(batch, chunk, self.device)
                 state.set_gradient_sync(i == len(micros) - 1)
-                vpreds = value_forward(model, micro)
+                vpreds = value_forward(model, micro, self.packed)
                 mask = micro["response_mask"]
                 vf_loss, vf_clipfrac = algos.compute_value_loss(
                     vpreds, micro["returns"], micro["values"], mask, float(cfg["cliprange_value"]),
@@ -378,7 +422,7 @@ class CriticWorker(Worker):
         return out
 
     def save_checkpoint(self, directory: str) -> None:
-        self.critic.save(Path(directory) / "critic", self.rank)
+        self.critic.save(Path(directory) / "critic", self.rank, self.checkpoint_contents("critic", "save_contents"))
 
     def load_checkpoint(self, directory: str) -> None:
-        self.critic.load(Path(directory) / "critic", self.rank)
+        self.critic.load(Path(directory) / "critic", self.rank, self.checkpoint_contents("critic", "load_contents"))

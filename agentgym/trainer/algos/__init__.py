@@ -15,8 +15,6 @@ get gradient (every loss goes through ``agg_loss``, which multiplies by the mask
 Differs from veRL, deliberately:
 
 - Plain keyword arguments (veRL's key names) instead of ``ActorConfig``/``AlgoConfig``/``DataProto``.
-- ``reinforce_plus_plus`` carries the return across observation tokens (veRL PR #7300); its
-  returns are 0 on mask-0 tokens, which no loss reads.
 - ``agg_loss`` on a micro-batch with no masked-in token gives 0, where veRL gives 0/0 = NaN;
   masked-out entries are zeroed with ``torch.where`` in every mode, so a NaN there cannot leak.
 - ``compute_policy_loss_gspo`` defaults its clip to GSPO's 3e-4 / 4e-4 (veRL reads the actor's
@@ -26,6 +24,7 @@ Differs from veRL, deliberately:
 
 Files: ``stats.py`` (masked statistics) · ``advantages.py`` (``ADV_ESTIMATOR_REGISTRY``, keyed by
 ``algorithm.adv_estimator``) · ``aggregation.py`` (``agg_loss``, ``LOSS_AGG_MODES``) ·
+``shaping.py`` (ROLL's reward normalisation and advantage clipping) ·
 ``policy_losses.py`` (``POLICY_LOSS_REGISTRY``, keyed by ``policy_loss.loss_mode``; entropy and
 value losses; the actor loss) · ``kl.py`` (KL controllers, estimators, KL loss, KL in the reward) ·
 ``token_rewards.py`` (turn-level credit: rewards from ``Trajectory`` objects onto tokens).
@@ -41,6 +40,7 @@ from agentgym.trainer.algos.advantages import (
     compute_grpo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
+    compute_reinforce_return,
     compute_rloo_outcome_advantage,
     get_adv_estimator_fn,
     group_rows,
@@ -69,6 +69,11 @@ from agentgym.trainer.algos.policy_losses import (
     compute_value_loss,
     get_policy_loss_fn,
 )
+from agentgym.trainer.algos.shaping import (
+    RunningMoments,
+    postprocess_advantages,
+    shape_rewards,
+)
 from agentgym.trainer.algos.stats import (
     entropy_from_logits,
     masked_mean,
@@ -87,6 +92,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "POLICY_LOSS_REGISTRY",
     "AdaptiveKLController",
+    "RunningMoments",
     "FixedKLController",
     "agg_loss",
     "apply_kl_penalty",
@@ -95,6 +101,7 @@ __all__ = [
     "compute_entropy_loss",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "compute_reinforce_return",
     "compute_kl_loss",
     "compute_policy_loss_gspo",
     "compute_policy_loss_vanilla",
@@ -113,7 +120,9 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "postprocess_advantages",
     "scores_equal",
+    "shape_rewards",
     "token_level_scores_from_rewards",
     "trajectories_to_token_rewards",
 ]

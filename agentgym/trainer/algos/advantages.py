@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    pass
 
 from agentgym.trainer.algos.stats import masked_whiten, unknown_name
 
@@ -181,6 +178,30 @@ def compute_reinforce_plus_plus_outcome_advantage(
             returns[:, t] = torch.where(mask[:, t], candidate, torch.zeros_like(candidate))
         advantages = masked_whiten(returns, response_mask) * response_mask.to(returns.dtype)
     return advantages, returns
+
+
+@_register_adv_est("reinforce")
+def compute_reinforce_return(
+    token_level_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE: each sampled token's discounted reward-to-go, with no baseline and no whitening.
+
+    ROLL's ``adv_estimator: reinforce`` (and its agentic ``grpo``, whose group baseline comes from
+    ``algorithm.reward_normalization``): ``compute_reinforce_return``. Mask-0 tokens carry the running
+    return through unchanged and get 0 (as ``reinforce_plus_plus``; ROLL also discounts across
+    observation positions, which matters only with ``gamma < 1``).
+
+    Returns ``(advantages, returns)``, equal.
+    """
+    with torch.no_grad():
+        mask = response_mask.bool()
+        returns = torch.zeros_like(token_level_rewards)
+        running = torch.zeros_like(token_level_rewards[:, 0])
+        for t in reversed(range(token_level_rewards.shape[-1])):
+            candidate = token_level_rewards[:, t] + gamma * running
+            running = torch.where(mask[:, t], candidate, running)
+            returns[:, t] = torch.where(mask[:, t], candidate, torch.zeros_like(candidate))
+    return returns, returns
 
 
 @_register_adv_est("reinforce_plus_plus_baseline")

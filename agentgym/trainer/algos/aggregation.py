@@ -3,12 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-
-if TYPE_CHECKING:
-    pass
 
 from agentgym.trainer.algos.stats import unknown_name
 
@@ -17,7 +12,7 @@ Tensor = torch.Tensor
 
 # ---- loss aggregation ----------------------------------------------------------------
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def agg_loss(
@@ -37,6 +32,8 @@ def agg_loss(
     number of rows with at least one masked-in token:
 
     - ``token-mean``: ``sum_i S_i / batch_num_tokens * dp_size`` (default: the local token count).
+    - ``token-sum``: ``sum_i S_i * dp_size`` (veRL 0.9: no normalisation at all; with ``dp_size`` ranks
+      averaging gradients, the step is that of the sum over the global mini-batch's tokens).
     - ``seq-mean-token-sum``: ``sum_i S_i / global_batch_size * dp_size`` (default ``B``).
     - ``seq-mean-token-mean``: ``sum_i (S_i / (n_i + 1e-8)) / global_batch_size * dp_size``.
     - ``seq-mean-token-sum-norm`` (Dr.GRPO): ``seq-mean-token-sum / loss_scale_factor``; the
@@ -60,6 +57,8 @@ def agg_loss(
                 raise ValueError("agg_loss: token-mean with dp_size > 1 needs the global batch_num_tokens")
             batch_num_tokens = mask.sum().clamp(min=1)
         return masked.sum() / batch_num_tokens * dp_size
+    if loss_agg_mode == "token-sum":
+        return masked.sum() * dp_size
     tokens_per_row = mask.sum(dim=-1)
     if loss_agg_mode == "seq-mean-token-mean":
         row_losses = masked.sum(dim=-1) / (tokens_per_row + 1e-8)

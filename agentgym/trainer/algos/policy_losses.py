@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    pass
 
 from agentgym.trainer.algos.aggregation import agg_loss
 from agentgym.trainer.algos.kl import compute_kl_loss
@@ -53,6 +50,7 @@ def compute_policy_loss_vanilla(
     clip_ratio_c: float = 3.0,
     rollout_is_weights: Tensor | None = None,
     global_batch_info: Mapping[str, Any] | None = None,
+    dual_clip: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """PPO's clipped surrogate with dual clip. Mirrors veRL ``core_algos.compute_policy_loss_vanilla``.
 
@@ -62,6 +60,7 @@ def compute_policy_loss_vanilla(
     Dual clip (Ye et al. 2019) caps the loss of negative-advantage tokens at
     ``pg_losses3 = -A * clip_ratio_c``: for ``A < 0`` the loss is ``min(pg_losses3, clip_pg_losses1)``.
     ``rollout_is_weights`` (optional, per token) multiplies the loss matrix before aggregation.
+    ``dual_clip=False`` (ROLL's ``dual_clip_loss`` off) leaves out the dual clip (veRL always applies it).
 
     Returns ``pg_loss`` (``agg_loss`` of the matrix), ``pg_clipfrac`` (share of tokens where
     the clipped term won), ``ppo_kl`` (masked mean of ``old_log_prob - log_prob``, clamped) and
@@ -87,11 +86,52 @@ def compute_policy_loss_vanilla(
     dual_clipped = torch.gt(clip_pg_losses1, pg_losses3) & (advantages < 0)
     pg_clipfrac_lower = masked_mean(dual_clipped.to(log_prob.dtype), response_mask)
 
-    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1) if dual_clip else clip_pg_losses1
+    if not dual_clip:
+        pg_clipfrac_lower = torch.zeros_like(pg_clipfrac_lower)
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+@_register_policy_loss("topr")
+def compute_policy_loss_topr(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    episode_scores: Tensor | None = None,
+    topr_positive_weight: float = 1.0,
+    topr_negative_weight: float = 1.0,
+    rollout_is_weights: Tensor | None = None,
+    global_batch_info: Mapping[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """TOPR, Tapered Off-Policy REINFORCE (Le Roux et al. 2025, eq. 8), as ROLL's ``pg_variant: topr``.
+
+    Trajectories with a positive score (``episode_scores > 0``) get the plain REINFORCE/SFT term
+    ``-A * log_prob``; the others ``-sg[clip(ratio, 0, 1)] * A * log_prob`` (truncated importance
+    weight), each weighted by ``topr_positive_weight`` / ``topr_negative_weight``, then ``agg_loss``.
+    No PPO clipping: ``pg_clipfrac`` reports the share of negative trajectories' tokens whose ratio
+    exceeded 1 (truncated). ``pg_clipfrac_lower`` is 0.
+    """
+    if episode_scores is None:
+        raise ValueError("topr needs episode_scores: each trajectory's score (its token rewards summed)")
+    ratio = torch.exp(torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0))
+    positive = (episode_scores > 0).to(log_prob.dtype).unsqueeze(-1).expand_as(log_prob)
+    negative = 1.0 - positive
+    truncated = torch.clamp(ratio, 0.0, 1.0).detach()
+    pg_losses = (topr_positive_weight * -advantages * log_prob * positive
+                 + topr_negative_weight * -truncated * advantages * log_prob * negative)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    pg_clipfrac = masked_mean(((ratio > 1.0) & (negative > 0)).to(log_prob.dtype), response_mask)
+    ppo_kl = masked_mean(old_log_prob - log_prob, response_mask)
+    return pg_loss, pg_clipfrac, ppo_kl, torch.zeros_like(pg_clipfrac)
 
 
 @_register_policy_loss("gspo")
@@ -108,6 +148,7 @@ def compute_policy_loss_gspo(
     clip_ratio_c: float = 3.0,
     rollout_is_weights: Tensor | None = None,
     global_batch_info: Mapping[str, Any] | None = None,
+    **_: Any,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """GSPO (Zheng et al. 2025): PPO clipping on a sequence-level importance ratio.
 
@@ -213,6 +254,11 @@ def compute_actor_loss(
     kl_loss_type: str = "low_var_kl",
     rollout_is_weights: Tensor | None = None,
     global_batch_info: Mapping[str, Any] | None = None,
+    dual_clip: bool = True,
+    episode_scores: Tensor | None = None,
+    sft_loss_coef: float = 0.0,
+    topr_positive_weight: float = 1.0,
+    topr_negative_weight: float = 1.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """The actor's loss as veRL's ``dp_actor.update_policy`` assembles it, with every term logged.
 
@@ -220,12 +266,19 @@ def compute_actor_loss(
     comes from ``POLICY_LOSS_REGISTRY[loss_mode]``, ``entropy_loss = agg_loss(entropy)`` from the
     per-token ``entropy`` (``entropy_from_logits``; needed when ``entropy_coeff != 0``) and
     ``kl_loss = compute_kl_loss(...)`` when ``use_kl_loss`` (needs ``ref_log_prob``). The keyword
-    names are veRL's ``actor_rollout_ref.actor`` keys.
+    names are veRL's ``actor_rollout_ref.actor`` keys. Beside veRL's terms: ``sft_loss_coef`` (ROLL)
+    adds ``sft_loss_coef * agg_loss(-log_prob)`` over the trajectories whose ``episode_scores`` are
+    positive (an SFT loss on the successes, ``actor/sft_loss``); ``dual_clip`` and the ``topr_*``
+    weights go to the policy loss.
 
     Returns ``(loss, metrics)``; metrics use veRL's names: ``actor/pg_loss``,
     ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, and when present
     ``actor/entropy``, ``actor/kl_loss``, ``actor/kl_coef``.
     """
+    extra: dict[str, Any] = {"dual_clip": dual_clip} if loss_mode == "vanilla" else {}
+    if loss_mode == "topr":
+        extra = {"episode_scores": episode_scores, "topr_positive_weight": topr_positive_weight,
+                 "topr_negative_weight": topr_negative_weight}
     pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = get_policy_loss_fn(loss_mode)(
         old_log_prob,
         log_prob,
@@ -238,6 +291,7 @@ def compute_actor_loss(
         clip_ratio_c=clip_ratio_c,
         rollout_is_weights=rollout_is_weights,
         global_batch_info=global_batch_info,
+        **extra,
     )
     loss = pg_loss
     metrics = {
@@ -262,4 +316,11 @@ def compute_actor_loss(
         loss = loss + kl_loss_coef * kl_loss
         metrics["actor/kl_loss"] = kl_loss.detach().item()
         metrics["actor/kl_coef"] = kl_loss_coef
+    if sft_loss_coef:
+        if episode_scores is None:
+            raise ValueError("sft_loss_coef needs episode_scores (each trajectory's score)")
+        positive = (episode_scores > 0).to(response_mask.dtype).unsqueeze(-1) * response_mask
+        sft_loss = agg_loss(-log_prob, positive, loss_agg_mode, **(global_batch_info or {}))
+        loss = loss + sft_loss_coef * sft_loss
+        metrics["actor/sft_loss"] = sft_loss.detach().item()
     return loss, metrics

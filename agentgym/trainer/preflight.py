@@ -1,0 +1,206 @@
+"""Everything ``agentgym train`` checks before it starts servers, Ray or workers, so a run that
+cannot work fails in a second with what to do instead of a traceback minutes later.
+
+``preflight(cfg, agent)``:
+
+1. data files exist; veRL's ``data.*`` row options are applied (``data_prep.prepare_data``);
+2. with ``data.train_files`` and no ``--env``, the env is chosen from the rows as veRL's
+   ``main_ppo`` would: interaction rows (``multi_turn.interaction_config_path``) become
+   interaction episodes, any other veRL rows the ``rows`` env, scored by their ``data_source``
+   (GSM8K's rule, MATH's, ...) or by ``custom_reward_function``;
+3. ``data.train_batch_size`` fits the rows;
+4. the rollout engine is installed (``rollout.name=vllm`` without vLLM names what works);
+5. the model is reachable: a local directory, ``tiny``, or a hub name that is cached or whose
+   hub answers (no 49 s of retries on an offline machine);
+6. ``custom_reward_function`` loads.
+
+Returns a ``Plan``: what it decided, for the status line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from omegaconf import DictConfig
+
+from agentgym.config import ConfigError
+from agentgym.trainer.data_prep import Prepared, data_sources, exists, plain, prepare_data
+
+AR = "actor_rollout_ref"
+PRIME_TIMEOUT_S = 300.0  # veRL's prime reward manager: seconds per scoring batch before a 0
+
+
+@dataclass
+class Plan:
+    """What preflight decided."""
+
+    steps: int | None = None  # training steps, when known before the env starts
+    rows: int | None = None  # training rows (dataset runs)
+    env_chosen: str | None = None  # why env.name was set, when preflight chose it
+    prepared: dict[str, Prepared] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def check_files(cfg: DictConfig) -> None:
+    for key in ("train_files", "val_files"):
+        value = cfg.data[key]
+        if value and not exists(value):
+            raise ConfigError(f"data.{key}={plain(value)} does not exist; pass data.{key}=PATH (a .jsonl/.parquet "
+                              f"file or a directory holding train/test files)")
+
+
+def check_engine(cfg: DictConfig) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name == "embedded" or rollout.server_urls:
+        return
+    from agentgym.server.engines import MODULES, engine_available
+
+    python = os.environ.get(f"AGENTGYM_{str(rollout.name).upper()}_PYTHON") or sys.executable
+    if not engine_available(str(rollout.name), python):
+        raise ConfigError(
+            f"{AR}.rollout.name={rollout.name} needs {MODULES[rollout.name]!r}, which {python} cannot import. On a "
+            f"machine with a GPU: pip install -e '.[{rollout.name}]' (or point AGENTGYM_{str(rollout.name).upper()}"
+            f"_PYTHON at an interpreter that has it, or give running servers in {AR}.rollout.server_urls=[URL]). "
+            f"Without it, use agentgym's own server: {AR}.rollout.name=embedded")
+
+
+def hub_reachable(timeout: float = 3.0) -> str | None:
+    """None when the Hugging Face hub answers a TCP connection, else why not."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"{host}:{port} does not answer ({type(exc).__name__}: {exc})"
+
+
+def check_model(key: str, path: str) -> None:
+    """A model path is ``tiny``, a directory, or a hub name that is cached or reachable."""
+    from agentgym.model import is_tiny
+
+    if is_tiny(path) or Path(os.path.expanduser(path)).is_dir():
+        return
+    looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
+    if looks_local:
+        raise ConfigError(f"{key}={path} is not a directory; pass a Hugging Face model directory, a hub name "
+                          f"(org/name) or tiny")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(path, "config.json"), str):
+            return
+    except Exception:  # noqa: BLE001 - a malformed name is reported below
+        pass
+    why = hub_reachable()
+    if why is not None:
+        raise ConfigError(
+            f"{key}={path} is not a local directory and not in the Hugging Face cache, and the hub cannot be reached "
+            f"from here ({why}). Pass a local model directory ({key}=/path/to/model, e.g. downloaded with "
+            f"`huggingface-cli download {path} --local-dir DIR` where the hub is reachable), or {key}=tiny")
+
+
+def check_reward_function(cfg: DictConfig) -> None:
+    crf = cfg.custom_reward_function
+    if not crf.path:
+        return
+    from agentgym.envs.rewards.by_source import load_compute_score
+
+    try:
+        load_compute_score(str(crf.path), str(crf.name or "compute_score"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def rows_env_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    """The ``rows`` env's arguments from veRL's keys (custom reward function, prime's timeout)."""
+    kwargs: dict[str, Any] = {}
+    crf = cfg.custom_reward_function
+    if crf.path:
+        kwargs["custom_reward_function"] = {"path": str(crf.path), "name": str(crf.name or "compute_score")}
+    if cfg.reward_model.reward_manager == "prime":
+        kwargs["score_timeout"] = float((plain(cfg.reward_model.reward_kwargs) or {}).get("timeout", PRIME_TIMEOUT_S))
+    return kwargs
+
+
+def choose_env(cfg: DictConfig, rows: list[dict[str, Any]]) -> str:
+    """Set ``env.name`` (and its kwargs) for a veRL run over ``data.train_files``; returns why."""
+    interaction = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path
+    if interaction:
+        cfg.env.name = "gsm8k_interaction"
+        cfg.env.kwargs = {**plain(cfg.env.kwargs), "interaction_config": str(interaction),
+                          "default_interaction": None, "system_prompt": None}
+        return f"interaction episodes ({AR}.rollout.multi_turn.interaction_config_path={interaction})"
+    if rows and not all("prompt" in r for r in rows):
+        if all("question" in r and "answer" in r for r in rows):
+            cfg.env.name = "gsm8k"
+            return "raw GSM8K rows (question, answer)"
+        raise ConfigError("data.train_files has rows without a 'prompt' column (veRL's format) and no --env was given: "
+                          "pass --env NAME for an env that reads them, or set data.prompt_key=COLUMN")
+    from agentgym.envs.rewards.by_source import has_rule
+
+    sources = data_sources(rows)
+    if not cfg.custom_reward_function.path:
+        missing = [s for s in sources if not has_rule(s)]
+        if missing:
+            raise ConfigError(
+                f"no built-in reward for data_source {', '.join(repr(m) for m in missing)} in data.train_files: pass "
+                f"custom_reward_function.path=FILE.py (a compute_score(data_source, solution_str, ground_truth, "
+                f"extra_info) function) or --env NAME")
+    cfg.env.name = "rows"
+    scorer = (f"custom_reward_function {cfg.custom_reward_function.path}:{cfg.custom_reward_function.name}"
+              if cfg.custom_reward_function.path else "the built-in rule")
+    return f"rows of data.train_files, data_source {', '.join(sources)} scored by {scorer}"
+
+
+def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) -> Plan:
+    """Run the checks (see the module docstring); may set ``env.name``, ``env.kwargs`` and the data
+    paths in ``cfg``. Raises ``ConfigError`` saying what to do."""
+    plan = Plan()
+    check_files(cfg)
+    check_engine(cfg)
+    model_path = str(cfg.actor_rollout_ref.model.path)
+    check_model(f"{AR}.model.path", model_path)
+    if cfg.critic.enable and str(cfg.critic.model.path) != model_path:
+        check_model("critic.model.path", str(cfg.critic.model.path))
+    check_reward_function(cfg)
+    if cfg.data.train_files:
+        chat = None
+        if tokenizer is not None or model_path:
+            from agentgym.model import load_tokenizer
+            from agentgym.rollout.chat import ChatTokenizer
+
+            chat = ChatTokenizer(tokenizer or load_tokenizer(model_path),
+                                 template_kwargs=plain(cfg.data.apply_chat_template_kwargs) or None)
+        plan.prepared = prepare_data(cfg, chat)
+        rows = plan.prepared["train"].rows
+        plan.rows = len(rows)
+        if not cfg.env.name and agent is None and not cfg.env.tags:
+            plan.env_chosen = choose_env(cfg, rows)
+        if cfg.env.name == "rows":
+            cfg.env.kwargs = {**plain(cfg.env.kwargs), **rows_env_kwargs(cfg)}
+        batch = int(cfg.data.train_batch_size)
+        if plan.rows < batch:
+            raise ConfigError(
+                f"data.train_batch_size={batch} is larger than the {plan.rows} rows of data.train_files: a step takes "
+                f"train_batch_size tasks; lower it (data.train_batch_size={plan.rows} or less, with "
+                f"{AR}.actor.ppo_mini_batch_size at most that) or give more data")
+        for split in plan.prepared.values():
+            plan.notes += [f"data ({split.split}): {note}" for note in split.notes]
+        if cfg.data.val_batch_size is None and "val" in plan.prepared:  # veRL validates on every row
+            cfg.data.val_batch_size = len(plan.prepared["val"].rows)
+    if cfg.data.val_batch_size is None:
+        cfg.data.val_batch_size = cfg.env.num_val_tasks
+    if cfg.trainer.total_training_steps is not None:
+        plan.steps = int(cfg.trainer.total_training_steps)
+    elif plan.rows is not None:
+        plan.steps = plan.rows // int(cfg.data.train_batch_size) * int(cfg.trainer.total_epochs)
+    return plan
