@@ -215,7 +215,7 @@ def test_black_box_agent_trains_through_the_gateway_in_async_mode(tmp_path, part
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cfg = load_config(config_name="async_ppo_trainer", overrides=[
-        f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[jsonl]", "trainer.use_ray=false",
+        "env=agent", f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[jsonl]", "trainer.use_ray=false",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.save_hf_model=false",
         "trainer.total_training_steps=4", f"data.train_files={data}", "data.train_batch_size=2",
         "actor_rollout_ref.rollout.n=2", "data.max_response_length=96", "actor_rollout_ref.rollout.max_tokens_per_turn=16",
