@@ -178,6 +178,7 @@ def real_run(mode: str, args: argparse.Namespace, directory: str) -> dict[str, A
         f"data.train_batch_size={args.real_batch}", f"actor_rollout_ref.rollout.n={args.n}",
         f"actor_rollout_ref.rollout.max_tokens_per_turn={args.real_tokens}", "data.max_prompt_length=256",
         f"data.max_response_length={4096}", "actor_rollout_ref.actor.optim.lr=1e-3",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.real_batch}",
     ]
     if mode != "sync":
         overrides += [f"async_training.staleness_threshold={args.staleness}",
