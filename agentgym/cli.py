@@ -244,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--agent", metavar="MODULE:FUNCTION",
                         help="train an OpenAI-client agent through the gateway")
     p.add_argument("--config", default=None, help="a YAML config to start from (default: configs/train.yaml)")
+    p.add_argument("--config-name", default=None,
+                   help="a named config beside configs/train.yaml, e.g. async_ppo_trainer")
+    p.add_argument("--async", dest="async_", action="store_true",
+                   help="asynchronous training: rollout and training overlap (--config-name async_ppo_trainer)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, veRL names")
     p.set_defaults(func=_cmd_train)
 
@@ -278,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default="memory", metavar="memory|sqlite:PATH",
                    help="where finished sessions are kept: in memory, or in SQLite (they survive a crash or "
                         "restart; with --workers N each worker keeps PATH's name with .w<k>)")
+    pool = p.add_argument_group("feeding a DataPool (asynchronous training; agentgym.gateway.pool_feed)")
+    pool.add_argument("--data-pool-name", default=None, help="Ray actor name of the DataPool finished sessions go to")
+    pool.add_argument("--ray-address", default=None, help="the Ray cluster to join (default: auto)")
+    pool.add_argument("--ray-namespace", default="agentgym", help="Ray namespace of the DataPool")
+    pool.add_argument("--prompt-length", type=int, default=None, help="tokens before the first sampled token")
+    pool.add_argument("--response-length", type=int, default=None,
+                      help="tokens after it; with --prompt-length: the context bound (max_model_len)")
     p.set_defaults(func=_cmd_gateway)
 
     p = sub.add_parser("sft", help="supervised fine-tuning on demos or chat data (veRL sft_trainer keys), "

@@ -17,8 +17,13 @@ How a config is made (``compose_config``), later steps winning:
    (``algorithm=ppo``). An env file may carry its own ``defaults`` mapping: the groups it
    names are its choice unless the user picked them (``--env sokoban`` picks GRPO, ``--env
    sokoban algorithm=ppo`` still runs PPO).
-3. ``--config FILE``: a user's YAML (it may carry its own ``defaults`` mapping).
-4. Command-line overrides: ``data.train_batch_size=8``, values parsed as YAML
+3. A named top-level config, ``configs/<config_name>.yaml`` (``agentgym train --config-name
+   async_ppo_trainer``; ``--async`` picks that one): a file beside ``train.yaml`` that sets other
+   defaults for some of its keys (and may carry its own ``defaults`` mapping of group choices).
+   Its values may interpolate others (``${async_training.use_rollout_log_probs}``): they are
+   resolved after the overrides, so an override of the source reaches the copy.
+4. ``--config FILE``: a user's YAML (it may carry its own ``defaults`` mapping).
+5. Command-line overrides: ``data.train_batch_size=8``, values parsed as YAML
    (``trainer.logger=[console,tensorboard]``); ``+a.b=c`` adds a key train.yaml lacks (nothing
    in agentgym reads it: ``Composition.added`` lists them so the caller can say so).
 
@@ -45,6 +50,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 GROUPS = ("algorithm", "model", "server", "env")
+# Whole schemas (train.yaml, and the other commands' own); any other top-level file is a named config
+BASE_CONFIGS = ("train", "sft", "generation", "evaluation")
 # Sections whose keys are free: passed through to a constructor, an engine or ray.init.
 OPEN_SECTIONS = ("env.kwargs", "env.val_kwargs", "ray_init", "actor_rollout_ref.rollout.engine_kwargs",
                  "data.apply_chat_template_kwargs", "env.custom_envs", "reward_model.reward_kwargs")
@@ -304,10 +311,12 @@ def compose(
     env_group: str | None = None,
     key_policy: KeyPolicy | None = None,
     base_file: str = "train.yaml",
+    config_name: str | None = None,
 ) -> Composition:
     """Compose ``train.yaml``, its group files, ``config_file`` and ``overrides`` (see the module
     docstring); ``env_group`` picks an env group file without naming an env (``--agent`` runs);
-    ``base_file``: another schema in ``configs/`` (``generation.yaml``, ``evaluation.yaml``).
+    ``base_file``: another schema in ``configs/`` (``generation.yaml``, ``evaluation.yaml``);
+    ``config_name``: a named config overlaying it (``async_ppo_trainer``, see ``named_config``).
     Every unknown key of every source is reported in one ``ConfigError``."""
     base_dir = Path(directory) if directory is not None else config_dir()
     if not (base_dir / base_file).is_file():
@@ -318,6 +327,9 @@ def compose(
     schema = flatten(base)
     report = _KeyReport(schema, key_policy)
     user_choices: set[str] = set()
+
+    named = named_config(base_dir, config_name, base_file, schema) if config_name else {}
+    choices.update(named.pop("defaults", {}) or {})
 
     user: dict[str, Any] = {}
     if config_file is not None:
@@ -373,6 +385,8 @@ def compose(
         used[group] = str(choices[group])
     if env_name_override is not None:
         merged = deep_merge(merged, {"env": {"name": env_name_override}})
+    if named:
+        merged = deep_merge(merged, named)
     if user:
         merged = deep_merge(merged, user)
     cfg = OmegaConf.create(merged)
@@ -409,12 +423,33 @@ def compose_config(
     overrides: Sequence[str] = (),
     directory: str | os.PathLike[str] | None = None,
     base_name: str = "train",
+    config_name: str | None = None,
 ) -> DictConfig:
-    """Compose ``<base_name>.yaml`` (``train``; ``sft`` for ``agentgym sft``), its group files,
-    ``config_file`` and ``overrides``; every key checked against the base file and every value
-    against its default's type; interpolations resolved. What the values mean is checked by
-    their user (``agentgym.trainer.config.load_config``)."""
-    return compose(env, config_file, overrides, directory, base_file=f"{base_name}.yaml").cfg
+    """Compose ``<base_name>.yaml`` (``train``; ``sft`` for ``agentgym sft``), its group files, the
+    named config ``config_name``, ``config_file`` and ``overrides``; every key checked against the
+    base file and every value against its default's type; interpolations resolved. What the values
+    mean is checked by their user (``agentgym.trainer.config.load_config``)."""
+    return compose(env, config_file, overrides, directory, base_file=f"{base_name}.yaml", config_name=config_name).cfg
+
+
+def named_configs(directory: Path | None = None) -> list[str]:
+    """The named configs one may pick (``configs/*.yaml`` other than the base schemas)."""
+    return sorted(p.stem for p in (directory or config_dir()).glob("*.yaml") if p.stem not in BASE_CONFIGS)
+
+
+def named_config(base_dir: Path, name: str, base_file: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """``configs/<name>.yaml``, a named config overlaying the base file: its keys must be the base's."""
+    path = base_dir / f"{name}.yaml"
+    if f"{name}.yaml" == base_file:
+        return {}
+    if not path.is_file() or name in BASE_CONFIGS:
+        known = named_configs(base_dir)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"no config named {name!r} ({path} is not one).{hint} Named configs: {', '.join(known)}")
+    data = read_yaml(path)
+    check_keys({k: v for k, v in data.items() if k != "defaults"}, schema, str(path))
+    return data
 
 
 def _plain(value: Any) -> Any:

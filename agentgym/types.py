@@ -78,6 +78,11 @@ class Turn:
     generation prompt). They are never trained on (loss mask 0). ``response_ids`` are the
     tokens the server sampled (loss mask 1) with the ``logprobs`` it reported for them.
     ``reward`` is the turn-level reward the env gave for this turn's action.
+
+    ``weight_version`` is the policy version that sampled the turn's first token. A turn whose
+    generation was interrupted by a weight update and resumed on the new weights (asynchronous
+    training with ``partial_rollout``) spans versions: ``token_versions`` then holds one version
+    per response token; empty means every token has ``weight_version`` (``versions()``).
     """
 
     prompt_ids: list[int]
@@ -88,6 +93,7 @@ class Turn:
     finish_reason: str = "stop"
     observation: list[Message] = field(default_factory=list)
     response_text: str = ""
+    token_versions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):
@@ -95,6 +101,15 @@ class Turn:
                 f"a Turn needs one logprob per response token: got {len(self.logprobs)} logprobs "
                 f"for {len(self.response_ids)} tokens"
             )
+        if self.token_versions and len(self.token_versions) != len(self.response_ids):
+            raise ValueError(
+                f"token_versions holds one version per response token (or none): got "
+                f"{len(self.token_versions)} for {len(self.response_ids)} tokens"
+            )
+
+    def versions(self) -> list[int]:
+        """The policy version that sampled each response token."""
+        return list(self.token_versions) if self.token_versions else [self.weight_version] * len(self.response_ids)
 
 
 @dataclass
@@ -171,6 +186,16 @@ class Trajectory:
         if last >= 0:
             rewards[last] += carry + outcome_reward_coef * self.outcome_reward
         return rewards
+
+    def sampled_versions(self) -> list[int]:
+        """The policy version of every sampled token, in order (see ``Turn.versions``)."""
+        return [v for turn in self.turns for v in turn.versions()]
+
+    def oldest_version(self) -> int | None:
+        """The oldest policy version among the sampled tokens (None: nothing sampled): what the
+        version lag of a trained trajectory is measured from."""
+        versions = [min(t.versions(), default=t.weight_version) for t in self.turns if t.response_ids]
+        return min(versions) if versions else None
 
     def prompt_length(self) -> int:
         """Tokens before the first sampled token (the first turn's prompt)."""

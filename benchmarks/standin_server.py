@@ -430,3 +430,163 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---- a modelled GPU engine (benchmarks/async_train.py) ---------------------------------------------
+class EngineStandin:
+    """A stand-in that models a GPU inference engine's *timing*, for scheduling benchmarks.
+
+    Every ``step_ms`` one decode step runs: each of the (at most ``cap``) running sequences gets one
+    token, whatever their number, so a half-empty batch costs as much as a full one; requests
+    beyond ``cap`` wait for a slot. A request for ``max_tokens`` tokens is answered after that many
+    steps with ``max_tokens - 1`` filler tokens and ``<|im_end|>`` (``finish_reason`` ``stop``),
+    logprob -0.1 each, and the weight version it was sampled with. Weight control like the embedded
+    server's: ``POST /pause_generation {"mode": "abort"|"wait"}`` (abort: running sequences answer
+    at once with what they have, ``finish_reason`` ``abort``; no new ones start until resumed),
+    ``POST /resume_generation``, ``POST /update_weights {"weight_version": N}`` (takes ``load_ms``,
+    once nothing runs). Counts steps and sequence-steps in ``stats`` (``GET /stats``) for the
+    batch occupancy. Runs in a thread of this process (``start()`` returns the URL): it sleeps
+    between steps, so it measures scheduling, not this machine's cores. ``start_engine_standin``
+    runs one in a child process (its timing then shares no interpreter with the caller's).
+    """
+
+    def __init__(self, step_ms: float = 20.0, cap: int = 64, load_ms: float = 200.0, filler: int = 64,
+                 eos: int | None = None) -> None:
+        self.step_s, self.cap, self.load_s = step_ms / 1e3, cap, load_ms / 1e3
+        self.filler = filler
+        if eos is None:
+            from tokenizers import Tokenizer
+
+            from agentgym.model import resolve_model_path
+
+            eos = Tokenizer.from_file(str(Path(resolve_model_path("tiny")) / "tokenizer.json")).token_to_id("<|im_end|>")
+        self.eos = eos
+        self.version = 0
+        self.paused = False
+        self.running: list[dict[str, Any]] = []
+        self.waiting: list[dict[str, Any]] = []
+        self.stats = {"steps": 0, "sequence_steps": 0, "requests": 0, "aborted": 0}
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- the engine ---------------------------------------------------------------------------
+    async def _engine(self) -> None:
+        while True:
+            await asyncio.sleep(self.step_s)
+            while self.waiting and len(self.running) < self.cap and not self.paused:
+                self.running.append(self.waiting.pop(0))
+            if not self.running:
+                continue
+            self.stats["steps"] += 1
+            self.stats["sequence_steps"] += len(self.running)
+            for seq in self.running:
+                seq["done"] += 1
+            for seq in [s for s in self.running if s["done"] >= s["want"]]:
+                self.running.remove(seq)
+                self._answer(seq, "stop")
+
+    def _answer(self, seq: dict[str, Any], finish: str) -> None:
+        n = seq["done"]
+        ids = [self.filler] * max(0, n - 1) + ([self.eos] if n and finish == "stop" else [self.filler] * min(n, 1))
+        if not seq["future"].done():
+            seq["future"].set_result((ids, [-0.1] * len(ids), finish, seq["version"]))
+
+    async def _generate(self, body: dict[str, Any]) -> bytes:
+        self.stats["requests"] += 1
+        future = asyncio.get_running_loop().create_future()
+        seq = {"want": max(1, int(body.get("max_tokens") or 16)), "done": 0, "future": future, "version": self.version}
+        self.waiting.append(seq)
+        ids, logprob_list, finish, version = await future
+        return completion(ids, logprob_list, finish, version)
+
+    async def _control(self, path: str, body: dict[str, Any]) -> bytes:
+        if path == "/pause_generation":
+            self.paused = True
+            if body.get("mode") == "abort":
+                for seq in self.running:
+                    self.stats["aborted"] += 1
+                    self._answer(seq, "abort")
+                self.running = []
+            while self.running:
+                await asyncio.sleep(self.step_s)
+        elif path == "/resume_generation":
+            self.paused = False
+        elif path == "/update_weights":
+            while self.running:
+                await asyncio.sleep(self.step_s)
+            await asyncio.sleep(self.load_s)
+            self.version = int(body["weight_version"])
+        return http(200, json.dumps({"success": True, "weight_version": self.version}).encode())
+
+    # ---- HTTP ---------------------------------------------------------------------------------
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                method, path = lines[0].split(" ")[:2]
+                length = next((int(line.split(":", 1)[1]) for line in lines[1:]
+                               if line.lower().startswith("content-length:")), 0)
+                body = json.loads(await reader.readexactly(length)) if length else {}
+                if method == "POST" and path == "/v1/completions":
+                    answer = await self._generate(body)
+                elif method == "POST":
+                    answer = await self._control(path, body)
+                elif path == "/stats":
+                    answer = http(200, json.dumps({**self.stats, "weight_version": self.version}).encode())
+                else:
+                    answer = http(200, json.dumps({"status": "ok", "weight_version": self.version}).encode())
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def start(self) -> str:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = self._loop = asyncio.new_event_loop()
+            server = loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", 0, backlog=4096))
+            self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            engine = loop.create_task(self._engine())
+            ready.set()
+            loop.run_forever()
+            engine.cancel()
+            server.close()
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="engine-standin", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self.url
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+
+def _serve_engine(step_ms: float, cap: int, load_ms: float) -> None:
+    """The child process of ``start_engine_standin``: prints ``READY <url>``, serves until killed."""
+    engine = EngineStandin(step_ms=step_ms, cap=cap, load_ms=load_ms)
+    print(f"READY {engine.start()}", flush=True)
+    threading.Event().wait()
+
+
+def start_engine_standin(step_ms: float = 20.0, cap: int = 64, load_ms: float = 200.0,
+                         timeout: float = 60.0) -> StandinProcess:
+    """An ``EngineStandin`` in a child process, returned (``.url``) once it listens."""
+    code = (f"import sys; sys.path[:0] = [{str(Path(__file__).resolve().parent)!r}, {str(ROOT)!r}]; "
+            f"from standin_server import _serve_engine; _serve_engine({step_ms}, {cap}, {load_ms})")
+    proc = StandinProcess([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline().decode() if ready else ""
+    if not line.startswith("READY "):
+        proc.kill()
+        raise RuntimeError(f"the engine stand-in did not start: {line!r} {proc.stderr.read().decode()[-2000:]}")
+    proc.url = line.split()[1]
+    return proc

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from agentgym.gateway.client import GatewayClient
 from agentgym.registry import import_object
+from agentgym.rollout.data_pool import DataPool
 from agentgym.rollout.metrics import summarize
 from agentgym.rollout.runner import epoch_order
 from agentgym.types import Trajectory
@@ -90,73 +91,6 @@ def load_agent_tasks(data_files: Any, split: str = "train", reward_fn: str | Non
             item["reward_fn"] = reward_fn
         out.append(item)
     return out
-
-
-class DataPool:
-    """Finished sessions' trajectories, grouped by group id.
-
-    ``open_group(group_id, size)`` says how many sessions a group waits for; ``add`` files one
-    finished session's trajectories; ``pop_complete`` hands back the complete groups in the order
-    they were opened and forgets them.
-    """
-
-    def __init__(self) -> None:
-        self._size: dict[str, int] = {}
-        self._sessions: dict[str, list[list[Trajectory]]] = {}
-        self._changed = asyncio.Event()
-
-    def open_group(self, group_id: str, size: int) -> None:
-        if size < 1:
-            raise ValueError(f"a group needs at least one session, got size={size}")
-        if group_id in self._size:
-            raise ValueError(f"group {group_id!r} is already open")
-        self._size[group_id] = size
-        self._sessions[group_id] = []
-
-    def add(self, group_id: str, trajectories: Sequence[Trajectory]) -> None:
-        """One finished session's trajectories (possibly none: an agent that never called the model)."""
-        if group_id not in self._size:
-            raise KeyError(f"group {group_id!r} was never opened; call open_group(group_id, size) first")
-        sessions = self._sessions[group_id]
-        if len(sessions) >= self._size[group_id]:
-            raise ValueError(f"group {group_id!r} already has all its {self._size[group_id]} sessions")
-        sessions.append(list(trajectories))
-        self._changed.set()
-
-    def complete(self, group_id: str) -> bool:
-        return len(self._sessions.get(group_id, ())) == self._size.get(group_id, -1)
-
-    def pending(self) -> list[str]:
-        return [g for g in self._size if not self.complete(g)]
-
-    def pop(self, group_id: str) -> list[Trajectory]:
-        """A complete group's trajectories (its sessions' in the order they finished); forgets it."""
-        if not self.complete(group_id):
-            raise KeyError(f"group {group_id!r} is not complete ({len(self._sessions.get(group_id, ()))} of "
-                           f"{self._size.get(group_id, '?')} sessions finished)")
-        del self._size[group_id]
-        return [t for session in self._sessions.pop(group_id) for t in session]
-
-    def pop_complete(self) -> list[list[Trajectory]]:
-        """Every complete group, oldest first (see ``pop``)."""
-        return [self.pop(g) for g in [g for g in self._size if self.complete(g)]]
-
-    def discard(self, group_id: str) -> None:
-        """Forget a group whatever its state (a run that failed)."""
-        self._size.pop(group_id, None)
-        self._sessions.pop(group_id, None)
-
-    async def wait_complete(self, groups: int, timeout: float | None = None) -> None:
-        """Until at least ``groups`` groups are complete."""
-        async def until() -> None:
-            while sum(self.complete(g) for g in self._size) < groups:
-                self._changed.clear()
-                await self._changed.wait()
-
-        await asyncio.wait_for(until(), timeout)
-
-    def __len__(self) -> int:
-        return len(self._size)
 
 
 class AgentTrajectorySource:
@@ -326,6 +260,26 @@ class AgentTrajectorySource:
             return await self.agent(base_url, api_key, task)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._threads, self.agent, base_url, api_key, task)
+
+    # ---- asynchronous training: one task at a time (agentgym.trainer.async_trainer) ----------
+    resumes_aborted = False  # a push holds model calls (weight_update) instead of aborting them
+
+    async def next_tasks(self) -> list[dict[str, Any]]:
+        """The next step's tasks, in ``collect``'s order."""
+        step = self.first_step + getattr(self, "_async_steps", 0)
+        self._async_steps = getattr(self, "_async_steps", 0) + 1
+        return self.tasks_for_step(step)
+
+    async def run_task(self, task: dict[str, Any], group_id: str) -> list[Trajectory]:
+        """One task's ``n`` sessions (the gateway records each turn's weight version)."""
+        await self._sync_version()
+        return await self.run([task])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"async_steps": getattr(self, "_async_steps", 0)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._async_steps = int(state.get("async_steps", 0))
 
     # ---- weights and shutdown -------------------------------------------------------------
     def weight_update(self, weight_version: int | None = None, drain_timeout: float = 60.0

@@ -48,6 +48,18 @@ def gateway_command(args: argparse.Namespace) -> int:
     banner += f"; finished sessions kept {'in memory' if store == 'memory' else f'in {store}'}"
     options = {"model_name": str(args.model), "admin_key": admin_key,
                "max_model_len": getattr(args, "max_model_len", None), "store": store, **limit_options(args)}
+    pool_name = getattr(args, "data_pool_name", None)
+    wrap = None
+    if pool_name:  # feed a named DataPool (agentgym.gateway.pool_feed)
+        from agentgym.gateway.pool_feed import pool_feed
+
+        if workers > 1:
+            raise SystemExit("agentgym gateway: --data-pool-name serves from one process; drop --workers")
+        prompt, response = getattr(args, "prompt_length", None), getattr(args, "response_length", None)
+        if options["max_model_len"] is None and prompt and response:
+            options["max_model_len"] = int(prompt) + int(response)
+        wrap = pool_feed(pool_name, args.ray_namespace, args.ray_address)
+        banner += f"; finished sessions go to DataPool {pool_name!r} (Ray namespace {args.ray_namespace!r})"
     try:
         if workers > 1:
             from agentgym.gateway.workers import serve_workers
@@ -55,7 +67,7 @@ def gateway_command(args: argparse.Namespace) -> int:
             return serve_workers(sock, workers, servers, backend, str(args.model), banner, options)
         tokenizer = load_tokenizer(str(args.model))
         tune_gc_for_serving()
-        _run(serve_gateway([sock], servers, backend, tokenizer, banner, **options))
+        _run(serve_gateway([sock], servers, backend, tokenizer, banner, wrap=wrap, **options))
     finally:
         sock.close()
         if embedded is not None:

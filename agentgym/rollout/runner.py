@@ -29,6 +29,18 @@ episode is re-rendered at its end and compared; a difference sets the trajectory
 ``template_mismatch`` to 1 (``template_mismatch_at``: the first differing character) and is
 counted in the batch metrics. The trajectory is still trainable: its tokens are right.
 
+Partial rollout (asynchronous training, ``partial_rollout=True``): a policy server that aborts
+running generations to load new weights answers with the tokens sampled so far and
+``finish_reason="abort"``. The runner then asks again with those tokens appended to the context
+and the rest of the turn's token budget, until the generation ends for another reason; the turn
+holds the whole reply, its logprobs, and in ``Turn.token_versions`` the version of each token
+(``Trajectory.metrics["resumed_generations"]`` counts the continuations). Without it an abort
+ends the turn where it stopped, as before.
+
+Reproducible sampling (``sampling_seed``): each request carries a seed derived from
+``(sampling_seed, task seed, sample, turn, continuation)``, so the same weights sample the same
+episodes whatever else runs at the same time.
+
 Limits: ``max_turns`` (else the env's ``max_turns``), ``max_tokens`` per turn,
 ``response_length`` tokens per episode after the first prompt (sampled and env tokens
 together; a generation is cut to what is left, and the episode ends ``status="truncated"``),
@@ -57,7 +69,7 @@ from agentgym.envs.tools.parsing import parse_tool_calls
 from agentgym.rollout.chat import ChatTokenizer, tools_key
 from agentgym.rollout.executors import EPISODE_EXECUTORS, EnvBackend, EnvTimeout, EpisodePool
 from agentgym.rollout.metrics import summarize
-from agentgym.types import Message, SamplingParams, Trajectory, Turn
+from agentgym.types import Message, SamplingParams, TokenSample, Trajectory, Turn
 
 
 @dataclass
@@ -82,6 +94,8 @@ class RolloutConfig:
     worker_env_executor: Literal["thread", "inline"] = "thread"  # workers/ray: env calls inside each worker
     template_check_every: int = 1     # re-render every k-th episode at its end; 0: never
     seed: int = 0                     # first env seed; task i uses seed + i
+    partial_rollout: bool = False     # a generation a weight update aborted continues on the new weights
+    sampling_seed: int | None = None  # seed every request from (this, task seed, sample, turn): reproducible
 
     def sampling(self, max_tokens: int | None = None) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens if max_tokens is None else max_tokens,
@@ -137,6 +151,17 @@ class RolloutResult:
         for t in self.trajectories:
             out.setdefault(t.group_id, []).append(t)
         return out
+
+
+MAX_CONTINUATIONS = 64  # partial rollout: aborted-and-continued pieces of one generation, at most
+
+
+def request_seed(base: int, task_seed: int | None, sample: int, turn: int, attempt: int = 0) -> int:
+    """The seed of one request (``RolloutConfig.sampling_seed``): a fixed mix of where it is in the run."""
+    value = base
+    for part in (task_seed or 0, sample, turn, attempt):
+        value = (value * 1_000_003 + part) % 2_147_483_647
+    return value
 
 
 class EpisodeFailure(RuntimeError):
@@ -312,8 +337,13 @@ class RolloutRunner:
                     break
                 stage = "policy server"
                 t0 = time.perf_counter()
-                sampling = default_sampling if max_tokens == cfg.max_tokens else cfg.sampling(max_tokens)
-                sample_out = await self.client.generate(context, sampling, session_id=session)
+                versions: list[int] = []
+                if cfg.partial_rollout or cfg.sampling_seed is not None:
+                    sample_out, versions = await self._generate(context, max_tokens, session, task, sample,
+                                                                len(traj.turns), traj.metrics)
+                else:
+                    sampling = default_sampling if max_tokens == cfg.max_tokens else cfg.sampling(max_tokens)
+                    sample_out = await self.client.generate(context, sampling, session_id=session)
                 gen_time += time.perf_counter() - t0
                 ids = sample_out.token_ids
                 if len(ids) > max_tokens:
@@ -321,7 +351,8 @@ class RolloutRunner:
                 text = chat.decode(ids)
                 turn = Turn(prompt_ids=list(delta), response_ids=list(ids), logprobs=list(sample_out.logprobs),
                             weight_version=sample_out.weight_version, finish_reason=sample_out.finish_reason,
-                            observation=observation, response_text=text)
+                            observation=observation, response_text=text,
+                            token_versions=versions if len(set(versions)) > 1 else [])
                 traj.turns.append(turn)
                 context.extend(ids)
                 used += len(ids)
@@ -365,6 +396,30 @@ class RolloutRunner:
                 release(session)
         self._finish(traj, info, tools, check, env_time, gen_time)
         return traj
+
+    async def _generate(self, context: list[int], max_tokens: int, session: str, task: Task, sample: int,
+                        turn: int, metrics: dict[str, float]) -> tuple[TokenSample, list[int]]:
+        """One turn's generation, seeded (``sampling_seed``) and, with ``partial_rollout``, continued
+        after aborts: returns the whole sample (the first token's version) and each token's version."""
+        cfg = self.config
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        for attempt in range(MAX_CONTINUATIONS + 1):
+            sampling = cfg.sampling(max_tokens - len(ids))
+            if cfg.sampling_seed is not None:
+                sampling.seed = request_seed(cfg.sampling_seed, task.seed, sample, turn, attempt)
+            out = await self.client.generate(context + ids, sampling, session_id=session)
+            ids += out.token_ids
+            logprobs += out.logprobs
+            versions += [out.weight_version] * len(out.token_ids)
+            if not cfg.partial_rollout or out.finish_reason != "abort" or len(ids) >= max_tokens:
+                finish = "length" if out.finish_reason == "abort" and len(ids) >= max_tokens else out.finish_reason
+                first = versions[0] if versions else out.weight_version
+                return TokenSample(ids, logprobs, finish, first, out.text), versions
+            metrics["resumed_generations"] = metrics.get("resumed_generations", 0.0) + 1.0
+        raise EpisodeFailure(f"the policy server aborted this generation {MAX_CONTINUATIONS + 1} times in a row; "
+                             "is it shutting down?")
 
     def _finish(self, traj: Trajectory, info: dict[str, Any], tools: list[dict[str, Any]] | None,
                 check: bool, env_time: float, gen_time: float) -> None:

@@ -52,13 +52,15 @@ def load_config(
     *,
     agent: str | None = None,
     warn: bool = True,
+    config_name: str | None = None,
 ) -> DictConfig:
     """Compose, override, resolve and validate a training config (see ``agentgym.config``).
 
     ``agent``: the ``--agent MODULE:FUNCTION`` of the run (composes ``configs/env/agent.yaml``
     unless ``env`` is given, and names the run). ``warn``: log the keys that have no effect
-    (``config_notes``) on the ``agentgym.config`` logger."""
-    composition = compose_training(env, config_file, overrides, directory, agent=agent)
+    (``config_notes``) on the ``agentgym.config`` logger. ``config_name``: a named config over
+    ``train.yaml`` (``async_ppo_trainer``)."""
+    composition = compose_training(env, config_file, overrides, directory, agent=agent, config_name=config_name)
     if warn:
         for note in config_notes(composition):
             log.warning("%s", note)
@@ -72,10 +74,11 @@ def compose_training(
     directory: str | os.PathLike[str] | None = None,
     *,
     agent: str | None = None,
+    config_name: str | None = None,
 ) -> Composition:
     """``load_config`` without the warnings: the composition (which keys the user set) resolved and validated."""
     composition = compose(env, config_file, overrides, directory, env_group="agent" if agent and env is None else None,
-                          key_policy=verl_key_policy)
+                          key_policy=verl_key_policy, config_name=config_name)
     resolve(composition.cfg, agent=agent)
     validate(composition.cfg)
     return composition
@@ -232,6 +235,9 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value not in registry:
             raise _choice_error(key, value, sorted(registry))
+    from agentgym.trainer.async_config import validate_async
+
+    validate_async(cfg)
     if cfg.critic.enable and cfg.algorithm.adv_estimator != "gae":
         raise ConfigError(
             f"critic.enable=true but algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} uses no values; "

@@ -7,7 +7,8 @@
 * ``tensorboard``: ``<run dir>/tensorboard`` (needs ``pip install tensorboard``);
 * ``wandb``: Weights & Biases, project ``trainer.project_name``, run ``trainer.experiment_name``.
 
-``Progress`` is the tqdm line: step, reward, success rate, seconds per step and ETA.
+``Progress`` is the tqdm line: step, reward, success rate, seconds per step and ETA (and in
+asynchronous training the largest version lag trained and the DataPool's size).
 ``write_samples`` appends a few whole trajectories per step to ``<run dir>/samples.jsonl``.
 """
 
@@ -200,6 +201,9 @@ class Progress:
                            ("val/success_rate", "val_success")):
             if key in metrics:
                 postfix[short] = f"{metrics[key]:.3f}"
+        for key, short in (("async/version_lag/max", "lag"), ("async/pool_size", "pool")):  # asynchronous training
+            if key in metrics:
+                postfix[short] = f"{metrics[key]:.0f}"
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
 

@@ -5,6 +5,9 @@
 
 From Python, ``train(cfg, source=...)`` runs the same loop on any ``TrajectorySource``
 (``agentgym.trainer.sources``): this is where the gateway plugs in its agent trajectories.
+``actor_rollout_ref.hybrid_engine=false`` (``agentgym train --async``) runs the asynchronous
+trainer (``agentgym.trainer.async_trainer``); ``actor_rollout_ref.rollout.agent`` picks the agent
+flow that produces the trajectories (``agentgym.trainer.agent_flows``).
 """
 
 from __future__ import annotations
@@ -40,8 +43,21 @@ def describe(cfg: DictConfig, steps: int | None = None) -> str:
         f"{' + critic' if cfg.critic.enable else ''} | {cfg.data.train_batch_size} tasks x {a.rollout.n} "
         f"per step | {length} | "
         f"{world_size(cfg)} worker(s){' on Ray' if cfg.trainer.use_ray else ' in-process'} | "
-        f"{a.rollout.name} server(s) | run dir {cfg.trainer.default_local_dir}"
+        f"{a.rollout.name} server(s) | run dir {cfg.trainer.default_local_dir}" + _describe_async(cfg)
     )
+
+
+def _describe_async(cfg: DictConfig) -> str:
+    if cfg.actor_rollout_ref.hybrid_engine:
+        return ""
+    from agentgym.trainer.async_config import AsyncSettings
+
+    s = AsyncSettings.from_cfg(cfg)
+    plan = s.plan(int(cfg.data.train_batch_size), None)
+    return (f"\n  asynchronous: push every {s.trigger_parameter_sync_step} update(s), staleness_threshold "
+            f"{s.staleness_threshold:g} -> at most {plan.budget} tasks beyond those trained, version lag <= "
+            f"{plan.max_lag}; partial_rollout {str(s.partial_rollout).lower()}; rollout pool "
+            f"{s.rollout_nnodes}x{s.rollout_n_gpus_per_node}")
 
 
 def train(cfg: DictConfig, source: Any = None, servers: Any = None, show_progress: bool = True,
@@ -53,28 +69,33 @@ def train(cfg: DictConfig, source: Any = None, servers: Any = None, show_progres
     ``actor_rollout_ref.rollout``); pass ``servers=False`` with a source that needs no policy
     servers (no weight sync). ``prepared``: ``preflight`` already ran on ``cfg`` (else it runs here).
     """
+    from agentgym.trainer.async_config import is_async
     from agentgym.trainer.ppo_trainer import PPOTrainer
-    from agentgym.trainer.weight_sync import RolloutServers
 
     if not prepared and source is None:
         from agentgym.trainer.preflight import preflight
 
         preflight(cfg)
     started_ray = False
+    if cfg.trainer.use_ray:
+        import ray
+
+        started_ray = not ray.is_initialized()
     if servers is None:
-        servers = RolloutServers(cfg)
+        servers = rollout_servers(cfg)
     elif servers is False:
         servers = None
     trainer = None
     try:
         if source is None:
-            source = env_source(cfg, servers.client)
+            source = flow_source(cfg, servers)
         source = wrap_source(cfg, source)
-        trainer = PPOTrainer(cfg, source, servers, show_progress=show_progress)
-        if cfg.trainer.use_ray:
-            import ray
+        if is_async(cfg):
+            from agentgym.trainer.async_trainer import AsyncPPOTrainer
 
-            started_ray = not ray.is_initialized()
+            trainer = AsyncPPOTrainer(cfg, source, servers, show_progress=show_progress)
+        else:
+            trainer = PPOTrainer(cfg, source, servers, show_progress=show_progress)
         if cfg.trainer.val_only:
             return validate_only(trainer)
         summary = trainer.fit()
@@ -89,6 +110,30 @@ def train(cfg: DictConfig, source: Any = None, servers: Any = None, show_progres
             import ray
 
             ray.shutdown()
+
+
+def rollout_servers(cfg: DictConfig) -> Any:
+    """The policy servers: on the rollout pool's nodes (Ray, asynchronous trainer), else started here."""
+    from agentgym.trainer.async_config import is_async
+
+    if is_async(cfg) and cfg.trainer.use_ray and not cfg.actor_rollout_ref.rollout.server_urls:
+        from agentgym.trainer.resource_pools import RayRolloutServers
+
+        return RayRolloutServers(cfg)
+    from agentgym.trainer.weight_sync import RolloutServers
+
+    return RolloutServers(cfg)
+
+
+def flow_source(cfg: DictConfig, servers: Any, agent: Any = None) -> Any:
+    """The trajectory source of the agent flow the config (or ``--agent``) names: the env's, or a
+    black-box agent's through the gateway."""
+    from agentgym.trainer.agent_flows import resolve_agent_flow
+
+    flow = resolve_agent_flow(cfg, agent)
+    if flow is not None:
+        return _agent_source(cfg, flow, servers)
+    return env_source(cfg, servers.client)
 
 
 def env_source(cfg: DictConfig, client: Any) -> Any:
@@ -160,7 +205,7 @@ def _check_env(name: str) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def _agent_source(cfg: DictConfig, agent: str, servers: Any) -> Any:
+def _agent_source(cfg: DictConfig, agent: Any, servers: Any) -> Any:
     """The gateway's trajectory source for ``--agent module:function``."""
     from agentgym.gateway.agent_source import trajectory_source
 
@@ -222,6 +267,9 @@ def summary_text(summary: dict[str, Any]) -> str:
         lines.append(f"  final model: {summary['hf_model']} (agentgym serve --model {summary['hf_model']})")
     if summary.get("curves"):
         lines.append(f"  curves:      {summary['curves']} (agentgym plot {summary['run_dir']})")
+    if summary.get("lag_histogram"):
+        histogram = ", ".join(f"{lag}: {count}" for lag, count in summary["lag_histogram"].items())
+        lines.append(f"  version lag: {histogram} (trajectories trained at each lag)")
     if summary.get("metrics_file"):
         lines.append(f"  metrics:     {summary['metrics_file']}")
     if summary.get("tensorboard"):
@@ -248,9 +296,16 @@ def train_command(args: argparse.Namespace) -> int:
     cfg = None
     try:
         try:
+            config_name = getattr(args, "config_name", None) or (
+                "async_ppo_trainer" if getattr(args, "async_", False) else None)
             cfg = load_config(env=env, config_file=getattr(args, "config", None),
-                              overrides=list(args.overrides or ()), agent=agent)
+                              overrides=list(args.overrides or ()), agent=agent, config_name=config_name)
+            from agentgym.trainer.agent_flows import resolve_agent_flow
             from agentgym.trainer.preflight import preflight
+
+            flow = resolve_agent_flow(cfg) if agent is None else None  # actor_rollout_ref.rollout.agent
+            if flow is not None:
+                agent = getattr(flow, "__name__", "agent")
 
             plan = preflight(cfg, agent)
             if agent is None:
@@ -268,11 +323,9 @@ def train_command(args: argparse.Namespace) -> int:
         source = None
         servers = None
         if agent is not None:
-            from agentgym.trainer.weight_sync import RolloutServers
-
-            servers = RolloutServers(cfg)
+            servers = rollout_servers(cfg)
             try:
-                source = _agent_source(cfg, agent, servers)
+                source = _agent_source(cfg, flow if flow is not None else agent, servers)
             except BaseException:
                 servers.stop()
                 raise

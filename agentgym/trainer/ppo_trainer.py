@@ -59,6 +59,7 @@ from agentgym.trainer.loggers import (
     truncate_jsonl,
     write_samples,
 )
+from agentgym.trainer.rollout_correction import RolloutCorrection, rollout_is_weights
 from agentgym.trainer.train_state import rng_state, set_rng_state
 from agentgym.trainer.worker_group import WorkerGroup
 from agentgym.trainer.workers import CriticWorker, PolicyWorker
@@ -176,13 +177,7 @@ class PPOTrainer:
         cuda = self.cfg.trainer.device == "cuda" or (self.cfg.trainer.device == "auto" and torch.cuda.is_available())
         groups = 2 if self.cfg.critic.enable else 1
         num_gpus = 1.0 / groups if cuda and self.use_ray else 0.0
-        bundles = None
-        if num_gpus:  # one bundle per GPU: actor rank r and critic rank r share GPU r, ranks never do
-            import ray
-            from ray.util.placement_group import placement_group
-
-            bundles = placement_group([{"GPU": 1}] * self.world_size, strategy="PACK")
-            ray.get(bundles.ready())
+        bundles = self.worker_bundles(num_gpus)
         self.actor = WorkerGroup(PolicyWorker, plain, self.world_size, self.use_ray, "actor", num_gpus, bundles)
         pending = [self.actor.call_async("init_model", self.total_steps, uses_reference(self.cfg))]
         if self.cfg.critic.enable:
@@ -195,6 +190,17 @@ class PPOTrainer:
             from agentgym.trainer.weight_sync import WeightSync
 
             self.weight_sync = WeightSync(self.servers, self.actor, str(self.cfg.actor_rollout_ref.model.path))
+
+    def worker_bundles(self, num_gpus: float) -> Any:
+        """The placement group the workers go in (rank r in bundle r), or None."""
+        if not num_gpus:
+            return None
+        import ray  # one bundle per GPU: actor rank r and critic rank r share GPU r, ranks never do
+        from ray.util.placement_group import placement_group
+
+        bundles = placement_group([{"GPU": 1}] * self.world_size, strategy="PACK")
+        ray.get(bundles.ready())
+        return bundles
 
     # ---- one step -------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -209,7 +215,8 @@ class PPOTrainer:
             trajectories: list[Trajectory] = self.run(self.source.collect(step))
         metrics.update(trajectory_metrics(trajectories))
         metrics.update(per_source_metrics(trajectories))
-        latest = self.weight_sync.version if self.weight_sync is not None else step - 1
+        pushed = getattr(self.weight_sync, "version", None)  # WeightSync's last push (the async trainer's has none)
+        latest = pushed if pushed is not None else step - 1
         lags = [latest - turn.weight_version for traj in trajectories for turn in traj.turns]
         if lags and self.weight_sync is not None:  # 0: every turn was sampled by the latest weights
             metrics["rollout/weight_version_lag"] = float(np.mean(lags))
@@ -242,7 +249,8 @@ class PPOTrainer:
             return metrics
         epochs = int(actor_cfg.ppo_epochs)
         on_policy_single_pass = epochs == 1 and actor_minis == 1
-        need_old = not actor_cfg.use_rollout_log_probs and (
+        correction = RolloutCorrection.from_cfg(cfg)  # decoupled PPO needs the proximal policy's log-probs
+        need_old = correction.enabled or not actor_cfg.use_rollout_log_probs and (
             not on_policy_single_pass or cfg.algorithm.use_kl_in_reward)
 
         # ---- log-probs, reference, values (actor and critic groups work at the same time) ----
@@ -260,6 +268,11 @@ class PPOTrainer:
                 metrics["actor/entropy_before_update"] = float(algos.masked_mean(entropy, batch["response_mask"]))
         elif actor_cfg.use_rollout_log_probs:
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+        if correction.enabled:
+            batch["rollout_is_weights"], is_metrics = rollout_is_weights(
+                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], correction.rollout_is,
+                correction.rollout_is_threshold, correction.rollout_is_batch_normalize)
+            metrics.update(is_metrics)
         if uses_reference(cfg):
             with timer("ref", timing):
                 outs = self.actor.call("compute_ref_log_prob", shared, per_rank=per_rank)
@@ -345,8 +358,8 @@ class PPOTrainer:
         if trajectories and failed / len(trajectories) > max_frac and self.servers is not None:
             dead = self.run(failures.dead_servers(self.servers.client))
         out = failures.failed_episode_check(trajectories, step, max_frac, dead)
-        if self.weight_sync is not None:
-            expected = self.weight_sync.version  # pushed after the last update (or at resume)
+        expected = getattr(self.weight_sync, "version", None)  # pushed after the last update (or at resume)
+        if expected is not None:  # synchronous training (the async trainer bounds version lag itself)
             stale = failures.stale_trajectories(trajectories, expected)
             out["rollout/stale_episodes"] = float(len(stale))
             if stale:
@@ -568,4 +581,7 @@ class PPOTrainer:
             with contextlib.suppress(Exception):
                 self.run(self.servers.aclose())
             self.servers.stop()
+        self.close_loop()
+
+    def close_loop(self) -> None:
         self.loop.close()

@@ -12,6 +12,11 @@ share a ``group_id``). It may also have
 * ``steps_per_epoch``: steps in one pass over a dataset (None: endless, e.g. seeds);
 * ``state_dict()`` / ``load_state_dict(state)``: its data order, saved in checkpoints;
 * ``async aclose()``.
+
+For the asynchronous trainer (``agentgym.trainer.async_trainer``) a source also has
+``async next_tasks()`` (the next update's tasks, in the order ``collect`` would take them) and
+``async run_task(task, group_id)`` (one task's group of trajectories); ``resumes_aborted`` says
+whether its episodes continue a generation a weight push aborted (partial rollout).
 """
 
 from __future__ import annotations
@@ -127,6 +132,7 @@ class EnvRolloutSource:
             "env_workers": env_cfg.workers,
             "worker_env_executor": env_cfg.worker_executor,
             "env_urls": list(env_cfg.urls or ()),
+            "sampling_seed": rollout.sampling_seed,
         }
         train_kwargs = dict(env_cfg.kwargs)
         if cfg.data.train_files:
@@ -137,7 +143,8 @@ class EnvRolloutSource:
         self.train_runner = RolloutRunner(
             env_cfg.name, client, tokenizer,
             RolloutConfig(n=int(rollout.n), temperature=float(rollout.temperature), top_p=float(rollout.top_p),
-                          top_k=int(rollout.top_k), **common),
+                          top_k=int(rollout.top_k), partial_rollout=bool(cfg.async_training.partial_rollout),
+                          **common),
             env_kwargs=train_kwargs,
         )
         val = rollout.val_kwargs
@@ -170,6 +177,19 @@ class EnvRolloutSource:
         sampler = await self._sampler()
         tasks = [Task(seed=t["seed"], index=t.get("index")) for t in sampler.next_batch()]
         result = await self.train_runner.run(tasks)
+        self.last_metrics = result.metrics
+        return result.trajectories
+
+    # ---- asynchronous training -------------------------------------------------------------
+    resumes_aborted = True
+
+    async def next_tasks(self) -> list[dict[str, Any]]:
+        return (await self._sampler()).next_batch()
+
+    async def run_task(self, task: dict[str, Any], group_id: str) -> list[Trajectory]:
+        from agentgym.rollout.runner import Task
+
+        result = await self.train_runner.run([Task(seed=task["seed"], index=task.get("index"))])
         self.last_metrics = result.metrics
         return result.trajectories
 

@@ -16,6 +16,10 @@ The push directory (``agentgym-policy-<pid>-<id>``, memory while it exists) is r
 out: ``cleanup()`` at shutdown, an ``atexit`` hook (``agentgym train`` turns SIGTERM/SIGHUP into a
 normal exit, so they pass through it too), and for a process killed outright (``kill -9``) by the
 next ``WeightSync``, which removes the directories of processes that no longer exist.
+
+Asynchronous training adds two options to a push: ``state`` (weights copied earlier, the checkpoint
+engine's buffer, pushed instead of the actor's current ones) and ``abort`` (partial rollout: every
+server aborts its running generations, whose callers continue them, loads, and resumes).
 """
 
 from __future__ import annotations
@@ -80,8 +84,16 @@ class RolloutServers:
 
         return [h for h in self.handles if isinstance(h, EmbeddedServerHandle)]
 
-    async def update(self, weights: str | dict[str, Any], version: int) -> None:
-        """Every server loads ``weights`` (a model directory, or a state dict for in-process servers)."""
+    async def update(self, weights: str | dict[str, Any], version: int, abort: bool = False) -> None:
+        """Every server loads ``weights`` (a model directory, or a state dict for in-process servers);
+        ``abort``: running generations end first (their callers continue them on the new weights)."""
+        if abort:
+            await self.pause_abort()
+            try:
+                await self.update(weights, version)
+            finally:
+                await self.resume()
+            return
         jobs = [asyncio.to_thread(h.update_weights, weights, version) for h in self.handles]
         if not self.handles:  # servers someone else runs, known by URL only
             if isinstance(weights, dict):
@@ -96,6 +108,39 @@ class RolloutServers:
         await asyncio.gather(*jobs)
         for server in self.client.servers:  # what a server that reports no version with its samples (vLLM) holds
             server.version = version
+
+    async def pause_abort(self) -> None:
+        """Every server stops admitting and ends its running generations (``finish_reason="abort"``)."""
+        await self._control("pause", "/pause_generation", {"mode": "abort"})
+
+    async def resume(self) -> None:
+        await self._control("resume", "/resume_generation", None)
+
+    async def _control(self, method: str, path: str, body: Any) -> None:
+        from agentgym.server.handles import EmbeddedServerHandle
+
+        jobs = []
+        for handle in self.handles:
+            if isinstance(handle, EmbeddedServerHandle):
+                engine = handle.engine
+                jobs.append(asyncio.wrap_future(engine.pause("abort")) if method == "pause"
+                            else asyncio.to_thread(engine.resume))
+            elif hasattr(handle, method):  # e.g. a server on the rollout pool (resource_pools.ServerActorHandle)
+                jobs.append(asyncio.to_thread(getattr(handle, method)))
+            else:
+                jobs.append(self._post_control(handle.url, path, body))
+        if not self.handles:
+            jobs += [self._post_control(url, path, body) for url in self.urls]
+        await asyncio.gather(*jobs)
+
+    async def _post_control(self, url: str, path: str, body: Any) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=600.0) as http:
+            response = await http.post(url + path, json=body)
+        if response.status_code >= 400:
+            raise RuntimeError(f"{url}{path} answered {response.status_code}: {response.text[:300]}; partial rollout "
+                               f"needs servers that abort generations ({self.backend} may not)")
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -127,24 +172,36 @@ class WeightSync:
         remove_orphans(base)
         atexit.register(self.cleanup)
 
-    async def push(self, version: int) -> dict[str, float]:
+    async def push(self, version: int, abort: bool = False, state: dict[str, Any] | None = None) -> dict[str, float]:
+        """Every server loads the weights as ``version``: the actor's current ones, or ``state``."""
         started = time.perf_counter()
-        if self.direct:
-            state = self.actor.call_rank0("full_state_dict")
+        takes_state = self.direct or getattr(self.servers, "takes_state_dict", False)
+        if takes_state:
+            if state is None:
+                state = await asyncio.to_thread(self.actor.call_rank0, "full_state_dict")
             saved = time.perf_counter()
-            await self.servers.update(state, version)
+            await self.servers.update(state, version, abort=abort)
             size = float(sum(t.numel() * t.element_size() for t in state.values()))
         else:
             self._prepare_directory()
-            results = await asyncio.to_thread(self.actor.call, "push_weights", str(self.path))
-            size = float(results[0]["bytes"])
+            if state is None:
+                results = await asyncio.to_thread(self.actor.call, "push_weights", str(self.path))
+                size = float(results[0]["bytes"])
+            else:
+                from agentgym.model.weights import save_for_push
+
+                size = float((await asyncio.to_thread(save_for_push, state, self.path)).stat().st_size)
             saved = time.perf_counter()
             try:
-                await self.servers.update(str(self.directory), version)
+                await self.servers.update(str(self.directory), version, abort=abort)
             finally:
                 self.path.unlink(missing_ok=True)  # /dev/shm is memory: free it once the servers have read it
         done = time.perf_counter()
         self.version = version
+        if hasattr(self.servers, "last_buckets"):  # servers on the rollout pool: the push went in buckets
+            return {"weight_sync/save_s": saved - started, "weight_sync/load_s": done - saved,
+                    "weight_sync/mb": size / 2**20, "weight_sync/version": float(version),
+                    "weight_sync/buckets": float(self.servers.last_buckets)}
         return {
             "weight_sync/save_s": saved - started,
             "weight_sync/load_s": done - saved,

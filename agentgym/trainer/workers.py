@@ -144,6 +144,15 @@ class Worker:
     def packed(self) -> bool:
         return bool(self.config["actor_rollout_ref"]["model"].get("use_remove_padding", False))
 
+    def node_id(self) -> str | None:
+        """The Ray node this rank runs on (None outside Ray): where the trainer pool landed."""
+        try:
+            import ray
+
+            return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        except Exception:  # noqa: BLE001 - informational only
+            return None
+
     def needs_process_group(self) -> bool:
         return self.world_size > 1 or self.strategy == "fsdp2"
 
@@ -249,8 +258,9 @@ class PolicyWorker(Worker):
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
                 loss, metrics = algos.compute_actor_loss(
                     old, log_prob, micro["advantages"], mask, entropy=entropy,
-                    ref_log_prob=micro.get("ref_log_prob"), global_batch_info=entry["global"],
-                    episode_scores=micro["token_level_scores"].sum(-1), **loss_kwargs,
+                    ref_log_prob=micro.get("ref_log_prob"), rollout_is_weights=micro.get("rollout_is_weights"),
+                    global_batch_info=entry["global"], episode_scores=micro["token_level_scores"].sum(-1),
+                    **loss_kwargs,
                 )
                 loss.backward()
                 tokens += int(micro["attention_mask"].sum())

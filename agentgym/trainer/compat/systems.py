@@ -2,8 +2,8 @@
 
 * veRL: a ``ppo_trainer.yaml``-shaped file (or a run's dumped config): keys ``train.yaml`` has map to
   themselves, the others go through ``verl.VERL_RULES`` (no effect / refused / alias).
-* Claw-R1: veRL's config plus ``async_training.*`` (mapped where this build of agentgym has those keys,
-  else refused), its own rollout pool and agent flows.
+* Claw-R1: veRL's config plus ``async_training.*``, the rollout pool and agent flows (mapped to the same keys,
+  else refused).
 * ChatLearn: ``runtime_args`` and ``models.{policy_trainer, ref_policy, policy, reward}`` of its GRPO
   templates (``template/grpo_fsdp.yaml``); batch sizes are counted in samples there, in tasks here.
 """
@@ -63,17 +63,14 @@ def translate_verl(data: dict[str, Any], system: str = "verl", claw: bool = Fals
 
 
 CLAW_KEYS: list[KeyMap] = [
-    KeyMap("async_training.use_rollout_log_probs", f"{AR}.actor.use_rollout_log_probs"),
-    KeyMap("async_training.*", kind="derived", note="agentgym's async_training.* keys where this build has them"),
-    KeyMap("rollout.*", kind="ignore", note="Claw-R1's separate rollout pool: agentgym's servers are "
+    KeyMap("async_training.*", kind="derived", note="agentgym's async_training.* keys (docs/async_training.md)"),
+    KeyMap("rollout.nnodes", kind="derived", note="the rollout pool's nodes"),
+    KeyMap("rollout.n_gpus_per_node", kind="derived", note="the rollout pool's devices per node"),
+    KeyMap("rollout.*", kind="ignore", note="Claw-R1's other rollout-pool settings: agentgym's servers are "
                                             f"{AR}.rollout.num_servers / server_urls"),
-    KeyMap(f"{AR}.rollout.agent.default_agent_flow", kind="ignore",
-           note="rows are single-turn episodes here; other agent flows run as `agentgym train --agent MODULE:FUNCTION`",
-           unless=("single_step_single_turn_agent",)),
-    KeyMap(f"{AR}.rollout.agent.agent_flow_config_path", kind="ignore",
-           note="agent flows run as `agentgym train --agent MODULE:FUNCTION` (an OpenAI-client program)", unless=(None,)),
+    KeyMap(f"{AR}.rollout.agent.default_agent_flow", kind="derived", note="what produces the trajectories"),
+    KeyMap(f"{AR}.rollout.agent.agent_flow_config_path", kind="derived", note="named agent flows (_target_)"),
     KeyMap(f"{AR}.rollout.agent.*", kind="ignore", note="agent-flow workers: agentgym's gateway runs agents"),
-    KeyMap(f"{AR}.checkpoint_engine*", kind="ignore", note="weights are pushed by agentgym's weight sync"),
 ]
 
 
@@ -86,12 +83,11 @@ def _claw_row(key: str) -> KeyMap | None:
 def _apply_claw(tr: Translation, row: KeyMap, key: str, value: Any) -> None:
     if row.kind == "map":
         tr.set(str(row.target), value, key)
-    elif row.kind == "derived":  # async_training.*: ours when this build has the key
+    elif row.kind == "derived":  # the same key here, when train.yaml has it
         if key in schema():
             tr.set(key, value, key)
         else:
-            tr.refused.append((key, "this build of agentgym has no such async_training key (asynchronous training: "
-                                    "see configs/train.yaml)"))
+            tr.refused.append((key, f"agentgym has no such key ({row.note}; see configs/train.yaml)"))
     elif row.unless is not ANY and value not in tuple(row.unless):  # type: ignore[arg-type]
         tr.refused.append((key, f"{value!r}: {row.note}"))
     else:

@@ -81,11 +81,10 @@ VERL_RULES: list[Rule] = [
     Rule("reward_model.sandbox_fusion.url", "ignore", "sandbox fusion is not supported: score code in a "
          "custom_reward_function", (None,)),
     Rule("algorithm.use_pf_ppo", "ignore", "PF-PPO is not supported", (False,)),
-    Rule("algorithm.rollout_correction.rollout_is", "ignore", "rollout importance sampling is not supported",
-         (None,)),
     Rule("algorithm.rollout_correction.rollout_rs", "ignore", "rollout rejection sampling is not supported",
          (None,)),
-    Rule("algorithm.rollout_correction.bypass_mode", "ignore", "bypass mode is not supported", (False,)),
+    Rule("algorithm.rollout_correction.bypass_mode", "ignore",
+         "bypass is rollout_correction.rollout_is=null with use_rollout_log_probs=true", (False,)),
     Rule("trainer.default_hdfs_dir", "ignore", "HDFS upload is not supported: copy the run dir", (None,)),
     Rule("transfer_queue.enable", "ignore", "veRL's transfer queue is not needed here", (False,)),
     Rule("trainer.balance_batch", "ignore", "agentgym does not reorder rows across workers (a speed setting)"),
@@ -133,7 +132,6 @@ VERL_RULES: list[Rule] = [
     Rule("critic.shuffle", "ignore", "the critic's mini-batches follow actor_rollout_ref.actor.shuffle"),
     Rule("critic.enable_gradient_checkpointing", "ignore", PERF),
     Rule("critic.model.enable_gradient_checkpointing", "ignore", PERF),
-    Rule(f"{AR}.hybrid_engine", "ignore", "the policy servers always run beside the trainer"),
     Rule(f"{AR}.nccl_timeout", "ignore", NOT_READ),
     Rule(f"{AR}.rollout.mode", "ignore", "rollouts are always asynchronous (many episodes in flight)"),
     Rule(f"{AR}.rollout.prompt_length", "ignore", "set from data.max_prompt_length"),
@@ -180,7 +178,8 @@ VERL_RULES: list[Rule] = [
     Rule("reward_model.*", "ignore", "only read by a model-based reward (reward_model.enable), which agentgym "
          "refuses"),
     Rule("algorithm.pf_ppo.*", "ignore", "PF-PPO is not supported"),
-    Rule("algorithm.rollout_correction.*", "ignore", "rollout correction is not supported"),
+    Rule("algorithm.rollout_correction.*", "ignore", "rollout correction has rollout_is (token | sequence), "
+         "rollout_is_threshold and rollout_is_batch_normalize here (docs/async_training.md)"),
     Rule("trainer.log_val_generations", "ignore", "validation samples go to <run dir>/samples.jsonl "
          "(trainer.log_samples)"),
     Rule("trainer.rollout_data_dir", "ignore", "sampled trajectories are in <run dir>/samples.jsonl"),
