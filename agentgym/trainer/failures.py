@@ -7,7 +7,8 @@ failure and the policy servers that do not answer ``/health`` (``agentgym train`
 a dead server made every step log "failed: 16; skipping the update" and the run end "done" with
 exit code 0.
 
-**Stale samples.** The synchronous trainer trains only on what the current weights sampled: at step
+**Stale samples.** The synchronous trainer trains only on what the current weights sampled (the
+asynchronous one allows a bounded lag and enforces it itself, ``async_training.staleness_threshold``): at step
 ``s`` every turn must carry weight version ``s - 1`` (the version pushed after step ``s - 1``, or
 at resume). A turn with an older version means a server lost the pushed weights (it restarted and
 serves its initial ones, version 0). The choice made: such trajectories are refused (status
