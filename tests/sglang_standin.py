@@ -90,7 +90,7 @@ class SGLangStandin:
 
     # ---- serving -----------------------------------------------------------------------------
     def start(self) -> str:
-        from agentgym.server.launch import AppThread
+        from agentgym.server.handles import AppThread
 
         self._thread = AppThread(self.app)
         self.url = self._thread.url

@@ -12,11 +12,11 @@ import pytest
 import torch
 from sglang_standin import EOS, REPLY, SGLangStandin, logprob
 
+from agentgym.client import PolicyClient, PolicyServerError
+from agentgym.client.weights import SGLangWeights
 from agentgym.model import load_tokenizer
+from agentgym.model.weights import save_for_push
 from agentgym.rollout import RolloutConfig, RolloutRunner
-from agentgym.server.client import PolicyClient, PolicyServerError
-from agentgym.server.engines import SGLangWeights
-from agentgym.server.weights import save_for_push
 from agentgym.types import SamplingParams
 
 
