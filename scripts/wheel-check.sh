@@ -17,21 +17,34 @@ phase=$SECONDS
 lap() { echo "    ($1: $((SECONDS - phase)) s)"; phase=$SECONDS; }
 
 echo "==> building the wheel"
+# from a copy of the tracked and new files: setuptools' build/ directory in the checkout would
+# carry files that no longer exist into the wheel
+mkdir -p "$WORK/src"
+if git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1; then
+    git -C "$REPO" ls-files -z --cached --others --exclude-standard | (cd "$REPO" && tar --null -T - -cf -) \
+        | tar -xf - -C "$WORK/src"
+else
+    tar -C "$REPO" --exclude=.venv --exclude=build --exclude=dist -cf - . | tar -xf - -C "$WORK/src"
+fi
 "$PYTHON" -m venv "$WORK/venv"
 pip=("$WORK/venv/bin/pip" -q --disable-pip-version-check)
-"${pip[@]}" wheel --no-deps -w "$WORK/dist" "$REPO" 2> >(grep -v '^WARNING: Location' >&2)
+fast=(--no-compile)  # no .pyc for all of torch and ray: Python writes those it imports
+"${pip[@]}" wheel --no-deps -w "$WORK/dist" "$WORK/src" 2> >(grep -v '^WARNING: Location' >&2)
 wheel=$(ls "$WORK"/dist/agentgym-*.whl)
-if ! "$WORK/venv/bin/python" -m zipfile -l "$wheel" | grep -q "agentgym/configs/train.yaml"; then
-    echo "error: $wheel does not hold agentgym/configs/train.yaml (see setup.py)" >&2
-    exit 1
-fi
+listing=$("$WORK/venv/bin/python" -m zipfile -l "$wheel")
+for member in agentgym/configs/train.yaml agentgym/server/vllm_extension/agentgym_vllm_extension.py; do
+    if ! grep -qF "$member" <<< "$listing"; then
+        echo "error: $wheel does not hold $member (see setup.py and pyproject.toml)" >&2
+        exit 1
+    fi
+done
 lap build
 
 echo "==> installing $(basename "$wheel") into a fresh venv (torch==$TORCH_VERSION pinned)"
-"${pip[@]}" install "torch==$TORCH_VERSION" 2> >(grep -v '^WARNING: Location' >&2)
+"${pip[@]}" install "${fast[@]}" "torch==$TORCH_VERSION" 2> >(grep -v '^WARNING: Location' >&2)
 installed=$("$WORK/venv/bin/python" -W ignore -c "import torch; print(torch.__version__)")
 echo "torch==$installed" > "$WORK/constraints.txt"
-"${pip[@]}" install -c "$WORK/constraints.txt" "$wheel" 2> >(grep -v '^WARNING: Location' >&2)
+"${pip[@]}" install "${fast[@]}" -c "$WORK/constraints.txt" "$wheel" 2> >(grep -v '^WARNING: Location' >&2)
 "$WORK/venv/bin/pip" check >/dev/null || { "$WORK/venv/bin/pip" check; exit 1; }
 lap install
 
