@@ -124,8 +124,9 @@ def test_task_sampler_state_resumes_the_data_order():
 
 
 # ---- one layout whatever the strategy and the number of workers ------------------------------------
-def _actor(strategy: str, world_size: int):
-    """The actor's worker group: ``world_size`` gloo ranks on the CPU (Ray actors when more than one)."""
+def _actor(strategy: str, world_size: int, device: str = "cpu"):
+    """The actor's worker group: ``world_size`` ranks on ``device`` (Ray actors when more than one;
+    gloo on the CPU, NCCL on GPUs)."""
     from omegaconf import OmegaConf
 
     from agentgym.trainer.config import load_config
@@ -134,7 +135,7 @@ def _actor(strategy: str, world_size: int):
 
     cfg = load_config(env="first_letter", overrides=[
         f"trainer.n_gpus_per_node={world_size}", f"trainer.use_ray={str(world_size > 1).lower()}",
-        "trainer.device=cpu", f"actor_rollout_ref.actor.strategy={strategy}", "trainer.cpu_threads_per_worker=1",
+        f"trainer.device={device}", f"actor_rollout_ref.actor.strategy={strategy}", "trainer.cpu_threads_per_worker=1",
         "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4"])
     group = WorkerGroup(PolicyWorker, OmegaConf.to_container(cfg, resolve=True), world_size, world_size > 1)
@@ -167,8 +168,8 @@ def _largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def _resume_and_step(strategy: str, world_size: int, checkpoint_dir, seed: int):
-    group = _actor(strategy, world_size)
+def _resume_and_step(strategy: str, world_size: int, checkpoint_dir, seed: int, device: str = "cpu"):
+    group = _actor(strategy, world_size, device)
     try:
         group.call("load_checkpoint", str(checkpoint_dir))
         loaded = _weights(group)
