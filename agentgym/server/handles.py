@@ -9,8 +9,8 @@ manager. ``EmbeddedServerHandle`` serves an engine of this process from a uvicor
 A server in a child process never outlives this one by accident: ``stop`` ends its whole
 process group (vLLM's engine processes outlive a parent killed alone, and keep the port), and
 every handle not stopped is stopped at exit, on an exception, and on SIGTERM or SIGHUP (which
-otherwise end Python without running ``atexit``; the handlers are installed only where the
-default action would apply).
+otherwise end Python without running ``atexit``: they are made to interrupt the program as
+Ctrl-C does, where their default action would apply).
 """
 
 from __future__ import annotations
@@ -260,12 +260,10 @@ def _stop_running() -> None:
             handle.stop()
 
 
-def _exit_on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds through finally blocks and runs atexit
-
-
 def _stop_at_exit() -> None:
-    """Once per process: stop running servers at exit, and turn SIGTERM/SIGHUP into an exit."""
+    """Once per process: stop running servers at exit, and make SIGTERM/SIGHUP interrupt the
+    program as Ctrl-C does (``KeyboardInterrupt``: ``finally`` blocks and ``atexit`` run; a test
+    session or a command stops as it would on Ctrl-C) instead of ending it on the spot."""
     if _exit_hooks:
         return
     _exit_hooks.append(True)
@@ -273,4 +271,4 @@ def _stop_at_exit() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) is signal.SIG_DFL:
-                signal.signal(sig, _exit_on_signal)
+                signal.signal(sig, signal.default_int_handler)
