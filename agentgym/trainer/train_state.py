@@ -230,8 +230,9 @@ def shard(module: nn.Module, fsdp_config: dict[str, Any], device: str, layer_cla
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    kwargs: dict[str, Any] = {"reshard_after_forward": bool(fsdp_config.get("reshard_after_forward", True)),
-                              "mesh": init_device_mesh(device, (dist.get_world_size(),))}
+    kwargs: dict[str, Any] = {"reshard_after_forward": bool(fsdp_config.get("reshard_after_forward", True))}
+    if dist.is_initialized():  # the workers always are (Worker.init_distributed)
+        kwargs["mesh"] = init_device_mesh(device, (dist.get_world_size(),))
     if device == "cuda":
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=getattr(torch, fsdp_config.get("param_dtype", "bfloat16")),
