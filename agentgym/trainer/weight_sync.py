@@ -43,7 +43,7 @@ class RolloutServers:
         if not urls:
             from agentgym.server.launch import start_policy_server
 
-            kwargs: dict[str, Any] = {"dtype": str(rollout.dtype)} if rollout.get("dtype") else {}
+            kwargs: dict[str, Any] = {}
             if self.backend == "embedded":
                 if rollout.device:
                     kwargs["device"] = str(rollout.device)
