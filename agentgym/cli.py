@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-call-parser", default="hermes")
     p.add_argument("--max-batch-size", type=int, default=32, help="embedded: most sequences decoded together")
     p.add_argument("--device", default=None, help="embedded: cpu or cuda (default: cuda if available)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="weights and compute dtype (default: vllm/sglang the model's own; embedded float32 on CPU, "
+                        "bfloat16 on a GPU)")
     p.add_argument("--served-model-name", default=None,
                    help="the name the OpenAI API answers to, as in vLLM (default: --model)")
     p.add_argument("--admin-key", default=None, help="embedded: key for the weight/pause routes "
@@ -198,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embedded: accept a Jinja template in chat_template_kwargs.chat_template (off)")
     p.add_argument("--max-pause-s", type=float, default=None,
                    help="embedded: a pause nobody resumes ends after this long (300 s)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="vllm/sglang: one more argument for the engine's own command line (repeatable; "
+                        "write --engine-arg=--enforce-eager)")
     p.set_defaults(func=_cmd_serve)
 
     for name, func, helptext in (

@@ -9,11 +9,14 @@ a state dict is first written to shared memory as a loadable model directory):
   ``/init_weights_update_group`` + ``/update_weights_from_distributed`` (the trainer
   broadcasts the tensors while the second call is in flight). SGLang drains or aborts
   running requests itself around an update.
-* **vLLM**: a server started by ``agentgym.server.engines`` (dev mode, with the worker extension
-  ``VLLMWorkerWeights``); an update is ``POST /pause?mode=wait`` (vLLM versions that have it, so
+* **vLLM**: a server started by ``agentgym.server.engines`` (dev mode, with agentgym's worker
+  extension); an update is ``POST /pause?mode=wait`` (vLLM versions that have it, so
   no response mixes versions), ``POST /collective_rpc {"method": "agentgym_load_weights",
   "args": [path]}``, ``POST /reset_prefix_cache``, ``POST /update_weight_version`` where offered,
   and ``POST /resume``.
+
+A push that succeeds records its version for the server's URL (``agentgym.client.versions``), so
+samples from servers whose answers carry no version (vLLM's) are reported with the right one.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import httpx
 
 from agentgym.client.tls import ssl_context
+from agentgym.client.versions import record_weight_version
 
 
 class WeightUpdateError(RuntimeError):
@@ -89,7 +93,9 @@ class EmbeddedWeights(_Weights):
     """agentgym's embedded server (SGLang's route and fields)."""
 
     def update_from_disk(self, url: str, path: str, version: int) -> Any:
-        return self._post(url, "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
+        result = self._post(url, "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
+        record_weight_version(url, version)
+        return result
 
     def update_from_state_dict(self, url: str, state: dict[str, Any], version: int) -> Any:
         """One safetensors file in shared memory is all the embedded server needs."""
@@ -109,8 +115,10 @@ class SGLangWeights(_Weights):
         """``path``: a model directory, or one safetensors file (SGLang loads directories only, so a
         file is linked into a temporary directory beside the served model's config files)."""
         if not Path(path).is_file():
-            return self._post(url, "/update_weights_from_disk", {
+            result = self._post(url, "/update_weights_from_disk", {
                 "model_path": path, "weight_version": str(version), "abort_all_requests": abort_all_requests})
+            record_weight_version(url, version)
+            return result
         from agentgym.model.weights import push_dir
 
         directory = Path(tempfile.mkdtemp(prefix="agentgym-weights-", dir=push_dir()))
@@ -133,9 +141,11 @@ class SGLangWeights(_Weights):
                 return MultiprocessingSerializer.serialize(items, output_str=True)
 
         payload = serialize(list(named_tensors.items()))
-        return self._post(url, "/update_weights_from_tensor", {
+        result = self._post(url, "/update_weights_from_tensor", {
             "serialized_named_tensors": [payload] * tp_size, "load_format": None, "flush_cache": flush_cache,
             "weight_version": str(version)})
+        record_weight_version(url, version)
+        return result
 
     def init_weights_update_group(self, url: str, master_address: str, master_port: int, rank_offset: int,
                                   world_size: int, group_name: str = "weight_update_group",
@@ -150,9 +160,11 @@ class SGLangWeights(_Weights):
                                 flush_cache: bool = True) -> Any:
         """Announce the tensors the trainer is about to broadcast in ``group_name``; returns once
         they are loaded, so call it from a thread while broadcasting."""
-        return self._post(url, "/update_weights_from_distributed", {
+        result = self._post(url, "/update_weights_from_distributed", {
             "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
             "flush_cache": flush_cache, "weight_version": str(version)})
+        record_weight_version(url, version)
+        return result
 
     def pause(self, url: str, mode: str = "abort") -> Any:
         return self._post(url, "/pause_generation", {"mode": mode})
@@ -162,7 +174,8 @@ class SGLangWeights(_Weights):
 
 
 class VLLMWeights(_Weights):
-    """vLLM, through its dev-mode ``/collective_rpc`` and ``VLLMWorkerWeights`` in every worker."""
+    """vLLM, through its dev-mode ``/collective_rpc`` and agentgym's worker extension in every worker
+    (``agentgym/server/vllm_extension/agentgym_vllm_extension.py``)."""
 
     def update_from_disk(self, url: str, path: str, version: int) -> Any:
         paused = self._post(url, "/pause", params={"mode": "wait"}, optional=True) is not None
@@ -170,6 +183,7 @@ class VLLMWeights(_Weights):
             result = self._post(url, "/collective_rpc", {"method": "agentgym_load_weights", "args": [path]})
             self._post(url, "/reset_prefix_cache", optional=True)
             self._post(url, "/update_weight_version", {"new_version": str(version)}, optional=True)
+            record_weight_version(url, version)  # before resuming: every sample after it is on the new weights
         finally:
             if paused:
                 self._post(url, "/resume")
