@@ -1,0 +1,103 @@
+"""A request to the engine, its sequences, and the events that carry tokens back to the asyncio side."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym.server.sampling import GenerationParams
+
+
+@dataclass
+class Sequence:
+    """One sampled continuation. Written by the engine thread only.
+
+    While it runs, its tokens and logprobs live in the engine's batch tensors (``row``);
+    ``output_ids`` / ``logprobs`` read them from there, and become plain lists when it finishes.
+    """
+
+    request: Request
+    index: int  # choice index within its request
+    prompt_ids: list[int]
+    params: GenerationParams
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    weight_version: int = 0
+    text: str = ""  # final text, set when finished (after stop-string truncation)
+    error: str | None = None  # set when the engine failed while sampling this sequence
+    row: int = -1  # its slot in the running batch while it runs
+    batch: Any = None  # the engine's RunningBatch while it runs
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+    _output_ids: list[int] = field(default_factory=list)
+    _logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def output_ids(self) -> list[int]:
+        if self.batch is not None:
+            return self.batch.tokens_of(self.row)
+        return self._output_ids
+
+    @property
+    def logprobs(self) -> list[float]:
+        if self.batch is not None:
+            return self.batch.logprobs_of(self.row)
+        return self._logprobs
+
+    def settle(self) -> None:
+        """Copy the tokens out of the batch (it is leaving it)."""
+        if self.batch is not None:
+            self._output_ids, self._logprobs = self.batch.tokens_of(self.row), self.batch.logprobs_of(self.row)
+            self.batch = None
+
+
+@dataclass
+class TokenEvent:
+    """One step of one sequence, delivered to the request's event loop."""
+
+    index: int
+    token_id: int | None  # None: the sequence ended without a new token (aborted)
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]] | None
+    finish_reason: str | None
+    text: str | None = None  # the final text, on the last event
+
+
+class Request:
+    """A request's sequences plus the channel back to the asyncio side."""
+
+    _ids = itertools.count()
+
+    def __init__(self, prompt_ids: list[int], params: GenerationParams, n: int, stream: bool,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.id = next(self._ids)
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.n = n
+        self.stream = stream
+        self.loop = loop
+        self.events: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
+        self.done: asyncio.Future[list[Sequence]] = loop.create_future()
+        self.sequences: list[Sequence] = []
+        self.remaining = n
+        self.arrival = time.monotonic()
+
+    # called from the engine thread
+    def _emit(self, event: TokenEvent) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def _finish_one(self) -> None:
+        self.remaining -= 1
+        if self.remaining == 0:
+            seqs = self.sequences
+            self.loop.call_soon_threadsafe(_resolve, self.done, seqs)
+            if self.stream:
+                self.loop.call_soon_threadsafe(self.events.put_nowait, None)
+
+
+def _resolve(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
