@@ -50,18 +50,24 @@ from typing import Any
 
 import torch
 
-from agentgym.server.kv_cache import SlotKVCache
+from agentgym.server.kv_cache import AttentionMasks, SlotKVCache
+from agentgym.server.lean_forward import LeanForward
+from agentgym.server.lean_forward import supports as lean_supports
 from agentgym.server.prefix_cache import PrefixIndex
 from agentgym.server.running_batch import RunningBatch
 from agentgym.server.sampling import GenerationParams
-from agentgym.server.sequences import Request, Sequence, TokenEvent
+from agentgym.server.sequences import (
+    Request,
+    Sequence,
+    TokenEvent,
+    final_text,
+    finish_reason,
+    stop_string_hit,
+)
 
 __all__ = ["Engine", "EngineError", "Request", "Sequence", "TokenEvent"]
 
 log = logging.getLogger("agentgym.server")
-
-ATTENTION_KINDS = ("full_attention", "sliding_attention")
-
 
 class EngineError(RuntimeError):
     pass
@@ -77,7 +83,9 @@ class Engine:
     ``prefix_cache_slots``: finished sequences kept for prefix reuse (default
     ``max_batch_size``; 0 turns the prefix cache off). ``cuda_graphs``: replay decode steps
     from CUDA graphs (default: on a CUDA device); ``static_decode`` runs the same bucketed
-    decode eagerly (what the graphs capture; tests use it on a CPU).
+    decode eagerly (what the graphs capture; tests use it on a CPU). ``lean``: run
+    Llama-family models through ``lean_forward.py`` instead of transformers' modules
+    (default: wherever it supports the model).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, model_name: str = "tiny", max_batch_size: int = 32,
@@ -85,7 +93,7 @@ class Engine:
                  eos_token_ids: list[int] | None = None, weight_version: int = 0,
                  burst_window_s: float = 0.005, burst_pause_s: float = 0.0005,
                  prefix_cache_slots: int | None = None, cuda_graphs: bool | None = None,
-                 static_decode: bool | None = None) -> None:
+                 static_decode: bool | None = None, lean: bool | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -111,14 +119,16 @@ class Engine:
         self._stop = threading.Event()
         self._default_generator = torch.Generator(device="cpu")
         self._default_generator.seed()
-        self._masks = _MaskMaker(model, self.device, self.max_model_len + 1)
+        self._masks = AttentionMasks(model, self.device, self.max_model_len + 1)
         cache_slots = max_batch_size if prefix_cache_slots is None else max(0, int(prefix_cache_slots))
         self.prefix_caching = cache_slots > 0
         self.kv = SlotKVCache(model.config, max_batch_size + cache_slots, self.max_model_len, first.dtype,
-                              self.device, initial_width=min(self.max_model_len, 512))
+                              self.device)
         self.batch = RunningBatch(max_batch_size, self.device, sorted(self.eos_token_ids), self.vocab_size,
                                   self.max_model_len, self._default_generator)
         self.index = PrefixIndex(self.kv.slots)
+        use_lean = lean_supports(model) if lean is None else lean
+        self.lean = LeanForward(model, self.kv) if use_lean else None
         self._thread = threading.Thread(target=self._run, name="agentgym-engine", daemon=True)
         self.stats: dict[str, float] = {
             "requests": 0, "steps": 0, "prefills": 0, "generated_tokens": 0, "max_batch": 0, "forward_s": 0.0,
@@ -314,6 +324,12 @@ class Engine:
         longest = 0
         while self._waiting and free > 0:
             req = self._waiting[0]
+            if req.n > self.max_batch_size:
+                self._waiting.popleft()
+                self._fail_request(req, "abort", EngineError(
+                    f"n={req.n} choices exceed this server's max_batch_size ({self.max_batch_size}); ask for fewer "
+                    "or start the server with a larger --max-batch-size"))
+                continue
             if req.n > free and (self.batch.size or batch):
                 break  # wait for room rather than split a request's choices
             longest2 = max(longest, len(req.prompt_ids))
@@ -377,22 +393,10 @@ class Engine:
         self._finish_rows(finished)
 
     def _vacate(self, slots: range) -> None:
-        """Move the prefix-cache entries out of ``slots`` (to free slots, else over the least recently
-        used entries elsewhere), so new sequences can take them."""
+        """Move the prefix-cache entries out of ``slots``, so new sequences can take them."""
         for slot in slots:
-            entry = self.index.entries.get(slot)
-            if entry is None:
-                continue
-            target = self.index.free_slot(above=slots.stop)
-            if target is None:
-                victim = self.index.oldest_cached(exclude=slots)
-                if victim is None or victim == slot:
-                    self.index.remove(slot)
-                    continue
-                self.index.remove(victim)
-                target = victim
-            self.kv.copy(slot, target, len(entry.tokens))
-            self.index.move(slot, target)
+            if slot in self.index:
+                self.index.relocate(slot, slots, self.kv.copy)
 
     def _reuse_prefix(self, seq: Sequence, slot: int) -> int:
         """Copy the longest cached prefix of ``seq``'s prompt into ``slot``; returns its length."""
@@ -429,10 +433,13 @@ class Engine:
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cols: torch.Tensor, length: int) -> torch.Tensor:
         """Logits of each row's last input token; the cache must be bound to the batch."""
         start = time.perf_counter()
-        out = self.model(input_ids=ids, attention_mask=self._masks(cols, length), position_ids=positions,
-                         past_key_values=self.kv, use_cache=True, logits_to_keep=1)
+        if self.lean is not None:
+            logits = self.lean(ids, positions, self._masks(cols, length))
+        else:
+            logits = self.model(input_ids=ids, attention_mask=self._masks(cols, length), position_ids=positions,
+                                past_key_values=self.kv, use_cache=True, logits_to_keep=1).logits[:, -1, :]
         self.stats["forward_s"] += time.perf_counter() - start
-        return out.logits[:, -1, :]
+        return logits
 
     def _copy_followers(self, followers: list[tuple[Sequence, int]], b0: int, leaders: int) -> None:
         by_leader: dict[int, list[int]] = {}
@@ -506,25 +513,10 @@ class Engine:
         return self.batch.sample(logits, self._log_probs, lo, lo + len(seqs), self._step)
 
     def _reason(self, seq: Sequence, tok: int) -> tuple[str, str | int | None]:
-        """Why a row the batch stopped ends: a stop token, eos, a stop string, or its length."""
-        p = seq.params
-        count = len(seq.output_ids)
-        if count >= p.min_tokens:
-            if tok in p.stop_token_ids:
-                return "stop", tok
-            if not p.ignore_eos and tok in self.eos_token_ids:
-                return "stop", None
-            if p.stop:
-                hit = self._stop_string(seq)
-                if hit is not None:
-                    return "stop", hit
-        return "length", None
+        return finish_reason(seq, tok, self.eos_token_ids, self.tokenizer)
 
     def _stop_string(self, seq: Sequence) -> str | None:
-        if len(seq.output_ids) < seq.params.min_tokens:
-            return None
-        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=seq.params.skip_special_tokens)
-        return next((s for s in seq.params.stop if s in text), None)
+        return stop_string_hit(seq, self.tokenizer)
 
     # ---- finishing -----------------------------------------------------------------------
     def _finish_rows(self, finished: dict[int, Any]) -> None:
@@ -547,18 +539,8 @@ class Engine:
         last running sequence moves into its slot."""
         last = self.batch.size - 1
         if row != last:
-            entry = self.index.entries.get(row)
-            if entry is not None:
-                target = self.index.free_slot(above=self.batch.size)
-                if target is None:
-                    target = self.index.oldest_cached(exclude=range(0, self.batch.size))
-                    if target is not None and target != row:
-                        self.index.remove(target)
-                if target is not None and target != row:
-                    self.kv.copy(row, target, len(entry.tokens))
-                    self.index.move(row, target)
-                else:
-                    self.index.remove(row)
+            if row in self.index:
+                self.index.relocate(row, range(0, self.batch.size), self.kv.copy)
             self.kv.copy(last, row, self.batch.cached_length(last))
             self.index.move(last, row)
         self.batch.drop(row)
@@ -578,57 +560,11 @@ class Engine:
         seq.request._finish_one()
 
     def final_text(self, seq: Sequence) -> str:
-        p = seq.params
-        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=p.skip_special_tokens)
-        if isinstance(seq.stop_reason, str):
-            cut = text.find(seq.stop_reason)
-            if cut >= 0:
-                text = text[: cut + (len(seq.stop_reason) if p.include_stop_str_in_output else 0)]
-        return text
+        return final_text(seq, self.tokenizer)
 
 
 def _needs_host(seq: Sequence) -> bool:
     return seq.params.top_logprobs > 0 or bool(seq.params.stop) or seq.request.stream
-
-
-class _MaskMaker:
-    """The attention mask of a batch bound to the KV cache: query ``(i, j)`` (its token in column
-    ``cols[i, j]``) sees columns ``0 .. cols[i, j]`` (and only the last ``sliding_window`` of
-    them in sliding-window layers). Booleans for SDPA, additive floats for eager attention; a
-    dict by layer kind for models that mix kinds."""
-
-    def __init__(self, model: Any, device: torch.device, columns: int) -> None:
-        config = model.config
-        kinds = list(getattr(config, "layer_types", None) or [])
-        window = getattr(config, "sliding_window", None)
-        if not kinds:
-            kinds = ["sliding_attention" if window else "full_attention"]
-        unknown = sorted(set(kinds) - set(ATTENTION_KINDS))
-        if unknown:
-            raise ValueError(f"the embedded engine serves decoder models with full or sliding-window attention; "
-                             f"this model has {unknown} layers: serve it with vLLM or SGLang (--engine vllm)")
-        if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
-            model.set_attn_implementation("sdpa")
-        self.kinds = sorted(set(kinds))
-        self.window = int(window) if window else None
-        self.as_dict = len(self.kinds) > 1
-        self.boolean = model.config._attn_implementation == "sdpa"
-        self.dtype = next(model.parameters()).dtype
-        self.columns = torch.arange(columns, device=device)
-
-    def __call__(self, cols: torch.Tensor, length: int) -> Any:
-        columns = self.columns[:length][None, None, None, :]
-        query = cols[:, None, :, None]
-        masks = {}
-        for kind in self.kinds:
-            allowed = columns <= query
-            if kind == "sliding_attention" and self.window:
-                allowed = allowed & (columns > query - self.window)
-            if not self.boolean:
-                allowed = torch.zeros(allowed.shape, dtype=self.dtype, device=cols.device).masked_fill_(
-                    ~allowed, torch.finfo(self.dtype).min)
-            masks[kind] = allowed
-        return masks if self.as_dict else masks[self.kinds[0]]
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

@@ -34,13 +34,16 @@ def kv_shape(config: Any) -> tuple[int, int, int]:
     return int(text.num_hidden_layers), kv_heads, head_dim
 
 
+ATTENTION_KINDS = ("full_attention", "sliding_attention")
+
+
 class SlotKVCache(Cache):
     """Keys and values of ``slots`` sequences of at most ``max_len`` tokens (see the module docstring)."""
 
     is_compileable = False
 
     def __init__(self, config: Any, slots: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
-                 initial_width: int = 1024) -> None:
+                 initial_width: int = 256) -> None:
         super().__init__(layers=[])
         self.num_layers, self.kv_heads, self.head_dim = kv_shape(config)
         self.slots = slots
@@ -136,3 +139,43 @@ class SlotKVCache(Cache):
     def __repr__(self) -> str:
         return (f"SlotKVCache(slots={self.slots}, width={self.width}, layers={self.num_layers}, "
                 f"{self.nbytes / 2**20:.1f} MiB)")
+
+
+class AttentionMasks:
+    """The attention mask of a batch bound to the KV cache: query ``(i, j)`` (its token in column
+    ``cols[i, j]``) sees columns ``0 .. cols[i, j]`` (and only the last ``sliding_window`` of
+    them in sliding-window layers). Booleans for SDPA, additive floats for eager attention; a
+    dict by layer kind for models that mix kinds."""
+
+    def __init__(self, model: Any, device: torch.device, columns: int) -> None:
+        config = model.config
+        kinds = list(getattr(config, "layer_types", None) or [])
+        window = getattr(config, "sliding_window", None)
+        if not kinds:
+            kinds = ["sliding_attention" if window else "full_attention"]
+        unknown = sorted(set(kinds) - set(ATTENTION_KINDS))
+        if unknown:
+            raise ValueError(f"the embedded engine serves decoder models with full or sliding-window attention; "
+                             f"this model has {unknown} layers: serve it with vLLM or SGLang (--engine vllm)")
+        if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+            model.set_attn_implementation("sdpa")
+        self.kinds = sorted(set(kinds))
+        self.window = int(window) if window else None
+        self.as_dict = len(self.kinds) > 1
+        self.boolean = model.config._attn_implementation == "sdpa"
+        self.dtype = next(model.parameters()).dtype
+        self.columns = torch.arange(columns, device=device)
+
+    def __call__(self, cols: torch.Tensor, length: int) -> Any:
+        columns = self.columns[:length][None, None, None, :]
+        query = cols[:, None, :, None]
+        masks = {}
+        for kind in self.kinds:
+            allowed = columns <= query
+            if kind == "sliding_attention" and self.window:
+                allowed = allowed & (columns > query - self.window)
+            if not self.boolean:
+                allowed = torch.zeros(allowed.shape, dtype=self.dtype, device=cols.device).masked_fill_(
+                    ~allowed, torch.finfo(self.dtype).min)
+            masks[kind] = allowed
+        return masks if self.as_dict else masks[self.kinds[0]]

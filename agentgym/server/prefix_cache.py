@@ -17,6 +17,7 @@ tensors: the engine copies the columns.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -97,6 +98,21 @@ class PrefixIndex:
             return
         self.remove(src)
         self.add(dst, entry.tokens, entry.live)
+
+    def relocate(self, slot: int, keep_out: range, copy: Callable[[int, int, int], None]) -> None:
+        """Move ``slot``'s entry to a slot outside ``keep_out``: a free one past it, else over the least
+        recently used finished entry outside it; drop it when there is neither. ``copy(src, dst,
+        length)`` moves the columns."""
+        entry = self.entries[slot]
+        target = self.free_slot(above=keep_out.stop)
+        if target is None:
+            target = self.oldest_cached(exclude=keep_out)
+            if target is None or target == slot:
+                self.remove(slot)
+                return
+            self.remove(target)
+        copy(slot, target, len(entry.tokens))
+        self.move(slot, target)
 
     def clear(self) -> None:
         self.free.update(self.entries)

@@ -101,3 +101,38 @@ class Request:
 def _resolve(fut: asyncio.Future, value: Any) -> None:
     if not fut.done():
         fut.set_result(value)
+
+
+def finish_reason(seq: Sequence, tok: int, eos_ids: set[int], tokenizer: Any) -> tuple[str, str | int | None]:
+    """Why a sequence the batch stopped after ``tok`` ends, as ``(finish_reason, stop_reason)``: a stop
+    token, eos, a stop string (in that order, once ``min_tokens`` are out), else its length."""
+    p = seq.params
+    if len(seq.output_ids) >= p.min_tokens:
+        if tok in p.stop_token_ids:
+            return "stop", tok
+        if not p.ignore_eos and tok in eos_ids:
+            return "stop", None
+        if p.stop:
+            hit = stop_string_hit(seq, tokenizer)
+            if hit is not None:
+                return "stop", hit
+    return "length", None
+
+
+def stop_string_hit(seq: Sequence, tokenizer: Any) -> str | None:
+    """The first of the request's stop strings in the text so far (none before ``min_tokens``)."""
+    if len(seq.output_ids) < seq.params.min_tokens:
+        return None
+    text = tokenizer.decode(seq.output_ids, skip_special_tokens=seq.params.skip_special_tokens)
+    return next((s for s in seq.params.stop if s in text), None)
+
+
+def final_text(seq: Sequence, tokenizer: Any) -> str:
+    """The response text: decoded, cut before a stop string (or after it, if asked)."""
+    p = seq.params
+    text = tokenizer.decode(seq.output_ids, skip_special_tokens=p.skip_special_tokens)
+    if isinstance(seq.stop_reason, str):
+        cut = text.find(seq.stop_reason)
+        if cut >= 0:
+            text = text[: cut + (len(seq.stop_reason) if p.include_stop_str_in_output else 0)]
+    return text
