@@ -3,6 +3,10 @@
 One adapter per engine, each a few plain HTTP calls (``update_from_disk(url, path, version)``;
 a state dict is first written to shared memory as a loadable model directory):
 
+* **embedded**: a state dict from this host goes as handles of the memory it lives in (``POST
+  /update_weights_from_ipc``: shared memory or CUDA IPC, see ``agentgym.model.weights``; the
+  server copies once); from another machine, in safetensors buckets of ``device_buffer_size_M``
+  MB (``update_in_buckets``: ``POST /update_weights_from_tensor?bucket=i&buckets=n``).
 * **embedded** and **SGLang**: ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``.
   SGLang also has ``/update_weights_from_tensor`` (``serialized_named_tensors``, one per TP
   rank, made by ``sglang.srt.utils.MultiprocessingSerializer``) and the NCCL pair
@@ -45,11 +49,11 @@ class _Weights:
         self.admin_key = admin_key  # sent as Authorization: Bearer (agentgym's embedded server requires it)
 
     def _post(self, url: str, path: str, json: Any = None, params: dict[str, Any] | None = None,
-              optional: bool = False) -> Any:
+              optional: bool = False, content: bytes | None = None) -> Any:
         """POST and return the JSON body; ``optional``: a 404 (route missing in this version) returns None."""
         headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else None
         with httpx.Client(timeout=self.timeout, transport=self._transport, verify=ssl_context()) as client:
-            response = client.post(url + path, json=json, params=params, headers=headers)
+            response = client.post(url + path, json=json, params=params, headers=headers, content=content)
         if optional and response.status_code in (404, 405):
             return None
         if response.status_code >= 400:
@@ -92,7 +96,11 @@ class EmbeddedWeights(_Weights):
         return self._post(url, "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
 
     def update_from_state_dict(self, url: str, state: dict[str, Any], version: int) -> Any:
-        """One safetensors file in shared memory is all the embedded server needs."""
+        """A server on this host maps the tensors' own memory (``update_from_handles``); a server
+        too old for that reads one safetensors file in shared memory."""
+        answer = self.update_from_handles(url, state, version)
+        if answer is not None:
+            return answer
         from agentgym.model.weights import save_for_push
 
         path = save_for_push(state)
@@ -100,6 +108,43 @@ class EmbeddedWeights(_Weights):
             return self.update_from_disk(url, str(path), version)
         finally:
             path.unlink(missing_ok=True)
+
+
+    def update_from_handles(self, url: str, state: dict[str, Any], version: int) -> Any:
+        """``POST /update_weights_from_ipc`` with handles of ``state``'s memory (CPU tensors move into
+        shared memory the first time, in place); None when the server has no such route."""
+        from agentgym.model.weights import share_handles
+
+        handles = share_handles(state)
+        return self._post(url, "/update_weights_from_ipc", {"tensors": handles, "weight_version": version},
+                          optional=True)
+
+    def update_in_buckets(self, url: str, state: dict[str, Any], version: int, bucket_mb: float) -> Any:
+        """Send ``state`` as safetensors bodies of at most ``bucket_mb`` MB (a server on another
+        machine); the server loads them all at once when the last has arrived."""
+        from safetensors.torch import save
+
+        from agentgym.model.weights import buckets
+
+        parts = buckets(_unique_storages(state), bucket_mb)
+        answer = None
+        for i, part in enumerate(parts):
+            body = save({k: v.detach().to("cpu").contiguous() for k, v in part.items()})
+            answer = self._post(url, f"/update_weights_from_tensor?weight_version={version}&bucket={i}"
+                                f"&buckets={len(parts)}", content=body)
+        return answer
+
+
+def _unique_storages(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` without the second name of a tied weight (it travels once)."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset()) if tensor.numel() else (id(tensor), 0)
+        if key not in seen:
+            seen.add(key)
+            out[name] = tensor
+    return out
 
 
 class SGLangWeights(_Weights):

@@ -1,9 +1,18 @@
 """Moving weights into a policy server: read them from a path, copy them into a model.
 
-Same-host pushes go through shared memory: the trainer writes one safetensors file under
-``/dev/shm`` (``save_for_push``) and the server reads it back (``load_weights``), which is
-a pair of memory copies. ``benchmarks/server.py`` measures it against ``torch.save`` +
-``torch.load``.
+Three ways, from the cheapest:
+
+* **Handles** (same host): ``share_handles`` turns a state dict into JSON-able handles of the
+  memory it already lives in (CPU tensors: their storage is moved into a named shared-memory
+  file once, in place, so an optimizer that updates them in place keeps writing there; CUDA
+  tensors: CUDA IPC handles, nothing moves), and the server's ``open_handles`` maps the same
+  memory. A push is then one copy, the server's, into its own weights.
+* **A file** (same host, any engine): the trainer writes one safetensors file under
+  ``/dev/shm`` (``save_for_push``) and the server reads it back (``load_weights``): two copies.
+* **Buckets** (across machines): ``buckets`` cuts a state dict into parts of at most
+  ``async_training.checkpoint_engine.device_buffer_size_M`` MB, each sent on its own.
+
+``benchmarks/weight_sync.py`` measures them against a plain state-dict copy.
 """
 
 from __future__ import annotations
@@ -153,3 +162,103 @@ def apply_state_dict(model: Any, state_dict: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, tensor in state_dict.items():
             targets[name].copy_(tensor)
+
+
+def bind_state_dict(model: Any, state_dict: dict[str, torch.Tensor]) -> bool:
+    """Make ``model``'s parameters and buffers *be* ``state_dict``'s tensors (no copy: later in-place
+    changes to those tensors are the model's). Returns False, changing nothing, unless every
+    tensor of the model has a counterpart of the same shape, dtype and device (tied weights
+    follow their first name)."""
+    targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    targets.update(dict(model.named_buffers(remove_duplicate=False)))
+    if any(k not in targets for k in state_dict):
+        return False
+    bound: dict[int, torch.Tensor] = {}
+    plan = []
+    for name, target in targets.items():
+        source = state_dict.get(name)
+        if source is None:
+            if id(target) in bound or name.endswith(("inv_freq", "original_inv_freq")):
+                continue  # a tied weight bound under another name, or a buffer computed from the config
+            return False
+        source = source.detach()
+        if source.shape != target.shape or source.dtype != target.dtype or source.device != target.device:
+            return False
+        bound[id(target)] = source
+        plan.append((target, source))
+    for target, source in plan:
+        target.data = source
+    return True
+
+
+def buckets(state: dict[str, Any], size_mb: float) -> list[dict[str, Any]]:
+    """``state`` cut into dicts of at most ``size_mb`` MB each (a larger tensor travels alone)."""
+    limit = max(1.0, float(size_mb)) * 2**20
+    out: list[dict[str, Any]] = [{}]
+    used = 0.0
+    for name, tensor in state.items():
+        size = float(tensor.numel() * tensor.element_size())
+        if out[-1] and used + size > limit:
+            out.append({})
+            used = 0.0
+        out[-1][name] = tensor
+        used += size
+    return out
+
+
+# ---- handles: the same memory, seen from another process on this host -----------------------------
+def share_handles(state: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
+    """JSON-able handles of ``state``'s memory (see the module docstring).
+
+    A CPU tensor's storage moves into shared memory the first time (its data is copied there
+    once, the tensor keeps working as before); afterwards this costs nothing. The caller must
+    keep the tensors alive until the receiver has read them (CUDA memory is not refcounted
+    across processes here).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name, tensor in state.items():
+        tensor = tensor.detach()
+        storage = tensor.untyped_storage()
+        info: dict[str, Any] = {"dtype": _NAMES[tensor.dtype], "shape": list(tensor.shape),
+                                "stride": list(tensor.stride()), "offset": tensor.storage_offset()}
+        if tensor.is_cuda:
+            device, handle, size, offset, *_ = storage._share_cuda_()
+            info.update(kind="cuda", device=int(device), handle=handle.hex(), size=int(size),
+                        storage_offset_bytes=int(offset))
+        else:
+            manager, handle, size = storage._share_filename_cpu_()
+            info.update(kind="shm", manager=manager.decode(), handle=handle.decode(), size=int(size))
+        out[name] = info
+    return out
+
+
+def open_handles(handles: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Tensors over the memory ``share_handles`` described (in this process: a mapping, no copy)."""
+    out: dict[str, torch.Tensor] = {}
+    storages: dict[tuple[str, str], Any] = {}
+    for name, info in handles.items():
+        key = (info["kind"], info["handle"])
+        storage = storages.get(key)
+        if storage is None:
+            if info["kind"] == "shm":
+                storage = torch.UntypedStorage._new_shared_filename_cpu(
+                    info["manager"].encode(), info["handle"].encode(), int(info["size"]))
+            elif info["kind"] == "cuda":
+                storage = _open_cuda(info)
+            else:
+                raise ValueError(f"{name}: unknown handle kind {info['kind']!r} (expected 'shm' or 'cuda')")
+            storages[key] = storage
+        dtype = _DTYPES[info["dtype"]]
+        tensor = torch.empty(0, dtype=dtype, device=storage.device)
+        out[name] = tensor.set_(storage, int(info["offset"]), info["shape"], info["stride"])
+    return out
+
+
+def _open_cuda(info: dict[str, Any]) -> Any:
+    """A CUDA storage over another process's memory (``cudaIpcOpenMemHandle``); the sender keeps
+    the memory alive until the push has returned."""
+    device = int(info["device"])
+    with torch.cuda.device(device):
+        return torch.UntypedStorage._new_shared_cuda(
+            device, bytes.fromhex(info["handle"]), int(info["size"]), int(info["storage_offset_bytes"]),
+            None, 0, None, False)

@@ -60,6 +60,7 @@ from agentgym.server.sequences import (
     Request,
     Sequence,
     TokenEvent,
+    eos_ids,
     final_text,
     finish_reason,
     stop_string_hit,
@@ -102,7 +103,7 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 4096))
         self.max_prefill_tokens = max_prefill_tokens
-        self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
+        self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else eos_ids(model, tokenizer))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.weight_version = weight_version
@@ -212,6 +213,25 @@ class Engine:
         from agentgym.model.weights import apply_state_dict
 
         return self.run_when_idle(lambda: self._new_version(lambda: apply_state_dict(self.model, state_dict), version))
+
+    def share_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> Future:
+        """Make the model's weights *be* ``state_dict``'s tensors, between responses; the future gives
+        the new version, or False (nothing changed) unless every tensor matches the model's in shape,
+        dtype and device. For a trainer in this process that only trains while this engine is idle
+        (the synchronous trainer): its in-place updates are then the engine's, and a later push is
+        only ``new_version``."""
+        from agentgym.model.weights import bind_state_dict
+
+        def bind() -> int | bool:
+            if not bind_state_dict(self.model, state_dict):
+                return False
+            return self._new_version(lambda: None, version, moved=True)
+
+        return self.run_when_idle(bind)
+
+    def new_version(self, version: int | None = None) -> Future:
+        """The weights changed in place (shared with a trainer): a new version, caches emptied."""
+        return self.run_when_idle(lambda: self._new_version(lambda: None, version))
 
     def _new_version(self, load: Callable[[], Any], version: int | None, moved: bool = False) -> int:
         """Load weights (engine thread, nothing running) and drop the caches the old ones computed;
@@ -565,19 +585,3 @@ class Engine:
 
 def _needs_host(seq: Sequence) -> bool:
     return seq.params.top_logprobs > 0 or bool(seq.params.stop) or seq.request.stream
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The tokenizer's eos plus every eos id in the model's generation config."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen = getattr(model, "generation_config", None)
-    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif eos:
-        ids.update(int(e) for e in eos)
-    return sorted(ids)

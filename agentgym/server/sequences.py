@@ -136,3 +136,19 @@ def final_text(seq: Sequence, tokenizer: Any) -> str:
         if cut >= 0:
             text = text[: cut + (len(seq.stop_reason) if p.include_stop_str_in_output else 0)]
     return text
+
+
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokenizer's eos plus every eos id in the model's generation config."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(e) for e in eos)
+    return sorted(ids)

@@ -4,13 +4,22 @@
 embedded | vllm | sglang; ``rollout.num_servers`` of them), or talks to running ones
 (``rollout.server_urls``), and holds the ``PolicyClient`` over all of them.
 
-``WeightSync.push(version)`` runs after every update: the actor's rank 0 writes the whole
-policy as one safetensors file in a model directory under ``/dev/shm`` (RAM; the temp
-directory where there is no ``/dev/shm``; the servers must be on the same host), every
-server loads it and reports ``version`` from then on, and the file is deleted. When
-the actor lives in this process and a server is an embedded one in this process too, the
-weights are copied straight from the actor's tensors, with no file at all. Both halves
-are timed (``weight_sync/save_s``, ``weight_sync/load_s``).
+``WeightSync.push(version)`` runs after every update; every server loads the weights and
+reports ``version`` from then on. How they travel depends on where actor and servers are:
+
+* actor and embedded servers in this process: with the synchronous trainer (which never
+  trains while the servers generate) the servers' weights *are* the actor's tensors, bound
+  once (``Engine.share_weights``, no copy; later pushes only move the version); otherwise the
+  actor's tensors are copied straight into the servers' weights;
+* actor in this process, embedded servers in other processes on this host: the servers map the
+  actor's own memory (shared memory / CUDA IPC handles, ``agentgym.model.weights``) and copy once;
+* embedded servers given by URL on other machines: safetensors buckets of at most
+  ``async_training.checkpoint_engine.device_buffer_size_M`` MB over HTTP;
+* otherwise (Ray workers, vLLM, SGLang): the actor's rank 0 writes the whole policy as one
+  safetensors file in a model directory under ``/dev/shm`` (RAM; the temp directory where
+  there is no ``/dev/shm``), every server loads it, and the file is deleted.
+
+Both halves are timed (``weight_sync/save_s``, ``weight_sync/load_s``).
 
 The push directory (``agentgym-policy-<pid>-<id>``, memory while it exists) is removed on every way
 out: ``cleanup()`` at shutdown, an ``atexit`` hook (``agentgym train`` turns SIGTERM/SIGHUP into a
@@ -77,6 +86,21 @@ class RolloutServers:
         self.urls = urls
         self.client = PolicyClient(urls, backend=self.backend, model=self.handles[0].model if self.handles else None,
                                    admin_key=self.admin_key)
+        self.bucket_mb = float(cfg.async_training.checkpoint_engine.device_buffer_size_M)
+
+    def remote_urls(self) -> list[str]:
+        """Servers given by URL that run on another machine."""
+        return [] if self.handles else [u for u in self.urls if not is_local_url(u)]
+
+    def loads_state_dicts(self) -> bool:
+        """Whether every server loads a state dict from this process without a file in between
+        (embedded servers we started, or embedded servers given by URL)."""
+        from agentgym.server.handles import EmbeddedServerHandle
+
+        if self.backend != "embedded":
+            return False
+        return all(isinstance(h, EmbeddedServerHandle) or getattr(h, "backend", None) == "embedded"
+                   for h in self.handles)
 
     def in_process_handles(self) -> list[Any]:
         """Embedded servers running in this process (they take a state dict directly)."""
@@ -95,9 +119,18 @@ class RolloutServers:
                 await self.resume()
             return
         jobs = [asyncio.to_thread(h.update_weights, weights, version) for h in self.handles]
-        if not self.handles:  # servers someone else runs, known by URL only
-            if isinstance(weights, dict):
-                raise ValueError("servers given by URL load weights from a path, not a state dict")
+        if not self.handles and isinstance(weights, dict):  # embedded servers known by URL only
+            if self.backend != "embedded":
+                raise ValueError(f"{self.backend} servers given by URL load weights from a path, not a state dict")
+            from agentgym.client.weights import EmbeddedWeights
+
+            adapter = EmbeddedWeights(admin_key=self.admin_key)
+            for url in self.urls:
+                if is_local_url(url):
+                    jobs.append(asyncio.to_thread(adapter.update_from_state_dict, url, weights, version))
+                else:
+                    jobs.append(asyncio.to_thread(adapter.update_in_buckets, url, weights, version, self.bucket_mb))
+        elif not self.handles:  # servers someone else runs, known by URL only
             if self.backend == "vllm":
                 from agentgym.client.weights import VLLMWeights
 
@@ -171,12 +204,22 @@ class WeightSync:
         self.version = 0  # the version the servers were last sent (what they should all report)
         remove_orphans(base)
         atexit.register(self.cleanup)
+        # the synchronous trainer never trains while its servers generate: they may share its tensors
+        config = actor.workers[0].config if not actor.use_ray and getattr(actor, "workers", None) else {}
+        self.share = self.direct and bool(config.get("actor_rollout_ref", {}).get("hybrid_engine", True))
+        self.shared = False  # the servers' weights are the actor's tensors
+        loads = getattr(servers, "loads_state_dicts", None)
+        self.state_dicts = not actor.use_ray and loads is not None and loads()
 
     async def push(self, version: int, abort: bool = False, state: dict[str, Any] | None = None) -> dict[str, float]:
         """Every server loads the weights as ``version``: the actor's current ones, or ``state``."""
         started = time.perf_counter()
-        takes_state = self.direct or getattr(self.servers, "takes_state_dict", False)
-        if takes_state:
+        takes_state = self.direct or self.state_dicts or getattr(self.servers, "takes_state_dict", False)
+        remote = getattr(self.servers, "remote_urls", list)()
+        if self.share and state is None and not abort:
+            size = await self._push_shared(version)
+            saved = started
+        elif takes_state or (state is None and remote):
             if state is None:
                 state = await asyncio.to_thread(self.actor.call_rank0, "full_state_dict")
             saved = time.perf_counter()
@@ -208,6 +251,25 @@ class WeightSync:
             "weight_sync/mb": size / 2**20,
             "weight_sync/version": float(version),
         }
+
+    async def _push_shared(self, version: int) -> float:
+        """Bind the actor's tensors into every in-process server once; afterwards a push is a version.
+        Servers whose weights cannot be the actor's (another dtype or device) get a copy."""
+        for server in self.servers.client.servers:
+            server.version = version
+        if self.shared:
+            await asyncio.gather(*(asyncio.wrap_future(h.engine.new_version(version)) for h in self.servers.handles))
+            return self.shared_bytes
+        state = await asyncio.to_thread(self.actor.call_rank0, "full_state_dict")
+        size = self.shared_bytes = float(sum(t.numel() * t.element_size() for t in state.values()))
+        bound = await asyncio.gather(*(asyncio.wrap_future(h.engine.share_weights(state, version))
+                                       for h in self.servers.handles))
+        if all(b is not False for b in bound):
+            self.shared = True
+        else:  # a server that could not bind: copy, and stop trying to share
+            self.share = False
+            await self.servers.update(state, version)
+        return size
 
     def _prepare_directory(self) -> None:
         if self.directory.is_dir():
@@ -257,3 +319,23 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's process
         return True
     return True
+
+
+def is_local_url(url: str) -> bool:
+    """Whether ``url``'s host is this machine (an address one can bind to here)."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(url).hostname or "localhost"
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    for family, _, _, _, address in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.bind((address[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
