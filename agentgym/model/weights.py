@@ -232,13 +232,20 @@ def share_handles(state: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def open_handles(handles: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Tensors over the memory ``share_handles`` described (in this process: a mapping, no copy)."""
+def open_handles(handles: dict[str, dict[str, Any]], mapped: dict[tuple, Any] | None = None
+                 ) -> dict[str, torch.Tensor]:
+    """Tensors over the memory ``share_handles`` described (in this process: a mapping, no copy).
+
+    ``mapped``: storages opened by earlier calls, reused when a handle comes again (a trainer
+    updating its tensors in place sends the same handles every push, and a fresh mapping would
+    fault in every page again); left holding this call's storages only.
+    """
     out: dict[str, torch.Tensor] = {}
-    storages: dict[tuple[str, str], Any] = {}
+    storages: dict[tuple, Any] = {}
+    previous = mapped if mapped is not None else {}
     for name, info in handles.items():
-        key = (info["kind"], info["handle"])
-        storage = storages.get(key)
+        key = (info["kind"], info["handle"], int(info["size"]), info.get("manager"), info.get("storage_offset_bytes"))
+        storage = storages.get(key) or previous.get(key)
         if storage is None:
             if info["kind"] == "shm":
                 storage = torch.UntypedStorage._new_shared_filename_cpu(
@@ -248,9 +255,13 @@ def open_handles(handles: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
             else:
                 raise ValueError(f"{name}: unknown handle kind {info['kind']!r} (expected 'shm' or 'cuda')")
             storages[key] = storage
+        storages[key] = storage
         dtype = _DTYPES[info["dtype"]]
         tensor = torch.empty(0, dtype=dtype, device=storage.device)
         out[name] = tensor.set_(storage, int(info["offset"]), info["shape"], info["stride"])
+    if mapped is not None:
+        mapped.clear()
+        mapped.update(storages)
     return out
 
 

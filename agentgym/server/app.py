@@ -66,7 +66,7 @@ from agentgym.server.sampling import GenerationParams
 from agentgym.server.streaming import events, sse
 from agentgym.server.token_pieces import IncrementalText, TokenPieces
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
-from agentgym.server.weight_transfer import BucketStaging, open_ipc
+from agentgym.server.weight_transfer import BucketStaging, SharedWeights
 
 log = logging.getLogger("agentgym.server")
 
@@ -95,7 +95,7 @@ def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key
     app.state.admin_key = admin_key
 
     install_error_handlers(app)
-    staging = BucketStaging()
+    staging, shared = BucketStaging(), SharedWeights()
 
     async def body_json(request: Request, required: bool = True) -> dict[str, Any]:
         raw = await read_body(request, limits.max_body_bytes)
@@ -176,7 +176,7 @@ def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key
     async def update_from_ipc(request: Request) -> JSONResponse:
         body = await control(request)
         try:
-            state, version = open_ipc(body)
+            state, version = shared.open(body)
         except Exception as exc:
             return _weights_failed(engine, f"could not open the shared tensors: {exc}")
         return await server.apply_weights(state, version, False, f"loaded {len(state)} shared tensors")

@@ -39,11 +39,19 @@ class BucketStaging:
         return state
 
 
-def open_ipc(body: Any) -> tuple[dict[str, Any], int | None]:
-    """``(state, version)`` from an ``/update_weights_from_ipc`` body."""
-    from agentgym.model.weights import open_handles
+class SharedWeights:
+    """The trainer memory this server has mapped: kept between pushes, since a trainer that updates
+    its tensors in place sends the same handles each time and mapping them afresh would fault in
+    every page again (the mappings of the last push are held; none once the trainer's handles change)."""
 
-    if not isinstance(body, dict) or not isinstance(body.get("tensors"), dict):
-        raise ValueError('the body must be {"tensors": {name: handle, ...}, "weight_version": N}')
-    version = body.get("weight_version")
-    return open_handles(body["tensors"]), None if version is None else int(version)
+    def __init__(self) -> None:
+        self.mapped: dict[tuple, Any] = {}
+
+    def open(self, body: Any) -> tuple[dict[str, Any], int | None]:
+        """``(state, version)`` from an ``/update_weights_from_ipc`` body."""
+        from agentgym.model.weights import open_handles
+
+        if not isinstance(body, dict) or not isinstance(body.get("tensors"), dict):
+            raise ValueError('the body must be {"tensors": {name: handle, ...}, "weight_version": N}')
+        version = body.get("weight_version")
+        return open_handles(body["tensors"], self.mapped), None if version is None else int(version)
