@@ -207,7 +207,31 @@ class SGLangWeights(_Weights):
 
 
 class VLLMWeights(_Weights):
-    """vLLM, through its dev-mode ``/collective_rpc`` and ``VLLMWorkerWeights`` in every worker."""
+    """vLLM, through its dev-mode ``/collective_rpc`` and ``VLLMWorkerWeights`` in every worker; LoRA
+    adapters through vLLM's runtime adapter routes (a server started with ``--enable-lora``,
+    ``--max-lora-rank`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: ``LORA_ARGS``, ``LORA_ENV``)."""
+
+    LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+    @staticmethod
+    def lora_args(rank: int) -> list[str]:
+        return ["--enable-lora", "--max-lora-rank", str(rank)]
+
+    def load_lora_adapter(self, url: str, name: str, path: str, version: int) -> Any:
+        """Serve peft's adapter directory ``path`` as model ``name`` (replacing the adapter loaded under
+        that name, so clients keep asking for ``name``): ``/v1/unload_lora_adapter`` then
+        ``/v1/load_lora_adapter`` ``{"lora_name", "lora_path"}``, between ``/pause`` and ``/resume``
+        where the server has them, so no response mixes two adapters."""
+        paused = self._post(url, "/pause", params={"mode": "wait"}, optional=True) is not None
+        try:
+            with httpx.Client(timeout=self.timeout, transport=self._transport, verify=ssl_context()) as client:
+                client.post(url + "/v1/unload_lora_adapter", json={"lora_name": name})  # none loaded yet: fine
+            result = self._post(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+            self._post(url, "/update_weight_version", {"new_version": str(version)}, optional=True)
+        finally:
+            if paused:
+                self._post(url, "/resume")
+        return result
 
     def update_from_disk(self, url: str, path: str, version: int) -> Any:
         paused = self._post(url, "/pause", params={"mode": "wait"}, optional=True) is not None

@@ -53,6 +53,8 @@ import torch
 from agentgym.server.kv_cache import AttentionMasks, SlotKVCache
 from agentgym.server.lean_forward import LeanForward
 from agentgym.server.lean_forward import supports as lean_supports
+from agentgym.server.lora_adapters import EngineAdapters
+from agentgym.server.lora_adapters import split as split_adapters
 from agentgym.server.prefix_cache import PrefixIndex
 from agentgym.server.running_batch import RunningBatch
 from agentgym.server.sampling import GenerationParams
@@ -129,7 +131,8 @@ class Engine:
                                   self.max_model_len, self._default_generator)
         self.index = PrefixIndex(self.kv.slots)
         use_lean = lean_supports(model) if lean is None else lean
-        self.lean = LeanForward(model, self.kv) if use_lean else None
+        self.adapters = EngineAdapters(model, merge=not use_lean)
+        self.lean = LeanForward(model, self.kv, self.adapters.by_module) if use_lean else None
         self._thread = threading.Thread(target=self._run, name="agentgym-engine", daemon=True)
         self.stats: dict[str, float] = {
             "requests": 0, "steps": 0, "prefills": 0, "generated_tokens": 0, "max_batch": 0, "forward_s": 0.0,
@@ -209,10 +212,20 @@ class Engine:
         return fut
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> Future:
-        """Copy ``state_dict`` into the model between responses; the future gives the new version."""
+        """Copy ``state_dict`` into the model between responses; the future gives the new version.
+        LoRA adapters in it (``<module>.lora_A.weight`` / ``.lora_B.weight``) replace the ones applied
+        (``lora_adapters.py``)."""
         from agentgym.model.weights import apply_state_dict
 
-        return self.run_when_idle(lambda: self._new_version(lambda: apply_state_dict(self.model, state_dict), version))
+        plain, adapters = split_adapters(state_dict)
+
+        def load() -> None:
+            if plain:
+                apply_state_dict(self.model, plain)
+            if adapters:
+                self.adapters.load(adapters)
+
+        return self.run_when_idle(lambda: self._new_version(load, version))
 
     def share_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> Future:
         """Make the model's weights *be* ``state_dict``'s tensors, between responses; the future gives

@@ -58,8 +58,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class LeanForward:
     """``(ids, positions, masks_by_kind) -> logits of the last column`` over a bound ``SlotKVCache``."""
 
-    def __init__(self, model: Any, kv: Any) -> None:
+    def __init__(self, model: Any, kv: Any, adapters: dict[Any, Any] | None = None) -> None:
         self.model = model
+        self.adapters = adapters if adapters is not None else {}  # LoRA: module -> (A, B), see lora_adapters.py
         self.kv = kv
         self.base = model.model
         config = model.config
@@ -85,9 +86,9 @@ class LeanForward:
             attn, mlp = layer.self_attn, layer.mlp
             mask = masks[self.kinds[i]] if isinstance(masks, dict) else masks
             x = rms_norm(h, layer.input_layernorm.weight, eps)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(b, s, self.heads, d)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(b, s, self.kv_heads, d)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(b, s, self.kv_heads, d)
+            q = self.linear(x, attn.q_proj).view(b, s, self.heads, d)
+            k = self.linear(x, attn.k_proj).view(b, s, self.kv_heads, d)
+            v = self.linear(x, attn.v_proj).view(b, s, self.kv_heads, d)
             if self.qk_norm:
                 q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
                 k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
@@ -104,11 +105,15 @@ class LeanForward:
                 out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
                                                      enable_gqa=self.groups > 1)
             out = out.reshape(b, self.heads, s, d).transpose(1, 2).reshape(b, s, self.heads * d)
-            h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            h = h + self.linear(out, attn.o_proj)
             x = rms_norm(h, layer.post_attention_layernorm.weight, eps)
-            h = h + F.linear(self.act(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
-                             * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias), mlp.down_proj.weight,
-                             mlp.down_proj.bias)
+            h = h + self.linear(self.act(self.linear(x, mlp.gate_proj)) * self.linear(x, mlp.up_proj), mlp.down_proj)
         h = rms_norm(h[:, -1], base.norm.weight, base.norm.variance_epsilon)
-        head = self.model.get_output_embeddings()
-        return F.linear(h, head.weight, head.bias)
+        return self.linear(h, self.model.get_output_embeddings())
+
+    def linear(self, x: torch.Tensor, module: Any) -> torch.Tensor:
+        y = F.linear(x, module.weight, module.bias)
+        adapter = self.adapters.get(module) if self.adapters else None
+        if adapter is not None:
+            y = y + F.linear(F.linear(x, adapter[0]), adapter[1])
+        return y

@@ -54,6 +54,9 @@ class RolloutServers:
         rollout = cfg.actor_rollout_ref.rollout
         self.backend = str(rollout.name)
         self.handles: list[Any] = []
+        lora_rank = int(cfg.actor_rollout_ref.model.get("lora_rank", 0) or 0)
+        # vLLM serves LoRA adapters under a name of their own, which the rollout then asks for
+        self.lora_name = "agentgym-lora" if lora_rank > 0 and self.backend == "vllm" else None
         urls = [str(u) for u in rollout.server_urls]
         model = str(cfg.actor_rollout_ref.model.path)
         # the key the servers' weight routes take: given, or from the environment; servers we start get a new one
@@ -76,6 +79,11 @@ class RolloutServers:
                               tensor_parallel_size=int(rollout.tensor_model_parallel_size),
                               max_model_len=int(cfg.data.max_prompt_length + cfg.data.max_response_length),
                               **engine_server_kwargs(cfg))
+                if self.lora_name:
+                    from agentgym.client.weights import VLLMWeights
+
+                    kwargs["extra_args"] = [*kwargs.get("extra_args", ()), *VLLMWeights.lora_args(lora_rank)]
+                    kwargs["env"] = {**(kwargs.get("env") or {}), **VLLMWeights.LORA_ENV}
             try:
                 for _ in range(int(rollout.num_servers)):
                     self.handles.append(start_policy_server(self.backend, model, port=0, **kwargs))
@@ -84,8 +92,8 @@ class RolloutServers:
                 raise
             urls = [h.url for h in self.handles]
         self.urls = urls
-        self.client = PolicyClient(urls, backend=self.backend, model=self.handles[0].model if self.handles else None,
-                                   admin_key=self.admin_key)
+        self.client = PolicyClient(urls, backend=self.backend, admin_key=self.admin_key,
+                                   model=self.lora_name or (self.handles[0].model if self.handles else None))
         self.bucket_mb = float(cfg.async_training.checkpoint_engine.device_buffer_size_M)
 
     def remote_urls(self) -> list[str]:
@@ -214,6 +222,8 @@ class WeightSync:
     async def push(self, version: int, abort: bool = False, state: dict[str, Any] | None = None) -> dict[str, float]:
         """Every server loads the weights as ``version``: the actor's current ones, or ``state``."""
         started = time.perf_counter()
+        if getattr(self.servers, "lora_name", None):
+            return await self._push_adapter(version, started)
         takes_state = self.direct or self.state_dicts or getattr(self.servers, "takes_state_dict", False)
         remote = getattr(self.servers, "remote_urls", list)()
         if self.share and state is None and not abort:
@@ -270,6 +280,26 @@ class WeightSync:
             self.share = False
             await self.servers.update(state, version)
         return size
+
+    async def _push_adapter(self, version: int, started: float) -> dict[str, float]:
+        """LoRA on vLLM servers: peft's adapter directory, loaded by each server under one name."""
+        from agentgym.client.weights import VLLMWeights
+
+        directory = self.directory.with_name(self.directory.name + f"-lora-{version}")
+        await asyncio.to_thread(self.actor.call, "save_adapter", str(directory))
+        saved = time.perf_counter()
+        adapter = VLLMWeights()
+        try:
+            await asyncio.gather(*(asyncio.to_thread(adapter.load_lora_adapter, url, self.servers.lora_name,
+                                                     str(directory), version) for url in self.servers.urls))
+        finally:
+            shutil.rmtree(self.directory.with_name(self.directory.name + f"-lora-{version - 1}"), ignore_errors=True)
+        size = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
+        self.version = version
+        for server in self.servers.client.servers:
+            server.version = version
+        return {"weight_sync/save_s": saved - started, "weight_sync/load_s": time.perf_counter() - saved,
+                "weight_sync/mb": size / 2**20, "weight_sync/version": float(version)}
 
     def _prepare_directory(self) -> None:
         if self.directory.is_dir():
