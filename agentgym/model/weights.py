@@ -23,6 +23,7 @@ import mmap
 import os
 import struct
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +49,10 @@ _DTYPES = {
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
-def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike[str],
-                      metadata: dict[str, str] | None = None) -> None:
-    """Write a standard safetensors file, each tensor's bytes straight from its memory (one copy;
-    ``safetensors.torch.save_file`` makes a ``bytes`` of every tensor first)."""
+def safetensors_pieces(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+                       ) -> tuple[int, list[Any]]:
+    """A safetensors file as ``(size, pieces)``: the header, then each tensor's memory as it is (no
+    copy; the tensors must be contiguous CPU tensors), to write or send piece by piece."""
     header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
     offset = 0
     for name, t in tensors.items():
@@ -60,12 +61,37 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike[
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned
+    pieces: list[Any] = [struct.pack("<Q", len(raw)) + raw]
+    pieces += [memoryview(t.reshape(-1).view(torch.uint8).numpy()) for t in tensors.values() if t.numel()]
+    return 8 + len(raw) + offset, pieces
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike[str],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write a standard safetensors file, each tensor's bytes straight from its memory (one copy;
+    ``safetensors.torch.save_file`` makes a ``bytes`` of every tensor first)."""
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for t in tensors.values():
-            if t.numel():
-                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        for piece in safetensors_pieces(tensors, metadata)[1]:
+            f.write(piece)
+
+
+def tensors_from_bytes(raw: bytes | bytearray) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file held in memory, as views of it (nothing copied)."""
+    (length,) = struct.unpack_from("<Q", raw, 0)
+    header = json.loads(bytes(raw[8:8 + length]))
+    header.pop("__metadata__", None)
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        dtype = _DTYPES[info["dtype"]]
+        begin, end = info["data_offsets"]
+        if end == begin:
+            out[name] = torch.empty(info["shape"], dtype=dtype)
+            continue
+        with warnings.catch_warnings():  # a bytes body is read-only; these tensors are only read from
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(raw, dtype=torch.uint8, count=end - begin, offset=8 + length + begin)
+        out[name] = flat.view(dtype).view(info["shape"])
+    return out
 
 
 def read_safetensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:

@@ -34,6 +34,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from agentgym.model.weights import tensors_from_bytes
 from agentgym.server.engine import Engine, Sequence
 from agentgym.server.engine import Request as EngineRequest
 from agentgym.server.errors import APIError, install_error_handlers, json_object, validate
@@ -161,7 +162,7 @@ def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key
         query = request.query_params
         try:
             version_int = int(query["weight_version"]) if "weight_version" in query else None
-            state = await asyncio.to_thread(load_safetensors, raw)
+            state = await asyncio.to_thread(load_safetensors, raw) if "buckets" not in query else tensors_from_bytes(raw)
             if "buckets" in query:
                 state = staging.add(version_int, int(query.get("bucket", 0)), int(query["buckets"]), state)
         except Exception as exc:
