@@ -113,6 +113,7 @@ def bench(name: str, repeats: int, bucket_mb: float, device: str, server_process
         shared.stop()
         if server is not None:
             server.stop()
+    lora_line = lora_payload(path, rank=8)
     base = times["plain copy"]
     print(f"\n### {name} ({size_gb:.2f} GB, {device}, fp32), {repeats} interleaved rounds\n")
     print("| push | median s | range s | x plain copy (median of rounds) | range |")
@@ -121,6 +122,27 @@ def bench(name: str, repeats: int, bucket_mb: float, device: str, server_process
         ratios = sorted(v / b for v, b in zip(values, base))
         print(f"| {label} | {statistics.median(values):.4f} | {min(values):.4f}-{max(values):.4f} | "
               f"{statistics.median(ratios):.2f}x | {ratios[0]:.2f}-{ratios[-1]:.2f}x |", flush=True)
+    if lora_line:
+        print(f"\n{lora_line}", flush=True)
+
+
+def lora_payload(path: str, rank: int) -> str | None:
+    """The bytes a LoRA push carries against a full push of the same model (adapters on every
+    linear layer but the head, veRL's all-linear)."""
+    try:
+        from agentgym.trainer import lora
+    except ImportError:
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        return "LoRA payload: not measured (pip install 'agentgym[lora]')"
+    model = lora.wrap(load_causal_lm(path), lora.LoraSettings(rank, 2 * rank, "all-linear"))
+    pushed = sum(v.numel() * v.element_size() for v in lora.push_state(model).values())
+    full = sum(v.numel() * v.element_size() for k, v in model.get_base_model().state_dict().items()
+               if ".lora_" not in k and k != "lm_head.weight")
+    return (f"LoRA rank {rank} (all-linear) push: {pushed / 2**20:.1f} MB; full push: {full / 2**20:.1f} MB "
+            f"({full / pushed:.0f}x smaller)")
 
 
 def main() -> None:
