@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import MODELS, log  # noqa: E402  (benchmarks/engine.py: the models built there)
 
-from agentgym.client.weights import EmbeddedWeights  # noqa: E402
 from agentgym.model import load_causal_lm, load_tokenizer  # noqa: E402
 from agentgym.model.weights import push_dir, save_for_push  # noqa: E402
 from agentgym.server.engine import Engine  # noqa: E402
@@ -82,10 +81,11 @@ def bench(name: str, repeats: int, bucket_mb: float, device: str, server_process
         "in-process, copy": lambda: engine.update_weights(unique, next(version)).result(),
     }
     server = None
-    adapter = EmbeddedWeights()
+
     if server_process:
         log(f"{name}: a server process")
         server = start_embedded_server(path, in_process=False, timeout=900)
+        adapter = server.weights  # it holds the server's admin key
         adapter.update_from_handles(server.url, unique, next(version))  # the first push moves them to shared memory
 
         def by_file() -> None:

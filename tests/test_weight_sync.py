@@ -168,15 +168,17 @@ def test_bucketed_pushes_load_all_at_once_at_the_last_bucket():
 
         unique = [(k, v) for k, v in state.items() if k != "lm_head.weight"]
         parts = [dict(unique[i::4]) for i in range(4)]
+        headers = {"Authorization": f"Bearer {handle.admin_key}", "Content-Type": "application/octet-stream"}
         for i, part in enumerate(parts[:-1]):
             r = httpx.post(f"{handle.url}/update_weights_from_tensor?weight_version=9&bucket={i}&buckets={len(parts)}",
-                           content=save({k: v.contiguous() for k, v in part.items()}))
+                           content=save({k: v.contiguous() for k, v in part.items()}), headers=headers)
             assert r.json()["success"] and "held" in r.json()["message"]
         assert handle.engine.weight_version == 0 and logprob_gap(original, complete(handle.url)) < 1e-4
-        answer = EmbeddedWeights().update_in_buckets(handle.url, state, 10, bucket_mb=1)
+        answer = EmbeddedWeights(admin_key=handle.admin_key).update_in_buckets(handle.url, state, 10, bucket_mb=1)
         assert answer["weight_version"] == 10 and logprob_gap(trainer, complete(handle.url)) < 1e-4
         bad = httpx.post(f"{handle.url}/update_weights_from_tensor?weight_version=11&bucket=5&buckets=2",
-                         content=save({"x": torch.zeros(1)}))
+                         content=save({"x": torch.zeros(1)}), headers=headers)
+        assert httpx.post(f"{handle.url}/update_weights_from_ipc", json={"tensors": {}}).status_code == 401
         assert bad.status_code == 400 and handle.engine.weight_version == 10
     finally:
         handle.stop()

@@ -262,11 +262,16 @@ class WeightSync:
             "weight_sync/version": float(version),
         }
 
+    def _record(self, version: int) -> None:
+        """What ``RolloutServers.update`` records, for pushes that go around it."""
+        self.version = version
+        for server in getattr(getattr(self.servers, "client", None), "servers", []):
+            server.version = version
+
     async def _push_shared(self, version: int) -> float:
         """Bind the actor's tensors into every in-process server once; afterwards a push is a version.
         Servers whose weights cannot be the actor's (another dtype or device) get a copy."""
-        for server in self.servers.client.servers:
-            server.version = version
+        self._record(version)
         if self.shared:
             await asyncio.gather(*(asyncio.wrap_future(h.engine.new_version(version)) for h in self.servers.handles))
             return self.shared_bytes
@@ -295,9 +300,7 @@ class WeightSync:
         finally:
             shutil.rmtree(self.directory.with_name(self.directory.name + f"-lora-{version - 1}"), ignore_errors=True)
         size = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
-        self.version = version
-        for server in self.servers.client.servers:
-            server.version = version
+        self._record(version)
         return {"weight_sync/save_s": saved - started, "weight_sync/load_s": time.perf_counter() - saved,
                 "weight_sync/mb": size / 2**20, "weight_sync/version": float(version)}
 
