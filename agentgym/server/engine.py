@@ -56,7 +56,7 @@ from agentgym.server.lean_forward import supports as lean_supports
 from agentgym.server.lora_adapters import EngineAdapters
 from agentgym.server.lora_adapters import split as split_adapters
 from agentgym.server.prefix_cache import PrefixIndex
-from agentgym.server.running_batch import RunningBatch
+from agentgym.server.running_batch import RunningBatch, traits
 from agentgym.server.sampling import GenerationParams
 from agentgym.server.sequences import (
     Request,
@@ -516,7 +516,7 @@ class Engine:
         if "host" not in self._step:
             host = []
         elif hi > self.batch.size:  # rows being admitted: not in host_rows before they are committed
-            host = [lo + i for i, seq in enumerate(seqs) if _needs_host(seq)]
+            host = [lo + i for i, seq in enumerate(seqs) if "host" in traits(seq)]
         else:
             host = sorted(self.batch.host_rows)
         if not done_rows and not host:
@@ -524,7 +524,8 @@ class Engine:
         rows = sorted(set(done_rows) | set(host))
         picked = torch.tensor([r - lo for r in rows], device=self.device)
         value = dict(zip(rows, zip(tokens[picked].tolist(), chosen[picked].tolist())))
-        finished = {row: (*self._reason(self.batch.seqs[row], value[row][0]), value[row]) for row in done_rows}
+        finished = {row: (*finish_reason(self.batch.seqs[row], value[row][0], self.eos_token_ids, self.tokenizer),
+                          value[row]) for row in done_rows}
         for row in host:
             seq = self.batch.seqs[row]
             alts = None
@@ -533,7 +534,7 @@ class Engine:
                 alts = list(zip(top_i.tolist(), top_v.tolist()))
                 seq.top_logprobs.append(alts)
             if row not in finished and seq.params.stop:
-                hit = self._stop_string(seq)
+                hit = stop_string_hit(seq, self.tokenizer)
                 if hit is not None:
                     finished[row] = ("stop", hit, value[row])
             if seq.request.stream and row not in finished:
@@ -544,12 +545,6 @@ class Engine:
         """The next token of every row (tests override this to script an output)."""
         lo = seqs[0].row
         return self.batch.sample(logits, self._log_probs, lo, lo + len(seqs), self._step)
-
-    def _reason(self, seq: Sequence, tok: int) -> tuple[str, str | int | None]:
-        return finish_reason(seq, tok, self.eos_token_ids, self.tokenizer)
-
-    def _stop_string(self, seq: Sequence) -> str | None:
-        return stop_string_hit(seq, self.tokenizer)
 
     # ---- finishing -----------------------------------------------------------------------
     def _finish_rows(self, finished: dict[int, Any]) -> None:
@@ -594,7 +589,3 @@ class Engine:
 
     def final_text(self, seq: Sequence) -> str:
         return final_text(seq, self.tokenizer)
-
-
-def _needs_host(seq: Sequence) -> bool:
-    return seq.params.top_logprobs > 0 or bool(seq.params.stop) or seq.request.stream
