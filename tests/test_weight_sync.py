@@ -114,6 +114,42 @@ def test_weight_sync_binds_once_then_only_moves_versions():
 
 
 # ---- another process on this host: it maps the trainer's memory -------------------------------------
+def test_ray_workers_hand_the_servers_handles_of_their_memory():
+    """The default layout (Ray workers, embedded servers in the driver): the rank-0 worker returns
+    handles (``PolicyWorker.weight_handles``), the driver's servers map them and copy once."""
+    trainer = load_causal_lm("tiny")
+    calls = []
+
+    def call_rank0(name):
+        calls.append(name)
+        return share_handles({k: v.detach() for k, v in trainer.state_dict().items()})
+
+    actor = SimpleNamespace(use_ray=True, call_rank0=call_rank0)
+    handle = EmbeddedServerHandle(Engine(load_causal_lm("tiny"), load_tokenizer("tiny"), max_batch_size=4).start())
+
+    class Servers:
+        handles = [handle]
+
+        def in_process_handles(self):
+            return []  # as seen by a Ray trainer: the actor is elsewhere
+
+        def loads_state_dicts(self):
+            return True
+
+    try:
+        sync = WeightSync(Servers(), actor, "tiny")
+        assert sync.handles and not sync.direct
+        for version, seed in ((1, 6), (2, 7)):
+            perturb(trainer, seed)
+            metrics = asyncio.run(sync.push(version))
+            assert metrics["weight_sync/version"] == version and handle.engine.weight_version == version
+            assert logprob_gap(trainer, complete(handle.url)) < 1e-4
+        assert calls == ["weight_handles"] * 2
+        assert len(sync._mapped) > 0  # the same memory, kept mapped between pushes
+    finally:
+        handle.stop()
+
+
 def test_handles_open_the_same_memory_in_another_process(tmp_path):
     base = torch.arange(12, dtype=torch.float32).view(3, 4)
     state = {"a": base, "view": base[1:, 1:], "half": torch.randn(5).bfloat16()}

@@ -115,7 +115,11 @@ class EmbeddedWeights(_Weights):
         shared memory the first time, in place); None when the server has no such route."""
         from agentgym.model.weights import share_handles
 
-        handles = share_handles(state)
+        return self.update_from_shared(url, share_handles(state), version)
+
+    def update_from_shared(self, url: str, handles: dict[str, Any], version: int) -> Any:
+        """``POST /update_weights_from_ipc`` with handles another process on this host made (a Ray
+        worker's ``weight_handles``); None when the server has no such route."""
         return self._post(url, "/update_weights_from_ipc", {"tensors": handles, "weight_version": version},
                           optional=True)
 

@@ -15,7 +15,10 @@ reports ``version`` from then on. How they travel depends on where actor and ser
   actor's own memory (shared memory / CUDA IPC handles, ``agentgym.model.weights``) and copy once;
 * embedded servers given by URL on other machines: safetensors buckets of at most
   ``async_training.checkpoint_engine.device_buffer_size_M`` MB over HTTP;
-* otherwise (Ray workers, vLLM, SGLang): the actor's rank 0 writes the whole policy as one
+* Ray workers on this host and embedded servers we started: the rank-0 worker hands out handles of
+  its memory (``PolicyWorker.weight_handles``: shared memory on CPU, CUDA IPC on a GPU) and every
+  server copies from there once;
+* otherwise (vLLM, SGLang, servers given by URL): the actor's rank 0 writes the whole policy as one
   safetensors file in a model directory under ``/dev/shm`` (RAM; the temp directory where
   there is no ``/dev/shm``), every server loads it, and the file is deleted.
 
@@ -36,12 +39,15 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import os
 import shutil
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("agentgym.trainer")
 
 
 class RolloutServers:
@@ -218,6 +224,9 @@ class WeightSync:
         self.shared = False  # the servers' weights are the actor's tensors
         loads = getattr(servers, "loads_state_dicts", None)
         self.state_dicts = not actor.use_ray and loads is not None and loads()
+        # Ray workers on this host and embedded servers we started: the servers map the workers' memory
+        self.handles = actor.use_ray and bool(servers.handles) and loads is not None and loads()
+        self._mapped: dict[tuple, Any] = {}
 
     async def push(self, version: int, abort: bool = False, state: dict[str, Any] | None = None) -> dict[str, float]:
         """Every server loads the weights as ``version``: the actor's current ones, or ``state``."""
@@ -228,6 +237,8 @@ class WeightSync:
         remote = getattr(self.servers, "remote_urls", list)()
         if self.share and state is None and not abort:
             size = await self._push_shared(version)
+            saved = started
+        elif self.handles and state is None and (size := await self._push_handles(version, abort)) is not None:
             saved = started
         elif takes_state or (state is None and remote):
             if state is None:
@@ -261,6 +272,35 @@ class WeightSync:
             "weight_sync/mb": size / 2**20,
             "weight_sync/version": float(version),
         }
+
+    async def _push_handles(self, version: int, abort: bool) -> float | None:
+        """Every server maps the rank-0 worker's memory and copies once; None (nothing pushed) when it
+        cannot (a worker on another node), and from then on the file path."""
+        from agentgym.model.weights import open_handles
+        from agentgym.server.handles import EmbeddedServerHandle
+
+        handles = await asyncio.to_thread(self.actor.call_rank0, "weight_handles")
+        try:
+            local = [h for h in self.servers.handles if isinstance(h, EmbeddedServerHandle)]
+            state = open_handles(handles, self._mapped) if local else {}
+        except (OSError, RuntimeError) as exc:
+            log.warning("the servers cannot map the trainer's memory (%s); pushing through files from now on", exc)
+            self.handles = False
+            return None
+        if abort:
+            await self.servers.pause_abort()
+        try:
+            await asyncio.gather(*(asyncio.to_thread(h.update_weights, state, version) if h in local else
+                                   asyncio.to_thread(h.weights.update_from_shared, h.url, handles, version)
+                                   for h in self.servers.handles))
+        finally:
+            if abort:
+                await self.servers.resume()
+        for h in self.servers.handles:
+            if h not in local:
+                h.weight_version = version
+        self._record(version)
+        return float(sum(t.numel() * t.element_size() for t in state.values())) if state else 0.0
 
     def _record(self, version: int) -> None:
         """What ``RolloutServers.update`` records, for pushes that go around it."""

@@ -340,11 +340,24 @@ class PolicyWorker(Worker):
         return {"nll": nll, "tokens": count}
 
     # ---- weights out -------------------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """What a push sends: the whole policy, or with LoRA its adapters only (``lora.push_state``)."""
+    def full_state_dict(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """What a push sends: the whole policy, or with LoRA its adapters only (``lora.push_state``);
+        ``on_device``: left where training keeps them (a server on the same device copies from there)."""
         if self.lora is not None:
             return lora.push_state(self.actor.module)
-        return self.actor.full_state_dict()
+        return self.actor.full_state_dict(on_device=on_device)
+
+    def weight_handles(self) -> dict[str, Any] | None:
+        """Handles of the pushed weights' memory for servers on this host (rank 0; CPU tensors move
+        into shared memory the first time, CUDA ones travel as IPC handles): see
+        ``agentgym.model.weights.share_handles``. The tensors stay referenced until the next push."""
+        from agentgym.model.weights import share_handles
+
+        state = self.full_state_dict(on_device=True)
+        if self.rank != 0:
+            return None
+        self._pushed = state
+        return share_handles(state)
 
     def push_weights(self, path: str) -> dict[str, float] | None:
         """Write the weights as one safetensors file at ``path`` (rank 0; collective under fsdp2)."""
