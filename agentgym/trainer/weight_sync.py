@@ -107,11 +107,11 @@ class RolloutServers:
         return [] if self.handles else [u for u in self.urls if not is_local_url(u)]
 
     def loads_state_dicts(self) -> bool:
-        """Whether every server loads a state dict from this process without a file in between
-        (embedded servers we started, or embedded servers given by URL)."""
+        """Whether every server loads a state dict from this process without a file in between: embedded
+        servers we started (servers given by URL on this host read a file, ones elsewhere take buckets)."""
         from agentgym.server.handles import EmbeddedServerHandle
 
-        if self.backend != "embedded":
+        if self.backend != "embedded" or not self.handles:
             return False
         return all(isinstance(h, EmbeddedServerHandle) or getattr(h, "backend", None) == "embedded"
                    for h in self.handles)
