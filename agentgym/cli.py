@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 
 def _cmd_envs(args: argparse.Namespace) -> int:
+    from agentgym.envs.base import has_expert
     from agentgym.registry import ENVS, env_family, env_spec, registered
 
     if args.family:  # `agentgym envs rg/`: the members of one family (imports its package)
@@ -27,17 +28,18 @@ def _cmd_envs(args: argparse.Namespace) -> int:
         try:
             if name.endswith("/*"):  # a family: one row, its package not imported
                 family = env_family(name)
-                rows.append((f"{family.prefix}/<{family.member_label}>", ENVS.package(name), family.summary()))
+                rows.append((f"{family.prefix}/<{family.member_label}>", ENVS.package(name), "?", family.summary()))
                 continue
             spec = env_spec(name)
-            rows.append((name, spec.package, spec.description))
+            expert = {True: "yes", False: "no", None: "?"}[has_expert(spec.load())]
+            rows.append((name, spec.package, expert, spec.description))
         except Exception as exc:  # a broken plugin must not hide the others
-            rows.append((name, "?", f"failed to load: {exc}"))
+            rows.append((name, "?", "?", f"failed to load: {exc}"))
     width = max((len(r[0]) for r in rows), default=4)
     pwidth = max((len(r[1]) for r in rows), default=7)
-    print(f"{'name':<{width}}  {'package':<{pwidth}}  description")
-    for name, package, description in rows:
-        print(f"{name:<{width}}  {package:<{pwidth}}  {description}")
+    print(f"{'name':<{width}}  {'package':<{pwidth}}  expert  description")
+    for name, package, expert, description in rows:
+        print(f"{name:<{width}}  {package:<{pwidth}}  {expert:<6}  {description}")
     if args.all:
         for kind in ("interaction", "tool"):
             print(f"\n{kind}s: {', '.join(registered(kind)) or '(none)'}")
@@ -48,6 +50,12 @@ def _cmd_play(args: argparse.Namespace) -> int:
     from agentgym.envs.play import play
 
     return play(args.env, seed=args.seed, env_kwargs=_parse_kv(args.env_arg))
+
+
+def _cmd_demos(args: argparse.Namespace) -> int:
+    from agentgym.envs.demos import demos_command
+
+    return demos_command(args)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -164,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgym", description="Environment-first agentic RL gym.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("envs", help="list registered environments and the package that provides each")
+    p = sub.add_parser("envs", help="list registered environments, the package of each and whether it has an expert")
     p.add_argument("--all", action="store_true", help="also list interactions and tools")
     p.add_argument("family", nargs="?", metavar="PREFIX/",
                    help="list the members of one family of envs (e.g. rg/, ta/, vf/)")
@@ -175,6 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor argument")
     p.set_defaults(func=_cmd_play)
+
+    p = sub.add_parser("demos", help="write expert demonstrations (chat JSONL) of an env that has an expert")
+    p.add_argument("--env", required=True, help="registered env with an expert (see `agentgym envs`)")
+    p.add_argument("--n", type=int, required=True, help="episodes to play (tasks seed .. seed+n-1)")
+    p.add_argument("-o", "--out", required=True, help="output JSONL file")
+    p.add_argument("--seed", type=int, default=0, help="first seed (keep held-out seeds out of the range)")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor argument")
+    p.add_argument("--max-turns", type=int, default=None,
+                   help="turns per episode: the same limit the policy is trained and evaluated with")
+    p.add_argument("--keep-failures", action="store_true", help="also write episodes the expert did not solve")
+    p.set_defaults(func=_cmd_demos)
 
     p = sub.add_parser("serve", help="run a policy server (embedded, vllm or sglang)")
     p.add_argument("--model", default="tiny", help="'tiny', an HF model directory or a hub name")
@@ -187,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-call-parser", default="hermes")
     p.add_argument("--max-batch-size", type=int, default=32, help="embedded: most sequences decoded together")
     p.add_argument("--device", default=None, help="embedded: cpu or cuda (default: cuda if available)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="weights and compute dtype (default: vllm/sglang the model's own; embedded float32 on CPU, "
+                        "bfloat16 on a GPU)")
     p.add_argument("--served-model-name", default=None,
                    help="the name the OpenAI API answers to, as in vLLM (default: --model)")
     p.add_argument("--admin-key", default=None, help="embedded: key for the weight/pause routes "
@@ -198,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embedded: accept a Jinja template in chat_template_kwargs.chat_template (off)")
     p.add_argument("--max-pause-s", type=float, default=None,
                    help="embedded: a pause nobody resumes ends after this long (300 s)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
+                   help="vllm/sglang: one more argument for the engine's own command line (repeatable; "
+                        "write --engine-arg=--enforce-eager)")
     p.set_defaults(func=_cmd_serve)
 
     for name, func, helptext in (

@@ -1,11 +1,11 @@
 """Training configuration: YAML files under ``configs/`` plus dotted ``a.b=c`` overrides.
 
 Where the files live (one source of truth): the top-level ``configs/`` directory of the
-repository. It is found, in order, at ``$AGENTGYM_CONFIG_DIR``, beside the ``agentgym``
-package (``<repo>/configs``: a source checkout or an editable install), then at
-``./configs`` in the working directory. A wheel install must ship that directory next to
-the package or point ``AGENTGYM_CONFIG_DIR`` at a copy; ``config_dir()`` says so when it
-finds none.
+repository, which the wheel also carries as ``agentgym/configs`` (``setup.py`` copies it in).
+It is found, in order, at ``$AGENTGYM_CONFIG_DIR``, inside the installed package (a wheel),
+beside the package (``<repo>/configs``: a checkout or an editable install), then at
+``./configs`` in the working directory; ``config_dir()`` says where it looked when it finds
+none.
 
 How a config is made (``compose_config``), later steps winning:
 
@@ -85,7 +85,9 @@ def config_dir() -> Path:
     candidates = []
     if os.environ.get("AGENTGYM_CONFIG_DIR"):
         candidates.append(Path(os.environ["AGENTGYM_CONFIG_DIR"]))
-    candidates.append(Path(__file__).resolve().parents[1] / "configs")
+    here = Path(__file__).resolve().parent
+    candidates.append(here / "configs")  # an installed wheel's copy (setup.py builds it in)
+    candidates.append(here.parent / "configs")  # a checkout, or an editable install
     candidates.append(Path.cwd() / "configs")
     for candidate in candidates:
         if (candidate / "train.yaml").is_file():
@@ -93,7 +95,8 @@ def config_dir() -> Path:
     raise ConfigError(
         "could not find agentgym's configs/ directory (looked in: "
         + ", ".join(str(c) for c in candidates)
-        + "). Run from a checkout of the repository, or set AGENTGYM_CONFIG_DIR to a copy of configs/."
+        + "). Reinstall agentgym from its wheel or a checkout (`pip install .`), or set AGENTGYM_CONFIG_DIR to "
+        "a copy of the repository's configs/."
     )
 
 

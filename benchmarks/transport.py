@@ -47,7 +47,7 @@ def make_client(url: str, transport: str, concurrency: int) -> Any:
                                         timeout=httpx.Timeout(60.0, connect=10.0))
     else:
         pools = policy_client.HTTPPools(concurrency, size=4, timeout=httpx.Timeout(60.0, connect=10.0))
-    server.transport = policy_client._HttpxTransport(server.url, pools)
+    server.transport = policy_client.HttpxTransport(server.url, pools)
     return client
 
 

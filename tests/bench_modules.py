@@ -1,7 +1,8 @@
 """The benchmark scripts that tests drive (``benchmarks/`` is not a package), one module object each:
 ``standin_server`` (imported by that name, as ``benchmarks/gateway.py`` imports it) and
 ``benchmarks/gateway.py`` (as ``gateway_bench``, so it cannot shadow anything named ``gateway``) and
-``fuzz_server``."""
+``fuzz_server`` and ``benchmarks/train_step.py`` (as ``train_step_bench``: the Qwen2.5-0.5B-shape model it
+builds)."""
 
 from __future__ import annotations
 
@@ -32,5 +33,14 @@ def gateway_bench() -> ModuleType:
         standin_server()  # its import of standin_server must find the same module
         spec = importlib.util.spec_from_file_location("gateway_bench", BENCHMARKS / "gateway.py")
         module = sys.modules["gateway_bench"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+def train_step_bench() -> ModuleType:
+    module = sys.modules.get("train_step_bench")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("train_step_bench", BENCHMARKS / "train_step.py")
+        module = sys.modules["train_step_bench"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return module

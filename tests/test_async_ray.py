@@ -124,7 +124,7 @@ def test_a_gateway_process_feeds_a_named_data_pool(two_nodes, tmp_path):
         gateway = subprocess.Popen(
             [sys.executable, "-m", "agentgym.cli", "gateway", "--server", server.url, "--port", str(port),
              "--data-pool-name", "feed-test-pool", "--ray-address", two_nodes, "--ray-namespace", "agentgym-test",
-             "--prompt-length", "256", "--response-length", "128"],
+             "--prompt-length", "256", "--response-length", "128", "--admin-key", "feed-test-key"],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
@@ -132,7 +132,7 @@ def test_a_gateway_process_feeds_a_named_data_pool(two_nodes, tmp_path):
         async def sessions() -> None:
             import httpx
 
-            client = GatewayClient(url)
+            client = GatewayClient(url, admin_key="feed-test-key")
             deadline = time.monotonic() + 120
             while True:  # the gateway joins Ray and finds the pool before it listens
                 try:

@@ -138,8 +138,11 @@ def test_async_config_is_selected_by_name_and_checked():
         load_config(env="first_letter", config_name="async_ppo")
 
 
-def test_agent_flows_pick_what_produces_trajectories(tmp_path):
+def test_agent_flows_pick_what_produces_trajectories(tmp_path, monkeypatch):
     from agentgym.trainer.agent_flows import resolve_agent_flow
+
+    monkeypatch.chdir(ROOT)  # flow targets resolve from the working directory, as `agentgym train` does
+    monkeypatch.syspath_prepend(str(ROOT))
 
     flows = tmp_path / "flows.yaml"
     flows.write_text("- name: gsm8k_agent\n  _target_: examples.gsm8k_agent:run\n"

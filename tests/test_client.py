@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
-import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from fidelity import logprob_tolerance, max_difference, teacher_forced
 
 from agentgym.client import PolicyClient, PolicyServerError
+from agentgym.client.versions import record_weight_version
 from agentgym.model import load_causal_lm
 from agentgym.server.handles import AppThread, free_port
 from agentgym.server.launch import start_embedded_server
@@ -39,10 +41,8 @@ async def test_generate_returns_the_sampled_tokens_and_their_logprobs(servers):
         assert await client.health() == [True]
     assert sample.token_ids == again.token_ids and len(sample.logprobs) == len(sample.token_ids)
     assert sample.finish_reason in ("stop", "length") and sample.weight_version == 0
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + sample.token_ids])).logits[0]
-    expected = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(1, torch.tensor(sample.token_ids)[:, None])
-    assert torch.allclose(torch.tensor(sample.logprobs), expected[:, 0], atol=1e-4)
+    expected = teacher_forced(model, prompt, sample.token_ids)
+    assert max_difference(sample.logprobs, expected) < logprob_tolerance(servers[0].engine.model.dtype)
 
 
 async def test_least_outstanding_spreads_and_sessions_stick(servers):
@@ -164,3 +164,75 @@ async def test_max_model_len_is_the_smallest_any_server_reports(servers):
         short.stop()
     async with PolicyClient(f"http://127.0.0.1:{free_port()}") as client:
         assert await client.max_model_len() is None
+
+
+# ---- servers that answer like vLLM ----------------------------------------------------------------
+@pytest.fixture
+def vllm_like():
+    """Serves its model under the model's path, as vLLM does unless started with
+    --served-model-name: any other name is a 404. Completions carry no weight version; the
+    weight routes of vLLM's dev mode answer (and are recorded)."""
+    served = "/models/qwen-0.5b"
+    seen: dict[str, list] = {"models": [], "weights": []}
+    app = FastAPI()
+
+    def check(body: dict) -> JSONResponse | None:
+        seen["models"].append(body.get("model"))
+        if body.get("model") not in (None, served):
+            return JSONResponse({"error": {"message": f"The model `{body['model']}` does not exist.",
+                                           "type": "NotFoundError", "code": 404}}, status_code=404)
+        return None
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": served, "object": "model", "root": served}]})
+
+    @app.post("/v1/completions")
+    async def completions(body: dict) -> JSONResponse:
+        return check(body) or JSONResponse({"choices": [{"token_ids": [7, 8], "finish_reason": "length",
+                                                         "logprobs": {"token_logprobs": [-0.5, -0.25]}}]})
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict) -> JSONResponse:
+        return check(body) or JSONResponse({"model": served, "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
+
+    @app.post("/{route:path}")
+    async def weights(route: str) -> JSONResponse:
+        seen["weights"].append("/" + route)
+        return JSONResponse({"success": True})
+
+    server = AppThread(app)
+    record_weight_version(server.url, 0)  # a server just started holds its first weights (as handles record)
+    yield SimpleNamespace(url=server.url, served=served, seen=seen)
+    server.stop()
+
+
+async def test_requests_name_the_model_the_server_serves(vllm_like):
+    """vLLM answers 404 to a model name it does not serve: the client asks /v1/models once and
+    sends that name (never a fixed one); a name the caller gives is sent as given."""
+    async with PolicyClient(vllm_like.url, backend="vllm", max_retries=0) as client:
+        for _ in range(3):
+            assert (await client.generate([1, 2], SamplingParams(max_tokens=2))).token_ids == [7, 8]
+        chat = await client.chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert chat["choices"][0]["message"]["content"] == "hi"
+    assert vllm_like.seen["models"] == [vllm_like.served] * 4
+    async with PolicyClient(vllm_like.url, backend="vllm", model="other", max_retries=0) as client:
+        with pytest.raises(PolicyServerError, match="404"):
+            await client.generate([1, 2], SamplingParams(max_tokens=2))
+
+
+async def test_weight_versions_follow_pushes_to_servers_that_do_not_report_them(vllm_like, tmp_path):
+    """vLLM's completions carry no weight version: a successful push records it for the server,
+    and every sample from it (through any client of this process) reports it."""
+    from agentgym.client.weights import VLLMWeights
+
+    async with PolicyClient(vllm_like.url, backend="vllm") as client:
+        assert (await client.generate([1], SamplingParams(max_tokens=2))).weight_version == 0
+        await asyncio.to_thread(VLLMWeights().update_from_disk, vllm_like.url, str(tmp_path), 3)
+        assert (await client.generate([1], SamplingParams(max_tokens=2))).weight_version == 3
+        await client.update_weights_from_disk(str(tmp_path), 4)
+        assert (await client.generate([1], SamplingParams(max_tokens=2))).weight_version == 4
+    async with PolicyClient(vllm_like.url + "/", backend="vllm") as other:  # a client made later
+        assert (await other.generate([1], SamplingParams(max_tokens=2))).weight_version == 4
+    assert vllm_like.seen["weights"].count("/collective_rpc") == 2

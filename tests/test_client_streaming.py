@@ -16,7 +16,7 @@ from bench_modules import standin_server
 
 from agentgym.client import HTTPPools, PolicyClient, PolicyServerError
 from agentgym.client.http11 import ConnectionPool, TransportError
-from agentgym.client.policy import _HttpxTransport
+from agentgym.client.httpx_pools import HttpxTransport
 from agentgym.types import SamplingParams
 
 PROMPT = [60, 61, 62, 63, 64]
@@ -73,7 +73,7 @@ async def test_a_server_that_breaks_off_mid_answer_is_a_transport_error():
 async def test_generate_stream_adds_up_to_generate(slow, transport):
     client = PolicyClient(slow.url)
     if transport == "httpx":
-        client.servers[0].transport = _HttpxTransport(slow.url, HTTPPools(4))
+        client.servers[0].transport = HttpxTransport(slow.url, HTTPPools(4))
     sampling = SamplingParams(max_tokens=8)
     deltas = [d async for d in client.generate_stream(PROMPT, sampling, session_id="s")]
     whole = await client.generate(PROMPT, sampling)

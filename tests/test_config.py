@@ -119,3 +119,20 @@ def test_agentgym_train_reports_config_errors_before_any_work(capsys):
     assert "Did you mean 'sokoban'" in capsys.readouterr().err
     assert main(["train", "--env", "gsm8k", "data.train_files=/nonexistent/train.jsonl"]) == 2
     assert "data.train_files=/nonexistent/train.jsonl does not exist" in capsys.readouterr().err
+
+
+def test_an_installed_wheel_finds_its_packaged_configs(tmp_path, monkeypatch):
+    """From a wheel, agentgym sits in site-packages with no configs/ beside it: it uses the copy
+    built into the package (agentgym/configs, see setup.py), from any working directory."""
+    import agentgym.config as config_module
+
+    site = tmp_path / "site-packages"
+    (site / "agentgym" / "configs").mkdir(parents=True)
+    (site / "agentgym" / "configs" / "train.yaml").write_text((config_dir() / "train.yaml").read_text())
+    monkeypatch.setattr(config_module, "__file__", str(site / "agentgym" / "config.py"))
+    monkeypatch.delenv("AGENTGYM_CONFIG_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert config_dir() == site / "agentgym" / "configs"
+    (site / "agentgym" / "configs" / "train.yaml").unlink()
+    with pytest.raises(ConfigError, match="AGENTGYM_CONFIG_DIR"):
+        config_dir()

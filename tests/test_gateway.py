@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 from bench_modules import gateway_bench
+from fidelity import logprob_tolerance
 
 from agentgym.gateway.agent_source import AgentTrajectorySource, DataPool, load_agent
 from agentgym.gateway.client import GatewayClient
@@ -505,7 +506,7 @@ def test_gateway_over_the_embedded_tiny_model_records_what_it_sampled():
 
         for turn, sample in zip(traj.turns, asyncio.run(direct())):
             assert turn.response_ids == sample.token_ids  # greedy: the same context samples the same ids
-            assert turn.logprobs == pytest.approx(sample.logprobs, abs=1e-4)
+            assert turn.logprobs == pytest.approx(sample.logprobs, abs=logprob_tolerance(server.engine.model.dtype))
             assert turn.weight_version == sample.weight_version
         assert_token_views_consistent(traj)
     finally:

@@ -161,9 +161,10 @@ def _update_once(world_size: int, use_ray: bool, strategy: str = "dp", tmp_path=
         metrics = group.call("update_actor", group.put(batch.tensors), per_rank=[(p,) for p in plan])
         assert all(math.isfinite(m["actor/grad_norm"]) for m in metrics)
         state = group.call("full_state_dict")[0]
-        if strategy == "fsdp2" and tmp_path is not None:  # sharded checkpoints and the HF export
+        if strategy == "fsdp2" and tmp_path is not None:  # checkpoints (one layout for all strategies), HF export
             group.call("save_checkpoint", str(tmp_path / "ckpt"))
-            assert len(list((tmp_path / "ckpt" / "actor").glob("model_world_size_2_rank_*.pt"))) == 2
+            assert sorted(p.name for p in (tmp_path / "ckpt" / "actor").iterdir()) == ["extra.pt", "model.pt", "optim.pt"]
+            assert _state_difference(torch.load(tmp_path / "ckpt" / "actor" / "model.pt"), state) == 0.0
             group.call("load_checkpoint", str(tmp_path / "ckpt"))
             group.call("save_hf", str(tmp_path / "hf"))
             from transformers import AutoModelForCausalLM
@@ -173,6 +174,11 @@ def _update_once(world_size: int, use_ray: bool, strategy: str = "dp", tmp_path=
         return state
     finally:
         group.shutdown()
+
+
+def _state_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 @pytest.mark.slow

@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym.client.http11 import ConnectionPool, TransportError
-from agentgym.client.pools import HTTPPools, _HttpxTransport, _transport  # noqa: F401 - HTTPPools: re-exported
+from agentgym.client.httpx_pools import HTTPPools, HttpxTransport, transport_for  # noqa: F401 - HTTPPools: re-exported
 from agentgym.client.tls import ssl_context  # noqa: F401 - re-exported
+from agentgym.client.versions import known_weight_version, record_weight_version
 from agentgym.types import SamplingParams, TokenSample
 
 BACKENDS = ("embedded", "vllm", "sglang")
@@ -68,15 +69,25 @@ class _Server:
     """One server's routing state and connections. A failed server is skipped for ``cooldown``
     seconds, then tried again (it may have restarted), instead of being dropped for good."""
 
-    __slots__ = ("url", "outstanding", "version", "unhealthy_until", "transport", "removed")
+    __slots__ = ("url", "outstanding", "unhealthy_until", "transport", "removed", "model", "_model_lookup")
 
-    def __init__(self, url: str, transport: ConnectionPool | _HttpxTransport) -> None:
+    def __init__(self, url: str, transport: ConnectionPool | HttpxTransport) -> None:
         self.url = url.rstrip("/")
         self.outstanding = 0
-        self.version = 0
         self.unhealthy_until = 0.0
         self.transport = transport
         self.removed = False
+        self.model: str | None = None  # the name it serves, once asked (``PolicyClient.served_model``)
+        self._model_lookup: asyncio.Task[str | None] | None = None
+
+    @property
+    def version(self) -> int:
+        """The weights this server was last told to load (``agentgym.client.versions``)."""
+        return known_weight_version(self.url)
+
+    @version.setter
+    def version(self, value: int) -> None:
+        record_weight_version(self.url, value)
 
     @property
     def healthy(self) -> bool:
@@ -102,7 +113,8 @@ class PolicyClient:
 
     ``urls``: base URLs such as ``http://127.0.0.1:8000`` (no ``/v1``).
     ``backend``: ``embedded`` | ``vllm`` | ``sglang``.
-    ``model``: the model name sent in OpenAI requests (vLLM checks it; default: ask ``/v1/models``).
+    ``model``: the model name sent in OpenAI requests (vLLM answers 404 to a name it does not
+    serve); default: each server's own, asked once from its ``/v1/models``.
     ``max_connections``: most connections, and requests in flight, per server (more wait their
     turn); ``pool_size``: connections per httpx pool, for ``https://`` servers (see ``HTTPPools``).
     """
@@ -134,7 +146,7 @@ class PolicyClient:
         self.timeout = timeout
         self.admin_key = admin_key  # sent with control calls (weight updates); the embedded server needs it
         self.max_connections, self.pool_size = max_connections, pool_size
-        self.servers = [_Server(u, _transport(u.rstrip("/"), max_connections, pool_size, timeout)) for u in urls]
+        self.servers = [_Server(u, transport_for(u.rstrip("/"), max_connections, pool_size, timeout)) for u in urls]
         self._sticky: OrderedDict[str, _Server] = OrderedDict()
         self._max_sessions = max_sessions
 
@@ -166,7 +178,7 @@ class PolicyClient:
         url = url.rstrip("/")
         if any(s.url == url for s in self.servers):
             return False
-        self.servers = [*self.servers, _Server(url, _transport(url, self.max_connections, self.pool_size, self.timeout))]
+        self.servers = [*self.servers, _Server(url, transport_for(url, self.max_connections, self.pool_size, self.timeout))]
         return True
 
     async def remove_server(self, url: str, drain_timeout: float = 60.0) -> bool:
@@ -188,16 +200,22 @@ class PolicyClient:
         return True
 
     async def _post(self, path: str, payload: dict[str, Any], session_id: str | None = None,
-                    server: _Server | None = None, admin: bool = False) -> tuple[_Server, dict[str, Any]]:
+                    server: _Server | None = None, admin: bool = False, name_model: bool = False
+                    ) -> tuple[_Server, dict[str, Any]]:
         """POST with least-outstanding routing and bounded retries on transport errors, 5xx and 429;
-        ``admin``: a control call, sent with the admin key."""
+        ``admin``: a control call, sent with the admin key; ``name_model``: set the payload's ``model``
+        to the name the chosen server serves."""
         last_error = ""
         last_status: int | None = None
         failed: _Server | None = None
-        body = json.dumps(payload).encode()
         headers = {"Authorization": f"Bearer {self.admin_key}"} if admin and self.admin_key else None
+        bodies: dict[str | None, bytes] = {}
         for attempt in range(self.max_retries + 1):
             target = server or self._pick(session_id, exclude=failed)
+            model = await self.served_model(target) if name_model else None
+            body = bodies.get(model)
+            if body is None:
+                body = bodies[model] = json.dumps({**payload, "model": model} if model else payload).encode()
             target.outstanding += 1
             try:
                 if headers is None:
@@ -248,7 +266,7 @@ class PolicyClient:
             server, body = await self._post("/generate", self._sglang_payload(prompt_ids, sampling), session_id)
             return self._parse_sglang(body, server)
         server, body = await self._post("/v1/completions", self._completions_payload(prompt_ids, sampling),
-                                        session_id)
+                                        session_id, name_model=True)
         return self._parse_completions(body, server)
 
     async def generate_stream(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None,
@@ -262,12 +280,14 @@ class PolicyClient:
             yield TokenDelta(sample.token_ids, sample.logprobs, sample.finish_reason, sample.weight_version)
             return
         path = "/v1/completions"
-        body = json.dumps({**self._completions_payload(prompt_ids, sampling), "stream": True}).encode()
+        payload = {**self._completions_payload(prompt_ids, sampling), "stream": True}
         last_error = ""
         last_status: int | None = None
         failed: _Server | None = None
         for attempt in range(self.max_retries + 1):
             target = self._pick(session_id, exclude=failed)
+            model = await self.served_model(target)
+            body = json.dumps({**payload, "model": model} if model else payload).encode()
             target.outstanding += 1
             started = False
             try:
@@ -321,9 +341,33 @@ class PolicyClient:
         return TokenDelta(list(ids), [float(x) for x in logprobs], choice.get("finish_reason"),
                           int(version) if version is not None else server.version)
 
+    async def served_model(self, server: _Server) -> str | None:
+        """The model name to send ``server``: ``self.model`` if given, else the first id in the
+        server's ``/v1/models`` (asked once; None while it cannot be asked: the request then
+        goes without a name, which vLLM, SGLang and the embedded server take as their model)."""
+        if self.model:
+            return self.model
+        if server.model is None:
+            if server._model_lookup is None or server._model_lookup.done():
+                server._model_lookup = asyncio.ensure_future(self._ask_model(server))
+            server.model = await asyncio.shield(server._model_lookup)
+        return server.model
+
+    async def _ask_model(self, server: _Server) -> str | None:
+        cards = await self._model_cards(server)
+        return str(cards[0]["id"]) if cards and cards[0].get("id") else None
+
+    async def _model_cards(self, server: _Server) -> list[dict[str, Any]]:
+        """The model cards in ``server``'s ``GET /v1/models`` (empty if it does not answer)."""
+        try:
+            status, raw = await server.transport.request("GET", "/v1/models", timeout=10.0)
+            cards = (json.loads(raw).get("data") or []) if status == 200 else []
+        except (TransportError, ValueError, AttributeError):
+            return []
+        return [c for c in cards if isinstance(c, dict)]
+
     def _completions_payload(self, prompt_ids: Sequence[int], s: SamplingParams) -> dict[str, Any]:
         payload: dict[str, Any] = {
-            "model": self.model or "default",
             "prompt": list(prompt_ids),
             "max_tokens": s.max_tokens,
             "temperature": s.temperature,
@@ -367,7 +411,7 @@ class PolicyClient:
             "max_new_tokens": s.max_tokens,
             "temperature": s.temperature,
             "top_p": s.top_p,
-            "top_k": s.top_k,
+            "top_k": s.top_k if s.top_k > 0 else -1,  # SGLang refuses 0; -1 is its "no top-k"
             "skip_special_tokens": False,
             "no_stop_trim": True,
         }
@@ -384,6 +428,9 @@ class PolicyClient:
         meta = body.get("meta_info", {})
         pairs = meta.get("output_token_logprobs") or []
         ids = body.get("output_ids") or [int(p[1]) for p in pairs]
+        if len(ids) != len(pairs):
+            raise PolicyServerError(f"{server.url} returned {len(pairs)} logprobs for {len(ids)} tokens (an SGLang "
+                                    "that trims the stop token despite no_stop_trim?)")
         finish = meta.get("finish_reason") or {}
         reason = finish.get("type", "stop") if isinstance(finish, dict) else str(finish)
         version = meta.get("weight_version")
@@ -397,8 +444,7 @@ class PolicyClient:
 
     async def chat_completion(self, session_id: str | None = None, **request: Any) -> dict[str, Any]:
         """An OpenAI ``/v1/chat/completions`` call (non-streaming); returns the response body."""
-        request.setdefault("model", self.model or "default")
-        _, body = await self._post("/v1/chat/completions", request, session_id)
+        _, body = await self._post("/v1/chat/completions", request, session_id, name_model="model" not in request)
         return body
 
     # ---- weights -------------------------------------------------------------------------
@@ -429,12 +475,7 @@ class PolicyClient:
         """The smallest context (prompt + completion tokens) the servers report in ``GET /v1/models``
         (the embedded server and vLLM report ``max_model_len``); None if none says."""
         async def one(server: _Server) -> int | None:
-            try:
-                status, raw = await server.transport.request("GET", "/v1/models", timeout=10.0)
-                cards = json.loads(raw).get("data") or [] if status == 200 else []
-            except (TransportError, ValueError, AttributeError):
-                return None
-            lengths = [c.get("max_model_len") for c in cards if isinstance(c, dict)]
+            lengths = [c.get("max_model_len") for c in await self._model_cards(server)]
             return min((n for n in lengths if isinstance(n, int) and n > 0), default=None)
 
         known = [n for n in await asyncio.gather(*(one(s) for s in self.servers)) if n is not None]
@@ -451,7 +492,7 @@ class PolicyClient:
 
     async def check_health(self, url: str, timeout: float = 10.0) -> bool:
         """Whether ``url`` (a server not necessarily routed to) answers ``GET /health`` with 200."""
-        transport = _transport(url.rstrip("/"), 2, 1, timeout)
+        transport = transport_for(url.rstrip("/"), 2, 1, timeout)
         try:
             return await self._healthy(transport, timeout)
         finally:

@@ -13,11 +13,14 @@ a state dict is first written to shared memory as a loadable model directory):
   ``/init_weights_update_group`` + ``/update_weights_from_distributed`` (the trainer
   broadcasts the tensors while the second call is in flight). SGLang drains or aborts
   running requests itself around an update.
-* **vLLM**: a server started by ``agentgym.server.engines`` (dev mode, with the worker extension
-  ``VLLMWorkerWeights``); an update is ``POST /pause?mode=wait`` (vLLM versions that have it, so
+* **vLLM**: a server started by ``agentgym.server.engines`` (dev mode, with agentgym's worker
+  extension); an update is ``POST /pause?mode=wait`` (vLLM versions that have it, so
   no response mixes versions), ``POST /collective_rpc {"method": "agentgym_load_weights",
   "args": [path]}``, ``POST /reset_prefix_cache``, ``POST /update_weight_version`` where offered,
   and ``POST /resume``.
+
+A push that succeeds records its version for the server's URL (``agentgym.client.versions``), so
+samples from servers whose answers carry no version (vLLM's) are reported with the right one.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 import httpx
 
 from agentgym.client.tls import ssl_context
+from agentgym.client.versions import record_weight_version
 
 
 class WeightUpdateError(RuntimeError):
@@ -93,7 +97,9 @@ class EmbeddedWeights(_Weights):
     """agentgym's embedded server (SGLang's route and fields)."""
 
     def update_from_disk(self, url: str, path: str, version: int) -> Any:
-        return self._post(url, "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
+        result = self._post(url, "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
+        record_weight_version(url, version)
+        return result
 
     def update_from_state_dict(self, url: str, state: dict[str, Any], version: int) -> Any:
         """A server on this host maps the tensors' own memory (``update_from_handles``); a server
@@ -109,7 +115,6 @@ class EmbeddedWeights(_Weights):
         finally:
             path.unlink(missing_ok=True)
 
-
     def update_from_handles(self, url: str, state: dict[str, Any], version: int) -> Any:
         """``POST /update_weights_from_ipc`` with handles of ``state``'s memory (CPU tensors move into
         shared memory the first time, in place); None when the server has no such route."""
@@ -120,8 +125,11 @@ class EmbeddedWeights(_Weights):
     def update_from_shared(self, url: str, handles: dict[str, Any], version: int) -> Any:
         """``POST /update_weights_from_ipc`` with handles another process on this host made (a Ray
         worker's ``weight_handles``); None when the server has no such route."""
-        return self._post(url, "/update_weights_from_ipc", {"tensors": handles, "weight_version": version},
-                          optional=True)
+        answer = self._post(url, "/update_weights_from_ipc", {"tensors": handles, "weight_version": version},
+                            optional=True)
+        if answer is not None:
+            record_weight_version(url, version)
+        return answer
 
     def update_in_buckets(self, url: str, state: dict[str, Any], version: int, bucket_mb: float) -> Any:
         """Send ``state`` as safetensors bodies of at most ``bucket_mb`` MB (a server on another
@@ -134,6 +142,7 @@ class EmbeddedWeights(_Weights):
             size, pieces = safetensors_pieces({k: v.detach().to("cpu").contiguous() for k, v in part.items()})
             answer = self._send(url, f"/update_weights_from_tensor?weight_version={version}&bucket={i}"
                                 f"&buckets={len(parts)}", size, pieces)
+        record_weight_version(url, version)  # the server loads them once the last bucket is in
         return answer
 
     def _send(self, url: str, path: str, size: int, pieces: list[Any]) -> Any:
@@ -191,8 +200,10 @@ class SGLangWeights(_Weights):
         """``path``: a model directory, or one safetensors file (SGLang loads directories only, so a
         file is linked into a temporary directory beside the served model's config files)."""
         if not Path(path).is_file():
-            return self._post(url, "/update_weights_from_disk", {
+            result = self._post(url, "/update_weights_from_disk", {
                 "model_path": path, "weight_version": str(version), "abort_all_requests": abort_all_requests})
+            record_weight_version(url, version)
+            return result
         from agentgym.model.weights import push_dir
 
         directory = Path(tempfile.mkdtemp(prefix="agentgym-weights-", dir=push_dir()))
@@ -215,9 +226,11 @@ class SGLangWeights(_Weights):
                 return MultiprocessingSerializer.serialize(items, output_str=True)
 
         payload = serialize(list(named_tensors.items()))
-        return self._post(url, "/update_weights_from_tensor", {
+        result = self._post(url, "/update_weights_from_tensor", {
             "serialized_named_tensors": [payload] * tp_size, "load_format": None, "flush_cache": flush_cache,
             "weight_version": str(version)})
+        record_weight_version(url, version)
+        return result
 
     def init_weights_update_group(self, url: str, master_address: str, master_port: int, rank_offset: int,
                                   world_size: int, group_name: str = "weight_update_group",
@@ -232,9 +245,11 @@ class SGLangWeights(_Weights):
                                 flush_cache: bool = True) -> Any:
         """Announce the tensors the trainer is about to broadcast in ``group_name``; returns once
         they are loaded, so call it from a thread while broadcasting."""
-        return self._post(url, "/update_weights_from_distributed", {
+        result = self._post(url, "/update_weights_from_distributed", {
             "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
             "flush_cache": flush_cache, "weight_version": str(version)})
+        record_weight_version(url, version)
+        return result
 
     def pause(self, url: str, mode: str = "abort") -> Any:
         return self._post(url, "/pause_generation", {"mode": mode})
@@ -244,7 +259,8 @@ class SGLangWeights(_Weights):
 
 
 class VLLMWeights(_Weights):
-    """vLLM, through its dev-mode ``/collective_rpc`` and ``VLLMWorkerWeights`` in every worker; LoRA
+    """vLLM, through its dev-mode ``/collective_rpc`` and agentgym's worker extension in every worker
+    (``agentgym/server/vllm_extension/agentgym_vllm_extension.py``); LoRA
     adapters through vLLM's runtime adapter routes (a server started with ``--enable-lora``,
     ``--max-lora-rank`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: ``LORA_ARGS``, ``LORA_ENV``)."""
 
@@ -265,6 +281,7 @@ class VLLMWeights(_Weights):
                 client.post(url + "/v1/unload_lora_adapter", json={"lora_name": name})  # none loaded yet: fine
             result = self._post(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
             self._post(url, "/update_weight_version", {"new_version": str(version)}, optional=True)
+            record_weight_version(url, version)  # before resuming, as for full pushes
         finally:
             if paused:
                 self._post(url, "/resume")
@@ -276,6 +293,7 @@ class VLLMWeights(_Weights):
             result = self._post(url, "/collective_rpc", {"method": "agentgym_load_weights", "args": [path]})
             self._post(url, "/reset_prefix_cache", optional=True)
             self._post(url, "/update_weight_version", {"new_version": str(version)}, optional=True)
+            record_weight_version(url, version)  # before resuming: every sample after it is on the new weights
         finally:
             if paused:
                 self._post(url, "/resume")

@@ -11,6 +11,10 @@ The contract (DESIGN.md):
   (solved, answered, failed for good); ``truncated`` means a limit cut it short (step budget).
 * On the final step ``info`` carries ``outcome_reward`` (trajectory-level reward, kept apart
   from turn rewards), ``success`` and ``metrics`` (env-specific counters).
+* Optional, the expert: ``expert_action() -> Action | None`` — the reply an expert would give
+  in the current state (None: it has none here, e.g. the episode is over). An env that
+  overrides it can demonstrate (``has_expert``); ``agentgym demos`` plays the expert through
+  ``reset``/``step`` and saves the episodes as chat messages for supervised warm starts.
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ class TextEnv(gym.Env):
     ``max_turns`` — default turn budget a runner applies (None: the env ends itself);
     ``tools`` — OpenAI tool schemas offered to the model (also returned in ``info["tools"]``).
     Dataset-backed envs implement ``num_tasks()`` and pick a row with ``options={"index": i}``.
+    Envs that can demonstrate implement ``expert_action()`` (see its docstring).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
@@ -131,3 +136,26 @@ class TextEnv(gym.Env):
 
     def render(self) -> str | None:  # pragma: no cover - subclasses override
         return None
+
+    def expert_action(self) -> Action | None:
+        """The expert's reply in the current state (after ``reset`` or a ``step``): an action
+        ``step`` accepts, exactly what a model should have answered (it becomes the assistant
+        message of a demonstration). None when the expert has no reply here (the episode is
+        over, or the state can no longer be solved). Envs without an expert leave this alone:
+        it raises ``NoExpertError``."""
+        raise NoExpertError(f"{type(self).__name__} has no expert (it does not implement expert_action())")
+
+
+class NoExpertError(NotImplementedError):
+    """The env cannot demonstrate: it does not implement ``TextEnv.expert_action``."""
+
+
+def has_expert(env: Any) -> bool | None:
+    """Whether an env (an instance or a class) implements ``expert_action``; None for anything
+    else (a factory function: only building the env tells)."""
+    if isinstance(env, gym.Env):
+        env = type(env.unwrapped)
+    if not isinstance(env, type):
+        return None
+    method = getattr(env, "expert_action", None)
+    return method is not None and method is not TextEnv.expert_action

@@ -122,6 +122,16 @@ class Gsm8kEnv(TextEnv):
         }
         return [], 0.0, True, False, info
 
+    def expert_action(self) -> str | None:
+        """The reference solution: the row's GSM8K answer (its reasoning, then ``#### N``), or
+        just ``#### <ground truth>`` for rows without one; None once the question is answered."""
+        if self.task is None or self._done:
+            return None
+        answer = self.task.extra_info.get("answer")
+        if isinstance(answer, str) and "####" in answer:
+            return answer
+        return f"#### {self.task.ground_truth}"
+
     def _task_info(self) -> dict[str, Any]:
         assert self.task is not None
         return {"index": self.task.index, "data_source": self.task.data_source, "split": self.split}

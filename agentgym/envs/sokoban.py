@@ -15,6 +15,11 @@ A reply that yields no valid move list (no tag, an unknown word, broken JSON, ..
 nothing, costs ``format_penalty`` and one step of the budget, and gets a message saying
 what to fix. Nothing a model writes raises.
 
+Expert: ``expert_action()`` is the next reply of a shortest solution from the current board
+(at most ``max_actions_per_turn`` moves), so ``agentgym demos`` can write demonstrations.
+``offer_tools=False`` leaves the ``move`` tool out of ``info["tools"]`` (the chat template then
+renders no tool schema: a much shorter prompt for small models); text answers work either way.
+
 Rewards default to gym-sokoban's: ``penalty_for_step`` per move, ``reward_box_on_target``
 / ``penalty_box_off_target`` when a push changes a box's target status, ``reward_finished``
 when the last box lands. A turn's reward is the sum over its moves. ``terminated`` means
@@ -31,9 +36,17 @@ from typing import Any, ClassVar
 from gymnasium.error import ResetNeeded
 
 from agentgym.envs.base import TextEnv, reply_text
-from agentgym.envs.sokoban_levels import DIRECTIONS, Level, generate_level
+from agentgym.envs.sokoban_levels import DIRECTIONS, Level, generate_level, shortest_moves, solve
 from agentgym.registry import EnvSpec
 from agentgym.types import Action, Message
+
+SYSTEM_PROMPT = (
+    "You are playing Sokoban. Push every box X onto a target O (you push, never pull). "
+    "Symbols: # wall, _ floor, P you, √ box on target, S you on target. "
+    "Answer like <answer>Up || Left</answer>: at most {max_moves} moves of Up, Down, Left, Right."
+)
+"""The rules message (``{max_moves}``: ``max_actions_per_turn``). Kept short: with a small model
+every prompt token is paid for in every episode."""
 
 MAX_REPLY_CHARS = 8192
 """Only this many trailing characters of a reply (or of a tool call's arguments) are read."""
@@ -144,7 +157,9 @@ class SokobanEnv(TextEnv):
     and ``max_search_nodes`` (states per room) bound the reverse-play generator. The plain ``sokoban`` env is 6x6 with one box, the size
     small models learn on; presets ``sokoban-6x6-2``, ``sokoban-8x8-2`` and
     ``sokoban-10x10-3`` are harder. ``reset(options={"level": Level or text})`` plays a
-    given board instead of a generated one.
+    given board instead of a generated one. ``offer_tools`` offers the ``move`` tool in
+    ``info["tools"]`` (default); ``system_prompt`` replaces the rules message (``{max_moves}``
+    is filled in).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -155,6 +170,7 @@ class SokobanEnv(TextEnv):
                  penalty_for_step: float = -0.1, reward_box_on_target: float = 1.0,
                  penalty_box_off_target: float = -1.0, reward_finished: float = 10.0,
                  format_penalty: float = -0.1, max_search_nodes: int | None = None,
+                 offer_tools: bool = True, system_prompt: str | None = None,
                  render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
         height, width = (int(x) for x in dim_room)
@@ -173,13 +189,10 @@ class SokobanEnv(TextEnv):
         self.format_penalty = float(format_penalty)
         self.level: Level | None = None
         self._chars: list[str] | None = None
-        self._system = (
-            "You are playing Sokoban. Push every box onto a target. You can only push (never pull), "
-            "one box at a time, and not into a wall or another box.\n"
-            "Symbols: # wall, _ floor, O target, X box, √ box on target, P you, S you on a target.\n"
-            "Answer with your moves separated by ||, e.g. <answer>Up || Left</answer>. "
-            f"Moves: Up, Down, Left, Right; at most {self.max_actions_per_turn} per turn."
-        )
+        self.offer_tools = bool(offer_tools)
+        self._system = (SYSTEM_PROMPT if system_prompt is None else system_prompt).format(
+            max_moves=self.max_actions_per_turn)
+        self._plans: dict[tuple[int, tuple[int, ...]], list[str]] = {}
 
     # ---- gymnasium API -------------------------------------------------------------------
     def reset(self, *, seed: int | None = None,
@@ -187,7 +200,8 @@ class SokobanEnv(TextEnv):
         """Start an episode on a new level (or ``options["level"]``).
 
         Returns ``([system, user], info)``: the rules, then the board. ``info`` has
-        ``tools`` (the ``move`` schema), ``level`` (the board text) and ``num_boxes``.
+        ``tools`` (the ``move`` schema, unless ``offer_tools=False``), ``level`` (the board
+        text) and ``num_boxes``.
         """
         super().reset(seed=seed)
         level = (options or {}).get("level")
@@ -201,7 +215,9 @@ class SokobanEnv(TextEnv):
         self._load(level)
         board = self._board
         user = f"Boxes: {self._num_boxes}. Moves left: {self.max_steps}.\n{board}"
-        info = {"tools": [move_tool()], "level": board, "num_boxes": self._num_boxes}
+        info: dict[str, Any] = {"level": board, "num_boxes": self._num_boxes}
+        if self.offer_tools:
+            info["tools"] = [move_tool()]
         return [{"role": "system", "content": self._system}, {"role": "user", "content": user}], info
 
     def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
@@ -243,6 +259,39 @@ class SokobanEnv(TextEnv):
         """The board as text, one row per line (None before the first reset)."""
         return self._board if self._chars is not None else None
 
+    def expert_action(self) -> str | None:
+        """The expert's reply to the current board: the next ``max_actions_per_turn`` moves of a
+        shortest solution (``shortest_moves``; the push-optimal ``solve`` where the room is too
+        big for it), as ``<answer>Up || Left</answer>``. None when the episode is over or no
+        solution is left (a box was pushed where no target can be reached). A plan is computed
+        once and followed while the board stays on it."""
+        if self._chars is None:
+            raise ResetNeeded("call reset() before expert_action()")
+        if self._terminated or self._truncated:
+            return None
+        level = self.current_level()
+        key = (level.player, level.boxes)
+        plan = self._plans.get(key)
+        if plan is None:
+            try:
+                moves = shortest_moves(level)
+            except RuntimeError:
+                moves = solve(level)
+            if not moves:
+                return None
+            self._plans = _plan_suffixes(level, moves)
+            plan = self._plans[key]
+        return "<answer>" + " || ".join(plan[:self.max_actions_per_turn]) + "</answer>"
+
+    def current_level(self) -> Level:
+        """The board as it stands now (boxes and player where play has put them)."""
+        if self._chars is None or self.level is None:
+            raise ResetNeeded("call reset() before current_level()")
+        level, stride = self.level, self.level.width + 1
+        boxes = tuple(sorted(i - i // stride for i, b in enumerate(self._box) if b))
+        return Level(level.height, level.width, level.walls, level.targets, boxes,
+                     self._player - self._player // stride)
+
     # ---- internals -----------------------------------------------------------------------
     def _load(self, level: Level) -> None:
         """Set up the playing state. Cells use a row stride of ``width + 1`` so that the board
@@ -261,6 +310,7 @@ class SokobanEnv(TextEnv):
         self._on_target = len(set(level.boxes) & set(level.targets))
         self._steps = self._turns = self._pushes = self._blocked = self._format_errors = 0
         self._terminated = self._truncated = False
+        self._plans = {}
 
     def _play(self, moves: list[int], cut: bool) -> tuple[float, str]:
         chars, wall, box, target, offsets = self._chars, self._wall, self._box, self._target, self._offsets
@@ -335,6 +385,24 @@ class SokobanEnv(TextEnv):
                 "turns": self._turns,
             },
         }
+
+
+def _plan_suffixes(level: Level, moves: list[str]) -> dict[tuple[int, tuple[int, ...]], list[str]]:
+    """(player, boxes) of every state along ``moves`` -> the moves left from there."""
+    offsets = dict(zip(DIRECTIONS, (-level.width, level.width, -1, 1)))
+    player, boxes = level.player, set(level.boxes)
+    plans = {(player, level.boxes): moves}
+    for i, move in enumerate(moves):
+        off = offsets[move]
+        to = player + off
+        if to in level.walls or (to in boxes and (to + off in level.walls or to + off in boxes)):
+            continue  # a blocked move leaves the state as it was (never in a solver's plan)
+        if to in boxes:
+            boxes.remove(to)
+            boxes.add(to + off)
+        player = to
+        plans[(player, tuple(sorted(boxes)))] = moves[i + 1:]
+    return plans
 
 
 def _text_of(action: str | dict[str, Any]) -> str:

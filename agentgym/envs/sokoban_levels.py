@@ -1,11 +1,12 @@
-"""Sokoban boards: the ``Level`` type, procedural generation by reverse play, and a solver.
+"""Sokoban boards: the ``Level`` type, procedural generation by reverse play, and solvers.
 
 Generation follows gym-sokoban (Schrader, after DeepMind's I2A paper): carve a room by a
 random walk, put the targets and the player on its floor, start every box on a target and
 *pull* boxes away with reverse moves, keeping the reachable state with the best score
 ``box_swaps * total box displacement`` (zero while any box still sits on a target). Every
 reverse pull is a forward push backwards, so each level handed out is solvable by
-construction; ``solve`` proves it independently.
+construction; ``solve`` proves it independently (push-optimal, fast on any room) and
+``shortest_moves`` finds a move-optimal solution (the expert's plan; small rooms).
 
 gym-sokoban searches single player steps and can visit 300,000 states per room. Here the
 search runs over *pulls*: a state is the box positions plus the region the player can walk
@@ -360,3 +361,54 @@ def _walk(free: int, start: int, goal: int, width: int) -> list[str]:
         cell, d = came[cell]
         path.append(DIRECTIONS[d])
     return path[::-1]
+
+
+def shortest_moves(level: Level, max_states: int = 200_000) -> list[str] | None:
+    """A solution with the fewest moves (walks included), as direction names, or None when the
+    level has none. Breadth-first over (player, boxes) states, trying Up, Down, Left, Right in
+    that order, so the same board always gets the same plan; boxes pushed onto cells from
+    which no target can be reached are pruned. Raises ``RuntimeError`` past ``max_states``
+    (then ``solve``, which searches pushes only, still copes)."""
+    w = level.width
+    offsets = (-w, w, -1, 1)
+    floor = 0
+    for i in range(level.height * level.width):
+        if i not in level.walls:
+            floor |= 1 << i
+    goal = _mask(level.targets)
+    start = (level.player, _mask(level.boxes))
+    if start[1] == goal:
+        return []
+    live = _live_cells(floor, level.targets, offsets)
+    # state -> (previous state, direction); None at the start
+    parents: dict[tuple[int, int], tuple[tuple[int, int], int] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        state = queue.popleft()
+        player, boxes = state
+        for d, off in enumerate(offsets):
+            to = player + off
+            if not floor >> to & 1:
+                continue
+            if boxes >> to & 1:
+                beyond = to + off
+                if not (floor >> beyond & 1 and live >> beyond & 1) or boxes >> beyond & 1:
+                    continue
+                new = (to, boxes ^ (1 << to) ^ (1 << beyond))
+            else:
+                new = (to, boxes)
+            if new in parents:
+                continue
+            parents[new] = (state, d)
+            if new[1] == goal:
+                moves = []
+                link = parents[new]
+                while link is not None:
+                    state, d = link
+                    moves.append(DIRECTIONS[d])
+                    link = parents[state]
+                return moves[::-1]
+            if len(parents) > max_states:
+                raise RuntimeError(f"shortest_moves gave up after {max_states} states; raise max_states or use solve")
+            queue.append(new)
+    return None

@@ -8,8 +8,9 @@
   slowly are closed (the gateway's too).
 * ``handles.py``: ``PolicyServerHandle`` and its kinds (in this process, or a child process).
 * ``launch.py``: ``start_embedded_server`` / ``start_policy_server`` and ``agentgym serve``.
-* ``engines.py``: vLLM and SGLang command lines and start-up; ``vllm_extension.py`` is loaded
-  inside vLLM's workers to take pushed weights.
+* ``engines.py``: vLLM and SGLang command lines and start-up; ``vllm_extension/`` holds the
+  module loaded inside vLLM's workers to take pushed weights (standard library, torch and vLLM
+  only: it runs in vLLM's environment).
 
 Talking to a server (generation, weight pushes) is ``agentgym.client``'s job. Nothing heavy is
 imported here; the names below load on first use.

@@ -8,15 +8,23 @@ same ``PolicyServerHandle`` interface as the embedded server (``.url``, ``.backe
 
 Weights reach these servers through the adapters in ``agentgym.client.weights``. For vLLM the
 server is started with ``VLLM_SERVER_DEV_MODE=1`` and ``--worker-extension-cls
-agentgym.server.vllm_extension.VLLMWorkerWeights``: each worker then reads the pushed
-safetensors file(s) and calls the model's ``load_weights``. vLLM's newer weight-transfer API
-(``/init_weight_transfer_engine``, ``/start_weight_update``, ...) changes between releases; the
-worker-extension route works across them.
+agentgym_vllm_extension.VLLMWorkerWeights``: each worker then reads the pushed safetensors
+file(s) and calls the model's ``load_weights``. That module (``vllm_extension/``) imports
+only the standard library, torch and vLLM, and its directory alone goes on the engine's
+``PYTHONPATH``: vLLM's environment need not have agentgym or its dependencies. vLLM's newer
+weight-transfer API (``/init_weight_transfer_engine``, ``/start_weight_update``, ...) changes
+between releases; the worker-extension route works across them.
+
+The engine runs in the model's own dtype (``torch_dtype`` in its ``config.json``) unless
+``dtype`` says otherwise: vLLM would otherwise run a float32 checkpoint in 16 bits, and its
+logprobs would no longer match a float32 trainer's. A port already in use is refused before
+anything starts.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 ENGINES = ("vllm", "sglang")
+VLLM_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_extension"
+VLLM_EXTENSION = "agentgym_vllm_extension.VLLMWorkerWeights"
 
 
 # ---- command lines ---------------------------------------------------------------------------------
@@ -45,7 +55,7 @@ def vllm_command(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, 
         cmd += ["--dtype", dtype]
     if tool_call_parser:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
-    cmd += ["--worker-extension-cls", "agentgym.server.vllm_extension.VLLMWorkerWeights"]
+    cmd += ["--worker-extension-cls", VLLM_EXTENSION]
     return cmd + list(extra_args)
 
 
@@ -68,8 +78,26 @@ def sglang_command(model_path: str, *, host: str = "127.0.0.1", port: int = 3000
 
 
 COMMANDS: dict[str, Callable[..., list[str]]] = {"vllm": vllm_command, "sglang": sglang_command}
-ENVIRONMENTS: dict[str, dict[str, str]] = {"vllm": {"VLLM_SERVER_DEV_MODE": "1"}, "sglang": {}}
 MODULES = {"vllm": "vllm", "sglang": "sglang"}
+
+
+def engine_environment(engine: str) -> dict[str, str]:
+    """The environment variables the engine's process gets on top of this one's: vLLM's dev
+    routes, and the worker extension's directory (only it) first on ``PYTHONPATH``."""
+    if engine != "vllm":
+        return {}
+    path = os.pathsep.join(p for p in (str(VLLM_EXTENSION_DIR), os.environ.get("PYTHONPATH")) if p)
+    return {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": path}
+
+
+def model_dtype(model_path: str | os.PathLike[str]) -> str | None:
+    """The dtype a Hugging Face model directory was saved in (``config.json``), or None."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    return dtype if dtype in ("float32", "bfloat16", "float16") else None
 
 
 def engine_available(engine: str, python: str = sys.executable) -> bool:
@@ -92,9 +120,10 @@ def start_engine_server(engine: str, model: str, *, host: str = "127.0.0.1", por
 
     ``python``: the interpreter that has the engine installed (default: this one, or
     ``$AGENTGYM_<ENGINE>_PYTHON``), so an engine can live in its own virtual environment.
+    ``dtype``: default the model's own (see the module docstring).
     """
     from agentgym.model import resolve_model_path
-    from agentgym.server.handles import SubprocessServerHandle, free_port
+    from agentgym.server.handles import SubprocessServerHandle, ensure_port_free, free_port
 
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES} (or 'embedded'), got {engine!r}")
@@ -104,8 +133,11 @@ def start_engine_server(engine: str, model: str, *, host: str = "127.0.0.1", por
             f"{python} cannot import {MODULES[engine]!r}. Install it (pip install 'agentgym[{engine}]', on a "
             f"machine with a GPU) or point AGENTGYM_{engine.upper()}_PYTHON at an interpreter that has it; "
             "or use --engine embedded.")
+    if port:
+        ensure_port_free(host, port)
     port = port or free_port(host)
     model_path = resolve_model_path(model)
+    dtype = dtype or model_dtype(model_path)
     name = served_model_name or str(model)
     command = COMMANDS[engine](model_path, host=host, port=port, served_model_name=name,
                                tensor_parallel_size=tensor_parallel_size,
@@ -114,12 +146,8 @@ def start_engine_server(engine: str, model: str, *, host: str = "127.0.0.1", por
     from agentgym.client.weights import SGLangWeights, VLLMWeights
 
     weights = {"vllm": VLLMWeights, "sglang": SGLangWeights}[engine](model_dir=model_path)
-    environment = dict(ENVIRONMENTS[engine])
-    if python != sys.executable:  # the engine's interpreter must find agentgym (vLLM's worker extension)
-        root = str(Path(__file__).resolve().parents[2])
-        environment["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     handle = SubprocessServerHandle(command, f"http://{host}:{port}", engine, name, weights,
-                                    env={**environment, **(env or {})}, log_path=log_path)
+                                    env={**engine_environment(engine), **(env or {})}, log_path=log_path)
     handle.wait_ready(timeout)
     return handle
 

@@ -5,11 +5,19 @@ Every server is a ``PolicyServerHandle``: ``.url`` (base URL, no ``/v1``), ``.ba
 answers to), ``.update_weights(path_or_state, version)`` and ``.stop()``; it is also a context
 manager. ``EmbeddedServerHandle`` serves an engine of this process from a uvicorn thread
 (``AppThread``); ``SubprocessServerHandle`` runs any server command in its own process group.
+
+A server in a child process never outlives this one by accident: ``stop`` ends its whole
+process group (vLLM's engine processes outlive a parent killed alone, and keep the port), and
+every handle not stopped is stopped at exit, on an exception, and on SIGTERM or SIGHUP (which
+otherwise end Python without running ``atexit``: they are made to interrupt the program as
+Ctrl-C does, where their default action would apply).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
 import os
 import signal
 import socket
@@ -21,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgym.client.health import wait_healthy
+from agentgym.client.versions import record_weight_version
 from agentgym.server.http_timeouts import READ_TIMEOUT_S, WRITE_TIMEOUT_S, timed_protocol
 
 if TYPE_CHECKING:
@@ -85,6 +94,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    """Raise a clear error if something already listens on ``host:port`` (a server started
+    there would fail, or worse, its ``/health`` would be answered by the one already there)."""
+    try:
+        bind_socket(host, port).close()
+    except OSError as exc:
+        raise RuntimeError(
+            f"port {port} on {host} is already in use ({exc.strerror}): is a policy server from an earlier run "
+            f"still up? See what holds it (ss -ltnp 'sport = :{port}'), stop it, or choose another --port.") from None
 
 
 
@@ -159,7 +179,8 @@ class SubprocessServerHandle(PolicyServerHandle):
     """A server command run in its own process group, its output in a log file.
 
     ``wait_ready`` polls ``/health``; if the process dies or the time runs out it raises with the
-    tail of the log. ``stop`` sends SIGTERM to the whole group, then SIGKILL after ``grace`` s.
+    tail of the log. ``stop`` sends SIGTERM to the whole group, then SIGKILL to what is left after
+    ``grace`` s; it is called at exit for every handle still running (see the module docstring).
     """
 
     def __init__(self, command: list[str], url: str, backend: str, model: str, weights: Any,
@@ -177,9 +198,12 @@ class SubprocessServerHandle(PolicyServerHandle):
             os.close(fd)
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        _stop_at_exit()
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                         env={**os.environ, **(env or {})}, start_new_session=True)
+        _running.add(self)
         self.weight_version = 0
+        record_weight_version(self.url, 0)  # not what an earlier server on this port was pushed
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -192,11 +216,11 @@ class SubprocessServerHandle(PolicyServerHandle):
         if wait_healthy(self.url, lambda: self.process.poll() is not None, timeout, interval):
             return
         code = self.process.poll()
+        self.stop()  # whatever it started goes with it
         if code is not None:
             raise RuntimeError(
                 f"the {self.backend} server exited with code {code} before it was ready.\n"
                 f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
-        self.stop()
         raise TimeoutError(
             f"the {self.backend} server at {self.url} did not answer /health within {timeout:.0f} s.\n"
             f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
@@ -212,14 +236,53 @@ class SubprocessServerHandle(PolicyServerHandle):
         return version
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
+        """End the server's whole process group, even when its first process has already gone."""
+        _running.discard(self)
+        group = self.process.pid  # start_new_session: the group's id is the leader's pid
+        if _signal_group(group, signal.SIGTERM):
+            deadline = time.monotonic() + self.grace
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=self.grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-            except ProcessLookupError:
-                pass
-        self._log.close()
+            while _signal_group(group, 0) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _signal_group(group, signal.SIGKILL):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=10)
+        self.process.poll()
+        if not self._log.closed:
+            self._log.close()
 
+
+def _signal_group(group: int, sig: int) -> bool:
+    """Send ``sig`` to the process group; False when no process of it is left."""
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - the id was reused by someone else's group
+        return False
+    return True
+
+
+_running: set[SubprocessServerHandle] = set()  # strong references: a handle dropped unstopped is still stopped
+_exit_hooks: list[bool] = []
+
+
+def _stop_running() -> None:
+    for handle in list(_running):
+        with contextlib.suppress(Exception):  # best effort on the way out
+            handle.stop()
+
+
+def _stop_at_exit() -> None:
+    """Once per process: stop running servers at exit, and make SIGTERM/SIGHUP interrupt the
+    program as Ctrl-C does (``KeyboardInterrupt``: ``finally`` blocks and ``atexit`` run; a test
+    session or a command stops as it would on Ctrl-C) instead of ending it on the spot."""
+    if _exit_hooks:
+        return
+    _exit_hooks.append(True)
+    atexit.register(_stop_running)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, signal.default_int_handler)

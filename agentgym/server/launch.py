@@ -19,6 +19,7 @@ from agentgym.server.handles import (
     EmbeddedServerHandle,
     PolicyServerHandle,
     SubprocessServerHandle,
+    ensure_port_free,
     free_port,
 )
 from agentgym.server.limits import ADMIN_KEY_ENV, ServerLimits, admin_key_from_env, new_admin_key
@@ -67,12 +68,16 @@ def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0
         except BaseException:
             engine.stop()
             raise
+    if port:
+        ensure_port_free(host, port)
     port = port or free_port(host)
     admin_key = admin_key or new_admin_key()
     command = [sys.executable, "-m", "agentgym.cli", "serve", "--engine", "embedded", "--model", str(model),
                "--host", host, "--port", str(port), "--max-batch-size", str(max_batch_size)]
     if device:
         command += ["--device", device]
+    if dtype:
+        command += ["--dtype", dtype]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
     if served_model_name:
@@ -120,7 +125,9 @@ def start_policy_server(engine: str = "embedded", model: str = "tiny", port: int
 
 # ---- agentgym serve --------------------------------------------------------------------------------
 def serve_command(args: argparse.Namespace) -> int:
-    """``agentgym serve``: run a policy server in the foreground until Ctrl-C."""
+    """``agentgym serve``: run a policy server in the foreground until Ctrl-C or SIGTERM (a vLLM
+    or SGLang server goes down with it, its whole process group)."""
+    dtype = getattr(args, "dtype", None)
     if args.engine != "embedded":
         from agentgym.server.engines import start_engine_server
 
@@ -130,12 +137,13 @@ def serve_command(args: argparse.Namespace) -> int:
                 args.engine, args.model, host=args.host, port=args.port,
                 tensor_parallel_size=args.tensor_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
                 max_model_len=args.max_model_len, tool_call_parser=args.tool_call_parser, log_path=None,
-                served_model_name=getattr(args, "served_model_name", None))
+                served_model_name=getattr(args, "served_model_name", None), dtype=dtype,
+                extra_args=getattr(args, "engine_arg", None) or ())
         except (RuntimeError, TimeoutError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        print(f"{args.engine} server ready at {handle.url} (log: {handle.log_path}); Ctrl-C stops it", flush=True)
         try:
+            print(f"{args.engine} server ready at {handle.url} (log: {handle.log_path}); Ctrl-C stops it", flush=True)
             while handle.process.poll() is None:
                 time.sleep(1.0)
             print(f"{args.engine} server exited with code {handle.process.returncode}; last lines:\n"
@@ -154,7 +162,7 @@ def serve_command(args: argparse.Namespace) -> int:
     admin_key = admin_key or new_admin_key()
     limits = limits_from_args(args)
     print(f"loading {args.model} ...", flush=True)
-    engine = create_engine(args.model, device=args.device, max_batch_size=args.max_batch_size,
+    engine = create_engine(args.model, device=args.device, dtype=dtype, max_batch_size=args.max_batch_size,
                            max_model_len=args.max_model_len, served_model_name=getattr(args, "served_model_name", None))
     app = build_app(engine, admin_key=admin_key, limits=limits)
     print(f"agentgym embedded server: model {engine.model_name!r} on {engine.device}, "

@@ -5,11 +5,14 @@
     <trainer.default_local_dir>/
         latest_checkpointed_iteration.txt   # "N": the newest complete checkpoint
         global_step_N/
-            actor/   model*.pt, optim*.pt, extra*.pt   (weights, AdamW state, lr schedule + RNG)
+            actor/   model.pt, optim.pt, extra.pt     (weights, AdamW state, lr schedule + RNG)
             critic/  (the same, for gae)
             trainer_state.pt                          (step, data order, KL controller, driver RNG)
         huggingface/                                  # the final policy, loadable by transformers
 
+``model.pt`` and ``optim.pt`` hold the whole model and optimizer, unsharded and keyed by
+parameter name, whatever the strategy (``fsdp2`` or ``dp``) and number of workers that wrote
+them (``TrainState.save``): a run checkpointed under FSDP2 on GPUs resumes on a CPU, and back.
 ``latest_checkpointed_iteration.txt`` is written last, so a crash mid-save leaves the
 previous checkpoint as the latest. ``resume_mode``: ``auto`` continues from the latest
 when there is one, ``disable`` starts fresh, ``resume_path`` loads ``resume_from_path``.

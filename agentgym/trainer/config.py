@@ -39,6 +39,7 @@ CHOICES = {
     "algorithm.reward_norm": (None, "batch", "group", "running"),
     "env.executor": ("thread", "process", "inline", "openenv", "workers", "ray"),
     "env.worker_executor": ("thread", "inline"),
+    "actor_rollout_ref.rollout.dtype": (None, "float32", "bfloat16", "float16"),
 }
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")

@@ -112,42 +112,79 @@ class TrainState:
         return {k: v.detach() if on_device else v.detach().to("cpu") for k, v in self.module.state_dict().items()}
 
     def save(self, directory: Path, rank: int, contents: Sequence[str] = CONTENTS) -> None:
-        """dp: rank 0 writes the (replicated) state; fsdp2: every rank writes its shard. ``contents``
-        (veRL's ``checkpoint.save_contents``): ``model``, ``optimizer``, ``extra`` (lr schedule, rng)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        tag = f"world_size_{self.world_size}_rank_{rank}" if self.strategy == "fsdp2" else ""
-        if self.strategy == "dp" and rank != 0:
+        """One layout whatever the strategy and the number of ranks: ``model.pt`` (the whole
+        model's weights) and ``optim.pt`` (the whole AdamW state), both unsharded, on CPU and
+        keyed by parameter name, and ``extra.pt`` (lr schedule, every rank's RNG state); so a
+        checkpoint saved under fsdp2 on GPUs resumes under dp on a CPU, with another number of
+        workers, and back. ``contents`` (veRL's ``checkpoint.save_contents``) picks the parts.
+        Rank 0 writes; every rank must call it (collective under fsdp2)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = get_model_state_dict(self.module, options=options) if "model" in contents else None
+        optim_state = (get_optimizer_state_dict(self.module, self.optimizer, options=options)
+                       if "optimizer" in contents else None)
+        rngs = _gather_objects(rng_state(), self.world_size) if "extra" in contents else None
+        if rank != 0:
             return
-        suffix = f"_{tag}" if tag else ""
-        if "model" in contents:
-            torch.save(self.module.state_dict(), directory / f"model{suffix}.pt")
-        if "optimizer" in contents:
-            torch.save(self.optimizer.state_dict(), directory / f"optim{suffix}.pt")
-        if "extra" in contents:
-            torch.save({"scheduler": self.scheduler.state_dict(), "rng": rng_state()}, directory / f"extra{suffix}.pt")
+        directory.mkdir(parents=True, exist_ok=True)
+        if model_state is not None:
+            torch.save(model_state, directory / "model.pt")
+        if optim_state is not None:
+            torch.save(optim_state, directory / "optim.pt")
+        if rngs is not None:
+            torch.save({"scheduler": self.scheduler.state_dict(), "rng": rngs, "strategy": self.strategy,
+                        "world_size": self.world_size}, directory / "extra.pt")
 
     def load(self, directory: Path, rank: int, contents: Sequence[str] = CONTENTS) -> None:
-        """Read back what ``save`` wrote; ``contents`` (veRL's ``checkpoint.load_contents``) picks the parts."""
-        suffix = f"_world_size_{self.world_size}_rank_{rank}" if self.strategy == "fsdp2" else ""
-        parts = {"model": directory / f"model{suffix}.pt", "optimizer": directory / f"optim{suffix}.pt",
-                 "extra": directory / f"extra{suffix}.pt"}
+        """Read back what ``save`` wrote, whatever strategy and number of ranks wrote it (every rank
+        reads the files); ``contents`` (veRL's ``checkpoint.load_contents``) picks the parts. A rank
+        the checkpoint has no RNG state for keeps its own seeded one."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        parts = {"model": directory / "model.pt", "optimizer": directory / "optim.pt", "extra": directory / "extra.pt"}
         for part in contents:
             if part in parts and not parts[part].is_file():
                 found = ", ".join(sorted(p.name for p in directory.glob("*.pt"))) or "nothing"
                 raise FileNotFoundError(
-                    f"no {parts[part].name} in {directory} (found {found}); a sharded (fsdp2) checkpoint resumes only "
-                    f"with the same strategy and number of workers it was saved with, and only what its "
-                    f"checkpoint.save_contents held (set checkpoint.load_contents to match)"
-                )
+                    f"no {parts[part].name} in {directory} (found {found}); point trainer.resume_from_path at a "
+                    "global_step_N directory written by agentgym train, and load only what its "
+                    "checkpoint.save_contents held (set checkpoint.load_contents to match)")
+        options = StateDictOptions(full_state_dict=True)
         if "model" in contents:
-            self.module.load_state_dict(torch.load(parts["model"], map_location=self.device, weights_only=False))
+            set_model_state_dict(self.module, torch.load(parts["model"], map_location="cpu", weights_only=False),
+                                 options=options)
         if "optimizer" in contents:
-            self.optimizer.load_state_dict(torch.load(parts["optimizer"], map_location=self.device,
-                                                      weights_only=False))
+            optim_state = torch.load(parts["optimizer"], map_location="cpu", weights_only=False)
+            if self.strategy == "dp" and all(isinstance(k, int) for k in optim_state.get("state", {})):
+                self.optimizer.load_state_dict(optim_state)  # written before names keyed it (dp only)
+            else:
+                set_optimizer_state_dict(self.module, self.optimizer, optim_state, options=options)
         if "extra" in contents:
             extra = torch.load(parts["extra"], weights_only=False)
             self.scheduler.load_state_dict(extra["scheduler"])
-            set_rng_state(extra["rng"])
+            rngs = extra["rng"] if isinstance(extra["rng"], list) else [extra["rng"]]
+            if rank < len(rngs):
+                set_rng_state(rngs[rank])
+
+
+def _gather_objects(value: Any, world_size: int) -> list[Any]:
+    """``value`` from every rank, in rank order (collective when there is more than one rank)."""
+    import torch.distributed as dist
+
+    if world_size == 1 or not dist.is_initialized():
+        return [value]
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def adamw(params: list[nn.Parameter], optim: dict[str, Any]) -> torch.optim.AdamW:
@@ -183,12 +220,22 @@ def allreduce_mean(grads: list[torch.Tensor]) -> None:
 
 def shard(module: nn.Module, fsdp_config: dict[str, Any], device: str, layer_classes: Sequence[str]) -> None:
     """FSDP2: ``fully_shard`` each transformer block (the classes HF lists in
-    ``_no_split_modules``), then the whole model. On a GPU, ``param_offload`` or ``optimizer_offload``
-    (veRL's keys) turn on FSDP2's CPU offload: parameters, gradients and optimizer state stay in CPU
-    memory between uses (FSDP2 offloads them together). Without a GPU they are in CPU memory anyway."""
+    ``_no_split_modules``), then the whole model, over all ranks on ``device``. On a GPU,
+    ``param_offload`` or ``optimizer_offload`` (veRL's keys) turn on FSDP2's CPU offload:
+    parameters, gradients and optimizer state stay in CPU memory between uses (FSDP2 offloads
+    them together). Without a GPU they are in CPU memory anyway.
+
+    The mesh is named explicitly: without one, ``fully_shard`` shards over the accelerator
+    whenever one is visible, so ``trainer.device=cpu`` on a CUDA machine moved the weights to
+    ``cuda:0`` while the batches stayed on the CPU ("index is on cpu, different from other
+    tensors on cuda:0")."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"reshard_after_forward": bool(fsdp_config.get("reshard_after_forward", True))}
+    if dist.is_initialized():  # the workers always are (Worker.init_distributed)
+        kwargs["mesh"] = init_device_mesh(device, (dist.get_world_size(),))
     if device == "cuda":
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=getattr(torch, fsdp_config.get("param_dtype", "bfloat16")),

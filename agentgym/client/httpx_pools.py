@@ -1,5 +1,7 @@
-"""httpx connection pools for ``https://`` policy servers (``http://`` ones use ``agentgym.client.http11``),
-and the choice between the two transports for a server URL."""
+"""httpx, for ``https://`` policy servers (``http://`` ones go through ``agentgym.client.http11``):
+``HTTPPools``, keep-alive connections split into small httpx clients, and ``HttpxTransport``,
+which gives them ``http11.ConnectionPool``'s shape (``request``, ``stream``, ``aclose``) so
+``PolicyClient`` calls either the same way."""
 
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ class HTTPPools:
         await asyncio.gather(*(c.aclose() for c in self.clients))
 
 
-class _HttpxStreamed:
+class HttpxStreamed:
     """An httpx streamed response in ``http11.Streamed``'s shape: ``status``, ``async for piece``, ``read()``."""
 
     def __init__(self, response: httpx.Response) -> None:
@@ -88,7 +90,7 @@ class _HttpxStreamed:
         return b"".join([piece async for piece in self])
 
 
-class _HttpxTransport:
+class HttpxTransport:
     """``ConnectionPool``'s ``request``/``aclose`` over ``HTTPPools``, for ``https://`` servers."""
 
     def __init__(self, base: str, pools: HTTPPools) -> None:
@@ -106,12 +108,12 @@ class _HttpxTransport:
 
     @contextlib.asynccontextmanager
     async def stream(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None
-                     ) -> AsyncIterator[_HttpxStreamed]:
+                     ) -> AsyncIterator[HttpxStreamed]:
         headers = {"Content-Type": "application/json"} if body is not None else None
         try:
-            async with self.pools.stream(method, self.base + path, content=body, headers=headers,
+            async with self.pools.stream(method, self.base + path, content=body, headers=headers or None,
                                          timeout=timeout) as response:
-                yield _HttpxStreamed(response)
+                yield HttpxStreamed(response)
         except httpx.TransportError as exc:
             raise TransportError(f"{type(exc).__name__}: {exc}") from exc
 
@@ -119,8 +121,9 @@ class _HttpxTransport:
         await self.pools.aclose()
 
 
-def _transport(url: str, max_connections: int, pool_size: int, timeout: float) -> ConnectionPool | _HttpxTransport:
+def transport_for(url: str, max_connections: int, pool_size: int, timeout: float) -> ConnectionPool | HttpxTransport:
+    """``http://`` servers: ``http11.ConnectionPool``; anything else (``https://``): httpx."""
     parts = httpx.URL(url)
     if parts.scheme == "http" and parts.host:
         return ConnectionPool(parts.host, parts.port or 80, max_connections, prefix=parts.raw_path.decode().rstrip("/"))
-    return _HttpxTransport(url, HTTPPools(max_connections, pool_size, timeout=httpx.Timeout(timeout, connect=10.0)))
+    return HttpxTransport(url, HTTPPools(max_connections, pool_size, timeout=httpx.Timeout(timeout, connect=10.0)))
