@@ -154,7 +154,6 @@ def test_gsm8k_demos_are_the_reference_solutions(tmp_path):
 async def test_demo_messages_are_what_the_rollout_runner_builds(tmp_path, standin_server):
     """The runner, answered turn by turn with the demo's assistant text, builds the same messages."""
     from agentgym.client import PolicyClient
-
     from agentgym.model import load_tokenizer
     from agentgym.rollout import RolloutConfig, RolloutRunner, Task
 
