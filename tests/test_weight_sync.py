@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -168,6 +169,47 @@ def test_handles_open_the_same_memory_in_another_process(tmp_path):
     assert base[0, 0] == -7  # the other process wrote into this one's tensor: the same memory
     with pytest.raises(ValueError, match="kind"):
         open_handles({"x": {**handles["a"], "kind": "pickle"}})
+
+
+def test_the_receiver_outlives_the_sender_and_its_shm_manager(tmp_path):
+    """Ray kills its workers (and their torch shm manager) before the driver drops the memory it
+    mapped from them: dropping it then must not abort the receiver (it did: "Broken pipe")."""
+    import os
+    import signal
+
+    psutil = pytest.importorskip("psutil")
+    handles_file = tmp_path / "h.json"
+    sender = subprocess.Popen(
+        [sys.executable, "-c", "import json, time, torch; from agentgym.model.weights import share_handles; "
+         "t = torch.arange(1000.0); h = share_handles({'t': t}); "
+         f"open({str(tmp_path / 'tmp.json')!r}, 'w').write(json.dumps(h)); "
+         f"__import__('os').rename({str(tmp_path / 'tmp.json')!r}, {str(handles_file)!r}); time.sleep(120)"],
+        start_new_session=True)
+    receiver = None
+    try:
+        for _ in range(600):
+            if handles_file.exists():
+                break
+            assert sender.poll() is None
+            time.sleep(0.1)
+        receiver = subprocess.Popen(
+            [sys.executable, "-c", "import gc, json, sys; from agentgym.model.weights import open_handles; "
+             f"t = open_handles(json.load(open({str(handles_file)!r}))); print(float(t['t'].sum()), flush=True); "
+             "sys.stdin.readline(); del t; gc.collect(); print('dropped', flush=True)"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert receiver.stdout.readline().strip() == str(float(sum(range(1000))))
+        for child in psutil.Process(sender.pid).children(recursive=True):  # its shm manager (Ray kills those)
+            child.kill()
+        os.killpg(sender.pid, signal.SIGKILL)
+        sender.wait(timeout=30)
+        time.sleep(0.5)
+        out, err = receiver.communicate("go\n", timeout=60)
+        assert receiver.returncode == 0, err[-2000:]
+        assert out.strip() == "dropped"
+    finally:
+        for proc in (sender, receiver):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
 
 
 def test_a_server_process_loads_the_trainers_memory_through_handles():

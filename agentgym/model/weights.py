@@ -271,24 +271,45 @@ def open_handles(handles: dict[str, dict[str, Any]], mapped: dict[tuple, Any] | 
     previous = mapped if mapped is not None else {}
     for name, info in handles.items():
         key = (info["kind"], info["handle"], int(info["size"]), info.get("manager"), info.get("storage_offset_bytes"))
-        storage = storages.get(key) or previous.get(key)
-        if storage is None:
+        opened = storages.get(key) or previous.get(key)
+        if opened is None:
             if info["kind"] == "shm":
-                storage = torch.UntypedStorage._new_shared_filename_cpu(
-                    info["manager"].encode(), info["handle"].encode(), int(info["size"]))
+                opened = _open_shm(info)
             elif info["kind"] == "cuda":
-                storage = _open_cuda(info)
+                opened = (_open_cuda(info), 0)
             else:
                 raise ValueError(f"{name}: unknown handle kind {info['kind']!r} (expected 'shm' or 'cuda')")
-            storages[key] = storage
-        storages[key] = storage
+        storages[key] = opened
+        storage, header = opened
         dtype = _DTYPES[info["dtype"]]
         tensor = torch.empty(0, dtype=dtype, device=storage.device)
-        out[name] = tensor.set_(storage, int(info["offset"]), info["shape"], info["stride"])
+        offset = int(info["offset"]) + header // tensor.element_size()
+        out[name] = tensor.set_(storage, offset, info["shape"], info["stride"])
     if mapped is not None:
         mapped.clear()
         mapped.update(storages)
     return out
+
+
+def _open_shm(info: dict[str, Any]) -> tuple[Any, int]:
+    """A plain shared mapping of the sender's shared-memory file, and where its data starts.
+
+    Not through torch's shm manager (``_new_shared_filename_cpu``): freeing such a storage sends a
+    message to the sender's manager process, and once the sender has gone with it (Ray kills its
+    workers at shutdown) that aborts this process ("Broken pipe" in THManagedMapAllocator::close).
+    torch keeps a reference count ahead of the data in the file: the bytes beyond ``size``."""
+    path = Path("/dev/shm") / info["handle"].lstrip("/")
+    size = int(info["size"])
+    try:
+        total = path.stat().st_size
+    except OSError:  # no /dev/shm here (not Linux): torch's own way
+        return torch.UntypedStorage._new_shared_filename_cpu(info["manager"].encode(), info["handle"].encode(),
+                                                              size), 0
+    header = total - size
+    if header < 0 or header % 8:
+        raise ValueError(f"{path} holds {total} bytes for a {size}-byte storage: not a torch shared-memory "
+                         "file (was it freed before the push?)")
+    return torch.UntypedStorage.from_file(str(path), shared=True, nbytes=total), header
 
 
 def _open_cuda(info: dict[str, Any]) -> Any:
