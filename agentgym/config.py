@@ -54,7 +54,8 @@ GROUPS = ("algorithm", "model", "server", "env")
 BASE_CONFIGS = ("train", "sft", "generation", "evaluation")
 # Sections whose keys are free: passed through to a constructor, an engine or ray.init.
 OPEN_SECTIONS = ("env.kwargs", "env.val_kwargs", "ray_init", "actor_rollout_ref.rollout.engine_kwargs",
-                 "data.apply_chat_template_kwargs", "env.custom_envs", "reward_model.reward_kwargs")
+                 "data.apply_chat_template_kwargs", "env.custom_envs", "reward_model.reward_kwargs",
+                 "warm_start.sft")  # warm_start.sft: configs/sft.yaml's keys, checked by the warm start
 
 KeyPolicy = Callable[[str, Any], "tuple[str, str] | None"]
 """``(key, value) -> (verdict, text)`` for a key train.yaml lacks, or None (a typo): ``("ignore",

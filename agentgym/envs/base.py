@@ -145,6 +145,10 @@ class TextEnv(gym.Env):
         it raises ``NoExpertError``."""
         raise NoExpertError(f"{type(self).__name__} has no expert (it does not implement expert_action())")
 
+    # Optional, the floor of a learning table: ``random_action(rng) -> Action``, a reply drawn
+    # uniformly from the env's valid answers (Sokoban: random moves). Envs without a meaningful
+    # one leave it out; the held-out evaluation then shows no random-policy row.
+
 
 class NoExpertError(NotImplementedError):
     """The env cannot demonstrate: it does not implement ``TextEnv.expert_action``."""

@@ -30,6 +30,7 @@ solved; ``truncated`` means ``max_steps`` moves were used. The final step's ``in
 from __future__ import annotations
 
 import json
+import random
 import re
 from typing import Any, ClassVar
 
@@ -282,6 +283,11 @@ class SokobanEnv(TextEnv):
             self._plans = _plan_suffixes(level, moves)
             plan = self._plans[key]
         return "<answer>" + " || ".join(plan[:self.max_actions_per_turn]) + "</answer>"
+
+    def random_action(self, rng: random.Random) -> str:
+        """A random policy's reply: ``max_actions_per_turn`` moves drawn uniformly (the held-out
+        table's floor)."""
+        return "<answer>" + " || ".join(rng.choice(DIRECTIONS) for _ in range(self.max_actions_per_turn)) + "</answer>"
 
     def current_level(self) -> Level:
         """The board as it stands now (boxes and player where play has put them)."""

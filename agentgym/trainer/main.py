@@ -308,6 +308,7 @@ def train_command(args: argparse.Namespace) -> int:
                 agent = getattr(flow, "__name__", "agent")
 
             plan = preflight(cfg, agent)
+            check_stages(cfg)
             if agent is None:
                 if not cfg.env.name and not cfg.env.tags:
                     raise ConfigError("no env to train on: pass --env NAME (see `agentgym envs`), data.train_files=FILE "
@@ -320,6 +321,7 @@ def train_command(args: argparse.Namespace) -> int:
         print(describe(cfg, plan.steps), flush=True)
         for line in ([f"env chosen: {cfg.env.name} ({plan.env_chosen})"] if plan.env_chosen else []) + plan.notes:
             print(f"  {line}", flush=True)
+        start_scores = run_start_stages(cfg)
         source = None
         servers = None
         if agent is not None:
@@ -331,6 +333,8 @@ def train_command(args: argparse.Namespace) -> int:
                 raise
         summary = train(cfg, source=source, servers=servers, prepared=True)
         print(summary_text(summary), flush=True)
+        if cfg.held_out.enable:
+            held_out_report(cfg, start_scores, summary)
     except (TrainingFailed, CheckpointError) as exc:
         print(f"agentgym train: error: {exc}", file=sys.stderr, flush=True)
         code = 1
@@ -341,6 +345,53 @@ def train_command(args: argparse.Namespace) -> int:
         remove_handler(handler)
     timeout = OmegaConf.select(cfg, "trainer.shutdown_timeout", default=10.0) if cfg is not None else 10.0
     return exit_without_stuck_threads(code, float(timeout), threads_before)
+
+
+def check_stages(cfg: DictConfig) -> None:
+    """The warm start's and the held-out evaluation's settings, before any work starts."""
+    from agentgym.trainer import held_out, warm_start
+
+    warm_start.check(cfg)
+    if cfg.held_out.enable:
+        if not cfg.env.name or cfg.env.tags:
+            raise ConfigError("held_out needs one env (env.name); set held_out.enable=false")
+        held_out.check_disjoint(cfg, {"RL task": held_out.rl_seed_range(cfg), "demonstration": warm_start.demo_seeds(cfg)})
+
+
+def run_start_stages(cfg: DictConfig) -> dict[float, Any]:
+    """Before RL: the warm start (demos -> SFT; the SFT model becomes the policy), then the held-out
+    scores of the model RL starts from."""
+    from agentgym.trainer import held_out
+    from agentgym.trainer.warm_start import run_warm_start
+
+    if cfg.warm_start.enable:
+        print(f"warm start: RL starts from the SFT model {run_warm_start(cfg)}", flush=True)
+    if not cfg.held_out.enable:
+        return {}
+    model = str(cfg.actor_rollout_ref.model.path)
+    return {float(t): held_out.score_model(cfg, model, float(t), f"held-out start T={float(t):g}")
+            for t in cfg.held_out.temperatures}
+
+
+def held_out_report(cfg: DictConfig, start: dict[float, Any], summary: dict[str, Any]) -> None:
+    """After RL: the final model on the same held-out tasks; prints the table, writes held_out.json."""
+    from agentgym.trainer import held_out
+
+    if not summary.get("hf_model"):
+        print("held-out: no final model to score (trainer.save_hf_model is off)", flush=True)
+        return
+    final = {float(t): held_out.score_model(cfg, str(summary["hf_model"]), float(t), f"held-out RL T={float(t):g}")
+             for t in cfg.held_out.temperatures}
+    random_score = held_out.score_random(cfg) if cfg.held_out.random_policy else None
+    start_label = "after SFT" if cfg.warm_start.enable else "before RL"
+    rows = {start_label: start, "after RL": final}
+    text = held_out.table(cfg, rows, random_score, start_label, "after RL")
+    run_dir = Path(str(summary["run_dir"]))
+    held_out.save(run_dir / "held_out.json", rows, random_score,
+                  {"table": text, "start_model": str(cfg.actor_rollout_ref.model.path),
+                   "final_model": str(summary["hf_model"])})
+    (run_dir / "held_out.txt").write_text(text + "\n")
+    print(f"\n{text}\n  (written to {run_dir / 'held_out.txt'})", flush=True)
 
 
 def _env_names(cfg: DictConfig) -> list[str]:
