@@ -163,7 +163,7 @@ def test_a_misplaced_key_names_where_it_belongs():
 def test_every_unknown_key_is_reported_at_once():
     with pytest.raises(ConfigError) as info:
         load_config(overrides=["data.train_bach_size=8", "trainer.totl_epochs=3",
-                               "actor_rollout_ref.model.lora_rank=8", "trainer.save_freq=2"])
+                               "critic.model.lora_rank=8", "trainer.save_freq=2"])
     message = str(info.value)
     assert message.startswith("3 config keys cannot be used")
     assert "data.train_batch_size" in message and "trainer.total_epochs" in message

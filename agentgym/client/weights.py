@@ -3,6 +3,10 @@
 One adapter per engine, each a few plain HTTP calls (``update_from_disk(url, path, version)``;
 a state dict is first written to shared memory as a loadable model directory):
 
+* **embedded**: a state dict from this host goes as handles of the memory it lives in (``POST
+  /update_weights_from_ipc``: shared memory or CUDA IPC, see ``agentgym.model.weights``; the
+  server copies once); from another machine, in safetensors buckets of ``device_buffer_size_M``
+  MB (``update_in_buckets``: ``POST /update_weights_from_tensor?bucket=i&buckets=n``).
 * **embedded** and **SGLang**: ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``.
   SGLang also has ``/update_weights_from_tensor`` (``serialized_named_tensors``, one per TP
   rank, made by ``sglang.srt.utils.MultiprocessingSerializer``) and the NCCL pair
@@ -49,11 +53,11 @@ class _Weights:
         self.admin_key = admin_key  # sent as Authorization: Bearer (agentgym's embedded server requires it)
 
     def _post(self, url: str, path: str, json: Any = None, params: dict[str, Any] | None = None,
-              optional: bool = False) -> Any:
+              optional: bool = False, content: bytes | None = None) -> Any:
         """POST and return the JSON body; ``optional``: a 404 (route missing in this version) returns None."""
         headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else None
         with httpx.Client(timeout=self.timeout, transport=self._transport, verify=ssl_context()) as client:
-            response = client.post(url + path, json=json, params=params, headers=headers)
+            response = client.post(url + path, json=json, params=params, headers=headers, content=content)
         if optional and response.status_code in (404, 405):
             return None
         if response.status_code >= 400:
@@ -98,7 +102,11 @@ class EmbeddedWeights(_Weights):
         return result
 
     def update_from_state_dict(self, url: str, state: dict[str, Any], version: int) -> Any:
-        """One safetensors file in shared memory is all the embedded server needs."""
+        """A server on this host maps the tensors' own memory (``update_from_handles``); a server
+        too old for that reads one safetensors file in shared memory."""
+        answer = self.update_from_handles(url, state, version)
+        if answer is not None:
+            return answer
         from agentgym.model.weights import save_for_push
 
         path = save_for_push(state)
@@ -106,6 +114,83 @@ class EmbeddedWeights(_Weights):
             return self.update_from_disk(url, str(path), version)
         finally:
             path.unlink(missing_ok=True)
+
+    def update_from_handles(self, url: str, state: dict[str, Any], version: int) -> Any:
+        """``POST /update_weights_from_ipc`` with handles of ``state``'s memory (CPU tensors move into
+        shared memory the first time, in place); None when the server has no such route."""
+        from agentgym.model.weights import share_handles
+
+        return self.update_from_shared(url, share_handles(state), version)
+
+    def update_from_shared(self, url: str, handles: dict[str, Any], version: int) -> Any:
+        """``POST /update_weights_from_ipc`` with handles another process on this host made (a Ray
+        worker's ``weight_handles``); None when the server has no such route."""
+        answer = self._post(url, "/update_weights_from_ipc", {"tensors": handles, "weight_version": version},
+                            optional=True)
+        if answer is not None:
+            record_weight_version(url, version)
+        return answer
+
+    def update_in_buckets(self, url: str, state: dict[str, Any], version: int, bucket_mb: float) -> Any:
+        """Send ``state`` as safetensors bodies of at most ``bucket_mb`` MB (a server on another
+        machine); the server loads them all at once when the last has arrived."""
+        from agentgym.model.weights import buckets, safetensors_pieces
+
+        parts = buckets(_unique_storages(state), bucket_mb)
+        answer = None
+        for i, part in enumerate(parts):
+            size, pieces = safetensors_pieces({k: v.detach().to("cpu").contiguous() for k, v in part.items()})
+            answer = self._send(url, f"/update_weights_from_tensor?weight_version={version}&bucket={i}"
+                                f"&buckets={len(parts)}", size, pieces)
+        record_weight_version(url, version)  # the server loads them once the last bucket is in
+        return answer
+
+    def _send(self, url: str, path: str, size: int, pieces: list[Any]) -> Any:
+        """POST a large body piece by piece from memory (the standard library's client: several
+        times faster than httpx on bodies of hundreds of MB; the tests' stand-in transport aside)."""
+        if self._transport is not None:
+            return self._post(url, path, content=b"".join(bytes(p) for p in pieces))
+        import http.client
+        import json as json_module
+        from urllib.parse import urlparse
+
+        target = urlparse(url)
+        if target.scheme == "https":
+            conn: Any = http.client.HTTPSConnection(target.hostname, target.port, timeout=self.timeout,
+                                                    context=ssl_context())
+        else:
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=self.timeout)
+        try:
+            conn.putrequest("POST", (target.path or "") + path)
+            conn.putheader("Content-Type", "application/octet-stream")
+            conn.putheader("Content-Length", str(size))
+            if self.admin_key:
+                conn.putheader("Authorization", f"Bearer {self.admin_key}")
+            conn.endheaders()
+            for piece in pieces:
+                conn.send(piece)
+            response = conn.getresponse()
+            text = response.read().decode(errors="replace")
+        finally:
+            conn.close()
+        if response.status >= 400:
+            raise WeightUpdateError(f"{url}{path} answered {response.status}: {text[:500]}")
+        body = json_module.loads(text) if text else {}
+        if isinstance(body, dict) and body.get("success") is False:
+            raise WeightUpdateError(f"{url}{path} failed: {body.get('message', body)}")
+        return body
+
+
+def _unique_storages(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` without the second name of a tied weight (it travels once)."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset()) if tensor.numel() else (id(tensor), 0)
+        if key not in seen:
+            seen.add(key)
+            out[name] = tensor
+    return out
 
 
 class SGLangWeights(_Weights):
@@ -175,7 +260,32 @@ class SGLangWeights(_Weights):
 
 class VLLMWeights(_Weights):
     """vLLM, through its dev-mode ``/collective_rpc`` and agentgym's worker extension in every worker
-    (``agentgym/server/vllm_extension/agentgym_vllm_extension.py``)."""
+    (``agentgym/server/vllm_extension/agentgym_vllm_extension.py``); LoRA
+    adapters through vLLM's runtime adapter routes (a server started with ``--enable-lora``,
+    ``--max-lora-rank`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: ``LORA_ARGS``, ``LORA_ENV``)."""
+
+    LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+    @staticmethod
+    def lora_args(rank: int) -> list[str]:
+        return ["--enable-lora", "--max-lora-rank", str(rank)]
+
+    def load_lora_adapter(self, url: str, name: str, path: str, version: int) -> Any:
+        """Serve peft's adapter directory ``path`` as model ``name`` (replacing the adapter loaded under
+        that name, so clients keep asking for ``name``): ``/v1/unload_lora_adapter`` then
+        ``/v1/load_lora_adapter`` ``{"lora_name", "lora_path"}``, between ``/pause`` and ``/resume``
+        where the server has them, so no response mixes two adapters."""
+        paused = self._post(url, "/pause", params={"mode": "wait"}, optional=True) is not None
+        try:
+            with httpx.Client(timeout=self.timeout, transport=self._transport, verify=ssl_context()) as client:
+                client.post(url + "/v1/unload_lora_adapter", json={"lora_name": name})  # none loaded yet: fine
+            result = self._post(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+            self._post(url, "/update_weight_version", {"new_version": str(version)}, optional=True)
+            record_weight_version(url, version)  # before resuming, as for full pushes
+        finally:
+            if paused:
+                self._post(url, "/resume")
+        return result
 
     def update_from_disk(self, url: str, path: str, version: int) -> Any:
         paused = self._post(url, "/pause", params={"mode": "wait"}, optional=True) is not None

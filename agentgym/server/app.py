@@ -3,7 +3,9 @@
 OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``.
 Serving: ``GET /health``, ``GET /weight_version``, ``GET /stats``.
 Weights (SGLang's names): ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``,
-``POST /update_weights_from_tensor`` (a safetensors file as the body, ``?weight_version=N``),
+``POST /update_weights_from_tensor`` (a safetensors file as the body, ``?weight_version=N``; a part of
+a bucketed push with ``&bucket=i&buckets=n``), ``POST /update_weights_from_ipc`` (shared memory or
+CUDA IPC handles from a trainer on this host: ``agentgym/server/weight_transfer.py``),
 ``POST /pause_generation`` ``{"mode": "wait"|"abort"}``, ``POST /resume_generation``
 (alias ``/continue_generation``).
 
@@ -32,6 +34,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from agentgym.model.weights import tensors_from_bytes
 from agentgym.server.engine import Engine, Sequence
 from agentgym.server.engine import Request as EngineRequest
 from agentgym.server.errors import APIError, install_error_handlers, json_object, validate
@@ -64,6 +67,7 @@ from agentgym.server.sampling import GenerationParams
 from agentgym.server.streaming import events, sse
 from agentgym.server.token_pieces import IncrementalText, TokenPieces
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
+from agentgym.server.weight_transfer import BucketStaging, SharedWeights
 
 log = logging.getLogger("agentgym.server")
 
@@ -92,6 +96,7 @@ def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key
     app.state.admin_key = admin_key
 
     install_error_handlers(app)
+    staging, shared = BucketStaging(), SharedWeights()
 
     async def body_json(request: Request, required: bool = True) -> dict[str, Any]:
         raw = await read_body(request, limits.max_body_bytes)
@@ -154,13 +159,28 @@ def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key
 
         require_admin(request, admin_key, content_type="application/octet-stream")
         raw = await read_body(request, limits.max_weights_bytes)
-        version = request.query_params.get("weight_version")
+        query = request.query_params
         try:
-            version_int = int(version) if version is not None else None
-            state = await asyncio.to_thread(load_safetensors, raw)
+            version_int = int(query["weight_version"]) if "weight_version" in query else None
+            state = await asyncio.to_thread(load_safetensors, raw) if "buckets" not in query else tensors_from_bytes(raw)
+            if "buckets" in query:
+                state = staging.add(version_int, int(query.get("bucket", 0)), int(query["buckets"]), state)
         except Exception as exc:
-            return _weights_failed(engine, f"the body must be a safetensors file and weight_version an integer: {exc}")
+            return _weights_failed(engine, f"the body must be a safetensors file and weight_version, bucket and "
+                                   f"buckets integers: {exc}")
+        if state is None:
+            return JSONResponse({"success": True, "message": f"bucket {query.get('bucket')} of {query['buckets']} "
+                                 "held", "weight_version": engine.weight_version})
         return await server.apply_weights(state, version_int, False, f"loaded {len(state)} tensors")
+
+    @app.post("/update_weights_from_ipc")
+    async def update_from_ipc(request: Request) -> JSONResponse:
+        body = await control(request)
+        try:
+            state, version = shared.open(body)
+        except Exception as exc:
+            return _weights_failed(engine, f"could not open the shared tensors: {exc}")
+        return await server.apply_weights(state, version, False, f"loaded {len(state)} shared tensors")
 
     @app.post("/pause_generation")
     async def pause(request: Request) -> dict:

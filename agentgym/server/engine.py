@@ -4,19 +4,28 @@ Each iteration of the engine thread
 
 1. runs queued commands (abort, pause, resume) and, once no sequence is running, any
    pending weight update;
-2. admits waiting requests (unless paused or an update is waiting): their prompts are
-   prefilled together, left-padded, with an attention mask and per-sequence position ids;
-   ``n > 1`` copies of one prompt share that prefill;
-3. merges the new sequences' KV cache into the running batch's cache (left-padding the
-   shorter one), then decodes one token for every running sequence in a single forward;
-4. drops finished sequences from the batch (and cache columns that only padding uses).
+2. admits waiting requests (unless paused or an update is waiting): each prompt looks up
+   the longest prefix whose keys and values are already cached (``prefix_cache.py``: the
+   previous turn of the same episode, or a sibling sample of the same group) and only the
+   rest is prefilled; identical prompts (``n > 1``, or a group's samples sent as separate
+   requests) are prefilled once and their cache copied;
+3. decodes one token for every running sequence in a single forward and samples them in
+   one batched call (``running_batch.py``); no Python runs per sequence unless it finishes
+   or asked for something per token (streaming, stop strings, top logprobs);
+4. finishes sequences that stopped: each leaves its cache behind as a prefix-cache entry and
+   the last running sequence moves into its slot, so running sequences stay in slots
+   ``0 .. B-1``.
 
-This is continuous batching with a transformers ``DynamicCache`` that is re-formed
-whenever the set of sequences changes. The HTTP side runs in another thread of the same
-process, so the engine releases the GIL between steps, and for the first few milliseconds
-of a burst that reaches an idle engine it pauses briefly after each admission
-(``burst_window_s``, ``burst_pause_s``) so the burst is batched in a few steps rather than
-over many.
+The KV cache is one block of memory allocated at start (``kv_cache.py``: fixed slots of
+``max_model_len`` tokens, grown by doubling up to that, ``max_batch_size`` slots for running
+sequences plus ``prefix_cache_slots`` for finished ones). On a GPU, decode steps replay CUDA
+graphs captured per batch-size and length bucket (``decode_graphs.py``); on a CPU they run
+eagerly.
+
+The HTTP side runs in another thread of the same process, so the engine releases the GIL
+between steps, and for the first few milliseconds of a burst that reaches an idle engine
+it pauses briefly after each admission (``burst_window_s``, ``burst_pause_s``) so the burst
+is batched in a few steps rather than over many.
 
 **Logprobs** are ``log_softmax`` of the model's raw logits (temperature 1, before top-k /
 top-p), so they equal a teacher-forced forward pass of the same weights on the same
@@ -25,13 +34,11 @@ tokens: exactly what the trainer's importance ratios need. vLLM reports the same
 
 **Weight versions**: an update waits until every running sequence has finished (new
 requests wait meanwhile), so no response mixes two weight versions; every sequence
-carries the version it was sampled with.
+carries the version it was sampled with. An update empties the prefix cache.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import queue
 import threading
@@ -39,108 +46,66 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from agentgym.server.sampling import GenerationParams, sample_tokens
+from agentgym.server.kv_cache import AttentionMasks, SlotKVCache
+from agentgym.server.lean_forward import LeanForward
+from agentgym.server.lean_forward import supports as lean_supports
+from agentgym.server.lora_adapters import EngineAdapters
+from agentgym.server.lora_adapters import split as split_adapters
+from agentgym.server.prefix_cache import PrefixIndex
+from agentgym.server.running_batch import RunningBatch, traits
+from agentgym.server.sampling import GenerationParams
+from agentgym.server.sequences import (
+    Request,
+    Sequence,
+    TokenEvent,
+    eos_ids,
+    final_text,
+    finish_reason,
+    stop_string_hit,
+)
+
+__all__ = ["Engine", "EngineError", "Request", "Sequence", "TokenEvent"]
 
 log = logging.getLogger("agentgym.server")
-
-
-@dataclass
-class Sequence:
-    """One sampled continuation. Written by the engine thread only."""
-
-    request: Request
-    index: int  # choice index within its request
-    prompt_ids: list[int]
-    params: GenerationParams
-    generator: torch.Generator | None = None
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    weight_version: int = 0
-    text: str = ""  # final text, set when finished (after stop-string truncation)
-    error: str | None = None  # set when the engine failed while sampling this sequence
-
-
-@dataclass
-class TokenEvent:
-    """One step of one sequence, delivered to the request's event loop."""
-
-    index: int
-    token_id: int | None  # None: the sequence ended without a new token (aborted)
-    logprob: float | None
-    top_logprobs: list[tuple[int, float]] | None
-    finish_reason: str | None
-    text: str | None = None  # the final text, on the last event
-
-
-class Request:
-    """A request's sequences plus the channel back to the asyncio side."""
-
-    _ids = itertools.count()
-
-    def __init__(self, prompt_ids: list[int], params: GenerationParams, n: int, stream: bool,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.id = next(self._ids)
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.n = n
-        self.stream = stream
-        self.loop = loop
-        self.events: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
-        self.done: asyncio.Future[list[Sequence]] = loop.create_future()
-        self.sequences: list[Sequence] = []
-        self.remaining = n
-        self.arrival = time.monotonic()
-
-    # called from the engine thread
-    def _emit(self, event: TokenEvent) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-    def _finish_one(self) -> None:
-        self.remaining -= 1
-        if self.remaining == 0:
-            seqs = self.sequences
-            self.loop.call_soon_threadsafe(_resolve, self.done, seqs)
-            if self.stream:
-                self.loop.call_soon_threadsafe(self.events.put_nowait, None)
-
-
-def _resolve(fut: asyncio.Future, value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
 
 class EngineError(RuntimeError):
     pass
 
 
 class Engine:
-    """Owns the model, the tokenizer and the engine thread.
+    """Owns the model, the tokenizer, the KV cache and the engine thread.
 
     ``submit`` is called from an asyncio loop and returns a ``Request`` whose ``done`` future
     resolves to its finished sequences (and, when streaming, whose ``events`` queue receives
     one ``TokenEvent`` per sampled token, then ``None``).
+
+    ``prefix_cache_slots``: finished sequences kept for prefix reuse (default
+    ``max_batch_size``; 0 turns the prefix cache off). ``cuda_graphs``: replay decode steps
+    from CUDA graphs (default: on a CUDA device); ``static_decode`` runs the same bucketed
+    decode eagerly (what the graphs capture; tests use it on a CPU). ``lean``: run
+    Llama-family models through ``lean_forward.py`` instead of transformers' modules
+    (default: wherever it supports the model).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, model_name: str = "tiny", max_batch_size: int = 32,
                  max_model_len: int | None = None, max_prefill_tokens: int = 16384,
                  eos_token_ids: list[int] | None = None, weight_version: int = 0,
-                 burst_window_s: float = 0.005, burst_pause_s: float = 0.0005) -> None:
+                 burst_window_s: float = 0.005, burst_pause_s: float = 0.0005,
+                 prefix_cache_slots: int | None = None, cuda_graphs: bool | None = None,
+                 static_decode: bool | None = None, lean: bool | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.device = next(model.parameters()).device
+        first = next(model.parameters())
+        self.device = first.device
         self.max_batch_size = max_batch_size
         self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 4096))
         self.max_prefill_tokens = max_prefill_tokens
-        self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
+        self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else eos_ids(model, tokenizer))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.weight_version = weight_version
@@ -155,19 +120,35 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._default_generator = torch.Generator(device=self.device)
+        self._default_generator = torch.Generator(device="cpu")
         self._default_generator.seed()
-        # the running batch
-        self._seqs: list[Sequence] = []
-        self._cache: Any = None
-        self._mask: torch.Tensor | None = None  # (B, C) 1 where a cached column is a real token
-        self._next: torch.Tensor | None = None  # (B,) sampled tokens not yet in the cache
-        self._pos: torch.Tensor | None = None  # (B,) their positions
+        self._masks = AttentionMasks(model, self.device, self.max_model_len + 1)
+        cache_slots = max_batch_size if prefix_cache_slots is None else max(0, int(prefix_cache_slots))
+        self.prefix_caching = cache_slots > 0
+        self.kv = SlotKVCache(model.config, max_batch_size + cache_slots, self.max_model_len, first.dtype,
+                              self.device)
+        self.batch = RunningBatch(max_batch_size, self.device, sorted(self.eos_token_ids), self.vocab_size,
+                                  self.max_model_len, self._default_generator)
+        self.index = PrefixIndex(self.kv.slots)
+        use_lean = lean_supports(model) if lean is None else lean
+        self.adapters = EngineAdapters(model, merge=not use_lean)
+        self.lean = LeanForward(model, self.kv, self.adapters.by_module) if use_lean else None
         self._thread = threading.Thread(target=self._run, name="agentgym-engine", daemon=True)
-        self.stats: dict[str, float] = {"requests": 0, "steps": 0, "prefills": 0, "generated_tokens": 0,
-                                        "max_batch": 0, "forward_s": 0.0, "busy_s": 0.0}
+        self.stats: dict[str, float] = {
+            "requests": 0, "steps": 0, "prefills": 0, "generated_tokens": 0, "max_batch": 0, "forward_s": 0.0,
+            "busy_s": 0.0, "prompt_tokens": 0, "prefill_tokens": 0, "prefix_cache_hit_tokens": 0,
+            "prefix_cache_hits": 0, "shared_prefill_tokens": 0, "kv_cache_slots": self.kv.slots,
+            "kv_cache_mb": 0.0}
         for p in model.parameters():
             p.requires_grad_(False)
+        on_cuda = self.device.type == "cuda"
+        use_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs) and on_cuda
+        self.graphs = None
+        if use_graphs or static_decode:
+            from agentgym.server.decode_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self._forward, self.kv, max_batch_size, self.device, self.pad_id,
+                                       capture=use_graphs)
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> Engine:
@@ -184,8 +165,15 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def _seqs(self) -> list[Sequence]:
+        """The running sequences, in slot order."""
+        return self.batch.seqs[: self.batch.size]
+
     # ---- the asyncio side ----------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: GenerationParams, n: int = 1, stream: bool = False) -> Request:
+        import asyncio
+
         if not self.alive:
             raise EngineError("the engine thread is not running")
         request = Request(list(prompt_ids), params, n, stream, asyncio.get_running_loop())
@@ -204,9 +192,7 @@ class Engine:
         def pause() -> None:
             self.paused = True
             if mode == "abort":
-                for seq in list(self._seqs):
-                    self._finish(seq, "abort")
-                self._compact()
+                self._finish_rows({row: ("abort", None, None) for row in range(self.batch.size)})
             self._drain_waiters.append(fut)
 
         self._command(pause)
@@ -226,15 +212,49 @@ class Engine:
         return fut
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> Future:
-        """Copy ``state_dict`` into the model between responses; the future gives the new version."""
+        """Copy ``state_dict`` into the model between responses; the future gives the new version.
+        LoRA adapters in it (``<module>.lora_A.weight`` / ``.lora_B.weight``) replace the ones applied
+        (``lora_adapters.py``)."""
         from agentgym.model.weights import apply_state_dict
 
-        def apply() -> int:
-            apply_state_dict(self.model, state_dict)
-            self.weight_version = self.weight_version + 1 if version is None else int(version)
-            return self.weight_version
+        plain, adapters = split_adapters(state_dict)
 
-        return self.run_when_idle(apply)
+        def load() -> None:
+            if plain:
+                apply_state_dict(self.model, plain)
+            if adapters:
+                self.adapters.load(adapters)
+
+        return self.run_when_idle(lambda: self._new_version(load, version))
+
+    def share_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> Future:
+        """Make the model's weights *be* ``state_dict``'s tensors, between responses; the future gives
+        the new version, or False (nothing changed) unless every tensor matches the model's in shape,
+        dtype and device. For a trainer in this process that only trains while this engine is idle
+        (the synchronous trainer): its in-place updates are then the engine's, and a later push is
+        only ``new_version``."""
+        from agentgym.model.weights import bind_state_dict
+
+        def bind() -> int | bool:
+            if not bind_state_dict(self.model, state_dict):
+                return False
+            return self._new_version(lambda: None, version, moved=True)
+
+        return self.run_when_idle(bind)
+
+    def new_version(self, version: int | None = None) -> Future:
+        """The weights changed in place (shared with a trainer): a new version, caches emptied."""
+        return self.run_when_idle(lambda: self._new_version(lambda: None, version))
+
+    def _new_version(self, load: Callable[[], Any], version: int | None, moved: bool = False) -> int:
+        """Load weights (engine thread, nothing running) and drop the caches the old ones computed;
+        ``moved``: the parameters are new tensors (captured graphs read the old addresses)."""
+        load()
+        self.index.clear()
+        if moved and self.graphs is not None:
+            self.graphs.invalidate()
+        self.weight_version = self.weight_version + 1 if version is None else int(version)
+        return self.weight_version
 
     def _command(self, fn: Callable[[], None]) -> None:
         self._commands.put(fn)
@@ -242,28 +262,31 @@ class Engine:
 
     # ---- the engine thread ---------------------------------------------------------------
     def _run(self) -> None:
-        with torch.no_grad():
+        with torch.inference_mode():
             while not self._stop.is_set():
                 try:
                     busy = self._iteration()
                 except Exception as exc:  # never leave a caller waiting forever
                     log.exception("engine iteration failed")
-                    for seq in list(self._seqs):
-                        self._finish(seq, "abort", error=exc)
-                    self._reset_batch()
+                    self._fail_running(exc)
                     busy = False
                 if busy:
                     time.sleep(0)  # let the HTTP thread take the GIL between steps (else requests queue up)
                 else:
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
-            for seq in list(self._seqs):
-                self._finish(seq, "abort")
+            self._fail_running(None)
             while self._waiting or not self._incoming.empty():
                 self._drain_incoming()
                 while self._waiting:
-                    req = self._waiting.popleft()
-                    self._fail_request(req, "abort")
+                    self._fail_request(self._waiting.popleft(), "abort")
+
+    def _fail_running(self, error: Exception | None) -> None:
+        for seq in list(self._seqs):
+            seq.settle()
+            self._finish(seq, "abort", error=error)
+        self.batch.clear()
+        self.index.clear()
 
     def _iteration(self) -> bool:
         while True:
@@ -272,20 +295,20 @@ class Engine:
             except queue.Empty:
                 break
         self._drain_incoming()
-        if self._updates and not self._seqs:
+        if self._updates and not self.batch.size:
             while self._updates:
                 fn, fut = self._updates.popleft()
                 try:
                     fut.set_result(fn())
                 except Exception as exc:
                     fut.set_exception(exc)
-        if not self._seqs and self._drain_waiters:
+        if not self.batch.size and self._drain_waiters:
             for fut in self._drain_waiters:
                 if not fut.done():
                     fut.set_result(True)
             self._drain_waiters.clear()
         if not self.paused and not self._updates and self._waiting:
-            was_idle = not self._seqs
+            was_idle = not self.batch.size
             if self._admit():
                 now = time.monotonic()
                 if was_idle:
@@ -295,7 +318,7 @@ class Engine:
                     # so the rest of it joins within a few steps instead of trickling in over many
                     # partial-batch decode steps (never while the engine is busy in steady state)
                     time.sleep(self.burst_pause_s)
-        if not self._seqs:
+        if not self.batch.size:
             return False
         start = time.perf_counter()
         self._decode()
@@ -315,6 +338,7 @@ class Engine:
             req.sequences.append(Sequence(req, len(req.sequences), req.prompt_ids, req.params,
                                           weight_version=self.weight_version))
         for seq in req.sequences:
+            seq.batch = None
             self._finish(seq, reason, error)
 
     def _abort(self, request: Request) -> None:
@@ -322,20 +346,24 @@ class Engine:
             self._waiting.remove(request)
             self._fail_request(request, "abort")
             return
-        for seq in list(self._seqs):
-            if seq.request is request:
-                self._finish(seq, "abort")
-        self._compact()
+        self._finish_rows({row: ("abort", None, None) for row in range(self.batch.size)
+                           if self.batch.seqs[row].request is request})
 
     # ---- admission and prefill -----------------------------------------------------------
     def _admit(self) -> int:
         """Prefill as many waiting requests as fit; returns how many."""
-        free = self.max_batch_size - len(self._seqs)
+        free = self.max_batch_size - self.batch.size
         batch: list[Request] = []
         longest = 0
         while self._waiting and free > 0:
             req = self._waiting[0]
-            if req.n > free and (self._seqs or batch):
+            if req.n > self.max_batch_size:
+                self._waiting.popleft()
+                self._fail_request(req, "abort", EngineError(
+                    f"n={req.n} choices exceed this server's max_batch_size ({self.max_batch_size}); ask for fewer "
+                    "or start the server with a larger --max-batch-size"))
+                continue
+            if req.n > free and (self.batch.size or batch):
                 break  # wait for room rather than split a request's choices
             longest2 = max(longest, len(req.prompt_ids))
             if batch and longest2 * (len(batch) + 1) > self.max_prefill_tokens:
@@ -353,131 +381,200 @@ class Engine:
                     self._fail_request(req, "abort", exc)
         return len(batch)
 
-    def _prefill(self, batch: list[Request]) -> None:
-        from transformers import DynamicCache
-
-        b = len(batch)
-        length = max(len(r.prompt_ids) for r in batch)
-        ids = torch.full((b, length), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((b, length), dtype=torch.long)
-        for i, r in enumerate(batch):
-            ids[i, length - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            mask[i, length - len(r.prompt_ids):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1, :]
-        # expand n > 1 choices of one prompt over the shared prefill
-        rows: list[int] = []
-        seqs: list[Sequence] = []
-        for i, r in enumerate(batch):
-            for j in range(r.n):
-                gen = None
-                if r.params.seed is not None:
-                    gen = torch.Generator(device=self.device)
-                    gen.manual_seed(r.params.seed + j)
-                seq = Sequence(r, j, r.prompt_ids, r.params, generator=gen, weight_version=self.weight_version)
-                r.sequences.append(seq)
-                seqs.append(seq)
-                rows.append(i)
-        if rows != list(range(b)):
-            index = torch.tensor(rows, device=self.device)
-            cache.batch_select_indices(index)
-            logits, mask = logits[index], mask[index]
+    def _prefill(self, requests: list[Request]) -> None:
+        # one leader per distinct prompt computes it; its copies (n > 1, identical prompts) follow
+        leaders: list[Sequence] = []
+        followers: list[tuple[Sequence, int]] = []
+        by_prompt: dict[tuple[int, ...], int] = {}
+        for req in requests:
+            key = tuple(req.prompt_ids)
+            for j in range(req.n):
+                seq = Sequence(req, j, req.prompt_ids, req.params, weight_version=self.weight_version)
+                req.sequences.append(seq)
+                if key in by_prompt:
+                    followers.append((seq, by_prompt[key]))
+                else:
+                    by_prompt[key] = len(leaders)
+                    leaders.append(seq)
+        b0 = self.batch.size
+        new = len(leaders) + len(followers)
+        self._vacate(range(b0, b0 + new))
+        prefixes = [self._reuse_prefix(seq, b0 + i) for i, seq in enumerate(leaders)]
+        lengths = [len(seq.prompt_ids) for seq in leaders]
+        self.kv.ensure_length(max(lengths))
+        self.batch.ensure_out(self.kv.width)
+        self.stats["kv_cache_mb"] = self.kv.nbytes / 2**20
+        logits = self._prefill_forward(leaders, prefixes, b0)
+        for seq, _ in followers:
+            seq.cached_tokens = len(seq.prompt_ids)
+        self._copy_followers(followers, b0, len(leaders))
+        if followers:
+            logits = logits[torch.tensor(list(range(len(leaders))) + [i for _, i in followers], device=self.device)]
+        seqs = leaders + [seq for seq, _ in followers]
+        for i, seq in enumerate(seqs):
+            self.batch.place(b0 + i, seq)
+        finished = self._sample_and_record(logits, seqs, b0, b0 + new)
+        self.batch.commit(new)
+        for i, seq in enumerate(seqs):
+            self.index.add(b0 + i, seq.prompt_ids, live=True)
         self.stats["prefills"] += 1
-        tokens = self._sample_and_record(logits, seqs)
-        new_pos = torch.tensor([len(s.prompt_ids) for s in seqs], dtype=torch.long, device=self.device)
-        self._merge(seqs, cache, mask, tokens, new_pos)
-        self._compact()
+        self.stats["prompt_tokens"] += sum(len(s.prompt_ids) for s in seqs)
+        self.stats["prefill_tokens"] += sum(n - p for n, p in zip(lengths, prefixes))
+        self.stats["prefix_cache_hit_tokens"] += sum(prefixes)
+        self.stats["prefix_cache_hits"] += sum(1 for p in prefixes if p)
+        self.stats["shared_prefill_tokens"] += sum(len(s.prompt_ids) for s, _ in followers)
+        self._finish_rows(finished)
 
-    def _merge(self, seqs: list[Sequence], cache: Any, mask: torch.Tensor, tokens: torch.Tensor,
-               pos: torch.Tensor) -> None:
-        if not self._seqs:
-            self._seqs, self._cache, self._mask, self._next, self._pos = seqs, cache, mask, tokens, pos
-            return
-        width = max(self._mask.shape[1], mask.shape[1])
-        for old_layer, new_layer in zip(self._cache.layers, cache.layers):
-            old_layer.keys = torch.cat([_pad_left(old_layer.keys, width, 2), _pad_left(new_layer.keys, width, 2)])
-            old_layer.values = torch.cat([_pad_left(old_layer.values, width, 2),
-                                          _pad_left(new_layer.values, width, 2)])
-        self._mask = torch.cat([_pad_left(self._mask, width, 1), _pad_left(mask, width, 1)])
-        self._next = torch.cat([self._next, tokens])
-        self._pos = torch.cat([self._pos, pos])
-        self._seqs = self._seqs + seqs
+    def _vacate(self, slots: range) -> None:
+        """Move the prefix-cache entries out of ``slots``, so new sequences can take them."""
+        for slot in slots:
+            if slot in self.index:
+                self.index.relocate(slot, slots, self.kv.copy)
+
+    def _reuse_prefix(self, seq: Sequence, slot: int) -> int:
+        """Copy the longest cached prefix of ``seq``'s prompt into ``slot``; returns its length."""
+        if not self.prefix_caching:
+            return 0
+        donor, length = self.index.match(seq.prompt_ids, limit=len(seq.prompt_ids) - 1)
+        if donor is None:
+            return 0
+        self.kv.copy(donor, slot, length)
+        entry = self.index.entries[donor]
+        if not entry.live and length == len(entry.tokens):
+            self.index.remove(donor)  # the new sequence's entry holds all of it, and more
+        else:
+            self.index.touch(donor)
+        seq.cached_tokens = length
+        return length
+
+    def _prefill_forward(self, leaders: list[Sequence], prefixes: list[int], b0: int) -> torch.Tensor:
+        """The uncached part of every leader's prompt in one forward (left-padded, so every row's
+        last token is the last column); returns each row's next-token logits."""
+        suffixes = [seq.prompt_ids[p:] for seq, p in zip(leaders, prefixes)]
+        rows, width = len(leaders), max(len(s) for s in suffixes)
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        cols = torch.full((rows, width), self.kv.scratch, dtype=torch.long)  # padding writes to scratch
+        for i, (suffix, p) in enumerate(zip(suffixes, prefixes)):
+            ids[i, width - len(suffix):] = torch.tensor(suffix, dtype=torch.long)
+            cols[i, width - len(suffix):] = torch.arange(p, p + len(suffix))
+        ids, cols = ids.to(self.device), cols.to(self.device)
+        length = max(len(seq.prompt_ids) for seq in leaders)
+        positions = torch.where(cols == self.kv.scratch, 0, cols)
+        self.kv.bind(slice(b0, b0 + rows), self.batch.arange[b0:b0 + rows, None], cols, length)
+        return self._forward(ids, positions, cols, length)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cols: torch.Tensor, length: int) -> torch.Tensor:
+        """Logits of each row's last input token; the cache must be bound to the batch."""
+        start = time.perf_counter()
+        if self.lean is not None:
+            logits = self.lean(ids, positions, self._masks(cols, length))
+        else:
+            logits = self.model(input_ids=ids, attention_mask=self._masks(cols, length), position_ids=positions,
+                                past_key_values=self.kv, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        self.stats["forward_s"] += time.perf_counter() - start
+        return logits
+
+    def _copy_followers(self, followers: list[tuple[Sequence, int]], b0: int, leaders: int) -> None:
+        by_leader: dict[int, list[int]] = {}
+        for k, (_, leader) in enumerate(followers):
+            by_leader.setdefault(leader, []).append(b0 + leaders + k)
+        for leader, slots in by_leader.items():
+            length = next(len(s.prompt_ids) for s, i in followers if i == leader)
+            self.kv.copy_many([b0 + leader] * len(slots), slots, length)
 
     # ---- decoding ------------------------------------------------------------------------
     def _decode(self) -> None:
-        assert self._mask is not None and self._next is not None and self._pos is not None
-        b = len(self._seqs)
+        batch = self.batch
+        b = batch.size
         self.stats["max_batch"] = max(self.stats["max_batch"], b)
-        mask = torch.cat([self._mask, torch.ones((b, 1), dtype=self._mask.dtype, device=self.device)], dim=1)
-        start = time.perf_counter()
-        out = self.model(input_ids=self._next[:, None], attention_mask=mask, position_ids=self._pos[:, None],
-                         past_key_values=self._cache, use_cache=True)
-        self.stats["forward_s"] += time.perf_counter() - start
-        self._mask = mask
+        length = batch.next_length()
+        if length > self.kv.scratch:
+            self.kv.ensure_length(length)
+            batch.ensure_out(self.kv.width)
+            self.stats["kv_cache_mb"] = self.kv.nbytes / 2**20
+        cols = batch.positions()[:, None]
+        if self.graphs is not None:
+            logits = self.graphs.run(b, length, batch.next_token[:b], cols)
+        else:
+            self.kv.bind(slice(0, b), batch.arange[:b, None], cols, length)
+            logits = self._forward(batch.next_token[:b, None], cols, cols, length)
         self.stats["steps"] += 1
-        self._next = self._sample_and_record(out.logits[:, -1, :], self._seqs)
-        self._pos = self._pos + 1
-        self._compact()
+        finished = self._sample_and_record(logits, self._seqs, 0, b)
+        batch.step += 1
+        self._finish_rows(finished)
 
-    def _sample_and_record(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        logits = logits.float()
+    def _sample_and_record(self, logits: torch.Tensor, seqs: list[Sequence], lo: int, hi: int) -> dict[int, Any]:
+        """Sample rows ``lo .. hi-1``, record them, and serve the rows that need Python per token;
+        returns the rows that must finish: ``{row: (finish_reason, stop_reason, (token, logprob))}``."""
+        self._step = self.batch.step_traits(lo, hi)
+        self._log_probs = log_probs = torch.log_softmax(logits.float(), dim=-1)
         tokens = self.choose_tokens(logits, seqs)
-        logprobs = torch.log_softmax(logits, dim=-1)
-        chosen = logprobs.gather(1, tokens[:, None])[:, 0].tolist()
-        k = max(s.params.top_logprobs for s in seqs)
-        top: list[list[tuple[int, float]]] | None = None
-        if k > 0:
-            values, indices = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
-            top = [list(zip(i_row, v_row)) for i_row, v_row in zip(indices.tolist(), values.tolist())]
-        token_list = tokens.tolist()
-        self.stats["generated_tokens"] += len(token_list)
-        for row, seq in enumerate(seqs):
-            tok = token_list[row]
-            seq.output_ids.append(tok)
-            seq.logprobs.append(chosen[row])
+        chosen = log_probs.gather(1, tokens[:, None])[:, 0]
+        done = self.batch.record(lo, hi, tokens, chosen, self._step)
+        self.stats["generated_tokens"] += hi - lo
+        done_rows = (done.nonzero()[:, 0] + lo).tolist()
+        if "host" not in self._step:
+            host = []
+        elif hi > self.batch.size:  # rows being admitted: not in host_rows before they are committed
+            host = [lo + i for i, seq in enumerate(seqs) if "host" in traits(seq)]
+        else:
+            host = sorted(self.batch.host_rows)
+        if not done_rows and not host:
+            return {}
+        rows = sorted(set(done_rows) | set(host))
+        picked = torch.tensor([r - lo for r in rows], device=self.device)
+        value = dict(zip(rows, zip(tokens[picked].tolist(), chosen[picked].tolist())))
+        finished = {row: (*finish_reason(self.batch.seqs[row], value[row][0], self.eos_token_ids, self.tokenizer),
+                          value[row]) for row in done_rows}
+        for row in host:
+            seq = self.batch.seqs[row]
             alts = None
-            if seq.params.top_logprobs > 0 and top is not None:
-                alts = top[row][: seq.params.top_logprobs]
+            if seq.params.top_logprobs > 0:
+                top_v, top_i = log_probs[row - lo].topk(min(seq.params.top_logprobs, log_probs.shape[-1]))
+                alts = list(zip(top_i.tolist(), top_v.tolist()))
                 seq.top_logprobs.append(alts)
-            reason = self._check_stop(seq, tok)
-            if reason is not None:
-                seq.finish_reason = reason
-                seq.text = self.final_text(seq)
-            if seq.request.stream:
-                seq.request._emit(TokenEvent(seq.index, tok, chosen[row], alts, reason,
-                                             seq.text if reason is not None else None))
-            if reason is not None:
-                seq.request._finish_one()
-        return tokens
+            if row not in finished and seq.params.stop:
+                hit = stop_string_hit(seq, self.tokenizer)
+                if hit is not None:
+                    finished[row] = ("stop", hit, value[row])
+            if seq.request.stream and row not in finished:
+                seq.request._emit(TokenEvent(seq.index, *value[row], alts, None))
+        return finished
 
     def choose_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """The next token of every row (tests override this to script an output)."""
-        return sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs], self._default_generator)
+        lo = seqs[0].row
+        return self.batch.sample(logits, self._log_probs, lo, lo + len(seqs), self._step)
 
-    def _check_stop(self, seq: Sequence, tok: int) -> str | None:
-        p = seq.params
-        count = len(seq.output_ids)
-        if count >= p.min_tokens:
-            if tok in p.stop_token_ids:
-                seq.stop_reason = tok
-                return "stop"
-            if not p.ignore_eos and tok in self.eos_token_ids:
-                return "stop"
-            if p.stop:
-                text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=p.skip_special_tokens)
-                for s in p.stop:
-                    if s in text:
-                        seq.stop_reason = s
-                        return "stop"
-        if count >= p.max_tokens or len(seq.prompt_ids) + count >= self.max_model_len:
-            return "length"
-        return None
+    # ---- finishing -----------------------------------------------------------------------
+    def _finish_rows(self, finished: dict[int, Any]) -> None:
+        """Finish these running rows (highest first, so moves never touch a row still to finish)."""
+        for row in sorted(finished, reverse=True):
+            seq = self.batch.seqs[row]
+            reason, stop_reason, last = finished[row]
+            cached = self.batch.cached_length(row)
+            seq.settle()
+            seq.stop_reason = stop_reason
+            self._finish(seq, reason, event=last)
+            if self.prefix_caching and cached > 0:
+                self.index.add(row, (seq.prompt_ids + seq.output_ids)[:cached], live=False)
+            else:
+                self.index.remove(row)
+            self._release(row)
 
-    def _finish(self, seq: Sequence, reason: str, error: Exception | None = None) -> None:
+    def _release(self, row: int) -> None:
+        """``row`` has finished: its entry moves out of the running slots (or is dropped) and the
+        last running sequence moves into its slot."""
+        last = self.batch.size - 1
+        if row != last:
+            if row in self.index:
+                self.index.relocate(row, range(0, self.batch.size), self.kv.copy)
+            self.kv.copy(last, row, self.batch.cached_length(last))
+            self.index.move(last, row)
+        self.batch.drop(row)
+
+    def _finish(self, seq: Sequence, reason: str, error: Exception | None = None,
+                event: tuple[int, float] | None = None) -> None:
         if seq.finish_reason is not None:
             return
         seq.finish_reason = reason
@@ -485,64 +582,10 @@ class Engine:
         if error is not None:
             seq.error = f"{type(error).__name__}: {error}"
         if seq.request.stream:
-            seq.request._emit(TokenEvent(seq.index, None, None, None, reason, seq.text))
+            alts = seq.top_logprobs[-1] if event is not None and seq.top_logprobs else None
+            tok, lp = event if event is not None else (None, None)
+            seq.request._emit(TokenEvent(seq.index, tok, lp, alts, reason, seq.text))
         seq.request._finish_one()
 
     def final_text(self, seq: Sequence) -> str:
-        p = seq.params
-        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=p.skip_special_tokens)
-        if isinstance(seq.stop_reason, str):
-            cut = text.find(seq.stop_reason)
-            if cut >= 0:
-                text = text[: cut + (len(seq.stop_reason) if p.include_stop_str_in_output else 0)]
-        return text
-
-    def _compact(self) -> None:
-        """Drop finished sequences from the batch, and cache columns only padding uses."""
-        if not self._seqs:
-            return
-        keep = [i for i, s in enumerate(self._seqs) if s.finish_reason is None]
-        if len(keep) == len(self._seqs):
-            return
-        if not keep:
-            self._reset_batch()
-            return
-        index = torch.tensor(keep, device=self.device)
-        self._cache.batch_select_indices(index)
-        self._mask, self._next, self._pos = self._mask[index], self._next[index], self._pos[index]
-        self._seqs = [self._seqs[i] for i in keep]
-        used = self._mask.any(dim=0).nonzero()
-        first = int(used[0]) if len(used) else 0
-        if first > 0:
-            for layer in self._cache.layers:
-                layer.keys = layer.keys[:, :, first:]
-                layer.values = layer.values[:, :, first:]
-            self._mask = self._mask[:, first:]
-
-    def _reset_batch(self) -> None:
-        self._seqs, self._cache, self._mask, self._next, self._pos = [], None, None, None, None
-
-
-def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    missing = width - t.shape[dim]
-    if missing <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The tokenizer's eos plus every eos id in the model's generation config."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen = getattr(model, "generation_config", None)
-    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif eos:
-        ids.update(int(e) for e in eos)
-    return sorted(ids)
+        return final_text(seq, self.tokenizer)

@@ -26,6 +26,8 @@ import contextlib
 import os
 from typing import Any
 
+from agentgym.model.weights import buckets  # noqa: F401 - the bucketing every bucketed push shares
+
 POOL_RESOURCE = {"trainer": "agentgym_trainer_pool", "rollout": "agentgym_rollout_pool"}
 
 
@@ -58,21 +60,6 @@ def trainer_pool(cfg: Any, world_size: int, num_gpus: float) -> Any:
 
     init_ray(cfg)
     return pool_placement_group("trainer", int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node), num_gpus > 0)
-
-
-def buckets(state: dict[str, Any], size_mb: float) -> list[dict[str, Any]]:
-    """``state`` cut into dicts of at most ``size_mb`` MB each (a larger tensor travels alone)."""
-    limit = max(1.0, float(size_mb)) * 2**20
-    out: list[dict[str, Any]] = [{}]
-    used = 0.0
-    for name, tensor in state.items():
-        size = float(tensor.numel() * tensor.element_size())
-        if out[-1] and used + size > limit:
-            out.append({})
-            used = 0.0
-        out[-1][name] = tensor
-        used += size
-    return out
 
 
 class PolicyServerActor:

@@ -100,13 +100,16 @@ class TrainState:
         return norm_value
 
     # ---- state ----------------------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model's weights on CPU (on rank 0; other ranks get ``{}``). Collective under fsdp2."""
+    def full_state_dict(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The whole model's weights on CPU (on rank 0; other ranks get ``{}``). Collective under fsdp2.
+        ``on_device``: where they are (dp: the parameters themselves, no copy), for a push that hands
+        them to a server on the same device."""
         if self.strategy == "fsdp2":
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
+            return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True,
+                                                                              cpu_offload=not on_device))
+        return {k: v.detach() if on_device else v.detach().to("cpu") for k, v in self.module.state_dict().items()}
 
     def save(self, directory: Path, rank: int, contents: Sequence[str] = CONTENTS) -> None:
         """One layout whatever the strategy and the number of ranks: ``model.pt`` (the whole

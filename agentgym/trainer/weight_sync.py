@@ -4,13 +4,25 @@
 embedded | vllm | sglang; ``rollout.num_servers`` of them), or talks to running ones
 (``rollout.server_urls``), and holds the ``PolicyClient`` over all of them.
 
-``WeightSync.push(version)`` runs after every update: the actor's rank 0 writes the whole
-policy as one safetensors file in a model directory under ``/dev/shm`` (RAM; the temp
-directory where there is no ``/dev/shm``; the servers must be on the same host), every
-server loads it and reports ``version`` from then on, and the file is deleted. When
-the actor lives in this process and a server is an embedded one in this process too, the
-weights are copied straight from the actor's tensors, with no file at all. Both halves
-are timed (``weight_sync/save_s``, ``weight_sync/load_s``).
+``WeightSync.push(version)`` runs after every update; every server loads the weights and
+reports ``version`` from then on. How they travel depends on where actor and servers are:
+
+* actor and embedded servers in this process: with the synchronous trainer (which never
+  trains while the servers generate) the servers' weights *are* the actor's tensors, bound
+  once (``Engine.share_weights``, no copy; later pushes only move the version); otherwise the
+  actor's tensors are copied straight into the servers' weights;
+* actor in this process, embedded servers in other processes on this host: the servers map the
+  actor's own memory (shared memory / CUDA IPC handles, ``agentgym.model.weights``) and copy once;
+* embedded servers given by URL on other machines: safetensors buckets of at most
+  ``async_training.checkpoint_engine.device_buffer_size_M`` MB over HTTP;
+* Ray workers on this host and embedded servers we started: the rank-0 worker hands out handles of
+  its memory (``PolicyWorker.weight_handles``: shared memory on CPU, CUDA IPC on a GPU) and every
+  server copies from there once;
+* otherwise (vLLM, SGLang, servers given by URL): the actor's rank 0 writes the whole policy as one
+  safetensors file in a model directory under ``/dev/shm`` (RAM; the temp directory where
+  there is no ``/dev/shm``), every server loads it, and the file is deleted.
+
+Both halves are timed (``weight_sync/save_s``, ``weight_sync/load_s``).
 
 The push directory (``agentgym-policy-<pid>-<id>``, memory while it exists) is removed on every way
 out: ``cleanup()`` at shutdown, an ``atexit`` hook (``agentgym train`` turns SIGTERM/SIGHUP into a
@@ -27,12 +39,15 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import os
 import shutil
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("agentgym.trainer")
 
 
 class RolloutServers:
@@ -45,6 +60,9 @@ class RolloutServers:
         rollout = cfg.actor_rollout_ref.rollout
         self.backend = str(rollout.name)
         self.handles: list[Any] = []
+        lora_rank = int(cfg.actor_rollout_ref.model.get("lora_rank", 0) or 0)
+        # vLLM serves LoRA adapters under a name of their own, which the rollout then asks for
+        self.lora_name = "agentgym-lora" if lora_rank > 0 and self.backend == "vllm" else None
         urls = [str(u) for u in rollout.server_urls]
         model = str(cfg.actor_rollout_ref.model.path)
         # the key the servers' weight routes take: given, or from the environment; servers we start get a new one
@@ -67,6 +85,11 @@ class RolloutServers:
                               tensor_parallel_size=int(rollout.tensor_model_parallel_size),
                               max_model_len=int(cfg.data.max_prompt_length + cfg.data.max_response_length),
                               **engine_server_kwargs(cfg))
+                if self.lora_name:
+                    from agentgym.client.weights import VLLMWeights
+
+                    kwargs["extra_args"] = [*kwargs.get("extra_args", ()), *VLLMWeights.lora_args(lora_rank)]
+                    kwargs["env"] = {**(kwargs.get("env") or {}), **VLLMWeights.LORA_ENV}
             try:
                 for _ in range(int(rollout.num_servers)):
                     self.handles.append(start_policy_server(self.backend, model, port=0, **kwargs))
@@ -75,8 +98,23 @@ class RolloutServers:
                 raise
             urls = [h.url for h in self.handles]
         self.urls = urls
-        self.client = PolicyClient(urls, backend=self.backend, model=self.handles[0].model if self.handles else None,
-                                   admin_key=self.admin_key)
+        self.client = PolicyClient(urls, backend=self.backend, admin_key=self.admin_key,
+                                   model=self.lora_name or (self.handles[0].model if self.handles else None))
+        self.bucket_mb = float(cfg.async_training.checkpoint_engine.device_buffer_size_M)
+
+    def remote_urls(self) -> list[str]:
+        """Servers given by URL that run on another machine."""
+        return [] if self.handles else [u for u in self.urls if not is_local_url(u)]
+
+    def loads_state_dicts(self) -> bool:
+        """Whether every server loads a state dict from this process without a file in between: embedded
+        servers we started (servers given by URL on this host read a file, ones elsewhere take buckets)."""
+        from agentgym.server.handles import EmbeddedServerHandle
+
+        if self.backend != "embedded" or not self.handles:
+            return False
+        return all(isinstance(h, EmbeddedServerHandle) or getattr(h, "backend", None) == "embedded"
+                   for h in self.handles)
 
     def in_process_handles(self) -> list[Any]:
         """Embedded servers running in this process (they take a state dict directly)."""
@@ -95,9 +133,18 @@ class RolloutServers:
                 await self.resume()
             return
         jobs = [asyncio.to_thread(h.update_weights, weights, version) for h in self.handles]
-        if not self.handles:  # servers someone else runs, known by URL only
-            if isinstance(weights, dict):
-                raise ValueError("servers given by URL load weights from a path, not a state dict")
+        if not self.handles and isinstance(weights, dict):  # embedded servers known by URL only
+            if self.backend != "embedded":
+                raise ValueError(f"{self.backend} servers given by URL load weights from a path, not a state dict")
+            from agentgym.client.weights import EmbeddedWeights
+
+            adapter = EmbeddedWeights(admin_key=self.admin_key)
+            for url in self.urls:
+                if is_local_url(url):
+                    jobs.append(asyncio.to_thread(adapter.update_from_state_dict, url, weights, version))
+                else:
+                    jobs.append(asyncio.to_thread(adapter.update_in_buckets, url, weights, version, self.bucket_mb))
+        elif not self.handles:  # servers someone else runs, known by URL only
             if self.backend == "vllm":
                 from agentgym.client.weights import VLLMWeights
 
@@ -171,12 +218,29 @@ class WeightSync:
         self.version = 0  # the version the servers were last sent (what they should all report)
         remove_orphans(base)
         atexit.register(self.cleanup)
+        # the synchronous trainer never trains while its servers generate: they may share its tensors
+        config = actor.workers[0].config if not actor.use_ray and getattr(actor, "workers", None) else {}
+        self.share = self.direct and bool(config.get("actor_rollout_ref", {}).get("hybrid_engine", True))
+        self.shared = False  # the servers' weights are the actor's tensors
+        loads = getattr(servers, "loads_state_dicts", None)
+        self.state_dicts = not actor.use_ray and loads is not None and loads()
+        # Ray workers on this host and embedded servers we started: the servers map the workers' memory
+        self.handles = actor.use_ray and bool(servers.handles) and loads is not None and loads()
+        self._mapped: dict[tuple, Any] = {}
 
     async def push(self, version: int, abort: bool = False, state: dict[str, Any] | None = None) -> dict[str, float]:
         """Every server loads the weights as ``version``: the actor's current ones, or ``state``."""
         started = time.perf_counter()
-        takes_state = self.direct or getattr(self.servers, "takes_state_dict", False)
-        if takes_state:
+        if getattr(self.servers, "lora_name", None):
+            return await self._push_adapter(version, started)
+        takes_state = self.direct or self.state_dicts or getattr(self.servers, "takes_state_dict", False)
+        remote = getattr(self.servers, "remote_urls", list)()
+        if self.share and state is None and not abort:
+            size = await self._push_shared(version)
+            saved = started
+        elif self.handles and state is None and (size := await self._push_handles(version, abort)) is not None:
+            saved = started
+        elif takes_state or (state is None and remote):
             if state is None:
                 state = await asyncio.to_thread(self.actor.call_rank0, "full_state_dict")
             saved = time.perf_counter()
@@ -208,6 +272,77 @@ class WeightSync:
             "weight_sync/mb": size / 2**20,
             "weight_sync/version": float(version),
         }
+
+    async def _push_handles(self, version: int, abort: bool) -> float | None:
+        """Every server maps the rank-0 worker's memory and copies once; None (nothing pushed) when it
+        cannot (a worker on another node), and from then on the file path."""
+        from agentgym.model.weights import open_handles
+        from agentgym.server.handles import EmbeddedServerHandle
+
+        handles = await asyncio.to_thread(self.actor.call_rank0, "weight_handles")
+        try:
+            local = [h for h in self.servers.handles if isinstance(h, EmbeddedServerHandle)]
+            state = open_handles(handles, self._mapped) if local else {}
+        except (OSError, RuntimeError) as exc:
+            log.warning("the servers cannot map the trainer's memory (%s); pushing through files from now on", exc)
+            self.handles = False
+            return None
+        if abort:
+            await self.servers.pause_abort()
+        try:
+            await asyncio.gather(*(asyncio.to_thread(h.update_weights, state, version) if h in local else
+                                   asyncio.to_thread(h.weights.update_from_shared, h.url, handles, version)
+                                   for h in self.servers.handles))
+        finally:
+            if abort:
+                await self.servers.resume()
+        for h in self.servers.handles:
+            if h not in local:
+                h.weight_version = version
+        self._record(version)
+        return float(sum(t.numel() * t.element_size() for t in state.values())) if state else 0.0
+
+    def _record(self, version: int) -> None:
+        """What ``RolloutServers.update`` records, for pushes that go around it."""
+        self.version = version
+        for server in getattr(getattr(self.servers, "client", None), "servers", []):
+            server.version = version
+
+    async def _push_shared(self, version: int) -> float:
+        """Bind the actor's tensors into every in-process server once; afterwards a push is a version.
+        Servers whose weights cannot be the actor's (another dtype or device) get a copy."""
+        self._record(version)
+        if self.shared:
+            await asyncio.gather(*(asyncio.wrap_future(h.engine.new_version(version)) for h in self.servers.handles))
+            return self.shared_bytes
+        state = await asyncio.to_thread(self.actor.call_rank0, "full_state_dict")
+        size = self.shared_bytes = float(sum(t.numel() * t.element_size() for t in state.values()))
+        bound = await asyncio.gather(*(asyncio.wrap_future(h.engine.share_weights(state, version))
+                                       for h in self.servers.handles))
+        if all(b is not False for b in bound):
+            self.shared = True
+        else:  # a server that could not bind: copy, and stop trying to share
+            self.share = False
+            await self.servers.update(state, version)
+        return size
+
+    async def _push_adapter(self, version: int, started: float) -> dict[str, float]:
+        """LoRA on vLLM servers: peft's adapter directory, loaded by each server under one name."""
+        from agentgym.client.weights import VLLMWeights
+
+        directory = self.directory.with_name(self.directory.name + f"-lora-{version}")
+        await asyncio.to_thread(self.actor.call, "save_adapter", str(directory))
+        saved = time.perf_counter()
+        adapter = VLLMWeights()
+        try:
+            await asyncio.gather(*(asyncio.to_thread(adapter.load_lora_adapter, url, self.servers.lora_name,
+                                                     str(directory), version) for url in self.servers.urls))
+        finally:
+            shutil.rmtree(self.directory.with_name(self.directory.name + f"-lora-{version - 1}"), ignore_errors=True)
+        size = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
+        self._record(version)
+        return {"weight_sync/save_s": saved - started, "weight_sync/load_s": time.perf_counter() - saved,
+                "weight_sync/mb": size / 2**20, "weight_sync/version": float(version)}
 
     def _prepare_directory(self) -> None:
         if self.directory.is_dir():
@@ -257,3 +392,23 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # someone else's process
         return True
     return True
+
+
+def is_local_url(url: str) -> bool:
+    """Whether ``url``'s host is this machine (an address one can bind to here)."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(url).hostname or "localhost"
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    for family, _, _, _, address in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.bind((address[0], 0))
+            return True
+        except OSError:
+            continue
+    return False

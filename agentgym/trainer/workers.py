@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentgym.trainer import algos
+from agentgym.trainer import algos, lora
 from agentgym.trainer.batch import micro_batches
 from agentgym.trainer.forward import ValueModel, chunks, policy_forward, select_rows, value_forward
 from agentgym.trainer.train_state import (
@@ -175,6 +175,12 @@ class PolicyWorker(Worker):
         actor = load_causal_lm(path, dtype=dtype, device="cpu").train()
         if cfg["model"].get("enable_gradient_checkpointing"):
             actor.gradient_checkpointing_enable()
+        self.lora = lora.settings(cfg["model"])
+        if self.lora is not None:  # only adapters train; the reference is the base with them off
+            if cfg["model"].get("enable_gradient_checkpointing"):
+                actor.enable_input_require_grads()
+            actor = lora.wrap(actor, self.lora)
+            with_ref = False
         layers = layer_classes(actor)
         self.actor = TrainState(actor, cfg["actor"]["optim"], total_steps, self.strategy, self.world_size,
                                 self.device, cfg["actor"].get("fsdp_config"), layers)
@@ -208,6 +214,14 @@ class PolicyWorker(Worker):
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: Tensors, rows: Sequence[int]) -> Tensors:
+        size = int(self.config["actor_rollout_ref"]["ref"].get("log_prob_micro_batch_size_per_gpu", 16))
+        if self.lora is not None:
+            model = self.actor.module
+            model.eval()
+            with lora.reference(model):
+                outs = [policy_forward(model, select_rows(batch, c, self.device))[0].cpu() for c in chunks(rows, size)]
+            model.train()
+            return {"ref_log_prob": torch.cat(outs)}
         if self.ref is None:
             raise RuntimeError("the reference policy was not loaded (no KL term is on)")
         size = int(self.config["actor_rollout_ref"]["ref"].get("log_prob_micro_batch_size_per_gpu", 16))
@@ -326,13 +340,29 @@ class PolicyWorker(Worker):
         return {"nll": nll, "tokens": count}
 
     # ---- weights out -------------------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.actor.full_state_dict()
+    def full_state_dict(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """What a push sends: the whole policy, or with LoRA its adapters only (``lora.push_state``);
+        ``on_device``: left where training keeps them (a server on the same device copies from there)."""
+        if self.lora is not None:
+            return lora.push_state(self.actor.module)
+        return self.actor.full_state_dict(on_device=on_device)
+
+    def weight_handles(self) -> dict[str, Any] | None:
+        """Handles of the pushed weights' memory for servers on this host (rank 0; CPU tensors move
+        into shared memory the first time, CUDA ones travel as IPC handles): see
+        ``agentgym.model.weights.share_handles``. The tensors stay referenced until the next push."""
+        from agentgym.model.weights import share_handles
+
+        state = self.full_state_dict(on_device=True)
+        if self.rank != 0:
+            return None
+        self._pushed = state
+        return share_handles(state)
 
     def push_weights(self, path: str) -> dict[str, float] | None:
         """Write the weights as one safetensors file at ``path`` (rank 0; collective under fsdp2)."""
         started = time.perf_counter()
-        state = self.actor.full_state_dict()
+        state = self.full_state_dict()
         if self.rank != 0:
             return None
         from agentgym.model.weights import save_for_push
@@ -341,7 +371,27 @@ class PolicyWorker(Worker):
         return {"seconds": time.perf_counter() - started, "bytes": float(target.stat().st_size)}
 
     def save_hf(self, directory: str) -> None:
-        """The policy as a Hugging Face model directory with its tokenizer (rank 0 writes)."""
+        """The policy as a Hugging Face model directory with its tokenizer (rank 0 writes); with LoRA
+        peft's adapter directory, or the merged model with ``lora_export_merged``."""
+        if self.lora is not None and self.rank == 0:
+            model_cfg = self.config["actor_rollout_ref"]["model"]
+            if not model_cfg.get("lora_export_merged"):
+                lora.save_adapter(self.actor.module, directory, str(model_cfg["path"]))
+                return
+            from transformers import AutoModelForCausalLM
+
+            from agentgym.model import load_tokenizer
+
+            base = self.actor.module.get_base_model()
+            config = base.config.__class__.from_dict(base.config.to_dict())
+            if lora.unties_head(self.actor.module):
+                config.tie_word_embeddings = False
+            merged = AutoModelForCausalLM.from_config(config, dtype=base.dtype)
+            merged.load_state_dict(lora.merged_state_dict(self.actor.module), strict=False)
+            merged.generation_config = base.generation_config
+            merged.save_pretrained(directory)
+            load_tokenizer(str(model_cfg["path"])).save_pretrained(directory)
+            return
         state = self.actor.full_state_dict()
         if self.rank != 0:
             return
@@ -356,6 +406,11 @@ class PolicyWorker(Worker):
             module.generation_config = self.actor.module.generation_config
         module.save_pretrained(directory, state_dict=state)
         load_tokenizer(str(self.config["actor_rollout_ref"]["model"]["path"])).save_pretrained(directory)
+
+    def save_adapter(self, directory: str) -> None:
+        """LoRA: peft's adapter directory (rank 0), what vLLM's ``/v1/load_lora_adapter`` reads."""
+        if self.rank == 0:
+            lora.save_adapter(self.actor.module, directory, str(self.config["actor_rollout_ref"]["model"]["path"]))
 
     def save_checkpoint(self, directory: str) -> None:
         contents = self.checkpoint_contents("actor_rollout_ref", "actor", "save_contents")

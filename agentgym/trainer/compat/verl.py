@@ -17,7 +17,7 @@ from typing import Any
 from agentgym.trainer.compat.rules import Rule, Verdict, apply_rules
 
 PERF = "a GPU performance setting; agentgym's result does not depend on it"
-NO_LORA = "agentgym trains full weights (no LoRA); drop the LoRA keys"
+NO_LORA = "LoRA is for the actor only (actor_rollout_ref.model.lora_rank); the critic trains full weights"
 PROFILER = "agentgym has no profiler hooks; timings are in the metrics (timing_s/*)"
 AR = "actor_rollout_ref"
 NOT_READ = "only read by veRL's own worker implementation"
@@ -31,12 +31,13 @@ VERL_RULES: list[Rule] = [
     Rule(f"{AR}.actor.optim.clip_grad", "alias", f"{AR}.actor.grad_clip"),
     Rule("critic.optim.clip_grad", "alias", "critic.grad_clip"),
     # ---- refused: features agentgym does not have
-    Rule(f"{AR}.model.lora_rank", "ignore", NO_LORA, (0,)),
-    Rule(f"{AR}.model.lora_adapter_path", "ignore", NO_LORA, (None,)),
+    Rule(f"{AR}.model.lora_adapter_path", "ignore", "training starts from fresh adapters; load a merged model "
+         "as actor_rollout_ref.model.path instead", (None,)),
+    Rule(f"{AR}.model.exclude_modules", "ignore", "list the modules that get adapters in target_modules", (None,)),
     Rule("critic.model.lora_rank", "ignore", NO_LORA, (0,)),
-    Rule("*.lora_alpha", "ignore", NO_LORA),
-    Rule("*.target_modules", "ignore", NO_LORA),
-    Rule("*.exclude_modules", "ignore", NO_LORA),
+    Rule("critic.model.lora_alpha", "ignore", NO_LORA),
+    Rule("critic.model.target_modules", "ignore", NO_LORA),
+    Rule("critic.model.exclude_modules", "ignore", NO_LORA),
     Rule("*.external_lib", "ignore", "agentgym imports no model library: use a model transformers loads",
          (None,)),
     Rule("*.override_config", "ignore", "model config overrides are not applied: edit the model's config.json",
@@ -197,6 +198,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "data.reward_fn_key": "data_source", "data.return_raw_chat": True, "data.filter_overlong_prompts": False,
     "data.truncation": "error", "data.train_max_samples": -1, "data.val_max_samples": -1,
     f"{AR}.model.enable_gradient_checkpointing": True, f"{AR}.model.use_remove_padding": True,
+    f"{AR}.model.lora_rank": 0, f"{AR}.model.lora_alpha": 16,
     f"{AR}.actor.optim.lr": 1e-6, f"{AR}.actor.optim.weight_decay": 0.01, f"{AR}.actor.optim.betas": [0.9, 0.999],
     f"{AR}.actor.optim.lr_warmup_steps": -1, f"{AR}.actor.optim.lr_warmup_steps_ratio": 0.0,
     f"{AR}.actor.optim.min_lr_ratio": 0.0, f"{AR}.actor.optim.num_cycles": 0.5,

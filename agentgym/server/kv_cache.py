@@ -1,0 +1,181 @@
+"""The engine's KV cache: one block of memory, allocated once, in fixed slots.
+
+Every layer's keys and values live in one tensor of shape
+``(2, layers, slots, kv_heads, width, head_dim)``. A slot holds one sequence's cache, token
+``t`` in column ``t``; the last column is scratch (padding tokens write there). Running
+sequences occupy slots ``0 .. B-1`` (the engine keeps them packed), so a decode step's
+attention reads the view ``[:B, :, :length]`` with no gather; finished sequences stay in
+other slots as prefix-cache entries until their slot is needed.
+
+The width starts small and doubles (up to ``max_len`` + 1) when a sequence needs more
+columns; that copy happens a few times in a server's life, never per step.
+
+``SlotKVCache`` is a transformers ``Cache``: before each forward the engine says which slots
+the batch rows are and which columns their tokens go to (``bind``); each attention layer
+then calls ``update``, which writes the new keys/values there and returns the views the
+attention reads. The mask is the engine's (a 4D tensor handed to the model), so the cache
+answers no length questions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+
+def kv_shape(config: Any) -> tuple[int, int, int]:
+    """``(layers, kv_heads, head_dim)`` of a decoder config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    return int(text.num_hidden_layers), kv_heads, head_dim
+
+
+ATTENTION_KINDS = ("full_attention", "sliding_attention")
+
+
+class SlotKVCache(Cache):
+    """Keys and values of ``slots`` sequences of at most ``max_len`` tokens (see the module docstring)."""
+
+    is_compileable = False
+
+    def __init__(self, config: Any, slots: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
+                 initial_width: int = 256) -> None:
+        super().__init__(layers=[])
+        self.num_layers, self.kv_heads, self.head_dim = kv_shape(config)
+        self.slots = slots
+        self.max_len = max_len
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.storage = self._allocate(min(max_len, initial_width) + 1)
+        self.generation = 0  # bumped when the storage moves (captured CUDA graphs hold its address)
+        self._rows: slice = slice(0, 0)
+        self._write_rows: torch.Tensor | None = None
+        self._write_cols: torch.Tensor | None = None
+        self._length = 0
+
+    def _allocate(self, width: int) -> torch.Tensor:
+        # zeros, not empty: attention multiplies masked-out values by a weight of 0, and 0 * NaN is NaN
+        return torch.zeros((2, self.num_layers, self.slots, self.kv_heads, width, self.head_dim),
+                           dtype=self.dtype, device=self.device)
+
+    # ---- size --------------------------------------------------------------------------------
+    @property
+    def width(self) -> int:
+        """Columns per slot, the scratch column included."""
+        return self.storage.shape[4]
+
+    @property
+    def scratch(self) -> int:
+        """The column padding tokens write to (never read by a real token)."""
+        return self.width - 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.numel() * self.storage.element_size()
+
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * self.storage.element_size()
+
+    def ensure_length(self, length: int) -> None:
+        """Make room for ``length`` tokens per slot (doubling the width, at most ``max_len``)."""
+        if length <= self.scratch:
+            return
+        if length > self.max_len:
+            raise ValueError(f"{length} tokens do not fit the KV cache's {self.max_len} per sequence")
+        width = self.scratch
+        while width < length:
+            width *= 2
+        grown = self._allocate(min(width, self.max_len) + 1)
+        grown[..., : self.scratch, :] = self.storage[..., : self.scratch, :]
+        self.storage = grown
+        self.generation += 1
+
+    # ---- the engine's side -------------------------------------------------------------------
+    def bind(self, rows: slice, write_rows: torch.Tensor, write_cols: torch.Tensor, length: int) -> None:
+        """The next forward's batch: row ``i`` is slot ``rows.start + i``; its input token ``j`` is
+        written to slot ``write_rows[i, 0]``, column ``write_cols[i, j]``; attention reads columns
+        ``0 .. length-1``."""
+        self._rows, self._write_rows, self._write_cols, self._length = rows, write_rows, write_cols, length
+
+    def copy(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` columns of slot ``src`` into slot ``dst`` (every layer)."""
+        if length > 0 and src != dst:
+            self.storage[:, :, dst, :, :length] = self.storage[:, :, src, :, :length]
+
+    def copy_many(self, src: list[int], dst: list[int], length: int) -> None:
+        """``copy`` for several pairs at once (one indexed copy of ``length`` columns)."""
+        if not src or length <= 0:
+            return
+        source = torch.tensor(src, device=self.device)
+        target = torch.tensor(dst, device=self.device)
+        self.storage[:, :, target, :, :length] = self.storage[:, :, source, :, :length]
+
+    # ---- transformers' side ------------------------------------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.storage[0, layer_idx], self.storage[1, layer_idx]
+        # (batch, heads, tokens, dim) -> (batch, tokens, heads, dim): the layout of keys[rows, :, cols]
+        keys[self._write_rows, :, self._write_cols] = key_states.transpose(1, 2)
+        values[self._write_rows, :, self._write_cols] = value_states.transpose(1, 2)
+        return keys[self._rows, :, : self._length], values[self._rows, :, : self._length]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._length
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self._length, 0
+
+    @property
+    def is_sliding(self) -> list[bool]:  # transformers asks this of caches it was handed
+        return [False] * self.num_layers
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+    def __repr__(self) -> str:
+        return (f"SlotKVCache(slots={self.slots}, width={self.width}, layers={self.num_layers}, "
+                f"{self.nbytes / 2**20:.1f} MiB)")
+
+
+class AttentionMasks:
+    """The attention mask of a batch bound to the KV cache: query ``(i, j)`` (its token in column
+    ``cols[i, j]``) sees columns ``0 .. cols[i, j]`` (and only the last ``sliding_window`` of
+    them in sliding-window layers). Booleans for SDPA, additive floats for eager attention; a
+    dict by layer kind for models that mix kinds."""
+
+    def __init__(self, model: Any, device: torch.device, columns: int) -> None:
+        config = model.config
+        kinds = list(getattr(config, "layer_types", None) or [])
+        window = getattr(config, "sliding_window", None)
+        if not kinds:
+            kinds = ["sliding_attention" if window else "full_attention"]
+        unknown = sorted(set(kinds) - set(ATTENTION_KINDS))
+        if unknown:
+            raise ValueError(f"the embedded engine serves decoder models with full or sliding-window attention; "
+                             f"this model has {unknown} layers: serve it with vLLM or SGLang (--engine vllm)")
+        if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+            model.set_attn_implementation("sdpa")
+        self.kinds = sorted(set(kinds))
+        self.window = int(window) if window else None
+        self.as_dict = len(self.kinds) > 1
+        self.boolean = model.config._attn_implementation == "sdpa"
+        self.dtype = next(model.parameters()).dtype
+        self.columns = torch.arange(columns, device=device)
+
+    def __call__(self, cols: torch.Tensor, length: int) -> Any:
+        columns = self.columns[:length][None, None, None, :]
+        query = cols[:, None, :, None]
+        masks = {}
+        for kind in self.kinds:
+            allowed = columns <= query
+            if kind == "sliding_attention" and self.window:
+                allowed = allowed & (columns > query - self.window)
+            if not self.boolean:
+                allowed = torch.zeros(allowed.shape, dtype=self.dtype, device=cols.device).masked_fill_(
+                    ~allowed, torch.finfo(self.dtype).min)
+            masks[kind] = allowed
+        return masks if self.as_dict else masks[self.kinds[0]]
