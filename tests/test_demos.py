@@ -239,3 +239,19 @@ def test_demos_command_and_envs_column(tmp_path, capsys):
     assert lines[0].split()[:3] == ["name", "package", "expert"]
     column = {line.split()[0]: line.split()[2] for line in lines[1:]}
     assert column["sokoban"] == column["gsm8k"] == "yes" and column["first_letter"] == "no"
+
+
+def test_arithmetic_is_scored_like_gsm8k_and_its_expert_is_right(tmp_path):
+    env = agentgym.make("arithmetic", digits=2, operands=3)
+    messages, info = env.reset(seed=7)
+    question = messages[-1]["content"]
+    assert question.startswith("What is ") and info["answer"] == eval(question[8:-1])  # noqa: S307 - our own digits
+    _, _, terminated, _, info = env.step(f"I think it is... #### {info['answer'] + 1}")
+    assert terminated and not info["success"] and info["outcome_reward"] == 0.0
+    env.reset(seed=7)
+    _, _, _, _, info = env.step(env.expert_action())
+    assert info["success"] and info["outcome_reward"] == 1.0
+    env.reset(seed=7)
+    assert env.random_action(random.Random(0)).startswith("#### ")
+    stats = write_demos("arithmetic", 5, tmp_path / "a.jsonl", env_kwargs={"digits": 2}, progress=False)
+    assert stats.written == stats.solved == 5
