@@ -106,6 +106,20 @@ def _pyplot() -> Any:
     return plt
 
 
+SMOOTH_FROM = 20
+"""From this many steps on, the train series also gets a trailing mean (the raw line stays, faint)."""
+
+
+def trailing_mean(values: Sequence[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def figure(rows: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str, str]], title: str = "") -> Any:
     """A matplotlib figure with one axes per panel: ``train`` line, ``validation`` dots."""
     plt = _pyplot()
@@ -115,7 +129,13 @@ def figure(rows: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str, str]
     for ax, (name, key, label) in zip(axes.flat, panels):
         steps, values = series(rows, key)
         if steps:
-            ax.plot(steps, values, color="#1f77b4", linewidth=1.6, label="train")
+            noisy = len(steps) >= SMOOTH_FROM
+            ax.plot(steps, values, color="#1f77b4", linewidth=0.8 if noisy else 1.6, alpha=0.35 if noisy else 1.0,
+                    label="train")
+            if noisy:  # a step's batch is a few tasks: the trend is what a reader wants
+                window = max(3, len(steps) // 12)
+                ax.plot(steps, trailing_mean(values, window), color="#1f77b4", linewidth=1.8,
+                        label=f"train, mean of {window} steps")
         val_steps, val_values = series(rows, f"val/{key}")
         if val_steps:
             ax.plot(val_steps, val_values, color="#d62728", marker="o", markersize=4, linewidth=1.0,
