@@ -8,9 +8,10 @@ random policy answers a uniform number in the result's range.
 
     env = agentgym.make("arithmetic", digits=2, operands=3)
 
-This is the single-turn learning check of ``agentgym train --env arithmetic`` (configs/env/
-arithmetic.yaml): a short SFT on the expert's answers leaves the tiny model right about half
-the time, and GRPO raises the held-out rate from there.
+Measured with ``agentgym train --env arithmetic`` (configs/env/arithmetic.yaml, 2-digit sums)
+on a 2-core CPU: 600 SFT steps on the expert's answers reach 0.94 held-out (300 steps: 0.34,
+150 steps: 0.01), and 40 GRPO steps after them did not raise the rate (0.94 -> 0.885; from the
+300-step model 0.335 -> 0.30).
 """
 
 from __future__ import annotations
