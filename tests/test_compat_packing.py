@@ -117,4 +117,6 @@ def test_dynamic_micro_batches_and_packing_take_the_same_step(mode):
     reference = _step(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
     other = _step(mode)
     worst = max(float((other[k] - reference[k]).abs().max()) for k in reference)
-    assert worst < 1e-5, worst
+    # One Adam step of lr 1e-3: a wrong split or mask moves weights by about the lr; float noise in the
+    # packed attention moves a few near-zero-gradient weights by a few 1e-5 (Adam divides by sqrt(v))
+    assert worst < 5e-5, worst

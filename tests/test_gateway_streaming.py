@@ -178,12 +178,15 @@ def test_servers_added_and_removed_while_sessions_run(oracle):
             assert admin.delete("/servers", params={"url": a.url}).status_code == 409  # the last one stays
             infos = [admin.post("/sessions", json={}).json() for _ in range(8)]
             errors: list[BaseException] = []
+            b_added = threading.Event()  # no session may finish before b is in: some of its turns must go there
 
             def agent(info: dict, turns: int) -> None:
                 try:
                     client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
                     messages = []
                     for k in range(turns):
+                        if k == turns // 2:
+                            b_added.wait(30)
                         messages.append({"role": "user", "content": f"{info['id'][:6]} turn {k}"})
                         reply = client.chat.completions.create(model="m", messages=messages, max_tokens=32)
                         messages.append({"role": "assistant", "content": reply.choices[0].message.content})
@@ -196,7 +199,7 @@ def test_servers_added_and_removed_while_sessions_run(oracle):
                 t.start()
             time.sleep(0.3)
             assert admin.post("/servers", json={"url": b.url}).json()["added"]
-            time.sleep(0.3)
+            b_added.set()
             r = admin.delete("/servers", params={"url": a.url})  # waits for a's calls in flight
             assert r.status_code == 200 and [s["url"] for s in r.json()["servers"]] == [b.url]
             served_by_a = len(a.requests)
