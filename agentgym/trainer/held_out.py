@@ -95,6 +95,8 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
     seeds = held_out_range(cfg)
     max_len = int(cfg.data.max_prompt_length + cfg.data.max_response_length)
     concurrency = int(rollout.concurrency)
+    # the run's own executor where it needs nothing else; threads for the remote and worker kinds
+    executor = str(cfg.env.executor) if cfg.env.executor in ("thread", "inline", "process") else "thread"
 
     async def run() -> list[Any]:
         server = await asyncio.to_thread(start_embedded_server, model=model_dir, port=0,
@@ -105,7 +107,7 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
                     n=1, temperature=temperature, max_tokens=int(rollout.max_tokens_per_turn),
                     prompt_length=int(cfg.data.max_prompt_length), response_length=int(cfg.data.max_response_length),
                     max_model_len=max_len, max_turns=rollout.multi_turn.max_assistant_turns,
-                    max_concurrency=concurrency, seed=seeds.start, env_executor="inline",
+                    max_concurrency=concurrency, seed=seeds.start, env_executor=executor,
                     sampling_seed=int(cfg.trainer.seed) if temperature > 0 else None)
                 runner = RolloutRunner(str(cfg.env.name), client, load_tokenizer(model_dir), config,
                                        env_kwargs=env_kwargs(cfg))
