@@ -48,8 +48,9 @@ def _cmd_envs(args: argparse.Namespace) -> int:
 
 def _cmd_play(args: argparse.Namespace) -> int:
     from agentgym.envs.play import play
+    from agentgym.rollout.commands import parse_env_args
 
-    return play(args.env, seed=args.seed, env_kwargs=_parse_kv(args.env_arg))
+    return play(args.env, seed=args.seed, env_kwargs=parse_env_args(args.env_arg))
 
 
 def _cmd_demos(args: argparse.Namespace) -> int:
@@ -153,19 +154,6 @@ def _cmd_env_serve(args: argparse.Namespace) -> int:
     from agentgym.envs.adapters.openenv_server import env_serve_command
 
     return env_serve_command(args)
-
-
-def _parse_kv(pairs: Sequence[str] | None) -> dict[str, object]:
-    """``["dim_room=[8,8]", "num_boxes=2"]`` -> kwargs, values parsed as YAML scalars/lists."""
-    import yaml
-
-    out: dict[str, object] = {}
-    for pair in pairs or ():
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--env-arg expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

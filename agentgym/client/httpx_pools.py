@@ -37,8 +37,9 @@ class HTTPPools:
         self._options = {"limits": httpx.Limits(max_connections=self.size, max_keepalive_connections=self.size),
                          **client_options}
 
-    async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        """``httpx.AsyncClient.request`` on the least busy pool (the response is read in full)."""
+    @contextlib.asynccontextmanager
+    async def _client(self) -> AsyncIterator[httpx.AsyncClient]:
+        """The least busy pool's client (a new pool when every pool is full), counted busy while held."""
         async with self.slots:
             busy = self.busy
             k = min(range(len(busy)), key=busy.__getitem__, default=-1)
@@ -48,26 +49,20 @@ class HTTPPools:
                 k = len(busy) - 1
             busy[k] += 1
             try:
-                return await self.clients[k].request(method, url, **kwargs)
+                yield self.clients[k]
             finally:
                 busy[k] -= 1
+
+    async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """``httpx.AsyncClient.request`` on the least busy pool (the response is read in full)."""
+        async with self._client() as client:
+            return await client.request(method, url, **kwargs)
 
     @contextlib.asynccontextmanager
     async def stream(self, method: str, url: str, **kwargs: Any) -> AsyncIterator[httpx.Response]:
         """``httpx.AsyncClient.stream`` on the least busy pool: the response before its body is read."""
-        async with self.slots:
-            busy = self.busy
-            k = min(range(len(busy)), key=busy.__getitem__, default=-1)
-            if k < 0 or busy[k] >= self.size:
-                self.clients.append(httpx.AsyncClient(**self._options))
-                busy.append(0)
-                k = len(busy) - 1
-            busy[k] += 1
-            try:
-                async with self.clients[k].stream(method, url, **kwargs) as response:
-                    yield response
-            finally:
-                busy[k] -= 1
+        async with self._client() as client, client.stream(method, url, **kwargs) as response:
+            yield response
 
     async def aclose(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self.clients))

@@ -32,12 +32,13 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agentgym.envs.base import NoExpertError, has_expert
+from agentgym.envs.env_args import parse_env_args
 from agentgym.types import Message
 
 
@@ -249,7 +250,10 @@ def demos_command(args: argparse.Namespace) -> int:
     from agentgym.registry import UnknownNameError
 
     try:
-        env_kwargs = _parse_kv(getattr(args, "env_arg", None))
+        try:
+            env_kwargs = parse_env_args(getattr(args, "env_arg", None))
+        except ValueError as exc:
+            raise DemoError(str(exc)) from None
         stats = write_demos(args.env, args.n, args.out, seed=args.seed, env_kwargs=env_kwargs,
                             max_turns=getattr(args, "max_turns", None),
                             keep_failures=getattr(args, "keep_failures", False))
@@ -263,15 +267,3 @@ def demos_command(args: argparse.Namespace) -> int:
         print(f"{stats.left_out} unsolved episodes were left out (--keep-failures keeps them); when the turn or "
               f"step budget is too small for the expert, raise --max-turns or the env's max_steps", file=sys.stderr)
     return 0 if stats.written else 1
-
-
-def _parse_kv(pairs: Sequence[str] | None) -> dict[str, Any]:
-    import yaml
-
-    out: dict[str, Any] = {}
-    for pair in pairs or ():
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise DemoError(f"--env-arg expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out

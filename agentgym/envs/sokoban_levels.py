@@ -251,16 +251,18 @@ def reverse_play(floor: int, width: int, targets: tuple[int, ...], player: int, 
 
 # ---- solving ---------------------------------------------------------------------------
 
+def _floor_mask(level: Level) -> int:
+    """Every cell that is not a wall, one bit per cell."""
+    return sum(1 << i for i in range(level.height * level.width) if i not in level.walls)
+
+
 def solve(level: Level, max_states: int = 1_000_000) -> list[str] | None:
     """A push-optimal solution as direction names (``["Up", "Left", ...]``), or None when
     the level has none. Breadth-first over pushes; boxes on cells from which no push
     sequence reaches a target are pruned. Raises ``RuntimeError`` past ``max_states``."""
     w = level.width
     offsets = (-w, w, -1, 1)
-    floor = 0
-    for i in range(level.height * level.width):
-        if i not in level.walls:
-            floor |= 1 << i
+    floor = _floor_mask(level)
     goal = _mask(level.targets)
     start = _mask(level.boxes)
     if start == goal:
@@ -371,10 +373,7 @@ def shortest_moves(level: Level, max_states: int = 200_000) -> list[str] | None:
     (then ``solve``, which searches pushes only, still copes)."""
     w = level.width
     offsets = (-w, w, -1, 1)
-    floor = 0
-    for i in range(level.height * level.width):
-        if i not in level.walls:
-            floor |= 1 << i
+    floor = _floor_mask(level)
     goal = _mask(level.targets)
     start = (level.player, _mask(level.boxes))
     if start[1] == goal:

@@ -23,16 +23,13 @@ DEFAULT_TASKS = {"rollout": 8, "eval_seeds": 32}
 
 
 def parse_env_args(pairs: list[str] | None) -> dict[str, Any]:
-    """``["dim_room=[8,8]", "num_boxes=2"]`` -> kwargs, values read as YAML scalars/lists."""
-    import yaml
+    """``--env-arg`` pairs -> kwargs (``agentgym.envs.env_args``); a malformed pair ends the command."""
+    from agentgym.envs.env_args import parse_env_args as parse
 
-    out: dict[str, Any] = {}
-    for pair in pairs or ():
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"--env-arg expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+    try:
+        return parse(pairs)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def check_env(name: str) -> str | None:
