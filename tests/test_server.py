@@ -241,8 +241,8 @@ def test_malformed_json_and_bad_chat_requests(server, client):
 
 # ---- weights -----------------------------------------------------------------------------------
 def perturbed(model, seed):
-    gen = torch.Generator().manual_seed(seed)
-    return {k: v + 0.5 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()
+    gen = torch.Generator().manual_seed(seed)  # at 0.5 the logits reach ~30 and float32 rounding alone exceeds 1e-4
+    return {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()
             if k != "lm_head.weight"}  # tied to the embeddings
 
 
