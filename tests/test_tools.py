@@ -288,6 +288,26 @@ def test_strong_python_sees_a_private_fresh_tmp_and_a_read_only_system(tmp_path:
     assert not os.path.exists("/usr/escaped") and no_children_left()
 
 
+def test_strong_sandbox_runs_an_interpreter_that_lives_under_tmp(tmp_path: Path) -> None:
+    """A clone (and its venv) under /tmp: the private /tmp must not hide the interpreter, and shows
+    nothing else of the host's /tmp."""
+    skip_without_strong()
+    import subprocess
+    import venv
+
+    from agentgym.envs.tools.sandbox import run_python
+
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip("pytest's tmp_path is not under /tmp here")
+    venv.create(tmp_path / "venv", with_pip=False)
+    (tmp_path / "secret.txt").write_text("host")
+    python = str(tmp_path / "venv" / "bin" / "python")
+    assert subprocess.run([python, "-c", "pass"]).returncode == 0
+    code = f"import os, sys\nprint(sys.executable, os.path.exists({str(tmp_path / 'secret.txt')!r}))"
+    result = run_python(code, mode="strong", python=python)
+    assert result.exit_code == 0 and result.stdout.split() == [python, "False"], result.stderr
+
+
 def test_strong_python_keeps_threads_subprocesses_and_multiprocessing() -> None:
     skip_without_strong()
     code = """

@@ -110,6 +110,21 @@ def _outermost(paths: list[str]) -> list[str]:
     return out
 
 
+TMPFS_MOUNTS = ("/tmp", "/dev/shm")
+
+
+def _bind_roots(roots: list[str], made: set[str]) -> list[str]:
+    """Read-only binds of ``roots``, making each missing ancestor first (adds them to ``made``)."""
+    argv: list[str] = []
+    for root in roots:
+        for parent in reversed(Path(root).parents[:-1]):  # every ancestor below "/", top first
+            if str(parent) not in made:  # world-traversable even where the real one is not (/root)
+                argv += ["--perms", "0755", "--dir", str(parent)]
+                made.add(str(parent))
+        argv += ["--ro-bind", os.path.realpath(root), root]
+    return argv
+
+
 def bwrap_argv(python: str | None, disk_bytes: int, seccomp_fd: int | None) -> tuple[list[str], list[str]]:
     """``(argv, layers)``: the bubblewrap command line that runs the bootstrap, and the layers it adds."""
     as_root = os.geteuid() == 0
@@ -133,17 +148,17 @@ def bwrap_argv(python: str | None, disk_bytes: int, seccomp_fd: int | None) -> t
     for path in ETC_FILES:
         argv += ["--ro-bind-try", path, path]
     made = {"/", "/usr", "/etc", *SYSTEM_DIRS}
-    for root in _outermost(_python_roots(python)):
-        parents = Path(root).parents
-        for parent in reversed(parents[:-1]):  # every ancestor below "/", top first
-            if str(parent) not in made:  # world-traversable even where the real one is not (/root)
-                argv += ["--perms", "0755", "--dir", str(parent)]
-                made.add(str(parent))
-        argv += ["--ro-bind", os.path.realpath(root), root]
-    argv += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", str(disk_bytes), "--tmpfs", "/tmp",
-             "--perms", "1777", "--size", str(disk_bytes), "--tmpfs", "/dev/shm",
-             "--remount-ro", "/", "--chdir", "/tmp"]
+    roots = _outermost(_python_roots(python))
+    # an interpreter under /tmp or /dev/shm (a clone in /tmp) is bound after the private tmpfs
+    # mounted there, or that tmpfs would hide it
+    late = [r for r in roots if any(r.startswith(m + "/") for m in TMPFS_MOUNTS)]
+    argv += _bind_roots([r for r in roots if r not in late], made)
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for mount in TMPFS_MOUNTS:
+        argv += ["--perms", "1777", "--size", str(disk_bytes), "--tmpfs", mount]
+        made.add(mount)
+    argv += _bind_roots(late, made)
+    argv += ["--remount-ro", "/", "--chdir", "/tmp"]
     layers += ["read-only-root", "tmpfs-quota"]
     env = {"PATH": PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
