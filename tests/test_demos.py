@@ -16,7 +16,7 @@ from shared_data import GSM8K_TEST
 import agentgym
 from agentgym.cli import main as cli_main
 from agentgym.envs.base import NoExpertError, TextEnv, has_expert
-from agentgym.envs.demos import DemoError, check_held_out, read_demos, write_demos
+from agentgym.envs.demos import DemoError, read_demos, write_demos
 from agentgym.envs.first_letter import FirstLetterEnv
 from agentgym.envs.sokoban import SokobanEnv
 from agentgym.envs.sokoban_levels import Level, shortest_moves, solve
@@ -208,12 +208,6 @@ def test_bad_input_is_refused_with_the_fix(tmp_path):
     chat.write_text("{not json\n")
     with pytest.raises(DemoError, match="not a JSON line"):
         read_demos(chat)
-
-
-def test_held_out_seeds_must_not_overlap_training_seeds():
-    check_held_out(range(0, 5000), 1_000_000, 200)
-    with pytest.raises(DemoError, match=r"3 training seeds \(first 98\).*\[98, 298\)"):
-        check_held_out(range(0, 101), 98, 200)
 
 
 # ---- the command line ----------------------------------------------------------------------------

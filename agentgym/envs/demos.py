@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,15 +230,6 @@ def _differing(written: dict[str, Any], wanted: dict[str, Any]) -> str:
     plain = json.loads(json.dumps(wanted))  # tuples as lists, as they were written
     return ", ".join(f"{k}: {written.get(k)!r} in the file, {plain.get(k)!r} wanted"
                      for k in keys if written.get(k) != plain.get(k))
-
-
-def check_held_out(train_seeds: Iterable[int], start: int, count: int) -> None:
-    """Raise ``DemoError`` when any training seed falls in the held-out range ``[start, start + count)``."""
-    end = start + count
-    clash = sorted(s for s in train_seeds if s is not None and start <= s < end)
-    if clash:
-        raise DemoError(f"{len(clash)} training seeds (first {clash[0]}) fall in the held-out range "
-                        f"[{start}, {end}): move the held-out seeds (e.g. --seed {max(clash) + 1}) or train on others")
 
 
 # ---- the command line ----------------------------------------------------------------------------
