@@ -52,10 +52,14 @@ def test_main_job_stages_run_in_order_and_are_cached(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "demos cached" in out and "SFT model cached" in out
     assert sft_model.joinpath("config.json").stat().st_mtime_ns == mtime
+    assert "scores of the start model reused" in out
+    again = json.loads((run_dir / "held_out.json").read_text())["policies"]["after SFT"]
+    assert again == report["policies"]["after SFT"]
     # another SFT setting redoes SFT (and only SFT)
     assert _train(tmp_path / "run", "warm_start.sft.optim.lr=1e-3", "trainer.total_training_steps=2") == 0
     out = capsys.readouterr().out
     assert "demos cached" in out and "SFT model cached" not in out and "warm start: SFT done" in out
+    assert "scores of the start model reused" not in out  # a new start model is scored anew
 
 
 def test_bad_stage_settings_are_refused_before_any_work(tmp_path, capsys):

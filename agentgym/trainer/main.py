@@ -368,9 +368,7 @@ def run_start_stages(cfg: DictConfig) -> dict[float, Any]:
         print(f"warm start: RL starts from the SFT model {run_warm_start(cfg)}", flush=True)
     if not cfg.held_out.enable:
         return {}
-    model = str(cfg.actor_rollout_ref.model.path)
-    return {float(t): held_out.score_model(cfg, model, float(t), f"held-out start T={float(t):g}")
-            for t in cfg.held_out.temperatures}
+    return held_out.score_start(cfg, str(cfg.actor_rollout_ref.model.path))
 
 
 def held_out_report(cfg: DictConfig, start: dict[float, Any], summary: dict[str, Any]) -> None:

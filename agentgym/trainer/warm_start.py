@@ -18,7 +18,6 @@ actor_rollout_ref.model.path=DIR``. To reuse demos of your own: ``warm_start.dem
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError
+from agentgym.trainer.stage_cache import file_key, is_cached, stamp
 
 
 def warm_start_dir(cfg: DictConfig) -> Path:
@@ -65,22 +65,6 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError(f"warm_start.sft: {exc}") from None
 
 
-def _settings_key(settings: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _cached(directory: Path, settings: dict[str, Any], output: Path) -> bool:
-    stamp = directory / "stage.json"
-    if not stamp.is_file() or not output.exists():
-        return False
-    return json.loads(stamp.read_text()).get("key") == _settings_key(settings)
-
-
-def _stamp(directory: Path, settings: dict[str, Any], **facts: Any) -> None:
-    (directory / "stage.json").write_text(json.dumps({"key": _settings_key(settings), "settings": settings, **facts},
-                                                      indent=1, default=str))
-
-
 def write_demos_stage(cfg: DictConfig, show_progress: bool = True) -> Path:
     """Stage 1: the expert's episodes as chat JSONL (cached)."""
     from agentgym.envs.demos import write_demos
@@ -94,7 +78,7 @@ def write_demos_stage(cfg: DictConfig, show_progress: bool = True) -> Path:
     turns = cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns
     settings = {"env": str(cfg.env.name), "env_kwargs": env_kwargs, "n": int(ws.demos),
                 "seed": int(ws.demo_seed_start), "max_turns": turns}
-    if _cached(directory, settings, path):
+    if is_cached(directory, settings, path):
         print(f"warm start: demos cached ({path})", flush=True)
         return path
     directory.mkdir(parents=True, exist_ok=True)
@@ -106,7 +90,7 @@ def write_demos_stage(cfg: DictConfig, show_progress: bool = True) -> Path:
                           "step budget (env.kwargs)")
     print(f"warm start: {stats.written} demonstrations (expert solved {stats.solved} of {stats.episodes}) -> {path}",
           flush=True)
-    _stamp(directory, settings, written=stats.written, solved=stats.solved)
+    stamp(directory, settings, written=stats.written, solved=stats.solved)
     return path
 
 
@@ -142,8 +126,8 @@ def sft_stage(cfg: DictConfig, demos: Path, base_model: str, show_progress: bool
     sft_cfg = sft_config(cfg, demos, base_model)
     directory = Path(str(sft_cfg.trainer.default_local_dir))
     output = directory / "huggingface"
-    settings = {"sft": OmegaConf.to_container(sft_cfg, resolve=True), "demos": _file_key(demos)}
-    if _cached(directory, settings, output):
+    settings = {"sft": OmegaConf.to_container(sft_cfg, resolve=True), "demos": file_key(demos)}
+    if is_cached(directory, settings, output):
         print(f"warm start: SFT model cached ({output})", flush=True)
         return output
     if directory.exists():  # a different or an unfinished SFT: start it over
@@ -159,13 +143,8 @@ def sft_stage(cfg: DictConfig, demos: Path, base_model: str, show_progress: bool
         raise ConfigError("the warm start's SFT wrote no model: keep trainer.save_hf_model true in warm_start.sft")
     loss = summary["metrics"].get("sft/loss", float("nan"))
     print(f"warm start: SFT done in {summary['seconds']:.0f} s, loss {loss:.4f} -> {summary['hf_model']}", flush=True)
-    _stamp(directory, settings, loss=loss, seconds=summary["seconds"])
+    stamp(directory, settings, loss=loss, seconds=summary["seconds"])
     return Path(summary["hf_model"])
-
-
-def _file_key(path: Path) -> str:
-    stat = path.stat()
-    return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def run_warm_start(cfg: DictConfig, show_progress: bool = True) -> Path:
