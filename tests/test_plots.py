@@ -16,7 +16,8 @@ def write_run(directory, steps=6, resumed_twice=(4,)):
     lines = []
     for step in range(1, steps + 1):
         row = {"step": step, "reward/mean": 0.1 * step, "success_rate": 0.05 * step, "turns/mean": 3.0 - 0.1 * step,
-               "actor/entropy": 2.0 - 0.2 * step, "actor/kl_loss": 0.01 * step, "timing_s/step": 1.0}
+               "actor/entropy": 2.0 - 0.2 * step, "actor/kl_loss": 0.0, "actor/ppo_kl": 0.01 * step,
+               "rollout/weight_version_lag": 0, "timing_s/step": 1.0}
         if step % 3 == 0:
             row.update({"val/reward/mean": 0.2 * step, "val/success_rate": 0.1 * step})
         lines.append(json.dumps(row))
@@ -39,8 +40,10 @@ def test_the_default_panels_hold_train_and_validation_series(tmp_path):
     assert list(train.get_xdata()) == [1, 2, 3, 4, 5, 6] and train.get_ydata()[3] == 9.0
     assert list(val.get_xdata()) == [3, 6] and list(val.get_ydata()) == pytest.approx([0.6, 1.2])
     assert [line.get_label() for line in reward_axes.get_lines()] == ["train", "validation"]
-    kl_axes = fig.axes[3]
-    assert len(kl_axes.get_lines()) == 1  # no validation KL
+    kl_axes = fig.axes[3]  # no KL loss (logged as 0): the policy's KL per update instead; no staleness panel
+    assert len(kl_axes.get_lines()) == 1 and kl_axes.get_lines()[0].get_ydata()[-1] == pytest.approx(0.06)
+    flat = [{**r, "reward/mean": 0.0, "val/reward/mean": 0.0} for r in rows]  # a run that learns nothing shows it
+    assert plots.choose_panels(flat)[0] == ("reward", "reward/mean", "mean episode reward")
 
 
 def test_plot_command_writes_a_png(tmp_path, capsys):

@@ -30,6 +30,10 @@ DEFAULT_PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("learning rate", ("sft/lr",), "lr"),
 )
 
+# logged as 0 throughout when the feature is off (no KL loss; a synchronous run has no lag): the
+# panel moves to the next key, or is left out
+OFF_WHEN_ZERO = frozenset({"actor/kl_loss", "async/version_lag/mean", "rollout/weight_version_lag"})
+
 
 class PlotError(ValueError):
     """Nothing to plot, or matplotlib missing; the message says what to do."""
@@ -86,6 +90,8 @@ def choose_panels(rows: Sequence[dict[str, Any]], metrics: Sequence[str] = ()) -
     panels = []
     for title, keys, label in DEFAULT_PANELS:
         for key in keys:
+            if key in OFF_WHEN_ZERO and not any(v != 0 for k in (key, f"val/{key}") for v in series(rows, k)[1]):
+                continue
             if key in logged or f"val/{key}" in logged:
                 panels.append((title, key, label))
                 break
