@@ -30,9 +30,9 @@ DEFAULT_PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("learning rate", ("sft/lr",), "lr"),
 )
 
-# logged as 0 throughout when the feature is off (no KL loss; a synchronous run has no lag): the
-# panel moves to the next key, or is left out
-OFF_WHEN_ZERO = frozenset({"actor/kl_loss", "async/version_lag/mean", "rollout/weight_version_lag"})
+# logged as 0 throughout when the feature is off (no KL loss; one update per batch has no PPO KL;
+# a synchronous run has no lag): the panel moves to the next key, or is left out
+OFF_WHEN_ZERO = frozenset({"actor/kl_loss", "actor/ppo_kl", "async/version_lag/mean", "rollout/weight_version_lag"})
 
 
 class PlotError(ValueError):
