@@ -48,18 +48,25 @@ def test_main_job_stages_run_in_order_and_are_cached(tmp_path, capsys):
 
     # the same command again: demos and SFT come from the cache, only RL runs (from its checkpoint or anew)
     mtime = sft_model.joinpath("config.json").stat().st_mtime_ns
-    assert _train(run_dir, "trainer.total_training_steps=2") == 0
+    assert _train(run_dir, "trainer.total_training_steps=2", "trainer.save_freq=2") == 0
     out = capsys.readouterr().out
     assert "demos cached" in out and "SFT model cached" in out
     assert sft_model.joinpath("config.json").stat().st_mtime_ns == mtime
-    assert "scores of the start model reused" in out
+    assert "scores of the start model reused" in out and "scores of the final model reused" not in out
     again = json.loads((run_dir / "held_out.json").read_text())["policies"]["after SFT"]
     assert again == report["policies"]["after SFT"]
-    # another SFT setting redoes SFT (and only SFT)
-    assert _train(tmp_path / "run", "warm_start.sft.optim.lr=1e-3", "trainer.total_training_steps=2") == 0
-    out = capsys.readouterr().out
-    assert "demos cached" in out and "SFT model cached" not in out and "warm start: SFT done" in out
-    assert "scores of the start model reused" not in out  # a new start model is scored anew
+    # another SFT setting redoes SFT (and only SFT); RL's checkpoints went on from the old SFT model,
+    # so they are not resumed silently
+    assert _train(tmp_path / "run", "warm_start.sft.optim.lr=1e-3", "trainer.total_training_steps=2") == 1
+    captured = capsys.readouterr()
+    assert "demos cached" in captured.out and "SFT model cached" not in captured.out
+    assert "warm start: SFT done" in captured.out
+    assert "scores of the start model reused" not in captured.out  # a new start model is scored anew
+    assert "continues RL from another start model" in captured.err and "resume_mode=disable" in captured.err
+    assert _train(tmp_path / "run", "warm_start.sft.optim.lr=1e-3", "trainer.total_training_steps=1",
+                  "trainer.resume_mode=disable") == 0
+    report = json.loads((run_dir / "held_out.json").read_text())["policies"]
+    assert report["after SFT"] != again  # the new SFT model's scores
 
 
 def test_bad_stage_settings_are_refused_before_any_work(tmp_path, capsys):

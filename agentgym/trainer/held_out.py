@@ -125,13 +125,13 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
     return Score(label, temperature, [by_seed.get(s, 0.0) for s in seeds], time.perf_counter() - started)
 
 
-def score_start(cfg: DictConfig, model_dir: str, show_progress: bool = True) -> dict[float, Score]:
-    """The scores of the model RL starts from, at each held-out temperature; reused from
-    ``<trainer.default_local_dir>/held_out_start/`` when the same model and settings made them
-    (a rerun of a finished or killed job does not score the same model again)."""
+def scores(cfg: DictConfig, model_dir: str, stage: str, label: str, show_progress: bool = True) -> dict[float, Score]:
+    """``model_dir`` scored at each held-out temperature, reused from
+    ``<trainer.default_local_dir>/held_out_<stage>/`` when the same model files and settings made
+    them: a rerun of a finished or killed job does not score the same model again."""
     from agentgym.trainer.stage_cache import is_cached, model_key, stamp
 
-    directory = Path(str(cfg.trainer.default_local_dir)) / "held_out_start"
+    directory = Path(str(cfg.trainer.default_local_dir)) / f"held_out_{stage}"
     output = directory / "scores.json"
     settings = {"model": model_key(model_dir), "env": str(cfg.env.name), "env_kwargs": env_kwargs(cfg),
                 "seeds": [held_out_range(cfg).start, int(cfg.held_out.num_tasks)],
@@ -139,15 +139,14 @@ def score_start(cfg: DictConfig, model_dir: str, show_progress: bool = True) -> 
                 "rollout": OmegaConf.to_container(cfg.actor_rollout_ref.rollout, resolve=True),
                 "lengths": [int(cfg.data.max_prompt_length), int(cfg.data.max_response_length)]}
     if is_cached(directory, settings, output):
-        scores = load_scores(output, "start")
-        print(f"held-out: scores of the start model reused from {output}", flush=True)
-        return scores
-    scores = {float(t): score_model(cfg, model_dir, float(t), f"held-out start T={float(t):g}", show_progress)
-              for t in cfg.held_out.temperatures}
+        print(f"held-out: scores of the {label} model reused from {output}", flush=True)
+        return load_scores(output, label)
+    found = {float(t): score_model(cfg, model_dir, float(t), f"held-out {label} T={float(t):g}", show_progress)
+             for t in cfg.held_out.temperatures}
     directory.mkdir(parents=True, exist_ok=True)
-    save(output, {"start": scores}, None, {"model": model_dir})
+    save(output, {label: found}, None, {"model": model_dir})
     stamp(directory, settings)
-    return scores
+    return found
 
 
 def score_random(cfg: DictConfig) -> Score | None:

@@ -60,6 +60,7 @@ from agentgym.trainer.loggers import (
     write_samples,
 )
 from agentgym.trainer.rollout_correction import RolloutCorrection, rollout_is_weights
+from agentgym.trainer.stage_cache import model_key
 from agentgym.trainer.train_state import rng_state, set_rng_state
 from agentgym.trainer.worker_group import WorkerGroup
 from agentgym.trainer.workers import CriticWorker, PolicyWorker
@@ -450,6 +451,7 @@ class PPOTrainer:
             "kl_ctrl_value": self.kl_ctrl.value,
             "rng": rng_state(),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
+            "start_model": model_key(str(self.cfg.actor_rollout_ref.model.path)),
             "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
         }
         checkpoint.save_trainer_state(directory, state)
@@ -459,6 +461,14 @@ class PPOTrainer:
 
     def load_checkpoint(self, directory: Path) -> int:
         state = checkpoint.load_trainer_state(directory)
+        started, now = state.get("start_model"), model_key(str(self.cfg.actor_rollout_ref.model.path))
+        if self.cfg.trainer.resume_mode == "auto" and started is not None and started != now:
+            # e.g. the warm start's SFT redone with other settings: its RL would go on from the old one
+            raise checkpoint.CheckpointError(
+                f"the checkpoint {directory} continues RL from another start model than this run's "
+                f"({self.cfg.actor_rollout_ref.model.path}: its files differ from those the checkpoint started "
+                f"from). Start over with trainer.resume_mode=disable or another trainer.default_local_dir; to "
+                f"resume it anyway: trainer.resume_mode=resume_path trainer.resume_from_path={directory}")
         self.actor.call("load_checkpoint", str(directory))
         if self.critic is not None:
             self.critic.call("load_checkpoint", str(directory))
