@@ -189,3 +189,27 @@ async def test_a_gateway_feed_delivers_each_finished_session_once():
     await feed({**scope, "path": "/sessions/s2/finish"}, None, send)
     assert pool.pool.complete("g") and len(pool.pool.pop("g")) == 2
     assert [m["type"] for m in sent].count("http.response.body") == 3  # every caller got its answer
+
+
+def test_partial_rollout_pauses_servers_known_by_url_through_their_engines_routes(monkeypatch):
+    """vLLM: /pause?mode=abort and /resume (checked against a real vLLM in tests/test_vllm_real.py);
+    SGLang and agentgym's server: /pause_generation {"mode": "abort"} and /continue_generation."""
+    from agentgym.client.weights import _Weights
+    from agentgym.trainer.weight_sync import RolloutServers
+
+    calls = []
+
+    def post(self, url, path, json=None, params=None, **_):
+        calls.append((url, path, json, params))
+        return {}
+
+    monkeypatch.setattr(_Weights, "_post", post)
+    for backend in ("vllm", "sglang", "embedded"):
+        servers = object.__new__(RolloutServers)  # two servers someone else runs
+        servers.handles, servers.urls, servers.backend, servers.admin_key = [], ["http://a", "http://b"], backend, None
+        asyncio.run(servers.pause_abort())
+        asyncio.run(servers.resume())
+    vllm = [(u, "/pause", None, {"mode": "abort"}) for u in "ab"] + [(u, "/resume", None, None) for u in "ab"]
+    other = ([(u, "/pause_generation", {"mode": "abort"}, None) for u in "ab"]
+             + [(u, "/continue_generation", {}, None) for u in "ab"])
+    assert calls == [(f"http://{u}", p, j, q) for u, p, j, q in vllm + other + other]

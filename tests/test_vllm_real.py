@@ -164,6 +164,40 @@ async def test_weight_pushes_land_and_samples_carry_their_version(served, tmp_pa
             model.load_state_dict(new, strict=False)
 
 
+async def test_partial_rollout_aborts_loads_and_continues_on_the_new_weights(served):
+    """Partial rollout behind vLLM: ``/pause?mode=abort`` ends a running generation with its tokens so
+    far, the weights load, ``/resume``, and the continuation (prompt + those tokens) is sampled by the
+    new weights: each piece's logprobs are its own weights'."""
+    from agentgym.client.versions import known_weight_version
+
+    model, prompt = load_causal_lm(str(served.model_dir)), [21, 22, 23, 24]
+    weights = VLLMWeights(model_dir=served.model_dir)
+    version = known_weight_version(served.url) + 1  # the served weights back to the model's own first (earlier
+    base = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tests pushed others)
+    await asyncio.to_thread(weights.update_from_state_dict, served.url, base, version)
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in base.items()}
+    version += 1
+    long = SamplingParams(max_tokens=1500, temperature=1.0, stop_token_ids=[])
+    async with PolicyClient(served.url, backend="vllm") as client:
+        for _ in range(5):  # the random model may sample its end-of-text before the pause: try again
+            running = asyncio.ensure_future(client.generate(prompt, long))
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(weights.pause, served.url, "abort")
+            first = await asyncio.wait_for(running, 30)
+            if first.finish_reason == "abort":
+                break
+            await asyncio.to_thread(weights.resume, served.url)
+        assert first.finish_reason == "abort" and 0 < len(first.token_ids) < 1500
+        assert len(first.logprobs) == len(first.token_ids)
+        await asyncio.to_thread(weights.update_from_state_dict, served.url, new, version)
+        await asyncio.to_thread(weights.resume, served.url)
+        rest = await client.generate(prompt + first.token_ids, SamplingParams(max_tokens=16, temperature=1.0))
+    assert rest.weight_version == version and len(rest.token_ids) > 0
+    assert max_difference(first.logprobs, teacher_forced(model, prompt, first.token_ids)) < 1e-4
+    model.load_state_dict(new, strict=False)
+    assert max_difference(rest.logprobs, teacher_forced(model, prompt + first.token_ids, rest.token_ids)) < 1e-4
+
+
 def test_sigterm_to_serve_stops_every_vllm_process(served):
     group = engine_group(served.port)
     assert len(group_members(group)) >= 2  # the API server and its engine process(es)
@@ -194,3 +228,30 @@ def test_training_through_vllm_stays_on_policy(model_dir, tmp_path, monkeypatch)
     assert [r["weight_sync/version"] for r in rows if "weight_sync/version" in r] == [1, 2]
     assert [r["rollout/weight_version_lag"] for r in steps] == [0, 0]
     assert all(r["training/rollout_probs_diff_mean"] < 1e-4 for r in steps)
+
+
+def test_async_training_with_partial_rollout_through_vllm(model_dir, tmp_path, monkeypatch):
+    """The asynchronous trainer behind a vLLM it starts, with partial rollout: every push pauses vLLM
+    with abort, loads and resumes; aborted generations are continued on the new weights."""
+    from agentgym.trainer.config import load_config
+    from agentgym.trainer.main import train
+
+    monkeypatch.setenv("AGENTGYM_VLLM_PYTHON", PYTHON)
+    cfg = load_config(env="first_letter", config_name="async_ppo_trainer", overrides=[
+        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={MEMORY}", "trainer.use_ray=false",
+        "trainer.total_training_steps=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
+        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", f"trainer.default_local_dir={tmp_path}",
+        "async_training.partial_rollout=true", "async_training.trigger_parameter_sync_step=1",
+        "async_training.staleness_threshold=1.0", "data.max_response_length=512",
+        "actor_rollout_ref.rollout.max_tokens_per_turn=512"])  # long replies: pushes land mid-generation
+    summary = train(cfg, show_progress=False)
+    with open(summary["metrics_file"]) as f:
+        rows = [json.loads(line) for line in f]
+    steps = [r for r in rows if "reward/mean" in r]
+    print([(r["async/servers_version"], r["resumed_generations"]) for r in steps], file=sys.stderr)
+    assert len(steps) == 4 and rows[-1]["async/servers_version"] >= 2
+    assert all(r["async/version_lag/max"] <= r["async/version_lag/bound"] for r in steps)
+    resumed = sum(r["resumed_generations"] for r in steps)
+    print(f"generations aborted by a push and continued: {resumed:.0f}", file=sys.stderr)
+    assert resumed > 0

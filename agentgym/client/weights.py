@@ -73,6 +73,14 @@ class _Weights:
     def update_from_disk(self, url: str, path: str, version: int) -> Any:
         raise NotImplementedError
 
+    def pause(self, url: str, mode: str = "abort") -> Any:
+        """Stop admitting; ``abort``: running generations end now with ``finish_reason="abort"`` and
+        what they sampled so far (SGLang's route; the embedded server's too)."""
+        return self._post(url, "/pause_generation", {"mode": mode})
+
+    def resume(self, url: str) -> Any:
+        return self._post(url, "/continue_generation", {})
+
     def update_from_state_dict(self, url: str, state: dict[str, Any], version: int) -> Any:
         """Write ``state`` to shared memory as a model directory, load it, remove it."""
         from agentgym.model.weights import push_dir, save_for_push
@@ -251,12 +259,6 @@ class SGLangWeights(_Weights):
         record_weight_version(url, version)
         return result
 
-    def pause(self, url: str, mode: str = "abort") -> Any:
-        return self._post(url, "/pause_generation", {"mode": mode})
-
-    def resume(self, url: str) -> Any:
-        return self._post(url, "/continue_generation", {})
-
 
 class VLLMWeights(_Weights):
     """vLLM, through its dev-mode ``/collective_rpc`` and agentgym's worker extension in every worker
@@ -286,6 +288,14 @@ class VLLMWeights(_Weights):
             if paused:
                 self._post(url, "/resume")
         return result
+
+    def pause(self, url: str, mode: str = "abort") -> Any:
+        """vLLM's ``/pause?mode=`` (``abort``: running requests return their partial output with
+        ``finish_reason="abort"``; vLLM >= 0.11, its dev-mode RL routes)."""
+        return self._post(url, "/pause", params={"mode": mode})
+
+    def resume(self, url: str) -> Any:
+        return self._post(url, "/resume")
 
     def update_from_disk(self, url: str, path: str, version: int) -> Any:
         paused = self._post(url, "/pause", params={"mode": "wait"}, optional=True) is not None

@@ -53,6 +53,15 @@ class PolicyServerHandle:
     def stop(self) -> None:
         raise NotImplementedError
 
+    def pause_generation(self) -> None:
+        """Stop admitting and end running generations, each answered with what it sampled so far and
+        ``finish_reason="abort"`` (partial rollout: callers continue them after ``resume_generation``)."""
+        raise NotImplementedError(f"partial rollout needs servers that abort generations; {type(self).__name__} "
+                                  "cannot")
+
+    def resume_generation(self) -> None:
+        raise NotImplementedError
+
     @property
     def base_url(self) -> str:
         """The OpenAI base URL (``url + "/v1"``)."""
@@ -170,6 +179,12 @@ class EmbeddedServerHandle(PolicyServerHandle):
         state = weights if isinstance(weights, dict) else load_weights(weights)
         return self.engine.update_weights(state, version).result()
 
+    def pause_generation(self) -> None:
+        self.engine.pause("abort").result()
+
+    def resume_generation(self) -> None:
+        self.engine.resume()
+
     def stop(self) -> None:
         self._http.stop()
         self.engine.stop()
@@ -234,6 +249,13 @@ class SubprocessServerHandle(PolicyServerHandle):
             self.weights.update_from_disk(self.url, str(weights), version)
         self.weight_version = version
         return version
+
+    def pause_generation(self) -> None:
+        """Through the engine's own route (vLLM ``/pause?mode=abort``, SGLang ``/pause_generation``)."""
+        self.weights.pause(self.url, "abort")
+
+    def resume_generation(self) -> None:
+        self.weights.resume(self.url)
 
     def stop(self) -> None:
         """End the server's whole process group, even when its first process has already gone."""

@@ -254,6 +254,8 @@ def trajectory_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> 
         "episodes": float(len(trajs)),
         "failed": float(sum(t.status == "failed" for t in trajs)),
         "truncated": float(sum(t.status == "truncated" for t in trajs)),
+        # partial rollout: generations a weight push aborted and the runner continued on the new weights
+        "resumed_generations": float(sum(t.metrics.get("resumed_generations", 0.0) for t in trajs)),
     }
     return {prefix + k: v for k, v in out.items()}
 

@@ -99,16 +99,10 @@ class PolicyServerActor:
                 self.resume()
 
     def pause(self) -> None:
-        engine = getattr(self.handle, "engine", None)
-        if engine is None:
-            raise RuntimeError(f"partial rollout needs servers that abort generations; {type(self.handle).__name__} "
-                               "is not the embedded server")
-        engine.pause("abort").result()
+        self.handle.pause_generation()
 
     def resume(self) -> None:
-        engine = getattr(self.handle, "engine", None)
-        if engine is not None:
-            engine.resume()
+        self.handle.resume_generation()
 
     def stop(self) -> None:
         self.handle.stop()

@@ -158,36 +158,36 @@ class RolloutServers:
 
     async def pause_abort(self) -> None:
         """Every server stops admitting and ends its running generations (``finish_reason="abort"``)."""
-        await self._control("pause", "/pause_generation", {"mode": "abort"})
+        await self._control("pause")
 
     async def resume(self) -> None:
-        await self._control("resume", "/resume_generation", None)
+        await self._control("resume")
 
-    async def _control(self, method: str, path: str, body: Any) -> None:
-        from agentgym.server.handles import EmbeddedServerHandle
+    async def _control(self, what: str) -> None:
+        from agentgym.client.weights import WeightUpdateError
 
-        jobs = []
-        for handle in self.handles:
-            if isinstance(handle, EmbeddedServerHandle):
-                engine = handle.engine
-                jobs.append(asyncio.wrap_future(engine.pause("abort")) if method == "pause"
-                            else asyncio.to_thread(engine.resume))
-            elif hasattr(handle, method):  # e.g. a server on the rollout pool (resource_pools.ServerActorHandle)
-                jobs.append(asyncio.to_thread(getattr(handle, method)))
+        def call(handle: Any) -> None:
+            if hasattr(handle, what):  # a server on the rollout pool (resource_pools.ServerActorHandle)
+                getattr(handle, what)()
             else:
-                jobs.append(self._post_control(handle.url, path, body))
-        if not self.handles:
-            jobs += [self._post_control(url, path, body) for url in self.urls]
-        await asyncio.gather(*jobs)
+                getattr(handle, f"{what}_generation")()
 
-    async def _post_control(self, url: str, path: str, body: Any) -> None:
-        import httpx
+        adapter = self._adapter()
+        jobs = [asyncio.to_thread(call, handle) for handle in self.handles]
+        if not self.handles:  # servers known by URL only
+            jobs += [asyncio.to_thread(getattr(adapter, what), url) for url in self.urls]
+        try:
+            await asyncio.gather(*jobs)
+        except (WeightUpdateError, NotImplementedError) as exc:
+            raise RuntimeError(f"{exc}; partial rollout needs servers that abort generations ({self.backend} "
+                               "servers: SGLang's /pause_generation, vLLM's /pause?mode=abort, or agentgym's)") from None
 
-        async with httpx.AsyncClient(timeout=600.0) as http:
-            response = await http.post(url + path, json=body)
-        if response.status_code >= 400:
-            raise RuntimeError(f"{url}{path} answered {response.status_code}: {response.text[:300]}; partial rollout "
-                               f"needs servers that abort generations ({self.backend} may not)")
+    def _adapter(self) -> Any:
+        """The weights adapter of this backend, for servers known by URL only."""
+        from agentgym.client.weights import EmbeddedWeights, SGLangWeights, VLLMWeights
+
+        kind = {"vllm": VLLMWeights, "sglang": SGLangWeights}.get(self.backend, EmbeddedWeights)
+        return kind(admin_key=self.admin_key)
 
     async def aclose(self) -> None:
         await self.client.aclose()
