@@ -125,13 +125,14 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
     return Score(label, temperature, [by_seed.get(s, 0.0) for s in seeds], time.perf_counter() - started)
 
 
-def scores(cfg: DictConfig, model_dir: str, stage: str, label: str, show_progress: bool = True) -> dict[float, Score]:
-    """``model_dir`` scored at each held-out temperature, reused from
-    ``<trainer.default_local_dir>/held_out_<stage>/`` when the same model files and settings made
+def start_scores(cfg: DictConfig, model_dir: str, show_progress: bool = True) -> dict[float, Score]:
+    """The model RL starts from, scored at each held-out temperature; reused from
+    ``<trainer.default_local_dir>/held_out_start/`` when the same model files and settings made
     them: a rerun of a finished or killed job does not score the same model again."""
     from agentgym.trainer.stage_cache import is_cached, model_key, stamp
 
-    directory = Path(str(cfg.trainer.default_local_dir)) / f"held_out_{stage}"
+    label = "start"
+    directory = Path(str(cfg.trainer.default_local_dir)) / "held_out_start"
     output = directory / "scores.json"
     settings = {"model": model_key(model_dir), "env": str(cfg.env.name), "env_kwargs": env_kwargs(cfg),
                 "seeds": [held_out_range(cfg).start, int(cfg.held_out.num_tasks)],

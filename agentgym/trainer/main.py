@@ -368,7 +368,7 @@ def run_start_stages(cfg: DictConfig) -> dict[float, Any]:
         print(f"warm start: RL starts from the SFT model {run_warm_start(cfg)}", flush=True)
     if not cfg.held_out.enable:
         return {}
-    return held_out.scores(cfg, str(cfg.actor_rollout_ref.model.path), "start", "start")
+    return held_out.start_scores(cfg, str(cfg.actor_rollout_ref.model.path))
 
 
 def held_out_report(cfg: DictConfig, start: dict[float, Any], summary: dict[str, Any]) -> None:
@@ -378,7 +378,8 @@ def held_out_report(cfg: DictConfig, start: dict[float, Any], summary: dict[str,
     if not summary.get("hf_model"):
         print("held-out: no final model to score (trainer.save_hf_model is off)", flush=True)
         return
-    final = held_out.scores(cfg, str(summary["hf_model"]), "final", "final")
+    final = {float(t): held_out.score_model(cfg, str(summary["hf_model"]), float(t), f"held-out RL T={float(t):g}")
+             for t in cfg.held_out.temperatures}  # not cached: the final model is written anew by every run
     random_score = held_out.score_random(cfg) if cfg.held_out.random_policy else None
     start_label = "after SFT" if cfg.warm_start.enable else "before RL"
     rows = {start_label: start, "after RL": final}
