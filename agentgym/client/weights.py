@@ -308,3 +308,10 @@ class VLLMWeights(_Weights):
             if paused:
                 self._post(url, "/resume")
         return result
+
+
+def weights_adapter(backend: str, **kwargs: Any) -> _Weights:
+    """The weight adapter of a server backend ("vllm", "sglang"; anything else: agentgym's embedded
+    server), built with ``_Weights``' keyword arguments."""
+    kinds: dict[str, type[_Weights]] = {"vllm": VLLMWeights, "sglang": SGLangWeights}
+    return kinds.get(backend, EmbeddedWeights)(**kwargs)

@@ -143,9 +143,9 @@ def start_engine_server(engine: str, model: str, *, host: str = "127.0.0.1", por
                                tensor_parallel_size=tensor_parallel_size,
                                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                                tool_call_parser=tool_call_parser, dtype=dtype, extra_args=extra_args, python=python)
-    from agentgym.client.weights import SGLangWeights, VLLMWeights
+    from agentgym.client.weights import weights_adapter
 
-    weights = {"vllm": VLLMWeights, "sglang": SGLangWeights}[engine](model_dir=model_path)
+    weights = weights_adapter(engine, model_dir=model_path)
     handle = SubprocessServerHandle(command, f"http://{host}:{port}", engine, name, weights,
                                     env={**engine_environment(engine), **(env or {})}, log_path=log_path)
     handle.wait_ready(timeout)

@@ -131,7 +131,6 @@ def start_scores(cfg: DictConfig, model_dir: str, show_progress: bool = True) ->
     them: a rerun of a finished or killed job does not score the same model again."""
     from agentgym.trainer.stage_cache import is_cached, model_key, stamp
 
-    label = "start"
     directory = Path(str(cfg.trainer.default_local_dir)) / "held_out_start"
     output = directory / "scores.json"
     settings = {"model": model_key(model_dir), "env": str(cfg.env.name), "env_kwargs": env_kwargs(cfg),
@@ -140,12 +139,12 @@ def start_scores(cfg: DictConfig, model_dir: str, show_progress: bool = True) ->
                 "rollout": OmegaConf.to_container(cfg.actor_rollout_ref.rollout, resolve=True),
                 "lengths": [int(cfg.data.max_prompt_length), int(cfg.data.max_response_length)]}
     if is_cached(directory, settings, output):
-        print(f"held-out: scores of the {label} model reused from {output}", flush=True)
-        return load_scores(output, label)
-    found = {float(t): score_model(cfg, model_dir, float(t), f"held-out {label} T={float(t):g}", show_progress)
+        print(f"held-out: scores of the start model reused from {output}", flush=True)
+        return load_scores(output, "start")
+    found = {float(t): score_model(cfg, model_dir, float(t), f"held-out start T={float(t):g}", show_progress)
              for t in cfg.held_out.temperatures}
     directory.mkdir(parents=True, exist_ok=True)
-    save(output, {label: found}, None, {"model": model_dir})
+    save(output, {"start": found}, None, {"model": model_dir})
     stamp(directory, settings)
     return found
 

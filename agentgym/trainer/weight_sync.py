@@ -164,30 +164,20 @@ class RolloutServers:
         await self._control("resume")
 
     async def _control(self, what: str) -> None:
-        from agentgym.client.weights import WeightUpdateError
+        """``what`` is "pause" or "resume": through each started server's handle, else each URL's
+        backend route."""
+        from agentgym.client.weights import WeightUpdateError, weights_adapter
 
-        def call(handle: Any) -> None:
-            if hasattr(handle, what):  # a server on the rollout pool (resource_pools.ServerActorHandle)
-                getattr(handle, what)()
-            else:
-                getattr(handle, f"{what}_generation")()
-
-        adapter = self._adapter()
-        jobs = [asyncio.to_thread(call, handle) for handle in self.handles]
-        if not self.handles:  # servers known by URL only
-            jobs += [asyncio.to_thread(getattr(adapter, what), url) for url in self.urls]
+        if self.handles:
+            jobs = [asyncio.to_thread(getattr(handle, f"{what}_generation")) for handle in self.handles]
+        else:  # servers known by URL only
+            adapter = weights_adapter(self.backend, admin_key=self.admin_key)
+            jobs = [asyncio.to_thread(getattr(adapter, what), url) for url in self.urls]
         try:
             await asyncio.gather(*jobs)
         except (WeightUpdateError, NotImplementedError) as exc:
             raise RuntimeError(f"{exc}; partial rollout needs servers that abort generations ({self.backend} "
                                "servers: SGLang's /pause_generation, vLLM's /pause?mode=abort, or agentgym's)") from None
-
-    def _adapter(self) -> Any:
-        """The weights adapter of this backend, for servers known by URL only."""
-        from agentgym.client.weights import EmbeddedWeights, SGLangWeights, VLLMWeights
-
-        kind = {"vllm": VLLMWeights, "sglang": SGLangWeights}.get(self.backend, EmbeddedWeights)
-        return kind(admin_key=self.admin_key)
 
     async def aclose(self) -> None:
         await self.client.aclose()
