@@ -126,6 +126,8 @@ class PPOTrainer:
         self.world_size = world_size(cfg)
         self.use_ray = bool(cfg.trainer.use_ray)
         self.run_dir = Path(cfg.trainer.default_local_dir)
+        # the files RL starts from, saved with each checkpoint: a resume from other ones is refused
+        self.start_model = model_key(str(cfg.actor_rollout_ref.model.path))
         self.show_progress = show_progress
         self.loop = asyncio.new_event_loop()
         if pad_token_id is None:
@@ -451,7 +453,7 @@ class PPOTrainer:
             "kl_ctrl_value": self.kl_ctrl.value,
             "rng": rng_state(),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
-            "start_model": model_key(str(self.cfg.actor_rollout_ref.model.path)),
+            "start_model": self.start_model,
             "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
         }
         checkpoint.save_trainer_state(directory, state)
@@ -461,8 +463,8 @@ class PPOTrainer:
 
     def load_checkpoint(self, directory: Path) -> int:
         state = checkpoint.load_trainer_state(directory)
-        started, now = state.get("start_model"), model_key(str(self.cfg.actor_rollout_ref.model.path))
-        if self.cfg.trainer.resume_mode == "auto" and started is not None and started != now:
+        started = state.get("start_model")
+        if self.cfg.trainer.resume_mode == "auto" and started is not None and started != self.start_model:
             # e.g. the warm start's SFT redone with other settings: its RL would go on from the old one
             raise checkpoint.CheckpointError(
                 f"the checkpoint {directory} continues RL from another start model than this run's "
