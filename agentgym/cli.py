@@ -71,7 +71,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     if args.env is None:  # veRL's main_eval: score a file of responses
-        from agentgym.trainer.offline.scoring import offline_eval_command
+        from agentgym.stages.offline.scoring import offline_eval_command
 
         return offline_eval_command(args)
     if args.overrides:
@@ -82,7 +82,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from agentgym.trainer.offline.generate import generate_command
+    from agentgym.stages.offline.generate import generate_command
 
     return generate_command(args)
 
@@ -112,13 +112,13 @@ def _against_servers(args: argparse.Namespace, mode: str) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from agentgym.trainer.main import train_command
+    from agentgym.stages.train_command import train_command
 
     return train_command(args)
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from agentgym.trainer.compat.command import config_command
+    from agentgym.stages.config_command import config_command
 
     return config_command(args)
 
@@ -133,7 +133,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from agentgym.trainer.sft import sft_command
+    from agentgym.stages.sft import sft_command
 
     return sft_command(args)
 

@@ -1,4 +1,5 @@
-"""Modules that moved when the policy server, the client and the gateway became parts of their own.
+"""Modules that moved when the policy server, the client and the gateway became parts of their own, and
+when the trainer kept only the RL loop (stages, compat and rewards got rooms of their own).
 
 Importing an old name fails with an error that names the new place (``agentgym/__init__.py``
 installs ``MovedModuleFinder`` behind Python's own finders, so it only answers for modules
@@ -19,6 +20,21 @@ MOVED = {
     "agentgym.server.gateway_workers": "agentgym.gateway.workers",
     "agentgym.rollout.agent_source": "agentgym.gateway.agent_source",
     "agentgym.envs.interaction_env": "agentgym.interactions.env",
+    "agentgym.trainer.main": "agentgym.trainer.run (train, describe) and agentgym.stages.train_command (train_command)",
+    "agentgym.trainer.warm_start": "agentgym.stages.warm_start",
+    "agentgym.trainer.held_out": "agentgym.stages.held_out",
+    "agentgym.trainer.stage_cache": "agentgym.stages.stage_cache (model_key: agentgym.model.identity)",
+    "agentgym.trainer.sft": "agentgym.stages.sft",
+    "agentgym.trainer.sft_data": "agentgym.stages.sft_data",
+    "agentgym.trainer.offline": "agentgym.stages.offline",
+    "agentgym.trainer.compat": "agentgym.compat (the `agentgym config` command: agentgym.stages.config_command)",
+    "agentgym.trainer.rewards": "agentgym.rewards",
+    "agentgym.trainer.sources": "agentgym.rollout.sources",
+    "agentgym.trainer.multi_env_source": "agentgym.rollout.multi_env_source",
+    "agentgym.trainer.env_groups": "agentgym.rollout.env_groups",
+    "agentgym.trainer.data_prep": "agentgym.rollout.data_prep",
+    "agentgym.trainer.agent_flows": "agentgym.gateway.agent_flows",
+    "agentgym.trainer.engine_args": "agentgym.compat.engine_args",
 }
 
 

@@ -19,7 +19,7 @@ Back-ends:
     rollout runner, the DataPool, admission control, batch choice and the pushes are agentgym's
     own (``AsyncCoordinator``, the code the asynchronous trainer runs): this measures the
     scheduling itself, free of this machine's cores.
-(ii) ``real``: ``agentgym.trainer.main.train`` with the embedded server and the tiny model, real
+(ii) ``real``: ``agentgym.trainer.run.train`` with the embedded server and the tiny model, real
     GRPO updates, in one process (``trainer.use_ray=false``): an honest figure for this CPU, where
     rollout and training share two cores.
 
@@ -165,7 +165,7 @@ async def standin_run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 def real_run(mode: str, args: argparse.Namespace, directory: str) -> dict[str, Any]:
     import agentgym
     from agentgym.trainer.config import load_config
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     with contextlib.suppress(ValueError):  # registered by an earlier run in this process
         agentgym.register("longtail-bench", LongTailEnv)

@@ -74,7 +74,7 @@ def model_path(name: str) -> str:
 def run_agentgym(model: str, steps: int, use_ray: bool, workdir: Path) -> dict:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from agentgym.trainer.config import load_config
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     cfg = load_config(env="first_letter", overrides=[
         f"actor_rollout_ref.model.path={model_path(model)}",

@@ -20,7 +20,7 @@ def train_two_steps(monkeypatch, tmp_path, env: str, *overrides: str) -> tuple[l
     """``agentgym train --env ENV`` for 2 steps in this process; returns (every trained trajectory,
     every generate call as {(prompt ids, response ids): logprobs})."""
     from agentgym.client import PolicyClient
-    from agentgym.trainer.sources import EnvRolloutSource
+    from agentgym.rollout.sources import EnvRolloutSource
 
     calls: dict[tuple[tuple[int, ...], tuple[int, ...]], list[float]] = {}
     trajectories: list = []

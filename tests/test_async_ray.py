@@ -88,7 +88,7 @@ def _node_with(address: str, resource: str) -> str:
 @pytest.mark.slow
 def test_trainer_and_rollout_pools_on_their_own_nodes(two_nodes, tmp_path):
     from agentgym.trainer.config import load_config
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     trainer_node = _node_with(two_nodes, "agentgym_trainer_pool")
     rollout_node = _node_with(two_nodes, "agentgym_rollout_pool")

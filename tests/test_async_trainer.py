@@ -27,7 +27,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _run(tmp_path: Path, name: str, overrides: list[str], config_name: str | None = None) -> dict:
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     cfg = load_config(env="first_letter", config_name=config_name, overrides=[
         f"trainer.default_local_dir={tmp_path / name}", "trainer.logger=[jsonl]", "trainer.use_ray=false",
@@ -139,7 +139,7 @@ def test_async_config_is_selected_by_name_and_checked():
 
 
 def test_agent_flows_pick_what_produces_trajectories(tmp_path, monkeypatch):
-    from agentgym.trainer.agent_flows import resolve_agent_flow
+    from agentgym.gateway.agent_flows import resolve_agent_flow
 
     monkeypatch.chdir(ROOT)  # flow targets resolve from the working directory, as `agentgym train` does
     monkeypatch.syspath_prepend(str(ROOT))
@@ -212,7 +212,7 @@ def test_kill_9_mid_run_then_resume_trains_every_task_once(tmp_path):
 def test_black_box_agent_trains_through_the_gateway_in_async_mode(tmp_path, partial):
     """examples/gsm8k_agent.py (an openai-client agent) as the agent flow of the asynchronous trainer:
     sessions through the gateway, groups in the DataPool, weights pushed while agents run."""
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     rows = [{"question": f"What is {i} * 3?", "answer": f"so #### {3 * i}"} for i in range(8)]
     data = tmp_path / "train.jsonl"

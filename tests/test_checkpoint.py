@@ -8,10 +8,10 @@ import pytest
 import torch
 from test_trainer import make_trajectories, ray_session  # noqa: F401 - ray_session is a fixture
 
+from agentgym.rollout.sources import FixedTrajectorySource, TaskSampler
 from agentgym.trainer import checkpoint
 from agentgym.trainer.config import load_config
-from agentgym.trainer.main import train
-from agentgym.trainer.sources import FixedTrajectorySource, TaskSampler
+from agentgym.trainer.run import train
 
 OVERRIDES = [
     "trainer.use_ray=false", "trainer.logger=[jsonl]", "trainer.val_before_train=false",

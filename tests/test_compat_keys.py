@@ -109,8 +109,8 @@ def test_prime_scores_with_a_time_limit(tmp_path):
 def test_dapo_punishes_overlong_responses():
     import asyncio
 
-    from agentgym.trainer.rewards import OverlongPenaltySource, reward_manager_source
-    from agentgym.trainer.sources import FixedTrajectorySource
+    from agentgym.rewards import OverlongPenaltySource, reward_manager_source
+    from agentgym.rollout.sources import FixedTrajectorySource
 
     cfg = load_config(env="first_letter", overrides=[
         "reward_model.reward_manager=dapo", "data.max_response_length=20",
@@ -185,7 +185,7 @@ def test_return_raw_chat_false_is_a_no_op_and_says_so(caplog):
 
 
 def test_do_sample_false_decodes_greedily():
-    from agentgym.trainer.sources import EnvRolloutSource
+    from agentgym.rollout.sources import EnvRolloutSource
 
     cfg = load_config(env="first_letter", overrides=["actor_rollout_ref.rollout.do_sample=false",
                                                      "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
@@ -200,9 +200,9 @@ def test_do_sample_false_decodes_greedily():
 
 
 def test_engine_keys_reach_the_vllm_and_sglang_command_lines(monkeypatch):
+    from agentgym.compat.engine_args import engine_server_kwargs
     from agentgym.server import launch
     from agentgym.server.engines import sglang_command, vllm_command
-    from agentgym.trainer.engine_args import engine_server_kwargs
     from agentgym.trainer.weight_sync import RolloutServers
 
     overrides = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=true",

@@ -103,9 +103,9 @@ def test_topr_sft_and_dual_clip_switch():
 
 
 def test_roll_agentic_sokoban_translates_and_runs_two_steps(tmp_path):
-    from agentgym.trainer.compat.command import translate_file
+    from agentgym.stages.config_command import translate_file
     from agentgym.trainer.config import load_config
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     tr = translate_file("roll", str(FIXTURES / "roll_agentic_sokoban.yaml"))
     assert not tr.refused, tr.refused
@@ -131,7 +131,7 @@ def test_roll_agentic_sokoban_translates_and_runs_two_steps(tmp_path):
 def test_several_envs_by_tag_with_inductive_normalisation(tmp_path):
     """Two tags in one run: each tag its groups, metrics per tag, rewards normalised within a tag."""
     from agentgym.trainer.config import load_config
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     cfg = load_config(env="first_letter", overrides=[
         "env.name=null", "+env.custom_envs.vowel={env: first_letter}",

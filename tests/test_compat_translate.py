@@ -10,9 +10,9 @@ import pytest
 from compat_fixtures import write_gsm8k_parquet
 
 from agentgym.cli import main
+from agentgym.compat.translate import load_their_yaml
 from agentgym.config import flatten
-from agentgym.trainer.compat.command import translate_file
-from agentgym.trainer.compat.translate import load_their_yaml
+from agentgym.stages.config_command import translate_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -80,6 +80,6 @@ def test_claw_r1_async_keys_map_to_the_async_trainer():
 
 
 def test_the_coming_from_pages_are_generated_from_the_tables():
-    from agentgym.trainer.compat.docs import main as docs_main
+    from agentgym.compat.docs import main as docs_main
 
-    assert docs_main(["--check"]) == 0, "run: python -m agentgym.trainer.compat.docs"
+    assert docs_main(["--check"]) == 0, "run: python -m agentgym.compat.docs"

@@ -14,9 +14,9 @@ from compat_fixtures import quickstart_command, with_overrides, write_gsm8k_parq
 from omegaconf import OmegaConf
 
 from agentgym.cli import main
+from agentgym.compat.verl import DEFAULT_EXCEPTIONS, VERL_DEFAULTS, verl_key_policy
 from agentgym.config import ConfigError, compose
 from agentgym.model import tiny_model_path
-from agentgym.trainer.compat.verl import DEFAULT_EXCEPTIONS, VERL_DEFAULTS, verl_key_policy
 from agentgym.trainer.config import load_config
 
 TINY = str(tiny_model_path())

@@ -120,7 +120,7 @@ def test_grpo_step_on_the_qwen2_5_0_5b_shape(tmp_path):
     """One GRPO step end to end (rollout on the embedded server, FSDP2 update, weight push) on a
     random model with Qwen2.5-0.5B's shape: 2 prompts x 4 samples, up to 64 new tokens."""
     from agentgym.trainer.config import load_config
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     model = train_step_bench().big_model_dir()
     cfg = load_config(env="first_letter", overrides=[

@@ -71,9 +71,9 @@ class _RestartingSource:
 
 def test_samples_of_lost_weights_are_refused_and_the_weights_pushed_again(tmp_path, caplog):
     from agentgym.model import load_tokenizer
+    from agentgym.rollout.sources import EnvRolloutSource
     from agentgym.server.launch import start_embedded_server
-    from agentgym.trainer.main import train
-    from agentgym.trainer.sources import EnvRolloutSource
+    from agentgym.trainer.run import train
     from agentgym.trainer.weight_sync import RolloutServers
 
     with start_embedded_server("tiny") as server:

@@ -178,7 +178,7 @@ def test_a_lora_run_learns_first_letter(tmp_path):
     barely turn towards vowels (measured: 0.19 -> 0.21 after 15 direct gradient steps; with the
     head adapted, 0.99)."""
     from agentgym.trainer.config import load_config
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     targets = "[" + ",".join([*ALL, "lm_head"]) + "]"
     cfg = load_config(env="first_letter", overrides=[

@@ -12,8 +12,8 @@ import torch
 from agentgym.cli import main
 from agentgym.model import load_tokenizer, resolve_model_path
 from agentgym.rollout.chat import ChatTokenizer
-from agentgym.trainer.sft import SFTTrainer, load_sft_config
-from agentgym.trainer.sft_data import SFTDataError, load_sft_trajectories, to_trajectory
+from agentgym.stages.sft import SFTTrainer, load_sft_config
+from agentgym.stages.sft_data import SFTDataError, load_sft_trajectories, to_trajectory
 
 CONVERSATION = [
     {"role": "system", "content": "Answer with the number."},

@@ -208,7 +208,7 @@ def test_grpo_learns_first_letter(tmp_path, ray_session):
     difference (sqrt(1/128 + 1/192) * 0.5 = 0.057) - not luck. The full path runs: env,
     rollout runner, embedded server, Ray actor worker, weight sync after every step.
     """
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     cfg = load_config(env="first_letter", overrides=[
         f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.seed=0",
@@ -251,7 +251,7 @@ def test_loggers_write_jsonl_tensorboard_and_samples(tmp_path, capsys):
 def test_weights_reach_a_server_given_by_url(tmp_path):
     """Servers someone else runs (rollout.server_urls) get each update through /update_weights_from_disk."""
     from agentgym.server.launch import start_embedded_server
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     with start_embedded_server("tiny") as server:
         cfg = load_config(env="first_letter", overrides=[

@@ -133,8 +133,8 @@ def _trajectories(rewards: list[list[float]]) -> list[Trajectory]:
 def test_the_training_loop_checks_every_step(tmp_path, caplog, rewards, flat):
     """Two steps in-process on the tiny model: the metric is logged each step, the warning
     comes once, and the summary says the run learned nothing only when every step was flat."""
-    from agentgym.trainer.main import summary_text
-    from agentgym.trainer.sources import FixedTrajectorySource
+    from agentgym.rollout.sources import FixedTrajectorySource
+    from agentgym.stages.train_command import summary_text
 
     cfg = load_config(env="sokoban", overrides=[
         f"trainer.default_local_dir={tmp_path}", "trainer.logger=[]", "trainer.use_ray=false",
@@ -158,7 +158,7 @@ def test_the_training_loop_checks_every_step(tmp_path, caplog, rewards, flat):
 def test_the_cli_shows_trainer_warnings_above_the_progress_bar(monkeypatch, capsys):
     """``agentgym train`` sets up no logging: the trainer's warnings go to stderr through
     ``tqdm.write`` (so they do not land inside the progress bar), prefixed like its other messages."""
-    from agentgym.trainer.main import show_trainer_warnings
+    from agentgym.stages.train_command import show_trainer_warnings
 
     monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as on the command line (pytest adds its own)
     logger = logging.getLogger("agentgym.trainer")

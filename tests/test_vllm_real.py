@@ -213,7 +213,7 @@ def test_training_through_vllm_stays_on_policy(model_dir, tmp_path, monkeypatch)
     """Two GRPO steps with the rollout on a vLLM the trainer starts: every push is versioned, so
     the rollout's version lag stays 0 (it climbed 0, 1, ... when vLLM samples said version 0)."""
     from agentgym.trainer.config import load_config
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     monkeypatch.setenv("AGENTGYM_VLLM_PYTHON", PYTHON)
     cfg = load_config(env="first_letter", overrides=[
@@ -237,7 +237,7 @@ def test_async_training_with_partial_rollout_through_vllm(model_dir, tmp_path, m
     (test_partial_rollout_aborts_loads_and_continues_on_the_new_weights); here, that pushes abort."""
     from agentgym.client.weights import VLLMWeights as Weights
     from agentgym.trainer.config import load_config
-    from agentgym.trainer.main import train
+    from agentgym.trainer.run import train
 
     monkeypatch.setenv("AGENTGYM_VLLM_PYTHON", PYTHON)
     modes, pause = [], Weights.pause

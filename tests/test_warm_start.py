@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from agentgym.trainer import held_out
+from agentgym.stages import held_out
+from agentgym.stages.train_command import train_command
 from agentgym.trainer.config import load_config
-from agentgym.trainer.main import train_command
 
 SMALL = ["warm_start.demos=40", "warm_start.sft.trainer.total_training_steps=3", "warm_start.sft.data.train_batch_size=8",
          "warm_start.sft.data.micro_batch_size_per_gpu=8", "trainer.total_training_steps=1", "data.train_batch_size=2",
@@ -83,7 +83,7 @@ def test_bad_stage_settings_are_refused_before_any_work(tmp_path, capsys):
 
 def test_an_env_without_an_expert_asks_for_another_start():
     from agentgym.config import ConfigError
-    from agentgym.trainer.main import check_stages
+    from agentgym.stages.train_command import check_stages
 
     cfg = load_config(env="first_letter", overrides=["warm_start.enable=true"])
     with pytest.raises(ConfigError, match="warm_start.enable=false"):

@@ -1,11 +1,11 @@
-"""The Ray PPO trainer: ``agentgym train``.
+"""The RL loop: the Ray PPO trainer, synchronous and asynchronous.
 
 A map, in the order a step touches them:
 
 * ``config.py``       the training config's meaning: defaults that follow from others, choices,
                       batch arithmetic (``load_config``)
-* ``sources.py``      where trajectories come from (``TrajectorySource``: env rollouts, fixed
-                      batches, the gateway's agents) and the data order (``TaskSampler``)
+* ``run.py``          ``train(cfg, source=...)``: servers, trajectory source and trainer for one run
+                      (sources: ``agentgym.rollout.sources``; the stages around RL: ``agentgym.stages``)
 * ``batch.py``        trajectories -> padded tensors; mini-batch plans shared by all ranks
 * ``algos/``          the maths: advantage estimators, policy/value/KL losses, aggregation (veRL's names)
 * ``flat_rewards.py`` groups whose rewards are all equal (zero advantages), counted and warned about
@@ -16,7 +16,7 @@ A map, in the order a step touches them:
 * ``ppo_trainer.py``  the single-controller loop (``PPOTrainer``)
 * ``checkpoint.py``   veRL's ``global_step_N`` layout and resuming
 * ``loggers.py``      progress line, console / JSONL / TensorBoard / wandb, samples
-* ``main.py``         ``agentgym train`` and ``train(cfg, source=...)``
+* ``async_trainer.py`` the asynchronous mode (``async_loop.py``, ``staleness.py``, ``resource_pools.py``)
 
 Configuration lives in ``configs/``: composed by ``agentgym.config``, given its meaning by
 ``agentgym.trainer.config``.

@@ -1,7 +1,7 @@
 """The training config: ``agentgym.config``'s composed YAML, with the trainer's meaning.
 
 ``load_config`` composes (``agentgym.config.compose``: files, groups, overrides, key and type
-checks, with veRL's keys understood through ``agentgym.trainer.compat.verl``), then ``resolve``
+checks, with veRL's keys understood through ``agentgym.compat.verl``), then ``resolve``
 fills the ``null`` defaults that follow from other keys (critic on for ``gae``, critic batch sizes
 from the actor's, the run's name, ...) and ``validate`` rejects values outside their choices
 (every enum, checked at load; algorithm names come from the registries in
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from agentgym.compat.verl import verl_key_policy
 from agentgym.config import Composition, ConfigError, compose
 from agentgym.trainer import algos
-from agentgym.trainer.compat.verl import verl_key_policy
 
 log = logging.getLogger("agentgym.config")
 
@@ -246,7 +246,7 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.algorithm.adv_estimator == "gae" and not cfg.critic.enable:
         raise ConfigError("algorithm.adv_estimator=gae needs the critic: set critic.enable=true (or null)")
-    from agentgym.trainer.env_groups import check_env_groups
+    from agentgym.rollout.env_groups import check_env_groups
 
     check_env_groups(cfg)
 

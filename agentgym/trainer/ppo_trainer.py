@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from agentgym.model.identity import model_key
 from agentgym.trainer import algos, checkpoint
 from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, update_plan
 from agentgym.trainer.config import uses_reference, world_size
@@ -60,7 +61,6 @@ from agentgym.trainer.loggers import (
     write_samples,
 )
 from agentgym.trainer.rollout_correction import RolloutCorrection, rollout_is_weights
-from agentgym.trainer.stage_cache import model_key
 from agentgym.trainer.train_state import rng_state, set_rng_state
 from agentgym.trainer.worker_group import WorkerGroup
 from agentgym.trainer.workers import CriticWorker, PolicyWorker

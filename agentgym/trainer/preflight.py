@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig
 
 from agentgym.config import ConfigError
-from agentgym.trainer.data_prep import Prepared, data_sources, exists, plain, prepare_data
+from agentgym.rollout.data_prep import Prepared, data_sources, exists, plain, prepare_data
 
 AR = "actor_rollout_ref"
 PRIME_TIMEOUT_S = 300.0  # veRL's prime reward manager: seconds per scoring batch before a 0

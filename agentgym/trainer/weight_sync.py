@@ -79,7 +79,7 @@ class RolloutServers:
                 kwargs["max_model_len"] = int(cfg.data.max_prompt_length + cfg.data.max_response_length)
                 kwargs["max_batch_size"] = max(1, int(rollout.concurrency))
             else:
-                from agentgym.trainer.engine_args import engine_server_kwargs
+                from agentgym.compat.engine_args import engine_server_kwargs
 
                 kwargs.update(gpu_memory_utilization=float(rollout.gpu_memory_utilization),
                               tensor_parallel_size=int(rollout.tensor_model_parallel_size),

@@ -1,4 +1,6 @@
-"""veRL's reward managers (``reward_model.reward_manager``) on agentgym's trajectories.
+"""Trainer-side reward sources: what scores a trajectory besides its env.
+
+veRL's reward managers (``reward_model.reward_manager``) on agentgym's trajectories.
 
 In veRL a reward manager turns a batch of decoded responses into token rewards. In agentgym the
 env scores each episode (the ``rows`` env with veRL's ``compute_score`` signature, see
@@ -15,6 +17,6 @@ env scores each episode (the ``rows`` env with veRL's ``compute_score`` signatur
   trajectory's score.
 """
 
-from agentgym.trainer.rewards.managers import OverlongBuffer, OverlongPenaltySource, reward_manager_source
+from agentgym.rewards.managers import OverlongBuffer, OverlongPenaltySource, reward_manager_source
 
 __all__ = ["OverlongBuffer", "OverlongPenaltySource", "reward_manager_source"]

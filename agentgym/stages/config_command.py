@@ -21,9 +21,9 @@ SYSTEMS = ("verl", "roll", "chatlearn", "claw-r1")
 
 def translate_file(system: str, path: str) -> Any:
     """The ``Translation`` of the file at ``path`` from ``system``."""
-    from agentgym.trainer.compat.roll import translate_roll
-    from agentgym.trainer.compat.systems import TRANSLATORS
-    from agentgym.trainer.compat.translate import load_their_yaml
+    from agentgym.compat.roll import translate_roll
+    from agentgym.compat.systems import TRANSLATORS
+    from agentgym.compat.translate import load_their_yaml
 
     data = load_their_yaml(path)
     return translate_roll(data) if system == "roll" else TRANSLATORS[system](data)

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from agentgym.trainer.env_groups import env_table, tag_shares
+from agentgym.rollout.env_groups import env_table, tag_shares
 from agentgym.types import Trajectory
 
 TAG_SEED_STRIDE = 10**7
@@ -69,7 +69,7 @@ class MultiEnvSource:
         self.steps_per_epoch: int | None = None
 
     async def _sampler(self, tag: str, index: int) -> Any:
-        from agentgym.trainer.sources import TaskSampler
+        from agentgym.rollout.sources import TaskSampler
 
         if tag not in self.samplers:
             info = await self.runners[tag].env_info()

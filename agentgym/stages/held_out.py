@@ -129,7 +129,7 @@ def start_scores(cfg: DictConfig, model_dir: str, show_progress: bool = True) ->
     """The model RL starts from, scored at each held-out temperature; reused from
     ``<trainer.default_local_dir>/held_out_start/`` when the same model files and settings made
     them: a rerun of a finished or killed job does not score the same model again."""
-    from agentgym.trainer.stage_cache import is_cached, model_key, stamp
+    from agentgym.stages.stage_cache import is_cached, model_key, stamp
 
     directory = Path(str(cfg.trainer.default_local_dir)) / "held_out_start"
     output = directory / "scores.json"

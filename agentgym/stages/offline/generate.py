@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError
-from agentgym.trainer.offline.common import load_offline_config, read_table, write_table
+from agentgym.stages.offline.common import load_offline_config, read_table, write_table
 
 
 def check(cfg: DictConfig) -> None:
@@ -79,9 +79,9 @@ async def sample_all(cfg: DictConfig, rows: list[dict[str, Any]], client: Any, c
 def generate(cfg: DictConfig) -> tuple[str, int]:
     """Run a generation config; returns the output path and the number of responses."""
     from agentgym.client import PolicyClient
+    from agentgym.compat.engine_args import rollout_engine_kwargs
     from agentgym.model import load_tokenizer
     from agentgym.rollout.chat import ChatTokenizer
-    from agentgym.trainer.engine_args import rollout_engine_kwargs
 
     check(cfg)
     rows = read_table(str(cfg.data.path))

@@ -22,7 +22,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from agentgym.config import ConfigError
-from agentgym.trainer.offline.common import load_offline_config, read_table
+from agentgym.stages.offline.common import load_offline_config, read_table
 
 
 def score_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> dict[str, float]:

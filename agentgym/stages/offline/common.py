@@ -9,8 +9,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from agentgym.compat.rules import Rule, apply_rules
 from agentgym.config import ConfigError, compose
-from agentgym.trainer.compat.rules import Rule, apply_rules
 
 OFFLINE_RULES = [
     Rule("*._target_", "ignore", "Hydra's instantiation target"),

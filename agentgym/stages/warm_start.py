@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError
-from agentgym.trainer.stage_cache import file_key, is_cached, stamp
+from agentgym.stages.stage_cache import file_key, is_cached, stamp
 
 
 def warm_start_dir(cfg: DictConfig) -> Path:
@@ -96,7 +96,7 @@ def write_demos_stage(cfg: DictConfig, show_progress: bool = True) -> Path:
 
 def sft_config(cfg: DictConfig, demos: Path, base_model: str) -> DictConfig:
     """``configs/sft.yaml`` with ``warm_start.sft`` over it, on the demos, from the base model."""
-    from agentgym.trainer.sft import load_sft_config
+    from agentgym.stages.sft import load_sft_config
 
     overrides = OmegaConf.to_container(cfg.warm_start.sft, resolve=True) or {}
     dotted = [f"{k}={json.dumps(v)}" for k, v in _flatten(overrides).items()]
@@ -121,7 +121,7 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def sft_stage(cfg: DictConfig, demos: Path, base_model: str, show_progress: bool = True) -> Path:
     """Stage 2: SFT on the demos (cached); returns the Hugging Face model RL starts from."""
-    from agentgym.trainer.sft import SFTTrainer
+    from agentgym.stages.sft import SFTTrainer
 
     sft_cfg = sft_config(cfg, demos, base_model)
     directory = Path(str(sft_cfg.trainer.default_local_dir))

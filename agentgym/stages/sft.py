@@ -32,10 +32,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError, compose_config
+from agentgym.stages.sft_data import SFTDataError, iter_batches, load_sft_trajectories
 from agentgym.trainer import checkpoint
 from agentgym.trainer.batch import build_batch, pad_for_workers, update_plan
 from agentgym.trainer.loggers import Tracking
-from agentgym.trainer.sft_data import SFTDataError, iter_batches, load_sft_trajectories
 from agentgym.types import Trajectory
 
 log = logging.getLogger("agentgym.trainer")

@@ -13,9 +13,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from agentgym.compat.translate import ANY, KeyMap, Translation, engine_or_embedded, lookup, translate
+from agentgym.compat.verl import verl_key_policy
 from agentgym.config import config_dir, flatten, read_yaml
-from agentgym.trainer.compat.translate import ANY, KeyMap, Translation, engine_or_embedded, lookup, translate
-from agentgym.trainer.compat.verl import verl_key_policy
 
 AR = "actor_rollout_ref"
 
@@ -75,7 +75,7 @@ CLAW_KEYS: list[KeyMap] = [
 
 
 def _claw_row(key: str) -> KeyMap | None:
-    from agentgym.trainer.compat.translate import first_match
+    from agentgym.compat.translate import first_match
 
     return first_match(CLAW_KEYS, key)
 

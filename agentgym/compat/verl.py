@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym.trainer.compat.rules import Rule, Verdict, apply_rules
+from agentgym.compat.rules import Rule, Verdict, apply_rules
 
 PERF = "a GPU performance setting; agentgym's result does not depend on it"
 NO_LORA = "LoRA is for the actor only (actor_rollout_ref.model.lora_rank); the critic trains full weights"

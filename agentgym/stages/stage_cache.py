@@ -12,6 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentgym.model.identity import file_key, model_key
+
+__all__ = ["file_key", "is_cached", "model_key", "settings_key", "stamp"]
+
 
 def settings_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -32,17 +36,3 @@ def stamp(directory: Path, settings: dict[str, Any], **facts: Any) -> None:
     """Mark the stage in ``directory`` done for these settings (write after its output)."""
     (directory / "stage.json").write_text(json.dumps({"key": settings_key(settings), "settings": settings, **facts},
                                                       indent=1, default=str))
-
-
-def file_key(path: Path) -> str:
-    """A file's identity for a settings key: where it is, its size and when it last changed."""
-    stat = path.stat()
-    return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-
-
-def model_key(model: str) -> str:
-    """A model's identity: the files of a model directory, or the name of a built-in model."""
-    path = Path(model)
-    if not path.is_dir():
-        return model
-    return ";".join(file_key(p) for p in sorted(path.iterdir()) if p.is_file())
