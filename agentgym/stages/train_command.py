@@ -125,7 +125,7 @@ def train_command(args: argparse.Namespace) -> int:
                 "async_ppo_trainer" if getattr(args, "async_", False) else None)
             cfg = load_config(env=env, config_file=getattr(args, "config", None),
                               overrides=list(args.overrides or ()), agent=agent, config_name=config_name)
-            from agentgym.trainer.agent_flows import resolve_agent_flow
+            from agentgym.gateway.agent_flows import resolve_agent_flow
             from agentgym.trainer.preflight import preflight
 
             flow = resolve_agent_flow(cfg) if agent is None else None  # actor_rollout_ref.rollout.agent
@@ -174,7 +174,7 @@ def train_command(args: argparse.Namespace) -> int:
 
 def check_stages(cfg: DictConfig) -> None:
     """The warm start's and the held-out evaluation's settings, before any work starts."""
-    from agentgym.trainer import held_out, warm_start
+    from agentgym.stages import held_out, warm_start
 
     warm_start.check(cfg)
     if cfg.held_out.enable:
@@ -186,8 +186,8 @@ def check_stages(cfg: DictConfig) -> None:
 def run_start_stages(cfg: DictConfig) -> dict[float, Any]:
     """Before RL: the warm start (demos -> SFT; the SFT model becomes the policy), then the held-out
     scores of the model RL starts from."""
-    from agentgym.trainer import held_out
-    from agentgym.trainer.warm_start import run_warm_start
+    from agentgym.stages import held_out
+    from agentgym.stages.warm_start import run_warm_start
 
     if cfg.warm_start.enable:
         print(f"warm start: RL starts from the SFT model {run_warm_start(cfg)}", flush=True)
@@ -198,7 +198,7 @@ def run_start_stages(cfg: DictConfig) -> dict[float, Any]:
 
 def held_out_report(cfg: DictConfig, start: dict[float, Any], summary: dict[str, Any]) -> None:
     """After RL: the final model on the same held-out tasks; prints the table, writes held_out.json."""
-    from agentgym.trainer import held_out
+    from agentgym.stages import held_out
 
     if not summary.get("hf_model"):
         print("held-out: no final model to score (trainer.save_hf_model is off)", flush=True)
@@ -219,7 +219,7 @@ def held_out_report(cfg: DictConfig, start: dict[float, Any], summary: dict[str,
 
 def _env_names(cfg: DictConfig) -> list[str]:
     if cfg.env.tags or cfg.env.val_tags:
-        from agentgym.trainer.env_groups import env_table
+        from agentgym.rollout.env_groups import env_table
 
         table = env_table(cfg)
         return sorted({str(table[t]["env"]) for t in list(cfg.env.tags) + list(cfg.env.val_tags)})
