@@ -79,6 +79,12 @@ class Turn:
     tokens the server sampled (loss mask 1) with the ``logprobs`` it reported for them.
     ``reward`` is the turn-level reward the env gave for this turn's action.
 
+    ``state_key`` names the env state the model answered in (the env's ``info["state_key"]``, else a
+    hash of the observation it had just read): turns of one task with equal keys faced the same state,
+    which is what turn-level credit (``algorithm.adv_estimator=gigpo``) compares. ``metrics`` holds the
+    env's facts about this turn (its step ``info``: ``format_error``, ``well_formed``, ``moves``, ...) and
+    ``cut`` (1.0 when the reply hit the token cap).
+
     ``weight_version`` is the policy version that sampled the turn's first token. A turn whose
     generation was interrupted by a weight update and resumed on the new weights (asynchronous
     training with ``partial_rollout``) spans versions: ``token_versions`` then holds one version
@@ -94,6 +100,8 @@ class Turn:
     observation: list[Message] = field(default_factory=list)
     response_text: str = ""
     token_versions: list[int] = field(default_factory=list)
+    state_key: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):

@@ -24,7 +24,9 @@ Rewards default to gym-sokoban's: ``penalty_for_step`` per move, ``reward_box_on
 / ``penalty_box_off_target`` when a push changes a box's target status, ``reward_finished``
 when the last box lands. A turn's reward is the sum over its moves. ``terminated`` means
 solved; ``truncated`` means ``max_steps`` moves were used. The final step's ``info`` has
-``outcome_reward`` (1.0 solved, else 0.0), ``success`` and ``metrics``.
+``outcome_reward`` (1.0 solved, else 0.0) and ``success``; every step's has the episode's
+``metrics`` so far, the turn's ``format_error``, ``well_formed`` (one answer, nothing after it, its
+moves readable and within the cap), ``moves`` and the board as ``state_key``.
 """
 
 from __future__ import annotations
@@ -104,6 +106,15 @@ def parse_answer(text: str, max_moves: int) -> tuple[list[int], str | None, bool
     return _words_to_moves(found[-1].split("||", max_moves), max_moves)
 
 
+def is_lone_answer(text: str) -> bool:
+    """Whether a reply is one answer and nothing after it: exactly one ``<answer>`` and one
+    ``</answer>``, the reply ending with the latter (``info["well_formed"]`` also needs its moves to
+    parse and fit ``max_actions_per_turn``). ``parse_answer`` is more forgiving: it reads the last
+    answer of any reply, so a policy can drift into doubled tags or trailing text that still plays."""
+    lowered = text.lower()
+    return lowered.rstrip().endswith("</answer>") and lowered.count("<answer>") == 1 and lowered.count("</answer>") == 1
+
+
 def parse_tool_calls(calls: Any, max_moves: int) -> tuple[list[int], str | None, bool]:
     """Read the moves from OpenAI ``tool_calls`` naming ``move``; same return as ``parse_answer``."""
     if not isinstance(calls, list):
@@ -160,7 +171,8 @@ class SokobanEnv(TextEnv):
     ``sokoban-10x10-3`` are harder. ``reset(options={"level": Level or text})`` plays a
     given board instead of a generated one. ``offer_tools`` offers the ``move`` tool in
     ``info["tools"]`` (default); ``system_prompt`` replaces the rules message (``{max_moves}``
-    is filled in).
+    is filled in). ``strict_format`` plays only well-formed text replies (``info["well_formed"]``):
+    anything else (a doubled tag, text after the answer, more moves than the cap) is a format error.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -171,7 +183,7 @@ class SokobanEnv(TextEnv):
                  penalty_for_step: float = -0.1, reward_box_on_target: float = 1.0,
                  penalty_box_off_target: float = -1.0, reward_finished: float = 10.0,
                  format_penalty: float = -0.1, max_search_nodes: int | None = None,
-                 offer_tools: bool = True, system_prompt: str | None = None,
+                 offer_tools: bool = True, system_prompt: str | None = None, strict_format: bool = False,
                  render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
         height, width = (int(x) for x in dim_room)
@@ -191,6 +203,7 @@ class SokobanEnv(TextEnv):
         self.level: Level | None = None
         self._chars: list[str] | None = None
         self.offer_tools = bool(offer_tools)
+        self.strict_format = bool(strict_format)
         self._system = (SYSTEM_PROMPT if system_prompt is None else system_prompt).format(
             max_moves=self.max_actions_per_turn)
         self._plans: dict[tuple[int, tuple[int, ...]], list[str]] = {}
@@ -216,7 +229,7 @@ class SokobanEnv(TextEnv):
         self._load(level)
         board = self._board
         user = f"Boxes: {self._num_boxes}. Moves left: {self.max_steps}.\n{board}"
-        info: dict[str, Any] = {"level": board, "num_boxes": self._num_boxes}
+        info: dict[str, Any] = {"level": board, "num_boxes": self._num_boxes, "state_key": board}
         if self.offer_tools:
             info["tools"] = [move_tool()]
         return [{"role": "system", "content": self._system}, {"role": "user", "content": user}], info
@@ -234,10 +247,17 @@ class SokobanEnv(TextEnv):
                     0.0, self._terminated, self._truncated, self._final_info())
         self._turns += 1
         calls = action.get("tool_calls") if isinstance(action, dict) else None
+        lone_answer = False
         if calls is not None and not (isinstance(calls, list) and not calls):
             moves, error, cut = parse_tool_calls(calls, self.max_actions_per_turn)
+            lone_answer = True
         elif isinstance(action, (str, dict)):
-            moves, error, cut = parse_answer(_text_of(action), self.max_actions_per_turn)
+            text = _text_of(action)
+            moves, error, cut = parse_answer(text, self.max_actions_per_turn)
+            lone_answer = is_lone_answer(text)
+            if self.strict_format and error is None and not (lone_answer and not cut):
+                moves, error = [], (f"write exactly one <answer>...</answer> of at most {self.max_actions_per_turn} "
+                                    "moves and nothing after it")
         else:
             moves, error, cut = [], f"a reply is text or a message dict, not {type(action).__name__}", False
         if error is None:
@@ -251,7 +271,9 @@ class SokobanEnv(TextEnv):
             text += "\nSolved! Every box is on a target."
         elif truncated:
             text += "\nNo moves left. The episode is over."
-        info: dict[str, Any] = {"format_error": error is not None, "boxes_on_target": self._on_target}
+        info: dict[str, Any] = {"format_error": error is not None, "well_formed": error is None and not cut and lone_answer,
+                                "moves": len(moves), "boxes_on_target": self._on_target,
+                                "state_key": "".join(self._chars or ()), "metrics": self._episode_metrics()}
         if terminated or truncated:
             info.update(self._final_info())
         return _reply_messages(calls, text, error is None), reward, terminated, truncated, info
@@ -378,18 +400,19 @@ class SokobanEnv(TextEnv):
 
     def _final_info(self) -> dict[str, Any]:
         success = self._terminated
+        return {"outcome_reward": 1.0 if success else 0.0, "success": success, "metrics": self._episode_metrics()}
+
+    def _episode_metrics(self) -> dict[str, Any]:
+        """The episode so far: in every step's ``info``, so an episode the runner stops at its turn
+        limit is counted like one that ended."""
         return {
-            "outcome_reward": 1.0 if success else 0.0,
-            "success": success,
-            "metrics": {
-                "boxes_on_target": self._on_target,
-                "num_boxes": self._num_boxes,
-                "actions": self._steps - self._format_errors,
-                "pushes": self._pushes,
-                "blocked_moves": self._blocked,
-                "format_errors": self._format_errors,
-                "turns": self._turns,
-            },
+            "boxes_on_target": self._on_target,
+            "num_boxes": self._num_boxes,
+            "actions": self._steps - self._format_errors,
+            "pushes": self._pushes,
+            "blocked_moves": self._blocked,
+            "format_errors": self._format_errors,
+            "turns": self._turns,
         }
 
 

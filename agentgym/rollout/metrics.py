@@ -10,9 +10,57 @@ to the smallest group size. Each metric also appears per data source as
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from agentgym.types import Trajectory
+from agentgym.types import Message, Trajectory
+
+EPISODE_KEYS = frozenset({"outcome_reward", "success", "metrics", "tools", "state_key", "data_source"})
+"""Step ``info`` keys about the episode, not the turn: left out of a turn's facts."""
+
+
+def state_key(info: dict[str, Any], observation: Sequence[Message]) -> str:
+    """The state the next reply answers: the env's ``info["state_key"]`` when it names one (Sokoban's
+    board), else a hash of the observation messages' text (two equal observations, one state)."""
+    key = info.get("state_key")
+    if isinstance(key, str) and key:
+        return key
+    text = json.dumps([m.get("content") if isinstance(m, dict) else str(m) for m in observation],
+                      ensure_ascii=False, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def turn_facts(info: dict[str, Any], finish_reason: str) -> dict[str, float]:
+    """One turn's facts for ``Turn.metrics``: the numbers and flags of the env's step ``info`` (its
+    episode-level keys aside) and ``cut``, 1.0 when the reply stopped at the token cap."""
+    facts = {k: float(v) for k, v in info.items()
+             if k not in EPISODE_KEYS and isinstance(v, (bool, int, float))}
+    facts["cut"] = float(finish_reason == "length")
+    return facts
+
+
+def per_turn_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> dict[str, float]:
+    """``turn{k}/...`` for each turn number k: the share of episodes that reached it, its reply length,
+    the mean of each fact in ``Turn.metrics`` and, for envs that say whether a reply was well formed,
+    ``turn{k}/malformed``: the share of replies that were not, or were cut at the token cap. Episodes
+    cut at the turn limit count like any other: every turn they played is here."""
+    trajs = [t for t in trajectories if t.status != "failed"]
+    if not trajs:
+        return {}
+    out: dict[str, float] = {}
+    for k in range(1, max(len(t.turns) for t in trajs) + 1):
+        turns = [t.turns[k - 1] for t in trajs if len(t.turns) >= k]
+        name = f"{prefix}turn{k}/"
+        out[name + "reached"] = len(turns) / len(trajs)
+        out[name + "reply_tokens"] = _mean([float(len(t.response_ids)) for t in turns])
+        for key in sorted({key for t in turns for key in t.metrics}):
+            out[name + key] = _mean([t.metrics.get(key, 0.0) for t in turns])
+        if any("well_formed" in t.metrics for t in turns):
+            out[name + "malformed"] = _mean([float(not t.metrics.get("well_formed", 0.0) or t.metrics.get("cut", 0.0))
+                                              for t in turns])
+    return out
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -68,7 +68,7 @@ from typing import Any, Literal
 from agentgym.envs.tools.parsing import parse_tool_calls
 from agentgym.rollout.chat import ChatTokenizer, tools_key
 from agentgym.rollout.executors import EPISODE_EXECUTORS, EnvBackend, EnvTimeout, EpisodePool
-from agentgym.rollout.metrics import summarize
+from agentgym.rollout.metrics import state_key, summarize, turn_facts
 from agentgym.types import Message, SamplingParams, TokenSample, Trajectory, Turn
 
 
@@ -321,6 +321,7 @@ class RolloutRunner:
             observation = list(observation)
             messages: list[Message] = list(observation)
             traj.messages = messages
+            state = state_key(info, observation)
             stage = "chat template"
             prompt_ids = chat.prompt_ids(messages, tools, tkey=tkey)
             if len(prompt_ids) > cfg.prompt_length:
@@ -352,7 +353,7 @@ class RolloutRunner:
                 turn = Turn(prompt_ids=list(delta), response_ids=list(ids), logprobs=list(sample_out.logprobs),
                             weight_version=sample_out.weight_version, finish_reason=sample_out.finish_reason,
                             observation=observation, response_text=text,
-                            token_versions=versions if len(set(versions)) > 1 else [])
+                            token_versions=versions if len(set(versions)) > 1 else [], state_key=state)
                 traj.turns.append(turn)
                 context.extend(ids)
                 used += len(ids)
@@ -364,8 +365,10 @@ class RolloutRunner:
                 observation, reward, terminated, truncated, info = await handle.step(action)
                 env_time += time.perf_counter() - t0
                 turn.reward = float(reward)
+                turn.metrics = turn_facts(info, sample_out.finish_reason)
                 observation = list(observation)
                 messages.extend(observation)
+                state = state_key(info, observation)
                 if terminated:
                     status = "ok"
                     break

@@ -109,8 +109,8 @@ class FixedTrajectorySource:
 class EnvRolloutSource:
     """Episodes of a registered env, sampled from the policy servers by the rollout runner.
 
-    Training: ``data.train_batch_size`` tasks per step (``TaskSampler``), ``rollout.n``
-    episodes each. Validation: ``data.val_batch_size`` tasks (seeds from
+    Training: ``data.train_batch_size`` tasks per ``collect`` (``TaskSampler``; ``data.gen_batch_size``
+    per round under dynamic sampling), ``rollout.n`` episodes each. Validation: ``data.val_batch_size`` tasks (seeds from
     ``env.val_seed_start``, or the rows of ``data.val_files``), sampled with
     ``rollout.val_kwargs`` (greedy by default).
     """
@@ -161,7 +161,7 @@ class EnvRolloutSource:
     async def _sampler(self) -> TaskSampler:
         if self.sampler is None:
             info = await self.train_runner.env_info()
-            self.sampler = TaskSampler(info.get("num_tasks"), int(self.cfg.data.train_batch_size),
+            self.sampler = TaskSampler(info.get("num_tasks"), round_size(self.cfg),
                                        seed=int(self.cfg.trainer.seed), shuffle=bool(self.cfg.data.shuffle),
                                        seed_start=int(self.cfg.env.train_seed_start))
             if self._pending_state is not None:
@@ -220,6 +220,17 @@ class EnvRolloutSource:
     async def aclose(self) -> None:
         await self.train_runner.aclose()
         await self.val_runner.aclose()
+
+
+def round_size(cfg: Any) -> int:
+    """Tasks per ``collect``: ``data.train_batch_size``, or ``data.gen_batch_size`` when dynamic sampling
+    (``algorithm.filter_groups``) collects several rounds per step."""
+    from omegaconf import OmegaConf
+
+    gen = OmegaConf.select(cfg, "data.gen_batch_size")
+    if OmegaConf.select(cfg, "algorithm.filter_groups.enable", default=False) and gen:
+        return int(gen)
+    return int(cfg.data.train_batch_size)
 
 
 def _files(value: Any) -> Any:

@@ -9,7 +9,10 @@
 ``agentgym train`` with ``held_out.enable`` scores the model RL started from (after the warm
 start: the SFT model) and the final model on the same tasks, then prints the table with
 standard errors: binomial ``sqrt(p (1 - p) / n)`` per row, and for RL minus the start the
-paired standard error over tasks (the same levels scored twice), ``std(d) / sqrt(n)``.
+paired standard error over tasks (the same levels scored twice), ``std(d) / sqrt(n)``; for envs
+that say whether a reply was well formed (Sokoban), the share of malformed replies at each turn
+(``Score.turns``: a reply not well formed, or cut at the token cap), so a gain cannot hide a policy
+that degenerates where the success rate does not look.
 Every seed a stage trains on (demos, RL tasks) is checked to lie outside the held-out range
 before any work starts.
 """
@@ -20,7 +23,7 @@ import asyncio
 import json
 import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,11 @@ class Score:
     temperature: float | None  # None: not a model (the random policy)
     per_task: list[float]
     seconds: float = 0.0
+    turns: dict[str, float] = field(default_factory=dict)  # per-turn metrics: turn{k}/reached, turn{k}/malformed
+
+    def malformed(self) -> list[float]:
+        """The share of malformed replies at each turn (envs that say whether a reply was well formed)."""
+        return [self.turns[f"turn{k}/malformed"] for k in range(1, 100) if f"turn{k}/malformed" in self.turns]
 
     @property
     def success(self) -> float:
@@ -88,6 +96,7 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
 
     from agentgym.client import PolicyClient
     from agentgym.model import load_tokenizer
+    from agentgym.rollout.metrics import per_turn_metrics
     from agentgym.rollout.runner import RolloutConfig, RolloutRunner
     from agentgym.server.launch import start_embedded_server
 
@@ -122,7 +131,8 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
     started = time.perf_counter()
     trajectories = asyncio.run(run())
     by_seed = {t.seed: float(bool(t.metrics.get("success", 0.0))) for t in trajectories}
-    return Score(label, temperature, [by_seed.get(s, 0.0) for s in seeds], time.perf_counter() - started)
+    turns = {k: v for k, v in per_turn_metrics(trajectories).items() if k.endswith(("/reached", "/malformed"))}
+    return Score(label, temperature, [by_seed.get(s, 0.0) for s in seeds], time.perf_counter() - started, turns)
 
 
 def start_scores(cfg: DictConfig, model_dir: str, show_progress: bool = True) -> dict[float, Score]:
@@ -208,6 +218,11 @@ def table(cfg: DictConfig, rows: dict[str, dict[float, Score]], random_score: Sc
                 z = f", {gain / se:.1f} SE" if se > 0 else ""
                 gains.append(f"{gain:+.3f} ± {se:.3f}{z}".ljust(16))
         lines.append("  ".join([f"{final} - {start}".ljust(22)] + gains) + "  (paired over tasks)")
+    for t in temps:
+        shares = {label: by_temp[t].malformed() for label, by_temp in rows.items() if t in by_temp}
+        if any(shares.values()):
+            lines.append(f"malformed replies, {names.get(t, f'T={t:g}')}, turns 1/2/...: " + "; ".join(
+                f"{label} {' / '.join(f'{100 * s:.0f}%' for s in share)}" for label, share in shares.items() if share))
     return "\n".join(lines)
 
 
@@ -224,4 +239,5 @@ def load_scores(path: Path, label: str) -> dict[float, Score]:
     if not path.is_file():
         return {}
     saved = json.loads(path.read_text()).get("policies", {}).get(label, {})
-    return {float(t): Score(s["label"], s["temperature"], s["per_task"], s.get("seconds", 0.0)) for t, s in saved.items()}
+    return {float(t): Score(s["label"], s["temperature"], s["per_task"], s.get("seconds", 0.0), s.get("turns", {}))
+            for t, s in saved.items()}

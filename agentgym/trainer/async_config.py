@@ -87,6 +87,9 @@ def validate_async(cfg: Any) -> None:
                                   f"agentgym train --async (or actor_rollout_ref.hybrid_engine=false), or leave "
                                   f"{key} at {value}")
         return
+    if cfg.algorithm.filter_groups.enable:
+        raise ConfigError("algorithm.filter_groups (dynamic sampling) runs in the synchronous trainer only: leave it "
+                          "false with agentgym train --async")
     a = cfg.async_training
     ints = {"async_training.trigger_parameter_sync_step": a.trigger_parameter_sync_step,
             "async_training.require_batches": a.require_batches,

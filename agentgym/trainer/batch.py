@@ -5,7 +5,8 @@ tokens) is right-padded to ``T`` in ``input_ids`` / ``attention_mask``. The *res
 region* (everything from the first sampled token, veRL's ``responses``) is also laid out
 on its own, right-padded to ``R``: ``responses``, ``response_mask`` (1 on sampled tokens; 0 on
 the observation tokens between turns and on padding), ``rollout_log_probs`` and
-``token_level_scores`` (turn and outcome rewards on tokens, ``Trajectory.token_rewards``).
+``token_level_scores`` (turn and outcome rewards on tokens, ``Trajectory.token_rewards``) and
+``turn_index`` (the turn each sampled token belongs to, -1 elsewhere).
 ``prompt_lengths[i]`` says where row i's response region starts in ``input_ids``.
 
 Micro-batches (``micro_batches``): a worker's share of a mini-batch is cut into micro-batches of
@@ -38,10 +39,12 @@ Tensors = dict[str, torch.Tensor]
 
 @dataclass
 class Batch:
-    """Row-aligned tensors plus ``uid`` (the group id of each row, veRL's ``index``)."""
+    """Row-aligned tensors plus ``uid`` (the group id of each row, veRL's ``index``) and
+    ``step_keys`` (each row's ``Turn.state_key`` per turn, for turn-level credit)."""
 
     tensors: Tensors
     uid: list[str] = field(default_factory=list)
+    step_keys: list[list[str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.tensors["input_ids"].shape[0])
@@ -57,7 +60,8 @@ class Batch:
     def select(self, rows: Sequence[int] | torch.Tensor) -> Batch:
         index = torch.as_tensor(rows, dtype=torch.long)
         uid = [self.uid[i] for i in index.tolist()] if self.uid else []
-        return Batch({k: v.index_select(0, index) for k, v in self.tensors.items()}, uid)
+        keys = [self.step_keys[i] for i in index.tolist()] if self.step_keys else []
+        return Batch({k: v.index_select(0, index) for k, v in self.tensors.items()}, uid, keys)
 
 
 def skip_reason(traj: Trajectory, max_prompt_length: int, max_response_length: int) -> str | None:
@@ -86,8 +90,9 @@ def build_batch(
     """The padded batch and a count of the trajectories left out of training, by reason."""
     if not trajectories:
         raise ValueError("build_batch needs at least one trajectory")
-    rows: list[tuple[list[int], int, list[int], list[float], list[float]]] = []
+    rows: list[tuple[list[int], int, list[int], list[float], list[float], list[int]]] = []
     uid: list[str] = []
+    step_keys: list[list[str]] = []
     skipped: dict[str, int] = {}
     for i, traj in enumerate(trajectories):
         reason = skip_reason(traj, max_prompt_length, max_response_length)
@@ -96,7 +101,9 @@ def build_batch(
             mask = traj.loss_mask()[start:]
             logprobs = traj.token_logprobs()[start:]
             rewards = traj.token_rewards(turn_reward_coef, outcome_reward_coef)[start:]
+            turns = turn_numbers(traj)[start:]
             uid.append(traj.group_id or f"traj-{i}")
+            step_keys.append([turn.state_key for turn in traj.turns])
         else:
             skipped[reason] = skipped.get(reason, 0) + 1
             ids = traj.token_ids()[: max_prompt_length + max_response_length] or [pad_token_id]
@@ -106,8 +113,10 @@ def build_batch(
             mask = [0] * (len(ids) - start)
             logprobs = [0.0] * len(mask)
             rewards = [0.0] * len(mask)
+            turns = [-1] * len(mask)
             uid.append(f"skipped-{i}")  # a group of its own: it must not shift others' baselines
-        rows.append((ids, start, mask, logprobs, rewards))
+            step_keys.append([])
+        rows.append((ids, start, mask, logprobs, rewards, turns))
 
     batch_size = len(rows)
     seq_len = max(len(r[0]) for r in rows)
@@ -118,8 +127,9 @@ def build_batch(
     response_mask = torch.zeros((batch_size, resp_len), dtype=torch.float32)
     rollout_log_probs = torch.zeros((batch_size, resp_len), dtype=torch.float32)
     prompt_lengths = torch.zeros(batch_size, dtype=torch.long)
+    turn_index = torch.full((batch_size, resp_len), -1, dtype=torch.long)
     reward_rows: list[list[float]] = []
-    for i, (ids, start, mask, logprobs, rewards) in enumerate(rows):
+    for i, (ids, start, mask, logprobs, rewards, turns) in enumerate(rows):
         n = len(ids)
         input_ids[i, :n] = torch.tensor(ids)
         attention_mask[i, :n] = 1
@@ -127,6 +137,7 @@ def build_batch(
         responses[i, : n - start] = torch.tensor(ids[start:])
         response_mask[i, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
         rollout_log_probs[i, : len(logprobs)] = torch.tensor(logprobs, dtype=torch.float32)
+        turn_index[i, : len(turns)] = torch.tensor(turns, dtype=torch.long)
         reward_rows.append(rewards)
     token_level_scores = algos.token_level_scores_from_rewards(reward_rows, response_mask)
     valid = response_mask.sum(-1) > 0
@@ -138,9 +149,19 @@ def build_batch(
         "response_mask": response_mask,
         "rollout_log_probs": rollout_log_probs,
         "token_level_scores": token_level_scores,
+        "turn_index": turn_index,
         "valid": valid,
     }
-    return Batch(tensors, uid), skipped
+    return Batch(tensors, uid, step_keys), skipped
+
+
+def turn_numbers(traj: Trajectory) -> list[int]:
+    """Over the whole sequence: the turn (0-based) each sampled token belongs to, -1 on read-only tokens."""
+    out: list[int] = []
+    for k, turn in enumerate(traj.turns):
+        out.extend([-1] * len(turn.prompt_ids))
+        out.extend([k] * len(turn.response_ids))
+    return out
 
 
 def add_pad_rows(batch: Batch, count: int) -> Batch:
@@ -154,7 +175,8 @@ def add_pad_rows(batch: Batch, count: int) -> Batch:
             pad.tensors[key] = torch.zeros_like(pad.tensors[key])
     pad.tensors["valid"] = torch.zeros_like(pad.tensors["valid"])
     tensors = {k: torch.cat([batch.tensors[k], pad.tensors[k]]) for k in batch.tensors}
-    return Batch(tensors, batch.uid + [f"pad-{i}" for i in range(count)] if batch.uid else [])
+    return Batch(tensors, batch.uid + [f"pad-{i}" for i in range(count)] if batch.uid else [],
+                 batch.step_keys + [[] for _ in range(count)] if batch.step_keys else [])
 
 
 def pad_for_workers(batch: Batch, world_size: int, num_mini_batches: Sequence[int]) -> tuple[Batch, list[int]]:

@@ -232,6 +232,9 @@ def validate(cfg: DictConfig) -> None:
         ("actor_rollout_ref.actor.policy_loss.loss_mode", algos.POLICY_LOSS_REGISTRY),
         ("actor_rollout_ref.actor.loss_agg_mode", algos.LOSS_AGG_MODES),
         ("critic.loss_agg_mode", algos.LOSS_AGG_MODES),
+        ("algorithm.gigpo.mode", algos.GIGPO_MODES),
+        ("algorithm.gigpo.step_grouping", algos.STEP_GROUPINGS),
+        ("algorithm.filter_groups.metric", ("score", "acc")),
     ):
         value = OmegaConf.select(cfg, key)
         if value not in registry:

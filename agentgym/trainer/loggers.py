@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentgym.rollout.metrics import per_turn_metrics
 from agentgym.types import Trajectory
 
 HEADLINE = (
@@ -257,6 +258,10 @@ def trajectory_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> 
         # partial rollout: generations a weight push aborted and the runner continued on the new weights
         "resumed_generations": float(sum(t.metrics.get("resumed_generations", 0.0) for t in trajs)),
     }
+    played = [t for t in trajs if t.status != "failed"]
+    for key in sorted({k for t in played for k in t.metrics if k.startswith("env/")}):
+        out[key] = mean([t.metrics[key] for t in played if key in t.metrics])
+    out.update(per_turn_metrics(trajs))
     return {prefix + k: v for k, v in out.items()}
 
 

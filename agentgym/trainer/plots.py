@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 # (title, training keys tried in order, y label). A panel shows the first key the run logged,
-# and its ``val/`` twin when there is one.
+# and its ``val/`` twin when there is one; a key with ``*`` (``turn*/malformed``) draws one line
+# per turn number in one panel.
 DEFAULT_PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("reward", ("reward/mean",), "mean episode reward"),
     ("success", ("success_rate",), "success rate"),
@@ -26,6 +27,9 @@ DEFAULT_PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("KL", ("actor/kl_loss", "actor/ppo_kl"), "KL"),
     ("entropy", ("actor/entropy", "actor/entropy_before_update"), "entropy"),
     ("staleness", ("async/version_lag/mean", "rollout/weight_version_lag"), "weight versions behind"),
+    ("groups with no signal", ("sampling/flat_group_frac", "batch/zero_variance_group_frac"), "share of groups"),
+    ("malformed replies by turn", ("turn*/malformed",), "share of replies"),
+    ("reply length by turn", ("turn*/reply_tokens",), "tokens"),
     ("SFT loss", ("sft/loss",), "loss per assistant token"),
     ("learning rate", ("sft/lr",), "lr"),
 )
@@ -90,6 +94,11 @@ def choose_panels(rows: Sequence[dict[str, Any]], metrics: Sequence[str] = ()) -
     panels = []
     for title, keys, label in DEFAULT_PANELS:
         for key in keys:
+            if "*" in key:
+                if expand(key, logged):
+                    panels.append((title, key, label))
+                    break
+                continue
             if key in OFF_WHEN_ZERO and not any(v != 0 for k in (key, f"val/{key}") for v in series(rows, k)[1]):
                 continue
             if key in logged or f"val/{key}" in logged:
@@ -99,6 +108,13 @@ def choose_panels(rows: Sequence[dict[str, Any]], metrics: Sequence[str] = ()) -
         raise PlotError("the run logged none of the usual metrics yet (reward, success, loss); "
                         "name some with -m METRIC")
     return panels
+
+
+def expand(pattern: str, logged: set[str] | Sequence[str]) -> list[str]:
+    """The logged training keys matching ``turn*/malformed`` (any turn number), in turn order."""
+    head, tail = pattern.split("*", 1)
+    found = [k for k in logged if k.startswith(head) and k.endswith(tail) and k[len(head):len(k) - len(tail)].isdigit()]
+    return sorted(found, key=lambda k: int(k[len(head):len(k) - len(tail)]))
 
 
 def _pyplot() -> Any:
@@ -132,7 +148,11 @@ def figure(rows: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str, str]
     columns = min(3, len(panels))
     lines = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(lines, columns, figsize=(4.6 * columns, 3.2 * lines), squeeze=False)
+    logged = {k for row in rows for k in row}
     for ax, (name, key, label) in zip(axes.flat, panels):
+        if "*" in key:
+            _per_turn_panel(ax, rows, expand(key, logged), name, label)
+            continue
         steps, values = series(rows, key)
         if steps:
             noisy = len(steps) >= SMOOTH_FROM
@@ -158,6 +178,26 @@ def figure(rows: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str, str]
         fig.suptitle(title, fontsize=12)
     fig.tight_layout()
     return fig
+
+
+def _per_turn_panel(ax: Any, rows: Sequence[dict[str, Any]], keys: Sequence[str], name: str, label: str) -> None:
+    """One line per turn (trailing mean when the run is long), validation as dots of the same colour."""
+    colours = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
+    for i, key in enumerate(keys):
+        colour = colours[i % len(colours)]
+        turn = key.split("/", 1)[0].replace("turn", "turn ")
+        steps, values = series(rows, key)
+        if steps:
+            smooth = trailing_mean(values, max(3, len(steps) // 12)) if len(steps) >= SMOOTH_FROM else values
+            ax.plot(steps, smooth, color=colour, linewidth=1.6, label=turn)
+        val_steps, val_values = series(rows, f"val/{key}")
+        if val_steps:
+            ax.plot(val_steps, val_values, color=colour, marker="o", markersize=4, linewidth=0.8, linestyle="--")
+    ax.set_title(name + (" (dots: validation)" if any(series(rows, f"val/{k}")[0] for k in keys) else ""), fontsize=11)
+    ax.set_xlabel("step")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
 
 
 def plot_run(run_dir: str | Path, output: str | Path | None = None, metrics: Sequence[str] = (),

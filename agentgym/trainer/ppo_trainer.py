@@ -108,13 +108,6 @@ def _mean_dicts(dicts: list[dict[str, float] | None]) -> dict[str, float]:
     return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in sorted(keys)}
 
 
-def _masked_stats(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    if mask.sum() == 0:
-        return {}
-    picked = values[mask.bool()]
-    return {f"{name}/mean": float(picked.mean()), f"{name}/max": float(picked.max()), f"{name}/min": float(picked.min())}
-
-
 class PPOTrainer:
     """Owns the loop; the maths is in ``algos``, the model work in the worker groups."""
 
@@ -218,6 +211,7 @@ class PPOTrainer:
             trajectories: list[Trajectory] = self.run(self.source.collect(step))
         metrics.update(trajectory_metrics(trajectories))
         metrics.update(per_source_metrics(trajectories))
+        metrics.update(getattr(self.source, "sampling_metrics", {}))  # dynamic sampling's rounds and kept groups
         pushed = getattr(self.weight_sync, "version", None)  # WeightSync's last push (the async trainer's has none)
         latest = pushed if pushed is not None else step - 1
         lags = [latest - turn.weight_version for traj in trajectories for turn in traj.turns]
@@ -301,6 +295,8 @@ class PPOTrainer:
                 values=batch.tensors.get("values"), index=np.array(batch.uid, dtype=object),
                 gamma=float(cfg.algorithm.gamma), lam=float(cfg.algorithm.lam),
                 norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo),
+                turn_index=batch["turn_index"], step_keys=batch.step_keys,
+                **OmegaConf.to_container(cfg.algorithm.gigpo, resolve=True),
             )
             advantages, adv_metrics = algos.postprocess_advantages(
                 advantages, mask, bool(cfg.algorithm.whiten_advantages), cfg.algorithm.advantage_clip)
@@ -414,10 +410,10 @@ class PPOTrainer:
             return out
         out["critic/score/mean"] = float(batch["token_level_scores"].sum(-1)[valid].mean())
         out["critic/rewards/mean"] = float(batch["token_level_rewards"].sum(-1)[valid].mean())
-        out.update(_masked_stats("critic/advantages", batch["advantages"], mask))
-        out.update(_masked_stats("critic/returns", batch["returns"], mask))
+        out.update(algos.masked_stats("critic/advantages", batch["advantages"], mask))
+        out.update(algos.masked_stats("critic/returns", batch["returns"], mask))
         if "values" in batch.tensors:
-            out.update(_masked_stats("critic/values", batch["values"], mask))
+            out.update(algos.masked_stats("critic/values", batch["values"], mask))
         out["response_length/sampled_mean"] = float(mask.sum(-1)[valid].mean())
         return out
 

@@ -145,10 +145,16 @@ def env_source(cfg: DictConfig, client: Any) -> Any:
 
 
 def wrap_source(cfg: DictConfig, source: Any) -> Any:
-    """The source with the trainer-side reward manager (veRL's ``dapo`` overlong penalty) around it."""
+    """The source with the trainer-side reward manager (veRL's ``dapo`` overlong penalty) around it, and
+    around that dynamic sampling (``algorithm.filter_groups``), which judges the final scores."""
     from agentgym.rewards import reward_manager_source
 
-    return reward_manager_source(cfg, source)
+    source = reward_manager_source(cfg, source)
+    if cfg.algorithm.filter_groups.enable:
+        from agentgym.trainer.dynamic_sampling import DynamicSamplingSource
+
+        source = DynamicSamplingSource.from_cfg(cfg, source)
+    return source
 
 
 def validate_only(trainer: Any) -> dict[str, Any]:

@@ -27,7 +27,8 @@ Files: ``stats.py`` (masked statistics) · ``advantages.py`` (``ADV_ESTIMATOR_RE
 ``shaping.py`` (ROLL's reward normalisation and advantage clipping) ·
 ``policy_losses.py`` (``POLICY_LOSS_REGISTRY``, keyed by ``policy_loss.loss_mode``; entropy and
 value losses; the actor loss) · ``kl.py`` (KL controllers, estimators, KL loss, KL in the reward) ·
-``token_rewards.py`` (turn-level credit: rewards from ``Trajectory`` objects onto tokens).
+``token_rewards.py`` (rewards from ``Trajectory`` objects onto tokens) · ``turn_credit.py`` (GiGPO:
+turn-level advantages for multi-turn episodes).
 Everything is re-exported here: ``from agentgym.trainer import algos; algos.compute_advantage(...)``.
 """
 
@@ -77,6 +78,7 @@ from agentgym.trainer.algos.shaping import (
 from agentgym.trainer.algos.stats import (
     entropy_from_logits,
     masked_mean,
+    masked_stats,
     masked_sum,
     masked_var,
     masked_whiten,
@@ -85,9 +87,18 @@ from agentgym.trainer.algos.token_rewards import (
     token_level_scores_from_rewards,
     trajectories_to_token_rewards,
 )
+from agentgym.trainer.algos.turn_credit import (
+    GIGPO_MODES,
+    STEP_GROUPINGS,
+    compute_gigpo_advantage,
+    normalise_in_groups,
+    turn_returns,
+)
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",
+    "GIGPO_MODES",
+    "STEP_GROUPINGS",
     "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES",
     "POLICY_LOSS_REGISTRY",
@@ -100,6 +111,7 @@ __all__ = [
     "compute_advantage",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
+    "compute_gigpo_advantage",
     "compute_grpo_outcome_advantage",
     "compute_reinforce_return",
     "compute_kl_loss",
@@ -117,12 +129,15 @@ __all__ = [
     "kl_penalty",
     "kl_penalty_forward",
     "masked_mean",
+    "masked_stats",
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "normalise_in_groups",
     "postprocess_advantages",
     "scores_equal",
     "shape_rewards",
     "token_level_scores_from_rewards",
     "trajectories_to_token_rewards",
+    "turn_returns",
 ]

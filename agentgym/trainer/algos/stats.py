@@ -94,3 +94,11 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     """
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def masked_stats(name: str, values: Tensor, mask: Tensor) -> dict[str, float]:
+    """``{name}/mean``, ``/max`` and ``/min`` of ``values`` where ``mask`` is set (nothing when it is empty)."""
+    if mask.sum() == 0:
+        return {}
+    picked = values[mask.bool()]
+    return {f"{name}/mean": float(picked.mean()), f"{name}/max": float(picked.max()), f"{name}/min": float(picked.min())}

@@ -1,0 +1,97 @@
+"""DAPO's dynamic sampling (Yu et al. 2025; veRL's ``algorithm.filter_groups``): a step trains only
+on groups whose episodes scored differently.
+
+A group whose episodes all score the same gets advantage 0 under every group-relative estimator,
+yet it still costs its forward and backward passes and, with a per-sequence loss mean, dilutes the
+groups that do carry a signal. ``DynamicSamplingSource`` wraps any trajectory source: it collects
+rounds from the source (``data.gen_batch_size`` tasks each, for env sources), keeps the groups
+whose ``metric`` has a spread, and stops once it holds ``data.train_batch_size`` of them (the rest
+of the last round is dropped, as DAPO does) or after ``max_num_gen_batches`` rounds, when the step
+trains on the groups it has. A step where no group had a spread returns its last round unfiltered,
+so the trainer's flat-reward warning still fires.
+
+``metric``: ``score``, the trajectory's reward as the trainer sums it (``turn_reward_coef`` x turn
+rewards + ``outcome_reward_coef`` x outcome), or ``acc``, its success. Metrics of each step (in
+``sampling_metrics``, logged as ``sampling/*``): rollout rounds, groups sampled and kept, the share
+of sampled groups that were flat, the episodes sampled beyond one round, and the success rate over
+every sampled episode (the step's ``success_rate`` is over the kept groups only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentgym.trainer.algos import scores_equal
+from agentgym.types import Trajectory
+
+
+def episode_score(traj: Trajectory, metric: str, turn_reward_coef: float, outcome_reward_coef: float) -> float:
+    if metric == "acc":
+        return float(traj.metrics.get("success", float(traj.outcome_reward > 0)))
+    return turn_reward_coef * sum(t.reward for t in traj.turns) + outcome_reward_coef * traj.outcome_reward
+
+
+def groups_in_order(trajectories: list[Trajectory]) -> list[list[Trajectory]]:
+    groups: dict[str, list[Trajectory]] = {}
+    for i, traj in enumerate(trajectories):
+        groups.setdefault(traj.group_id or f"traj-{i}", []).append(traj)
+    return list(groups.values())
+
+
+def has_spread(group: list[Trajectory], metric: str, turn_reward_coef: float, outcome_reward_coef: float) -> bool:
+    played = [t for t in group if t.trainable]
+    if len(played) < 2:
+        return False
+    return not scores_equal([episode_score(t, metric, turn_reward_coef, outcome_reward_coef) for t in played])
+
+
+class DynamicSamplingSource:
+    """A trajectory source that keeps only groups with a score spread, sampling more rounds to fill a step."""
+
+    def __init__(self, source: Any, train_batch_size: int, metric: str = "score", max_rounds: int = 4,
+                 turn_reward_coef: float = 1.0, outcome_reward_coef: float = 1.0) -> None:
+        self.source = source
+        self.train_batch_size = int(train_batch_size)
+        self.metric = metric
+        self.max_rounds = int(max_rounds)
+        self.turn_reward_coef = float(turn_reward_coef)
+        self.outcome_reward_coef = float(outcome_reward_coef)
+        self.sampling_metrics: dict[str, float] = {}
+
+    @classmethod
+    def from_cfg(cls, cfg: Any, source: Any) -> DynamicSamplingSource:
+        fg = cfg.algorithm.filter_groups
+        return cls(source, int(cfg.data.train_batch_size), str(fg.metric), int(fg.max_num_gen_batches),
+                   float(cfg.algorithm.turn_reward_coef), float(cfg.algorithm.outcome_reward_coef))
+
+    def __getattr__(self, name: str) -> Any:  # validate, state_dict, steps_per_epoch, aclose, last_metrics, ...
+        return getattr(self.__dict__["source"], name)
+
+    async def collect(self, step: int) -> list[Trajectory]:
+        kept: list[list[Trajectory]] = []
+        rounds = sampled = flat = episodes = solved = first_round = 0
+        last: list[Trajectory] = []
+        while len(kept) < self.train_batch_size and (self.max_rounds <= 0 or rounds < self.max_rounds):
+            last = await self.source.collect(step)
+            rounds += 1
+            first_round = first_round if rounds > 1 else len(last)
+            episodes += len(last)
+            solved += sum(episode_score(t, "acc", 0.0, 0.0) > 0 for t in last)
+            for group in groups_in_order(last):
+                sampled += 1
+                if has_spread(group, self.metric, self.turn_reward_coef, self.outcome_reward_coef):
+                    kept.append(group)
+                else:
+                    flat += 1
+        kept = kept[: self.train_batch_size]
+        self.sampling_metrics = {
+            "sampling/rounds": float(rounds),
+            "sampling/groups_sampled": float(sampled),
+            "sampling/groups_kept": float(len(kept)),
+            "sampling/flat_group_frac": flat / sampled if sampled else 0.0,
+            "sampling/extra_episodes": float(episodes - first_round),
+            "sampling/success_rate": solved / episodes if episodes else 0.0,  # every sampled episode, kept or not
+        }
+        if not kept:
+            return last
+        return [traj for group in kept for traj in group]
