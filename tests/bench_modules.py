@@ -1,8 +1,8 @@
 """The benchmark scripts that tests drive (``benchmarks/`` is not a package), one module object each:
 ``standin_server`` (imported by that name, as ``benchmarks/gateway.py`` imports it) and
 ``benchmarks/gateway.py`` (as ``gateway_bench``, so it cannot shadow anything named ``gateway``) and
-``fuzz_server`` and ``benchmarks/train_step.py`` (as ``train_step_bench``: the Qwen2.5-0.5B-shape model it
-builds)."""
+``fuzz_server``, ``fuzz_doors`` (by that name too: its worker process imports it again) and
+``benchmarks/train_step.py`` (as ``train_step_bench``: the Qwen2.5-0.5B-shape model it builds)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ def fuzz_server() -> ModuleType:
     if str(BENCHMARKS) not in sys.path:
         sys.path.append(str(BENCHMARKS))
     return importlib.import_module("fuzz_server")
+
+
+def fuzz_doors() -> ModuleType:
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
+    return importlib.import_module("fuzz_doors")
 
 
 def gateway_bench() -> ModuleType:

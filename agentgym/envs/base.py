@@ -100,8 +100,8 @@ def reply_text(action: Action) -> str:
         content = action.get("content")
         if isinstance(content, str):
             return content
-        if isinstance(content, list):  # OpenAI content parts
-            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if isinstance(content, list):  # OpenAI content parts; a part whose text is not a string is no text
+            return "".join(t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str))
     return ""
 
 

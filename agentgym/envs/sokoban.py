@@ -54,7 +54,8 @@ every prompt token is paid for in every episode."""
 MAX_REPLY_CHARS = 8192
 """Only this many trailing characters of a reply (or of a tool call's arguments) are read."""
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+_OPEN_RE = re.compile(re.escape("<answer>"), re.IGNORECASE)
+_CLOSE_RE = re.compile(re.escape("</answer>"), re.IGNORECASE)
 _MOVE_WORDS = {"up": 0, "down": 1, "left": 2, "right": 3, "1": 0, "2": 1, "3": 2, "4": 3}
 
 _MOVED = DIRECTIONS
@@ -100,10 +101,20 @@ def parse_answer(text: str, max_moves: int) -> tuple[list[int], str | None, bool
         text = text[-MAX_REPLY_CHARS:]
     if not text or text.isspace():
         return [], "the reply was empty", False
-    found = _ANSWER_RE.findall(text)
-    if not found:
+    answer = _last_answer(text)
+    if answer is None:
         return [], "no <answer>...</answer> found", False
-    return _words_to_moves(found[-1].split("||", max_moves), max_moves)
+    return _words_to_moves(answer.split("||", max_moves), max_moves)
+
+
+def _last_answer(text: str) -> str | None:
+    """The inside of the last ``<answer>...</answer>`` (tags matched left to right, case-insensitive,
+    as a lazy regex would pair them), found in one pass: a reply full of unclosed tags costs no
+    more than any other."""
+    answer, pos = None, 0
+    while (opened := _OPEN_RE.search(text, pos)) and (closed := _CLOSE_RE.search(text, opened.end())):
+        answer, pos = text[opened.end():closed.start()], closed.end()
+    return answer
 
 
 def is_lone_answer(text: str) -> bool:
@@ -125,14 +136,14 @@ def parse_tool_calls(calls: Any, max_moves: int) -> tuple[list[int], str | None,
         if not isinstance(function, dict):
             return [], f"tool call {n} has no function", False
         if function.get("name") != "move":
-            return [], f"tool call {n}: unknown tool {str(function.get('name'))[:40]!r}; the tool is 'move'", False
+            return [], f"tool call {n}: unknown tool {_shown(function.get('name'), 40)}; the tool is 'move'", False
         args = function.get("arguments")
         if isinstance(args, str):
             if len(args) > MAX_REPLY_CHARS:
                 return [], f"tool call {n}: arguments too long", False
             try:
                 args = json.loads(args)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply
                 return [], f"tool call {n}: arguments are not valid JSON", False
         direction = args.get("direction", args.get("directions")) if isinstance(args, dict) else None
         if isinstance(direction, str):
@@ -156,9 +167,15 @@ def _words_to_moves(words: list[Any], max_moves: int) -> tuple[list[int], str | 
     for word in words[:max_moves]:
         move = _MOVE_WORDS.get(word.strip().lower()) if isinstance(word, str) else None
         if move is None:
-            return [], f"{str(word).strip()[:20]!r} is not a move", False
+            return [], f"{_shown(word, 20)} is not a move", False
         moves.append(move)
     return moves, None, len(words) > max_moves
+
+
+def _shown(value: Any, limit: int) -> str:
+    """A short quote of a value the model sent: text as text, anything else by its type (the
+    ``str`` of a deeply nested list or a huge integer raises)."""
+    return repr(value.strip()[:limit]) if isinstance(value, str) else f"a JSON {type(value).__name__}"
 
 
 class SokobanEnv(TextEnv):

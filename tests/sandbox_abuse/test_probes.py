@@ -10,14 +10,18 @@ infinite loop (its timeout) and TCP to the host's loopback (its network namespac
 
 from __future__ import annotations
 
+import os
 import platform
+import resource
 import secrets
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import (
     PROBE_MEMORY_MB,
@@ -442,3 +446,75 @@ def test_kernel_attack_surface_is_narrowed(run_code: Run) -> None:
         os.waitpid(pid, 0)
     """, spawn=True, code=code))
     assert "io_uring_setup -1 1\n" in result.stdout and "userfaultfd -1 1\n" in result.stdout, result.stdout  # EPERM
+
+
+# ---- issue 24: what a second review found ------------------------------------------------------
+def test_only_unix_sockets_can_be_made(run_code: Run) -> None:
+    """AF_VSOCK talks to the hypervisor host, and no network namespace covers it: the seccomp filter
+    refuses it, and every socket family but AF_UNIX (which asyncio, multiprocessing and
+    socketpair use)."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the seccomp filter has a table for x86_64 only")
+    result = run_code(probe("""
+        import ctypes, socket
+        libc = ctypes.CDLL(None, use_errno=True)
+        for name, family, kind in [("vsock", 40, socket.SOCK_STREAM), ("inet", socket.AF_INET, socket.SOCK_STREAM),
+                                   ("inet6", socket.AF_INET6, socket.SOCK_DGRAM), ("netlink", 16, socket.SOCK_RAW)]:
+            fd = libc.syscall(41, family, kind, 0)  # socket(2) itself, as any library would call it
+            print(name, "made" if fd >= 0 else f"refused errno={{ctypes.get_errno()}}")
+        a, b = socket.socketpair()
+        a.sendall(b"ping")
+        print("unix", b.recv(4).decode(), socket.socket(socket.AF_UNIX).family.name)
+    """))
+    lines = result.stdout.splitlines()  # type: ignore[attr-defined]
+    assert lines == ["vsock refused errno=1", "inet refused errno=1", "inet6 refused errno=1",
+                     "netlink refused errno=1", "unix ping AF_UNIX"], (result.stdout, result.stderr)  # type: ignore[attr-defined]
+
+
+def test_real_time_and_nice_limits_are_not_inherited(run_code: Run) -> None:
+    """A caller allowed real-time scheduling (``RLIMIT_RTPRIO``) or a raised nice ceiling does not pass
+    them on: the code could starve the host's CPUs with a SCHED_FIFO busy loop."""
+    saved = {which: resource.getrlimit(which) for which in (resource.RLIMIT_RTPRIO, resource.RLIMIT_NICE)}
+    try:
+        for which, (_, hard) in saved.items():
+            resource.setrlimit(which, (10, hard if hard == resource.RLIM_INFINITY else max(10, hard)))
+    except (ValueError, OSError):
+        pytest.skip("this user cannot raise RLIMIT_RTPRIO/RLIMIT_NICE to show they are not inherited")
+    try:
+        result = run_code("import resource\n"
+                          "print(resource.getrlimit(resource.RLIMIT_RTPRIO), resource.getrlimit(resource.RLIMIT_NICE))")
+    finally:
+        for which, limits in saved.items():
+            resource.setrlimit(which, limits)
+    assert result.stdout.strip() == "(0, 0) (0, 0)", (result.stdout, result.stderr)  # type: ignore[attr-defined]
+
+
+def test_a_caller_killed_mid_call_leaves_no_files(strong: None, tmp_path: Path) -> None:
+    """The caller (a rollout worker) is SIGKILLed while its code runs: its output files (up to
+    ``max_file_mb`` each) must not stay behind in the temp directory until some later process
+    happens to clean up."""
+    caller = ("from agentgym.envs.tools.python import PythonTool\n"
+              "PythonTool(timeout_s=60).run('import time\\nprint(1, flush=True)\\ntime.sleep(60)')\n")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(PROJECT_DIR),
+           "AGENTGYM_SANDBOX": "strong", "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", caller], env=env, cwd=PROJECT_DIR)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(p.name() == "bwrap" for p in _descendants(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the sandboxed call never started"
+            time.sleep(0.05)
+        time.sleep(0.5)  # well into the call
+        sandbox = _descendants(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    gone, alive = psutil.wait_procs(sandbox, timeout=5)
+    assert not alive, alive
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []

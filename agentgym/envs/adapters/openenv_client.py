@@ -132,7 +132,7 @@ class OpenEnvClientEnv(TextEnv):
         if self.action_format == "json":
             try:
                 value = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply
                 value = None
             if not isinstance(value, dict):
                 raise ValueError(f"the reply is not a JSON object: {text[:200]!r}")

@@ -1,9 +1,12 @@
 """``CalculatorTool``: arithmetic on numbers, evaluated by walking Python's AST (never ``eval``).
 
 Allowed: numbers, ``+ - * / // % **`` (``^`` means power), parentheses, unary minus, and
-``abs round min max sqrt floor ceil``. Thousands separators (``1,000``) are accepted. Results
-are bounded (no ``9**9**9**9``): exponents and magnitudes that would take long to compute fail
-with an error instead.
+``abs round min max sqrt floor ceil``. Thousands separators (``1,000``) are accepted. Every number
+is bounded before it is built (no ``9**9**9**9``, no ``round(1, -10**300)``): literals, results,
+powers and ``round``'s digits that would take long to compute fail with an error, or are clamped
+where that gives the same answer. Any expression returns or raises ``ToolError`` within
+milliseconds: the calculator runs in the caller's process, holding its interpreter lock, where
+no timeout can stop it.
 """
 
 from __future__ import annotations
@@ -19,14 +22,24 @@ from agentgym.envs.tools.base import Tool, ToolError
 
 MAX_EXPRESSION_CHARS = 1000
 MAX_ABS = 10**300  # results beyond this are refused (floats overflow near 1.8e308 anyway)
+MAX_LOG10 = 300  # the same bound on a power's result, checked before it is computed
+ROUND_DIGITS = 400  # round(x, n) of any allowed x is the same for every n beyond +-this
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.BitXor: operator.pow,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+def _round(number: Any, ndigits: Any = None) -> Any:
+    if isinstance(ndigits, int):  # round(1, -10**300) would build 10**(10**300)
+        ndigits = max(-ROUND_DIGITS, min(ROUND_DIGITS, ndigits))
+    return round(number) if ndigits is None else round(number, ndigits)
+
+
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "abs": abs, "round": round, "min": min, "max": max, "sqrt": math.sqrt, "floor": math.floor, "ceil": math.ceil,
+    "abs": abs, "round": _round, "min": min, "max": max, "sqrt": math.sqrt, "floor": math.floor, "ceil": math.ceil,
 }
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
@@ -42,7 +55,8 @@ def _check_size(value: Any) -> Any:
 
 
 def _power(base: Any, exponent: Any) -> Any:
-    if abs(exponent) > 10_000 or (abs(base) > 1 and abs(exponent) * math.log10(abs(base)) > 300):
+    # |base ** exponent| = 10 ** (exponent * log10|base|): refuse it before building it
+    if abs(base) not in (0, 1) and exponent * math.log10(abs(base)) > MAX_LOG10:
         raise ToolError("the power is too large")
     try:
         return base**exponent
@@ -54,7 +68,7 @@ def _evaluate(node: ast.AST) -> Any:
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return node.value
+        return _check_size(node.value)
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _evaluate(node.left), _evaluate(node.right)
         if isinstance(node.op, (ast.Pow, ast.BitXor)):
@@ -69,7 +83,7 @@ def _evaluate(node: ast.AST) -> Any:
         args = [_evaluate(a) for a in node.args]
         try:
             return _check_size(_FUNCTIONS[node.func.id](*args))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise ToolError(f"{node.func.id}: {exc}") from None
     raise ToolError(f"unsupported syntax {ast.unparse(node)!r}; use numbers, + - * / // % ** ( ) "
                     f"and {', '.join(_FUNCTIONS)}")
@@ -93,7 +107,16 @@ def calculate(expression: str) -> str:
         tree = ast.parse(cleaned, mode="eval")
     except SyntaxError as exc:
         raise ToolError(f"cannot parse {expression!r}: {exc.msg}") from None
-    return format_number(_evaluate(tree))
+    except ValueError as exc:  # e.g. a NUL character
+        raise ToolError(f"cannot parse {expression!r}: {exc}") from None
+    except (RecursionError, MemoryError):
+        raise ToolError("the expression is nested too deeply") from None
+    try:
+        return format_number(_evaluate(tree))
+    except OverflowError:
+        raise ToolError("the result is too large") from None
+    except RecursionError:
+        raise ToolError("the expression is nested too deeply") from None
 
 
 class CalculatorTool(Tool):

@@ -7,7 +7,6 @@ message telling the model what went wrong, and is counted in the metrics.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -16,7 +15,7 @@ from typing import Any
 
 from agentgym.envs.base import reply_text
 from agentgym.envs.tools.base import Tool, ToolError
-from agentgym.envs.tools.parsing import normalize_tool_calls, parse_tool_calls
+from agentgym.envs.tools.parsing import load_json, normalize_tool_calls, parse_tool_calls
 from agentgym.types import Action, Message
 
 
@@ -55,6 +54,17 @@ def truncate(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     return text[:max_chars] + f"\n... [truncated: {len(text) - max_chars} more characters]"
+
+
+def _call_parts(call: Any) -> tuple[str, str, Any]:
+    """``(id, name, raw arguments)`` of an OpenAI tool call, whatever shape it came in (an id or a
+    name that is not a string counts as missing)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    function = function if isinstance(function, dict) else {}
+    call_id = call.get("id") if isinstance(call, dict) else None
+    name = function.get("name")
+    return (call_id if isinstance(call_id, str) and call_id else "call", name if isinstance(name, str) else "",
+            function.get("arguments"))
 
 
 def _run_with_timeout(tool: Tool, arguments: dict[str, Any], timeout_s: float | None) -> tuple[str, float, dict[str, float]]:
@@ -104,20 +114,17 @@ class Toolbox:
 
     def execute(self, call: dict[str, Any]) -> CallResult:
         """Run one OpenAI-format tool call. Never raises: failures come back as error results."""
-        function = call.get("function") or {}
-        name = str(function.get("name") or "")
-        call_id = str(call.get("id") or "call")
+        call_id, name, raw = _call_parts(call)
         tool = self.tools.get(name)
         if tool is None:
-            return CallResult(call_id, name, f"Error: unknown tool {name!r}. Available tools: "
+            return CallResult(call_id, name, f"Error: unknown tool {name[:80]!r}. Available tools: "
                               f"{', '.join(self.tools) or 'none'}.", error="unknown_tool")
-        raw = function.get("arguments")
         try:
-            arguments = json.loads(raw, strict=False) if isinstance(raw, str) else raw
+            arguments = load_json(raw) if isinstance(raw, str) else raw
             if arguments is None:
                 arguments = {}
-        except json.JSONDecodeError as exc:
-            return CallResult(call_id, name, f"Error: the arguments of {name} are not valid JSON ({exc.msg}); "
+        except ValueError as exc:
+            return CallResult(call_id, name, f"Error: the arguments of {name} are not valid JSON ({exc}); "
                               "pass a JSON object.", error="bad_arguments")
         if not isinstance(arguments, dict):
             return CallResult(call_id, name, f"Error: the arguments of {name} must be a JSON object, "
@@ -152,8 +159,8 @@ class Toolbox:
 
     @staticmethod
     def _refused(call: dict[str, Any], why: str) -> CallResult:
-        name = str((call.get("function") or {}).get("name") or "")
-        return CallResult(str(call.get("id") or "call"), name, f"Error: not run: {why}.", error="limit")
+        call_id, name, _ = _call_parts(call)
+        return CallResult(call_id, name, f"Error: not run: {why}.", error="limit")
 
     def close(self) -> None:
         for tool in self.tools.values():

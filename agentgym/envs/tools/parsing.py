@@ -8,44 +8,77 @@ Hermes style (Qwen, Hermes, many open models)::
 
 Calls inside ``<think>...</think>`` (or after an unclosed ``<think>``) are reasoning, not
 calls, and stay in the content untouched.
+
+Model output is unbounded and adversarial, so nothing here backtracks: tags are found with
+``str.find`` and every step is linear in the reply's length; JSON nested too deeply to parse is
+a malformed call, not a ``RecursionError``.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_THINK_RE = re.compile(r"<think>.*?(?:</think>|\Z)", re.S)
-_FENCE_RE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+FENCE = "```"
 FORMAT_HINT = 'write each call as <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>'
 
 
 def _masked_spans(text: str) -> list[tuple[int, int]]:
-    return [m.span() for m in _THINK_RE.finditer(text)]
+    """The ``<think>...</think>`` spans of ``text`` in order (an unclosed one runs to the end)."""
+    spans: list[tuple[int, int]] = []
+    start = text.find(THINK_OPEN)
+    while start != -1:
+        end = text.find(THINK_CLOSE, start + len(THINK_OPEN))
+        if end == -1:
+            spans.append((start, len(text)))
+            break
+        spans.append((start, end + len(THINK_CLOSE)))
+        start = text.find(THINK_OPEN, end + len(THINK_CLOSE))
+    return spans
 
 
-def _inside(pos: int, spans: list[tuple[int, int]]) -> bool:
-    return any(start <= pos < end for start, end in spans)
+def load_json(text: str) -> Any:
+    """``json.loads`` (raw newlines allowed in strings: models put them in code) that raises only
+    ``ValueError`` saying what is wrong: also for nesting too deep for the parser's recursion."""
+    try:
+        return json.loads(text, strict=False)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at char {exc.pos}") from None
+    except ValueError as exc:  # an integer over Python's 4300 digits
+        raise ValueError(str(exc).split(";")[0]) from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def make_tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
-    """An OpenAI tool call dict; ``arguments`` kept as JSON text (a dict is serialised)."""
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    """An OpenAI tool call dict; ``arguments`` kept as JSON text (a dict is serialised). Raises
+    ``ValueError`` when ``arguments`` cannot be written as JSON."""
+    if isinstance(arguments, str):
+        text = arguments
+    else:
+        try:
+            text = json.dumps(arguments, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ValueError(f"arguments cannot be written as JSON ({type(exc).__name__})") from None
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
+
+
+def _unfence(body: str) -> str:
+    """The JSON inside a Markdown code fence (```` ```json ... ``` ````), else ``body`` as it is."""
+    if len(body) < 2 * len(FENCE) or not (body.startswith(FENCE) and body.endswith(FENCE)):
+        return body
+    inner = body[len(FENCE):-len(FENCE)]
+    return (inner[4:] if inner.startswith("json") else inner).strip()
 
 
 def _parse_body(body: str) -> tuple[str, Any]:
     """``(name, arguments)`` from a call body; ValueError saying what is wrong."""
-    body = body.strip()
-    fenced = _FENCE_RE.match(body)
-    if fenced:
-        body = fenced.group(1)
     try:
-        obj = json.loads(body, strict=False)  # models often put raw newlines inside strings (code)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON ({exc.msg} at char {exc.pos})") from None
+        obj = load_json(_unfence(body.strip()))
+    except ValueError as exc:
+        raise ValueError(f"invalid JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     name = obj.get("name")
@@ -67,6 +100,7 @@ def parse_tool_calls(text: str, id_prefix: str = "call_") -> tuple[str, list[dic
     if OPEN not in text:
         return text.strip(), [], []
     spans = _masked_spans(text)
+    span = 0  # spans before this one end before the search position
     calls: list[dict[str, Any]] = []
     errors: list[str] = []
     kept: list[str] = []
@@ -74,8 +108,12 @@ def parse_tool_calls(text: str, id_prefix: str = "call_") -> tuple[str, list[dic
     block = 0
     while True:
         start = text.find(OPEN, pos)
-        while start != -1 and _inside(start, spans):
-            start = text.find(OPEN, start + len(OPEN))
+        while start != -1:
+            while span < len(spans) and spans[span][1] <= start:
+                span += 1
+            if span == len(spans) or start < spans[span][0]:
+                break
+            start = text.find(OPEN, spans[span][1])  # skip the whole <think> span
         if start == -1:
             kept.append(text[pos:])
             break
@@ -95,8 +133,9 @@ def parse_tool_calls(text: str, id_prefix: str = "call_") -> tuple[str, list[dic
 
 
 def normalize_tool_calls(raw: Any, id_prefix: str = "call_") -> tuple[list[dict[str, Any]], list[str]]:
-    """OpenAI ``tool_calls`` from a message, checked: ``(calls, errors)``. A call missing its id gets
-    ``f"{id_prefix}{i}"``; dict arguments are serialised to JSON text. Never raises."""
+    """OpenAI ``tool_calls`` from a message, checked: ``(calls, errors)``. A call whose id is not a
+    non-empty string gets ``f"{id_prefix}{i}"``; dict arguments are serialised to JSON text (arguments
+    that cannot be are an error). Never raises."""
     calls: list[dict[str, Any]] = []
     errors: list[str] = []
     if not isinstance(raw, list):
@@ -107,7 +146,12 @@ def normalize_tool_calls(raw: Any, id_prefix: str = "call_") -> tuple[list[dict[
         if not isinstance(name, str) or not name:
             errors.append(f"tool call {i + 1}: expected {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}")
             continue
-        call_id = item.get("id") or f"{id_prefix}{i}"
+        call_id = item.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            call_id = f"{id_prefix}{i}"
         arguments = function.get("arguments")
-        calls.append(make_tool_call(str(call_id), name, {} if arguments is None else arguments))
+        try:
+            calls.append(make_tool_call(call_id, name, {} if arguments is None else arguments))
+        except ValueError as exc:
+            errors.append(f"tool call {i + 1} ({name[:40]!r}): {exc}")
     return calls, errors

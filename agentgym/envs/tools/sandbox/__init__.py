@@ -24,9 +24,13 @@ raise ``SandboxUnavailable`` saying what is missing instead of quietly running w
 * **limits**: wall-clock ``timeout_s``; CPU seconds (``RLIMIT_CPU``); address space per process
   ``memory_mb`` (``RLIMIT_AS``); file size ``max_file_mb`` (incl. stdout/stderr); 256 open files;
   processes+threads ``max_processes`` (pids cgroup, else ``RLIMIT_NPROC``); where a memory cgroup
-  can be made, all of the call's memory, tmpfs files included, below ``memory_mb + 2*max_disk_mb``.
+  can be made, all of the call's memory, tmpfs files included, below ``memory_mb + 2*max_disk_mb``;
+  no real-time scheduling and no raised priority (``RLIMIT_RTPRIO``/``RLIMIT_NICE`` 0).
 * **system calls** (x86_64): a seccomp filter refuses namespaces, mounts, keyrings, bpf,
-  perf_event_open, userfaultfd, io_uring, ptrace, process_vm_*, file handles, kernel modules.
+  perf_event_open, userfaultfd, io_uring, ptrace, process_vm_*, file handles, kernel modules, and
+  sockets of any family but ``AF_UNIX`` (``AF_VSOCK``, which no namespace covers, among them).
+* **host files**: the call's output is kept in files with no name on this side, so nothing is
+  left behind even when the caller is killed mid-call.
 
 Not protected against: reading what is mounted (the interpreter's files, ``/usr``), bugs in the
 kernel itself (the filter narrows its surface), CPU and memory-bandwidth contention with the host.

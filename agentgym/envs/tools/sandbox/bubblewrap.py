@@ -16,7 +16,8 @@ How it is built, and why that way:
 * As any other user, ``bwrap`` makes a user namespace itself (``--unshare-user``, with
   ``--disable-userns`` so the code cannot make another); the child keeps the caller's uid.
 * The snippet arrives on stdin (a memfd) and stdin is ``/dev/null`` once it is read; stdout and
-  stderr are files on this side, capped by ``RLIMIT_FSIZE``.
+  stderr are nameless files on this side (gone with the last process that holds them), capped by
+  ``RLIMIT_FSIZE``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from agentgym.envs.tools.sandbox.process import (
     forget_cgroups,
     make_preexec,
     make_run_cgroups,
-    make_run_dir,
     run_child,
     site_packages,
     user_task_count,
@@ -196,9 +196,10 @@ def run_strong(code: str, timeout_s: float, memory_mb: int, max_processes: int, 
         resource.RLIMIT_FSIZE: max_file_mb << 20,
         resource.RLIMIT_NOFILE: 256,
         resource.RLIMIT_CORE: 0,
+        resource.RLIMIT_RTPRIO: 0,  # no real-time scheduling, whatever the caller was allowed
+        resource.RLIMIT_NICE: 0,  # no raising its own priority
     })
     program = filter_program()
-    run_dir = make_run_dir()
     snippet = os.memfd_create("agentgym-snippet")
     filter_read = filter_write = -1
     try:
@@ -221,7 +222,7 @@ def run_strong(code: str, timeout_s: float, memory_mb: int, max_processes: int, 
                 run_limits.update(capped({resource.RLIMIT_NPROC: user_task_count(uid) + max_processes}))
                 layers.append("nproc")
             try:
-                outcome = run_child(argv, cwd="/", env={"PATH": PATH}, stdin=snippet, run_dir=run_dir,
+                outcome = run_child(argv, cwd="/", env={"PATH": PATH}, stdin=snippet,
                                     preexec=make_preexec(run_limits, [c.join for c in cgroups]), cgroups=cgroups,
                                     timeout_s=timeout_s, max_output_bytes=max_output_bytes,
                                     pass_fds=(filter_read,) if program is not None else ())
@@ -236,7 +237,6 @@ def run_strong(code: str, timeout_s: float, memory_mb: int, max_processes: int, 
             break
     finally:
         os.close(snippet)
-        shutil.rmtree(run_dir, ignore_errors=True)
     return SandboxResult(
         stdout=outcome.stdout, stderr=outcome.stderr, exit_code=_exit_code(outcome.returncode),
         timed_out=outcome.timed_out, seconds=time.perf_counter() - start, output_truncated=outcome.truncated,

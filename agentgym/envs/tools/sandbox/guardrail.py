@@ -166,6 +166,8 @@ def run_weak(code: str, timeout_s: float, memory_mb: int, max_processes: int, ma
         resource.RLIMIT_FSIZE: max_file_mb << 20,
         resource.RLIMIT_NOFILE: 256,
         resource.RLIMIT_CORE: 0,
+        resource.RLIMIT_RTPRIO: 0,  # no real-time scheduling, whatever the caller was allowed
+        resource.RLIMIT_NICE: 0,  # no raising its own priority
     })
     run_dir = make_run_dir()
     try:
@@ -192,7 +194,7 @@ def run_weak(code: str, timeout_s: float, memory_mb: int, max_processes: int, ma
                 run_limits.update(capped({resource.RLIMIT_NPROC: user_task_count(os.geteuid()) + max_processes}))
                 layers.append("nproc")
             try:
-                outcome = run_child(argv, cwd=scratch, env=env, stdin=None, run_dir=run_dir,
+                outcome = run_child(argv, cwd=scratch, env=env, stdin=None,
                                     preexec=make_preexec(run_limits, [c.join for c in cgroups], netns),
                                     cgroups=cgroups, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
             except subprocess.SubprocessError:  # a layer failed inside the child before exec

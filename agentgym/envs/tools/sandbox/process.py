@@ -4,6 +4,10 @@ Shared by both sandbox modes: resource limits set between fork and exec, per-run
 (``pids`` caps processes+threads, ``memory`` caps all of the run's memory), the wall-clock
 timeout, killing the whole process group and every task left in the cgroups, reading capped
 output back, and removing run directories / cgroups that a process which died mid-run left.
+
+The child's output goes to files with no name (``O_TMPFILE``): they vanish with the last process
+holding them, so a caller killed mid-run leaves no output behind. (The weak mode's scratch
+directory needs a name; a later agentgym process removes one whose owner died.)
 """
 
 from __future__ import annotations
@@ -290,18 +294,20 @@ def kill_session(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def read_capped(path: Path, max_bytes: int) -> tuple[str, bool]:
+def read_capped(file: IO[bytes], max_bytes: int) -> tuple[str, bool]:
+    """The first ``max_bytes`` of an output file (decoded), and whether there was more."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            data = f.read(max_bytes)
+        size = os.fstat(file.fileno()).st_size
+        file.seek(0)
+        data = file.read(max_bytes)
     except OSError:
         return "", False
     return data.decode("utf-8", errors="replace"), size > max_bytes
 
 
 def make_run_dir() -> Path:
-    """A fresh private directory for one run's files on this side (output, snippet)."""
+    """A fresh private directory for one run's named files on this side (the weak mode's scratch
+    directory and snippet)."""
     remove_stale_run_dirs()
     return Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))
 
@@ -333,27 +339,27 @@ class Outcome:
 
 
 def run_child(argv: list[str], *, cwd: str | Path, env: dict[str, str], stdin: int | IO[bytes] | None,
-              run_dir: Path, preexec: Callable[[], None], cgroups: list[RunCgroup], timeout_s: float,
+              preexec: Callable[[], None], cgroups: list[RunCgroup], timeout_s: float,
               max_output_bytes: int, pass_fds: tuple[int, ...] = ()) -> Outcome:
     """Start ``argv`` in its own session with ``preexec``, wait up to ``timeout_s``, then kill its
-    process group and every task left in ``cgroups``; its output is read back from files in
-    ``run_dir``. The cgroups are removed afterwards. Raises ``subprocess.SubprocessError`` if the
-    preexec step failed in the child (nothing was started)."""
-    out_path, err_path = run_dir / "stdout", run_dir / "stderr"
+    process group and every task left in ``cgroups``; its output is read back from nameless files
+    in the temp directory. The cgroups are removed afterwards. Raises ``subprocess.SubprocessError``
+    if the preexec step failed in the child (nothing was started)."""
     with contextlib.ExitStack() as cleanup:  # runs every step, in reverse order, even if one fails
+        out = cleanup.enter_context(tempfile.TemporaryFile(prefix=RUN_DIR_PREFIX))
+        err = cleanup.enter_context(tempfile.TemporaryFile(prefix=RUN_DIR_PREFIX))
         for cgroup in cgroups:
             cleanup.callback(cgroup.remove)
             cleanup.callback(cgroup.kill_all)
-        with out_path.open("wb") as out, err_path.open("wb") as err:
-            proc = subprocess.Popen(  # preexec_fn: needed for the cgroups, limits and unshare
-                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL if stdin is None else stdin, stdout=out,
-                stderr=err, start_new_session=True, close_fds=True, pass_fds=pass_fds, preexec_fn=preexec,
-            )
+        proc = subprocess.Popen(  # preexec_fn: needed for the cgroups, limits and unshare
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL if stdin is None else stdin, stdout=out,
+            stderr=err, start_new_session=True, close_fds=True, pass_fds=pass_fds, preexec_fn=preexec,
+        )
         cleanup.callback(kill_session, proc)
         timed_out = not wait_unreaped(proc, timeout_s)
         kill_session(proc)  # the timed-out child and any stragglers in its session
         for cgroup in cgroups:
             cgroup.kill_all()  # and any that left the session
-    stdout, out_cut = read_capped(out_path, max_output_bytes)
-    stderr, err_cut = read_capped(err_path, max_output_bytes)
+        stdout, out_cut = read_capped(out, max_output_bytes)
+        stderr, err_cut = read_capped(err, max_output_bytes)
     return Outcome(None if timed_out else proc.returncode, timed_out, stdout, stderr, out_cut or err_cut)

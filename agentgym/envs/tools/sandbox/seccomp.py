@@ -1,11 +1,16 @@
 """A seccomp filter for the strong sandbox: refuse the system calls that only widen the kernel's
-attack surface or let code build namespaces of its own; allow everything else.
+attack surface or let code build namespaces of its own, and every socket but an ``AF_UNIX`` one;
+allow everything else.
 
 The filter is a classic BPF program (``struct sock_filter`` records) that bubblewrap installs
 with ``--seccomp FD`` just before it executes the sandboxed command. A refused call fails with
 ``EPERM`` (Python raises ``PermissionError``); ``clone3`` fails with ``ENOSYS`` so that libc falls
-back to ``clone``, whose flags the filter can inspect. Only x86_64 has a table here: elsewhere
-``filter_program()`` returns None and the sandbox reports the ``seccomp`` layer as off.
+back to ``clone``, whose flags the filter can inspect. Sockets: a network namespace leaves the
+code only a loopback, but some families are not namespaced at all (``AF_VSOCK`` reaches the
+hypervisor's host), so ``socket`` and ``socketpair`` are refused for every family but ``AF_UNIX``
+(asyncio, multiprocessing and ``socket.socketpair`` need that one; its abstract names are per
+network namespace and its paths are the private file system's). Only x86_64 has a table here:
+elsewhere ``filter_program()`` returns None and the sandbox reports the ``seccomp`` layer as off.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ REFUSED_X86_64 = {
 }
 CLONE_X86_64 = 56
 CLONE3_X86_64 = 435
+SOCKET_X86_64 = 41
+SOCKETPAIR_X86_64 = 53
+AF_UNIX = 1
 
 
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
@@ -68,6 +76,11 @@ def filter_program() -> bytes | None:
     for nr in REFUSED_X86_64.values():
         body += [_insn(_JEQ, 0, 1, nr), _insn(_RET, 0, 0, deny)]
     body += [
+        _insn(_JEQ, 1, 0, SOCKET_X86_64),  # socket(domain, ...) or socketpair(domain, ...):
+        _insn(_JEQ, 0, 4, SOCKETPAIR_X86_64),
+        _insn(_LD_W_ABS, 0, 0, _ARG0),  # the domain
+        _insn(_JEQ, 0, 1, AF_UNIX), _insn(_RET, 0, 0, RET_ALLOW),
+        _insn(_RET, 0, 0, deny),
         _insn(_JEQ, 0, 1, CLONE3_X86_64), _insn(_RET, 0, 0, RET_ERRNO | errno.ENOSYS),
         _insn(_JEQ, 0, 3, CLONE_X86_64),  # clone(flags, ...): refuse CLONE_NEWUSER
         _insn(_LD_W_ABS, 0, 0, _ARG0),  # the low 32 bits of flags (little-endian)
