@@ -1,16 +1,24 @@
-"""Does the main job learn? Runs the README's command from nothing and prints the held-out table.
+"""Does the main job learn, every run? Runs the README's command per seed from nothing and prints the
+held-out figures of every run, their mean and spread, and (``--ablate``) each change switched off.
 
-    python benchmarks/learning.py                      # agentgym train --env sokoban, fresh run dir
-    python benchmarks/learning.py --env arithmetic     # the single-turn job
-    python benchmarks/learning.py --run-dir DIR -- trainer.total_training_steps=90   # extra overrides
+    python benchmarks/learning.py                              # agentgym train --env sokoban, seed 0
+    python benchmarks/learning.py --seeds 1 2 3                # one clean run per trainer.seed
+    python benchmarks/learning.py --seeds 1 2 3 --ablate       # and each change of the recipe off, per seed
+    python benchmarks/learning.py --env arithmetic             # the single-turn job
+    python benchmarks/learning.py --seeds 1 -- trainer.total_training_steps=90   # extra overrides
 
-The command runs as a user runs it (a child process, a fresh run directory, a fresh tiny-model
-cache unless ``--keep-cache``), so every stage counts: building the tiny model, demos, SFT, the
-held-out scores of the SFT model, RL, the held-out scores of the RL model. Prints the wall time
-of each stage (from the run's own files), the table (random policy / after SFT / after RL,
-greedy and sampled at T=1, binomial standard errors, the paired gain) and the issue's targets:
-RL adds >= 10 points of greedy success over SFT with >= 3 standard errors, and the whole
-command takes <= 15 minutes. Exit status 0 when both hold, 1 otherwise.
+Each run is a child process in a fresh run directory with a fresh tiny-model cache (unless
+``--keep-cache``), so every stage counts: building the tiny model, demos, SFT, held-out scores of the
+SFT model, RL, held-out scores of the RL model. Per run it prints the SFT and RL greedy success, the
+greedy gain RL - SFT with its paired standard error (the same 200 levels scored twice), the sampled
+gain, the share of malformed replies per turn (greedy, SFT -> RL: Sokoban's ``well_formed``, or cut at
+the token cap) and the wall minutes; then the mean gain over seeds with the standard error of that
+mean (spread between runs). ``--ablate`` repeats each seed with one change switched off (the
+variants in ``ABLATIONS``), in a table beside the full recipe.
+
+Targets (issue 22), checked on the full recipe's runs: greedy gain >= ``--min-gain`` (3 points) in
+every run and >= ``--min-mean-gain`` (8 points) on average; malformed replies after RL at each turn at
+most ``--max-malformed-rise`` (5 points) above SFT's; each run <= ``--max-minutes``. Exit 0 when all hold.
 """
 
 from __future__ import annotations
@@ -18,72 +26,130 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+ABLATIONS: dict[str, list[str]] = {
+    "GRPO instead of GiGPO": ["algorithm.adv_estimator=grpo"],
+    "no dynamic sampling": ["algorithm.filter_groups.enable=false"],
+    "lenient format": ["env.kwargs.strict_format=false"],
+}
+"""Each change of the main job's recipe (configs/env/sokoban.yaml), switched off on its own."""
+
+
+@dataclass
+class Run:
+    variant: str
+    seed: int
+    minutes: float
+    ok: bool
+    start: dict = field(default_factory=dict)   # held_out.json's start row, by temperature
+    final: dict = field(default_factory=dict)
+    run_dir: str = ""
+
+    def gain(self, temp: str = "0.0") -> tuple[float, float]:
+        """RL - SFT success and its paired standard error over the same tasks."""
+        before, after = self.start[temp]["per_task"], self.final[temp]["per_task"]
+        diffs = [a - b for a, b in zip(after, before, strict=True)]
+        mean = sum(diffs) / len(diffs)
+        var = sum((d - mean) ** 2 for d in diffs) / max(len(diffs) - 1, 1)
+        return mean, (var / len(diffs)) ** 0.5
+
+    def malformed(self, row: dict) -> list[float]:
+        turns = row["0.0"].get("turns", {})
+        return [turns[f"turn{k}/malformed"] for k in range(1, 100) if f"turn{k}/malformed" in turns]
+
+
+def run_once(env_name: str, seed: int, variant: str, overrides: list[str], base: Path, keep_cache: bool) -> Run:
+    run_dir = base / f"{variant.replace(' ', '_')}-seed{seed}" / "run"
+    env = dict(os.environ)
+    if not keep_cache:
+        env["AGENTGYM_CACHE"] = str(run_dir.parent / "cache")
+    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--env", env_name, f"trainer.seed={seed}",
+           f"trainer.default_local_dir={run_dir}", *overrides]
+    print(f"\n$ {' '.join(cmd)}", flush=True)
+    started = time.perf_counter()
+    code = subprocess.call(cmd, cwd=ROOT, env=env)
+    minutes = (time.perf_counter() - started) / 60
+    report = run_dir / "held_out.json"
+    if code != 0 or not report.is_file():
+        print(f"agentgym train exited {code} after {minutes:.1f} min", file=sys.stderr)
+        return Run(variant, seed, minutes, False, run_dir=str(run_dir))
+    held = json.loads(report.read_text())
+    start_label = next(label for label in held["policies"] if label != "after RL")
+    print("\n" + held["table"], flush=True)
+    return Run(variant, seed, minutes, True, held["policies"][start_label], held["policies"]["after RL"], str(run_dir))
+
+
+def pct(values: list[float]) -> str:
+    return " / ".join(f"{100 * v:.0f}%" for v in values) or "-"
+
+
+def report(runs: list[Run]) -> str:
+    lines = ["| variant | seed | SFT greedy | RL - SFT greedy | RL - SFT sampled | malformed greedy, turns 1/2/3: "
+             "SFT -> RL | minutes |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        if not r.ok:
+            lines.append(f"| {r.variant} | {r.seed} | failed | | | | {r.minutes:.1f} |")
+            continue
+        g, se = r.gain()
+        sampled = next((t for t in r.start if t != "0.0"), None)
+        s = f"{r.gain(sampled)[0]:+.3f}" if sampled and sampled in r.final else "-"
+        lines.append(f"| {r.variant} | {r.seed} | {r.start['0.0']['success']:.3f} | {g:+.3f} ({g / se if se else 0:.1f} SE)"
+                     f" | {s} | {pct(r.malformed(r.start))} -> {pct(r.malformed(r.final))} | {r.minutes:.1f} |")
+    lines.append("")
+    for variant in dict.fromkeys(r.variant for r in runs):
+        gains = [r.gain()[0] for r in runs if r.variant == variant and r.ok]
+        if gains:
+            spread = statistics.stdev(gains) / len(gains) ** 0.5 if len(gains) > 1 else 0.0
+            lines.append(f"{variant}: mean greedy gain {statistics.mean(gains):+.3f} ± {spread:.3f} over {len(gains)} "
+                         f"run(s) (range {min(gains):+.3f} .. {max(gains):+.3f})")
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="sokoban")
-    parser.add_argument("--run-dir", default=None, help="default: a new temporary directory")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--ablate", action="store_true", help="also run each ABLATIONS variant per seed")
+    parser.add_argument("--run-dir", default=None, help="where the runs go (default: a new temporary directory)")
     parser.add_argument("--keep-cache", action="store_true", help="reuse the tiny model from ~/.cache/agentgym")
-    parser.add_argument("--min-gain", type=float, default=0.10)
-    parser.add_argument("--min-z", type=float, default=3.0)
+    parser.add_argument("--min-gain", type=float, default=0.03)
+    parser.add_argument("--min-mean-gain", type=float, default=0.08)
+    parser.add_argument("--max-malformed-rise", type=float, default=0.05)
     parser.add_argument("--max-minutes", type=float, default=15.0)
-    parser.add_argument("overrides", nargs="*", help="extra KEY=VALUE overrides for agentgym train")
+    parser.add_argument("overrides", nargs="*", help="extra KEY=VALUE overrides for every run")
     args = parser.parse_args()
 
-    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="agentgym-learning-")) / "run"
-    env = dict(os.environ)
-    if not args.keep_cache:
-        env["AGENTGYM_CACHE"] = str(run_dir.parent / "cache")
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--env", args.env,
-           f"trainer.default_local_dir={run_dir}", *args.overrides]
-    print("$", " ".join(cmd), flush=True)
-    started = time.perf_counter()
-    code = subprocess.call(cmd, cwd=ROOT, env=env)
-    minutes = (time.perf_counter() - started) / 60
-    if code != 0:
-        print(f"agentgym train exited {code} after {minutes:.1f} min", file=sys.stderr)
-        return 1
-    report = json.loads((run_dir / "held_out.json").read_text())
-    print("\n" + report["table"])
-    print(f"\nstages (wall seconds): {stage_times(run_dir)}")
-    start, final = report["policies"]["after SFT"]["0.0"], report["policies"]["after RL"]["0.0"]
-    diffs = [a - b for a, b in zip(final["per_task"], start["per_task"], strict=True)]
-    n = len(diffs)
-    gain = sum(diffs) / n
-    se = (sum((d - gain) ** 2 for d in diffs) / (n - 1) / n) ** 0.5
-    se_unpaired = (start["se"] ** 2 + final["se"] ** 2) ** 0.5
-    z, z_unpaired = gain / se if se else 0.0, gain / se_unpaired if se_unpaired else 0.0
-    learned = gain >= args.min_gain and z >= args.min_z
-    fast = minutes <= args.max_minutes
-    print(f"RL - SFT, greedy: {gain:+.3f} ({z:.1f} paired SE, {z_unpaired:.1f} unpaired SE); target >= "
-          f"{args.min_gain:+.2f} with >= {args.min_z:g} SE: {'met' if learned else 'NOT met'}")
-    print(f"whole command: {minutes:.1f} min; target <= {args.max_minutes:g} min: {'met' if fast else 'NOT met'} "
-          f"({os.cpu_count()} CPUs)")
-    print(f"run dir: {run_dir}")
-    return 0 if learned and fast else 1
+    base = Path(args.run_dir or tempfile.mkdtemp(prefix="agentgym-learning-"))
+    variants = {"full recipe": []} | (ABLATIONS if args.ablate else {})
+    runs = [run_once(args.env, seed, name, list(args.overrides) + extra, base, args.keep_cache)
+            for name, extra in variants.items() for seed in args.seeds]
+    text = report(runs)
+    print(f"\n{text}\n({os.cpu_count()} CPUs; runs under {base})")
+    (base / "learning.md").write_text(text + "\n")
 
-
-def stage_times(run_dir: Path) -> dict[str, float]:
-    """Seconds per stage from the files the run wrote."""
-    times: dict[str, float] = {}
-    sft_stamp = run_dir / "warm_start" / "sft" / "stage.json"
-    if sft_stamp.is_file():
-        times["sft"] = round(json.loads(sft_stamp.read_text()).get("seconds", 0.0), 1)
-    held = json.loads((run_dir / "held_out.json").read_text())
-    for label, by_temp in held["policies"].items():
-        for temp, score in by_temp.items():
-            times[f"held-out {label} T={temp}"] = round(score["seconds"], 1)
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    times["rl steps"] = round(sum(m.get("timing_s/step", 0.0) for m in metrics), 1)
-    return times
+    full = [r for r in runs if r.variant == "full recipe"]
+    gains = [r.gain()[0] for r in full if r.ok]
+    checks = {
+        f"every run's greedy gain >= {args.min_gain:+.2f}": bool(gains) and len(gains) == len(full)
+        and min(gains) >= args.min_gain,
+        f"mean greedy gain >= {args.min_mean_gain:+.2f}": bool(gains) and statistics.mean(gains) >= args.min_mean_gain,
+        f"malformed after RL <= SFT + {100 * args.max_malformed_rise:.0f} points at every turn": all(
+            rl <= sft + args.max_malformed_rise + 1e-9
+            for r in full if r.ok for sft, rl in zip(r.malformed(r.start), r.malformed(r.final))),
+        f"every run <= {args.max_minutes:g} min": all(r.minutes <= args.max_minutes for r in full),
+    }
+    for name, held in checks.items():
+        print(f"target: {name}: {'met' if held else 'NOT met'}")
+    return 0 if all(checks.values()) else 1
 
 
 if __name__ == "__main__":
