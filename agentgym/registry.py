@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import importlib
 import importlib.metadata
 import re
@@ -26,6 +27,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 GROUPS = {"env": "agentgym.envs", "interaction": "agentgym.interactions", "tool": "agentgym.tools"}
@@ -154,6 +156,24 @@ def import_object(target: str) -> Any:
     return obj
 
 
+def source_tree_entry_points(group: str) -> dict[str, str]:
+    """The entry points of ``group`` that the ``pyproject.toml`` beside this package declares, when the
+    package runs from a source tree nobody installed (``PYTHONPATH=checkout``, as on a GPU image
+    with its own Python): the installed metadata that normally lists the built-in envs is missing."""
+    path = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: install the package (pip install -e .) to get its entry points
+        return {}
+    try:
+        project = tomllib.loads(path.read_text()).get("project", {})
+    except (OSError, ValueError):
+        return {}
+    if project.get("name") != "agentgym":
+        return {}
+    return dict(project.get("entry-points", {}).get(group, {}))
+
+
 class Registry:
     """Names to objects for one kind (``env``, ``interaction`` or ``tool``)."""
 
@@ -170,11 +190,17 @@ class Registry:
         with self._lock:
             if self._discovered and not force:
                 return
+            own = False
             for ep in entry_points(group=self.group):
                 if ep.name in self._entries and self._entries[ep.name].loader is None:
                     continue  # registered in code: that wins over an installed entry point
                 package = ep.dist.name if ep.dist is not None else ""
+                own = own or package == "agentgym"
                 self._entries[ep.name] = _Entry(ep.name, package, loader=ep.load)
+            if not own:  # a source tree on sys.path, never installed: its pyproject.toml declares the built-ins
+                for name, target in source_tree_entry_points(self.group).items():
+                    if name not in self._entries:
+                        self._entries[name] = _Entry(name, "agentgym", loader=functools.partial(import_object, target))
             self._discovered = True
             if self.kind == "env":
                 for name in self._entries:

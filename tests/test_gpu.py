@@ -68,7 +68,7 @@ def test_fsdp2_training_step_and_weight_push_into_a_server_on_the_same_gpu(tmp_p
         assert server.update_weights(after, 1) == 1
         path = tmp_path / "model.safetensors"
         group.call("push_weights", str(path))
-        EmbeddedWeights().update_from_disk(server.url, str(path), 2)
+        EmbeddedWeights(admin_key=server.admin_key).update_from_disk(server.url, str(path), 2)
         trained = load_causal_lm("tiny")
         trained.load_state_dict(after)
 

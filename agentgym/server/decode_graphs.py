@@ -58,8 +58,13 @@ class DecodeGraphs:
         return size, min(width, self.kv.scratch)
 
     def invalidate(self) -> None:
-        """Weights or cache storage moved: graphs captured on the old addresses must go."""
+        """Weights or cache storage moved: graphs captured on the old addresses must go. Their memory
+        pool goes with them (the allocator frees a pool no graph holds), so the next capture starts a
+        new one: capturing into a released pool fails an internal assert of CUDA's caching allocator
+        (seen with torch 2.11 on an H100)."""
         self.graphs.clear()
+        if self.capture:
+            self.pool = torch.cuda.graph_pool_handle()
 
     def run(self, rows: int, length: int, next_tokens: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """Logits of a decode step of the first ``rows`` slots (``cols``: each row's column)."""

@@ -109,7 +109,8 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
 
     async def run() -> list[Any]:
         server = await asyncio.to_thread(start_embedded_server, model=model_dir, port=0,
-                                         max_batch_size=concurrency, max_model_len=max_len)
+                                         max_batch_size=concurrency, max_model_len=max_len,
+                                         device=str(rollout.device) if rollout.device else None)
         try:
             async with PolicyClient([server.url], backend="embedded") as client:
                 config = RolloutConfig(
