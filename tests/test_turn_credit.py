@@ -229,3 +229,42 @@ def test_sokoban_strict_format_plays_only_well_formed_replies():
     assert info["format_error"] and reward == strict.format_penalty and info["metrics"]["actions"] == 0
     assert strict.step("<answer>Up || Up || Up || Up || Up || Up</answer>")[4]["format_error"]  # over the cap
     assert not strict.step("<answer>Up || Left</answer>")[4]["format_error"]
+
+
+# ---- wired into the training loop -------------------------------------------------------------------
+
+
+def _train_one_step(tmp_path, overrides: list[str], batch: list[Trajectory]) -> dict[str, float]:
+    from agentgym.rollout.sources import FixedTrajectorySource
+    from agentgym.trainer.config import load_config
+    from agentgym.trainer.run import train
+
+    cfg = load_config(env="sokoban", overrides=[
+        f"trainer.default_local_dir={tmp_path}", "trainer.logger=[]", "trainer.use_ray=false",
+        "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.save_freq=-1", "trainer.save_hf_model=false", "actor_rollout_ref.rollout.n=2",
+        "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "warm_start.enable=false", "held_out.enable=false", *overrides])
+    return train(cfg, source=FixedTrajectorySource([batch]), servers=False, show_progress=False)["metrics"]
+
+
+def _one_turn_groups() -> list[Trajectory]:
+    return [episode("flat", ["A"], 0.0), episode("flat", ["A"], 0.0), episode("g", ["S"], 1.0),
+            episode("g", ["S"], 0.0)]
+
+
+def test_the_trainer_drops_flat_groups_only_with_dynamic_sampling(tmp_path):
+    off = _train_one_step(tmp_path / "off", [], _one_turn_groups())
+    on = _train_one_step(tmp_path / "on", ["algorithm.filter_groups.enable=true",
+                                           "algorithm.filter_groups.max_num_gen_batches=1"], _one_turn_groups())
+    assert off["batch/zero_variance_group_frac"] == 0.5 and "sampling/rounds" not in off
+    assert on["batch/zero_variance_group_frac"] == 0.0  # the flat group never reached the update
+    assert on["sampling/groups_kept"] == 1 and on["sampling/flat_group_frac"] == 0.5 and on["episodes"] == 2
+
+
+def test_the_trainer_hands_turns_and_states_to_gigpo(tmp_path):
+    grpo = _train_one_step(tmp_path / "grpo", [], _one_turn_groups())
+    gigpo = _train_one_step(tmp_path / "gigpo", ["algorithm.adv_estimator=gigpo"], _one_turn_groups())
+    # one turn per episode in the group's one state: GiGPO's step term repeats the episode term
+    assert grpo["critic/advantages/max"] == pytest.approx(0.5 / math.sqrt(0.5), abs=1e-4)
+    assert gigpo["critic/advantages/max"] == pytest.approx(2 * 0.5 / math.sqrt(0.5), abs=1e-4)
