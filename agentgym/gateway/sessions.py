@@ -448,14 +448,16 @@ class SessionStore:
 
     # ---- recording -------------------------------------------------------------------------
     def commit(self, session: Session, plan: Plan, sample: TokenSample, reply: dict[str, Any] | None = None,
-               text: str = "") -> Turn:
+               text: str = "", shaped_by: Sequence[str] = ()) -> Turn:
         """Record a sample on its planned branch. ``reply`` is the assistant message returned to the
-        agent (chat); ``text`` the completion text returned (text completions)."""
+        agent (chat); ``text`` the completion text returned (text completions); ``shaped_by``: what
+        shaped its sampling besides temperature and the filters (``Turn.shaped_by``)."""
         b = plan.branch
         raw = self.chat.assistant_content(sample.token_ids)
         turn = Turn(prompt_ids=list(plan.turn_prompt_ids), response_ids=list(sample.token_ids),
                     logprobs=list(sample.logprobs), weight_version=sample.weight_version,
-                    finish_reason=sample.finish_reason, observation=plan.observation, response_text=raw)
+                    finish_reason=sample.finish_reason, observation=plan.observation, response_text=raw,
+                    shaped_by=list(shaped_by))
         b.turns.append(turn)
         b.token_ids = plan.context_ids + list(sample.token_ids)
         if b.kind == "chat":
