@@ -71,8 +71,10 @@ def _token_id(name: str) -> int:
     return int(name[9:])
 
 
-def completion_choice(choice: dict[str, Any], where: str) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
-    """``(token ids, logprobs, top logprobs)`` of one ``/v1/completions`` choice (or streamed chunk)."""
+def completion_choice(choice: dict[str, Any], where: str, k: int = 0
+                      ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+    """``(token ids, logprobs, top logprobs)`` of one ``/v1/completions`` choice (or streamed chunk);
+    the ``k`` best alternatives per token (vLLM adds the sampled token to them when it is not one)."""
     ids = choice.get("token_ids")
     if ids is None:
         raise DialectError(f"{where} returned no token ids; a vLLM server must support return_token_ids "
@@ -81,8 +83,8 @@ def completion_choice(choice: dict[str, Any], where: str) -> tuple[list[int], li
     values = logprobs.get("token_logprobs") or []
     if len(values) != len(ids):
         raise DialectError(f"{where} returned {len(values)} logprobs for {len(ids)} tokens")
-    tops = [sorted(((_token_id(k), float(v)) for k, v in (alts or {}).items()), key=lambda a: -a[1])
-            for alts in (logprobs.get("top_logprobs") or [])]
+    tops = [sorted(((_token_id(name), float(v)) for name, v in (alts or {}).items()), key=lambda a: -a[1])[:k]
+            for alts in (logprobs.get("top_logprobs") or [])] if k else []
     return list(ids), [float(x) for x in values], tops
 
 

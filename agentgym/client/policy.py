@@ -286,7 +286,7 @@ class PolicyClient:
             return _read(sglang_sample, body, server.url, server.version)
         server, body = await self._post("/v1/completions", completions_payload(prompt_ids, sampling, self.backend),
                                         session_id, name_model=True)
-        return self._parse_completions(body, server)
+        return self._parse_completions(body, server, sampling.top_logprobs)
 
     async def generate_stream(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None,
                               session_id: str | None = None) -> AsyncIterator[TokenDelta]:
@@ -315,7 +315,7 @@ class PolicyClient:
                     if answer.status < 400:
                         target.mark(True)
                         async for event in _sse_events(answer):
-                            delta = self._parse_delta(event, target)
+                            delta = self._parse_delta(event, target, sampling.top_logprobs)
                             if delta is not None:
                                 started = True
                                 yield delta
@@ -345,12 +345,12 @@ class PolicyClient:
             f"({', '.join(s.url for s in self.servers)}): {last_error}. {hint}", status=last_status)
 
     @staticmethod
-    def _parse_delta(event: dict[str, Any], server: _Server) -> TokenDelta | None:
+    def _parse_delta(event: dict[str, Any], server: _Server, top_logprobs: int = 0) -> TokenDelta | None:
         choices = event.get("choices")
         if not choices:  # a usage chunk
             return None
         choice = choices[0]
-        ids, logprobs, tops = _read(completion_choice, choice, f"{server.url} (a streamed chunk)")
+        ids, logprobs, tops = _read(completion_choice, choice, f"{server.url} (a streamed chunk)", top_logprobs)
         version = event.get("weight_version", server.version)
         return TokenDelta(ids, logprobs, choice.get("finish_reason"),
                           int(version) if version is not None else server.version, tops)
@@ -380,9 +380,9 @@ class PolicyClient:
             return []
         return [c for c in cards if isinstance(c, dict)]
 
-    def _parse_completions(self, body: dict[str, Any], server: _Server) -> TokenSample:
+    def _parse_completions(self, body: dict[str, Any], server: _Server, top_logprobs: int = 0) -> TokenSample:
         choice = body["choices"][0]
-        ids, logprobs, tops = _read(completion_choice, choice, server.url)
+        ids, logprobs, tops = _read(completion_choice, choice, server.url, top_logprobs)
         version = body.get("weight_version", server.version)
         return TokenSample(
             token_ids=ids,
