@@ -151,6 +151,7 @@ class Grammars:
         self._compiled: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
         self._bitmask = torch.zeros((0, (vocab_size + 31) // 32), dtype=torch.int32)
+        self._bits = _BITS
 
     def _llguidance(self) -> Any:
         if self._lltok is None:
@@ -201,16 +202,21 @@ class Grammars:
         return template.deep_copy()
 
     def mask(self, logits: torch.Tensor, rows: list[int], matchers: list[Any]) -> None:
-        """Set the logits of ``rows`` to -inf wherever their matcher allows no token."""
+        """Set the logits of ``rows`` to -inf wherever their matcher allows no token. The packed mask
+        (a bit per token) is what crosses to the device, and is unpacked there."""
         if self._bitmask.shape[0] < len(rows):
             self._bitmask = torch.zeros((len(rows), self._bitmask.shape[1]), dtype=torch.int32)
         bitmask = self._bitmask[: len(rows)]
         width = bitmask.shape[1] * 4
         for k, matcher in enumerate(matchers):
             matcher.unsafe_compute_mask_ptr(bitmask[k].data_ptr(), width)
-        allowed = ((bitmask[:, :, None] & _BITS) != 0).view(len(rows), -1)[:, : logits.shape[1]]
-        index = torch.tensor(rows, device=logits.device)
-        logits[index] = logits[index].masked_fill(~allowed.to(logits.device), float("-inf"))
+        device = logits.device
+        if self._bits.device != device:
+            self._bits = self._bits.to(device)
+        packed = bitmask.to(device, non_blocking=True)
+        allowed = ((packed[:, :, None] & self._bits) != 0).view(len(rows), -1)[:, : logits.shape[1]]
+        index = torch.tensor(rows, device=device)
+        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
     @staticmethod
     def advance(matchers: list[Any], tokens: list[int]) -> None:
