@@ -73,6 +73,7 @@ def test_forced_tool_calls_and_json_through_the_gateway(gw, server):
     jsonschema.validate(json.loads(named.choices[0].message.tool_calls[0].function.arguments), ARGS)
     [traj] = finish(gw, info)
     assert traj.num_turns == 2 and all(t.shaped_by == ["grammar"] for t in traj.turns)
+    assert traj.metrics["shaped_turns"] == 2
     # the turn's logprobs are the model's own distribution, whatever the grammar allowed
     model = load_causal_lm("tiny")
     context: list[int] = []
@@ -93,6 +94,7 @@ def test_forced_tool_calls_and_json_through_the_gateway(gw, server):
 
 def test_penalties_and_logit_bias_reach_the_server(gw):
     info, client = session(gw, sampling={"temperature": 0.0})
+    pinned, pinned_client = session(gw, sampling={"temperature": 0.0, "frequency_penalty": 2.0, "presence_penalty": 2})
     forced = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, logit_bias={"88": 100},
                                             extra_body={"ignore_eos": True, "return_token_ids": True})
     assert set(forced.choices[0].model_extra["token_ids"]) == {88}
@@ -103,6 +105,10 @@ def test_penalties_and_logit_bias_reach_the_server(gw):
                                                extra_body={"return_token_ids": True})
     ids = penalized.choices[0].model_extra["token_ids"]
     assert ids != plain.choices[0].model_extra["token_ids"]
+    again = pinned_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "again"}],
+                                                  max_tokens=16, extra_body={"return_token_ids": True})
+    assert again.choices[0].model_extra["token_ids"] == ids  # the session's pinned penalties, the same reply
+    finish(gw, pinned)
     assert len(set(ids[:-1])) == len(ids[:-1])  # penalties this strong never repeat a token under greedy
     trajectories = finish(gw, info)
     assert {tuple(t.turns[0].shaped_by) for t in trajectories} == {("logit_bias",), (), ("penalties",)}

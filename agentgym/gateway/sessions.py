@@ -527,6 +527,7 @@ class SessionStore:
         sampled = sum(len(t.response_ids) for t in turns)
         metrics.update(turns=float(len(turns)), sampled_tokens=float(sampled),
                        tokens=float(sampled + sum(len(t.prompt_ids) for t in turns)),
+                       shaped_turns=float(sum(1 for t in turns if t.shaped_by)),  # Turn.shaped_by
                        success=float(status != "failed" and outcome > 0))
         if check and b.kind == "chat":
             metrics["template_mismatch"] = float(self._mismatch(b) is not None)
