@@ -16,10 +16,11 @@ PyPI): per generated token (mask, apply, advance; 32 matchers, the tiny tokenize
 schema), llguidance cost 26-76 us over two runs on a shared 2-core machine, xgrammar 7-16 us and
 outlines-core 9-23 us; at 32 concurrent requests on the ``mid`` model a token costs 1.0-1.5 ms,
 so llguidance's constrained decoding measured 1.04-1.13x the free one there (target: 1.3x), and
-xgrammar's lower cost would change that by a few percent. What decided: llguidance is one 3 MB wheel with no dependencies, while xgrammar
-requires triton (a 286 MB GPU compiler wheel) and apache-tvm-ffi, and outlines-core compiles a
-JSON schema to a regular expression and an index over the vocabulary (4-6 s for that schema,
-against 30-60 ms) and cannot express ``json_object``'s any-JSON or recursive schemas. llguidance's
+xgrammar's lower cost would change that by a few percent. What decided: llguidance is one 3 MB
+wheel with no dependencies, while xgrammar requires triton (a 286 MB GPU compiler wheel) and
+apache-tvm-ffi, and outlines-core compiles a JSON schema to a regular expression and an index
+over the vocabulary (4-6 s for that schema, against 30-60 ms) and cannot express
+``json_object``'s any-JSON or recursive schemas. llguidance's
 Lark dialect writes a Hermes tool call with the arguments' schema inline (``%json``); vLLM and
 SGLang use it as one of their grammar backends.
 
