@@ -33,8 +33,10 @@ that ``agentgym gateway`` prints and ``GatewayHandle.admin_key`` holds):
 
 OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
 session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
-``logprobs``, ``stream``), ``POST /completions``, ``GET /models``. Another session's key is a
-403, a missing or unknown key a 401; every error has OpenAI's shape.
+``logprobs``, ``stream``, forced tool calls, ``response_format``, penalties: docs/openai_api.md),
+``POST /completions``, ``GET /models``. Another session's key is a 403, a missing or unknown key a
+401; every error has OpenAI's shape. An agent that disconnects before its answer cancels the
+generation and nothing is recorded (``GET /stats``: ``undelivered``).
 
 Limits (``Gateway`` options; ``agentgym gateway`` flags of the same names): ``max_sessions`` open at
 once (429 beyond), ``max_body_bytes`` per request (413), ``max_task_bytes`` per session task,
