@@ -280,3 +280,22 @@ def test_a_client_that_times_out_stops_its_generation_within_a_second(server, en
         assert engine.stats["generated_tokens"] - before < 300  # stopped, not run to max_tokens
     finally:
         engine.choose_tokens = original
+
+
+def test_the_structural_tag_sent_to_vllm_and_sglang_compiles_with_xgrammar():
+    """vLLM and SGLang compile a forced tool call's structural tag with xgrammar (their default
+    backend): it must accept exactly the Hermes calls. Runs where xgrammar is installed."""
+    xgr = pytest.importorskip("xgrammar")
+    from agentgym.client.structured import chat_constraint, structural_tag
+    from agentgym.model import load_tokenizer
+
+    tok = load_tokenizer("tiny")
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok))
+    one = '<tool_call>\n{"name": "calc", "arguments": {"a": 3, "op": "add", "exact": true}}\n</tool_call>'
+    two = one + '\n<tool_call>\n{"name": "lookup", "arguments": {"key": "pi"}}\n</tool_call>'
+    for parallel, text, accepted in ((True, two, True), (False, one, True), (False, two, False),
+                                     (True, "The answer is 4.", False),
+                                     (True, one.replace('"add"', '"pow"'), False)):
+        tag = structural_tag(chat_constraint(TOOLS, "required", parallel, None))
+        matcher = xgr.GrammarMatcher(compiler.compile_structural_tag(json.dumps(tag)))
+        assert (matcher.accept_string(text) and matcher.is_completed()) is accepted, (parallel, text)
