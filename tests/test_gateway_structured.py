@@ -223,3 +223,15 @@ def test_the_vllm_request_carries_everything_and_the_embedded_server_reads_it(se
     assert len(ids) == len(logprobs) == len(tops) and all(len(t) == 2 for t in tops)
     _, calls, errors = parse_tool_calls(answer["choices"][0]["text"])
     assert len(calls) == 1 and not errors
+
+
+def test_n_samples_streamed_are_recorded_once_the_stream_ended(gw):
+    info, client = session(gw)
+    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, n=2, stream=True,
+                                            tools=TOOLS, tool_choice="required")
+    finished = {c.choices[0].index: c.choices[0].finish_reason for c in stream if c.choices and
+                c.choices[0].finish_reason}
+    assert set(finished) == {0, 1}
+    trajectories = finish(gw, info)
+    assert len(trajectories) == 2 and all(t.num_turns == 1 and t.turns[0].shaped_by == ["grammar"]
+                                          for t in trajectories)
