@@ -203,6 +203,7 @@ def test_logit_bias_is_added_before_sampling(client, model):
     sampled = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=1.0,
                                         logit_bias={"123": 100}, extra_body={"ignore_eos": True})
     assert all(t == 123 for t in extra(sampled.choices[0], "token_ids"))
+    assert greedy(client, prompt) == plain  # a bias ends with its request: none is left on the row it used
 
 
 def test_min_tokens_holds_back_the_stop_tokens(server, client):
@@ -299,3 +300,21 @@ def test_the_structural_tag_sent_to_vllm_and_sglang_compiles_with_xgrammar():
         tag = structural_tag(chat_constraint(TOOLS, "required", parallel, None))
         matcher = xgr.GrammarMatcher(compiler.compile_structural_tag(json.dumps(tag)))
         assert (matcher.accept_string(text) and matcher.is_completed()) is accepted, (parallel, text)
+
+
+async def test_a_rows_bias_and_grammar_leave_with_its_request(server):
+    """Rows are reused: what one request asked for (a bias, penalties, a grammar) must not reach the
+    next request placed on its row, even when that one shares a step with another that asks for it."""
+    from agentgym.server.sampling import GenerationParams
+
+    engine = server.engine
+
+    def greedy_params(**kw):
+        return GenerationParams(max_tokens=8, temperature=0.0, ignore_eos=True, **kw)
+
+    alone = await engine.submit([7, 8, 9], greedy_params()).done
+    await engine.submit([7, 8, 9], greedy_params(logit_bias={123: 100.0}, frequency_penalty=2.0)).done
+    plain, biased = engine.submit([7, 8, 9], greedy_params()), engine.submit([7, 8, 9], greedy_params(
+        logit_bias={200: 100.0}, repetition_penalty=2.0))
+    plain_out, biased_out = (await plain.done)[0].output_ids, (await biased.done)[0].output_ids
+    assert plain_out == alone[0].output_ids and set(biased_out) == {200}

@@ -67,21 +67,24 @@ class LogitsProcessors:
 
     # ---- rows join, move, leave ------------------------------------------------------------
     def place(self, row: int, seq: Any) -> None:
+        """A new sequence on ``row``: its own state, nothing left of the row's last sequence."""
         p = seq.params
         seq.matcher = self.grammars.matcher(p.grammar) if p.grammar else None
         self.frequency[row], self.presence[row], self.repetition[row] = (p.frequency_penalty, p.presence_penalty,
                                                                           p.repetition_penalty)
-        if p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0:
-            self._table("counts", torch.float32)[row] = 0
+        for name, needed in (("counts", p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0),
+                             ("seen", p.repetition_penalty != 1.0), ("bias", bool(p.logit_bias))):
+            table = getattr(self, name)
+            if table is None and needed:
+                table = self._table(name, torch.bool if name == "seen" else torch.float32)
+            if table is not None:
+                table[row] = 0
         if p.repetition_penalty != 1.0:
-            seen = self._table("seen", torch.bool)
-            seen[row] = False
-            seen[row, torch.tensor([t for t in seq.prompt_ids if 0 <= t < self.vocab], dtype=torch.long)] = True
+            prompt = [t for t in seq.prompt_ids if 0 <= t < self.vocab]
+            self.seen[row, torch.tensor(prompt, dtype=torch.long, device=self.device)] = True
         if p.logit_bias:
-            bias = self._table("bias", torch.float32)
-            bias[row] = 0
-            ids = torch.tensor(list(p.logit_bias), dtype=torch.long)
-            bias[row, ids] = torch.tensor(list(p.logit_bias.values()), dtype=torch.float32)
+            ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=self.device)
+            self.bias[row, ids] = torch.tensor(list(p.logit_bias.values()), dtype=torch.float32, device=self.device)
 
     def joined(self, row: int, found: set[str]) -> None:
         if "grammar" in found:
