@@ -44,7 +44,11 @@ EpisodeStatus = Literal["ok", "truncated", "failed"]
 
 @dataclass
 class SamplingParams:
-    """Sampling settings for one generation, in OpenAI/vLLM names."""
+    """Sampling settings for one generation, in OpenAI/vLLM names.
+
+    ``structured``: what the reply is constrained to (``agentgym.client.structured``: a JSON schema,
+    forced tool calls, ...); ``top_logprobs``: how many alternatives to report per sampled token.
+    """
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -53,20 +57,43 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    min_tokens: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    top_logprobs: int = 0
+    structured: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def shaped_by(self) -> list[str]:
+        """What besides temperature, top-k and top-p shapes the distribution tokens are drawn from
+        (``Turn.shaped_by``): ``grammar``, ``logit_bias``, ``penalties``, ``min_tokens``."""
+        out = []
+        if self.structured is not None:
+            out.append("grammar")
+        if self.logit_bias:
+            out.append("logit_bias")
+        if self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0:
+            out.append("penalties")
+        if self.min_tokens > 0:
+            out.append("min_tokens")
+        return out
+
 
 @dataclass
 class TokenSample:
-    """One generation as the policy server sampled it."""
+    """One generation as the policy server sampled it; ``top_logprobs``: per sampled token, the
+    ``(token id, logprob)`` alternatives asked for (``SamplingParams.top_logprobs``)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
     weight_version: int = 0
     text: str = ""
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +116,12 @@ class Turn:
     generation was interrupted by a weight update and resumed on the new weights (asynchronous
     training with ``partial_rollout``) spans versions: ``token_versions`` then holds one version
     per response token; empty means every token has ``weight_version`` (``versions()``).
+
+    ``shaped_by`` names what besides temperature, top-k and top-p shaped the distribution the
+    response was drawn from (``SamplingParams.shaped_by``: ``grammar`` for a forced tool call or
+    JSON output, ``logit_bias``, ``penalties``, ``min_tokens``). The ``logprobs`` are still the
+    model's own distribution (a teacher-forced pass recomputes them); the tokens were drawn from the
+    shaped one. Such turns are trained like any other (docs/openai_api.md, "Logprobs and training").
     """
 
     prompt_ids: list[int]
@@ -102,6 +135,7 @@ class Turn:
     token_versions: list[int] = field(default_factory=list)
     state_key: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    shaped_by: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):

@@ -125,3 +125,26 @@ async def test_rollout_through_sglang_is_token_exact(sglang):
             assert turn.logprobs == [logprob(j, t, 0) for j, t in enumerate(turn.response_ids)]
             sent += turn.response_ids
         assert traj.token_ids() == sent and traj.metrics["template_mismatch"] == 0.0
+
+
+async def test_structured_output_and_penalties_are_sent_in_sglangs_names(sglang):
+    """Forced tool calls as an xgrammar structural tag, JSON as json_schema, and penalties, logit_bias and
+    min_tokens under SGLang's names: the stand-in refuses any sampling field SGLang does not have."""
+    from agentgym.client.structured import chat_constraint
+
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+    async with PolicyClient(sglang.url, backend="sglang", max_retries=0) as client:
+        await client.generate([1, 2], SamplingParams(
+            max_tokens=4, structured=chat_constraint(tools, "required", False, None), frequency_penalty=0.5,
+            presence_penalty=0.25, repetition_penalty=1.1, logit_bias={7: -3.0}, min_tokens=2, top_logprobs=2))
+        await client.generate([1, 2], SamplingParams(max_tokens=4, structured={"type": "json", "schema": {
+            "type": "object"}}))
+    tagged, schema = generations(sglang)[-2:]
+    params = tagged["sampling_params"]
+    tag = json.loads(params["structural_tag"])
+    assert tag["format"]["type"] == "tags_with_separator" and tag["format"]["stop_after_first"] is True
+    assert tag["format"]["tags"][0]["begin"].startswith('<tool_call>\n{"name": "calc"')
+    assert params["frequency_penalty"] == 0.5 and params["presence_penalty"] == 0.25
+    assert params["repetition_penalty"] == 1.1 and params["logit_bias"] == {"7": -3.0}
+    assert params["min_new_tokens"] == 2 and tagged["top_logprobs_num"] == 2
+    assert json.loads(schema["sampling_params"]["json_schema"]) == {"type": "object"}

@@ -105,6 +105,33 @@ async def test_samples_are_named_versioned_and_match_the_trainers_logprobs(serve
         assert chat["choices"][0]["message"]["role"] == "assistant"
 
 
+async def test_constraints_penalties_and_top_logprobs_reach_vllm(served):
+    """What the gateway forwards, in vLLM's names: a forced tool call as an xgrammar structural tag, a
+    JSON schema, logit_bias, top logprobs (``agentgym.client.dialects``)."""
+    from agentgym.client.structured import chat_constraint
+    from agentgym.server.tool_calls import parse_tool_calls
+
+    args = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["n"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": args}}]
+    async with PolicyClient(served.url, backend="vllm") as client:
+        forced = chat_constraint(tools, "required", False, None)
+        call = await client.generate([5, 6, 7], SamplingParams(max_tokens=64, structured=forced))
+        _, calls, errors = parse_tool_calls(served_text(served, call.token_ids))
+        assert len(calls) == 1 and not errors and 0 <= json.loads(calls[0]["function"]["arguments"])["n"] <= 9
+        answer = await client.generate([5, 6, 7], SamplingParams(max_tokens=64, structured={"type": "json",
+                                                                                           "schema": args}))
+        assert 0 <= json.loads(served_text(served, answer.token_ids))["n"] <= 9
+        biased = await client.generate([5, 6], SamplingParams(max_tokens=8, logit_bias={77: 100.0}, top_logprobs=2))
+        assert set(biased.token_ids) == {77} and all(len(t) == 2 for t in biased.top_logprobs)
+
+
+def served_text(served, ids: list[int]) -> str:
+    from agentgym.model import load_tokenizer
+
+    return load_tokenizer(str(served.model_dir)).decode(ids, skip_special_tokens=True)
+
+
 @pytest.mark.parametrize("env_name", ["sokoban", "gsm8k_tool"])
 async def test_rollouts_through_vllm_are_token_exact(served, env_name):
     """Every turn's prompt is exactly the stored sequence so far, its response exactly what vLLM

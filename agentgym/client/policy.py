@@ -1,10 +1,12 @@
 """The one client everything above the servers uses: rollout, gateway and trainer.
 
 ``PolicyClient.generate`` is token-level: token ids in; sampled token ids, their logprobs,
-the finish reason and the weight version out. It speaks three dialects behind one call:
+the finish reason and the weight version out. It speaks three dialects behind one call
+(``agentgym.client.dialects``: penalties, ``logit_bias``, structured output and top logprobs
+included):
 
 * ``embedded`` (agentgym's own server) and ``vllm``: ``POST /v1/completions`` with the prompt
-  as token ids, ``logprobs=0`` and ``return_token_ids=true``; the sampled ids come back in
+  as token ids, ``logprobs`` and ``return_token_ids=true``; the sampled ids come back in
   ``choices[0].token_ids``. The embedded server also reports ``weight_version``.
 * ``sglang``: ``POST /generate`` with ``input_ids`` and ``return_logprob=true``; ids and
   logprobs come back in ``meta_info.output_token_logprobs``.
@@ -37,9 +39,16 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from agentgym.client.dialects import (
+    DialectError,
+    completion_choice,
+    completions_payload,
+    sglang_payload,
+    sglang_sample,
+)
 from agentgym.client.http11 import ConnectionPool, TransportError
 from agentgym.client.httpx_pools import HTTPPools, HttpxTransport, transport_for  # noqa: F401 - HTTPPools: re-exported
 from agentgym.client.tls import ssl_context  # noqa: F401 - re-exported
@@ -99,13 +108,23 @@ class _Server:
 
 @dataclass
 class TokenDelta:
-    """What a streamed generation adds: the newly sampled ids and their logprobs; ``finish_reason``
-    on the last one (None before); the weight version of the server that sampled them."""
+    """What a streamed generation adds: the newly sampled ids and their logprobs (and the
+    alternatives asked for); ``finish_reason`` on the last one (None before); the weight version
+    of the server that sampled them."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str | None
     weight_version: int
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+def _read(parse: Any, *args: Any) -> Any:
+    """A dialect's reading of an answer, its complaint as a ``PolicyServerError``."""
+    try:
+        return parse(*args)
+    except DialectError as exc:
+        raise PolicyServerError(str(exc)) from None
 
 
 class PolicyClient:
@@ -263,11 +282,11 @@ class PolicyClient:
         """Sample one continuation of ``prompt_ids``; never re-tokenizes anything."""
         sampling = sampling or SamplingParams()
         if self.backend == "sglang":
-            server, body = await self._post("/generate", self._sglang_payload(prompt_ids, sampling), session_id)
-            return self._parse_sglang(body, server)
-        server, body = await self._post("/v1/completions", self._completions_payload(prompt_ids, sampling),
+            server, body = await self._post("/generate", sglang_payload(prompt_ids, sampling), session_id)
+            return _read(sglang_sample, body, server.url, server.version)
+        server, body = await self._post("/v1/completions", completions_payload(prompt_ids, sampling, self.backend),
                                         session_id, name_model=True)
-        return self._parse_completions(body, server)
+        return self._parse_completions(body, server, sampling.top_logprobs)
 
     async def generate_stream(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None,
                               session_id: str | None = None) -> AsyncIterator[TokenDelta]:
@@ -277,10 +296,11 @@ class PolicyClient:
         sampling = sampling or SamplingParams()
         if self.backend == "sglang":  # its /generate stream reports cumulative logprobs: not streamed here
             sample = await self.generate(prompt_ids, sampling, session_id)
-            yield TokenDelta(sample.token_ids, sample.logprobs, sample.finish_reason, sample.weight_version)
+            yield TokenDelta(sample.token_ids, sample.logprobs, sample.finish_reason, sample.weight_version,
+                             sample.top_logprobs)
             return
         path = "/v1/completions"
-        payload = {**self._completions_payload(prompt_ids, sampling), "stream": True}
+        payload = {**completions_payload(prompt_ids, sampling, self.backend), "stream": True}
         last_error = ""
         last_status: int | None = None
         failed: _Server | None = None
@@ -295,7 +315,7 @@ class PolicyClient:
                     if answer.status < 400:
                         target.mark(True)
                         async for event in _sse_events(answer):
-                            delta = self._parse_delta(event, target)
+                            delta = self._parse_delta(event, target, sampling.top_logprobs)
                             if delta is not None:
                                 started = True
                                 yield delta
@@ -325,21 +345,15 @@ class PolicyClient:
             f"({', '.join(s.url for s in self.servers)}): {last_error}. {hint}", status=last_status)
 
     @staticmethod
-    def _parse_delta(event: dict[str, Any], server: _Server) -> TokenDelta | None:
+    def _parse_delta(event: dict[str, Any], server: _Server, top_logprobs: int = 0) -> TokenDelta | None:
         choices = event.get("choices")
         if not choices:  # a usage chunk
             return None
         choice = choices[0]
-        ids = choice.get("token_ids")
-        if ids is None:
-            raise PolicyServerError(f"{server.url} streamed a chunk with no token ids; a vLLM server must support "
-                                    "return_token_ids when streaming (vLLM >= 0.10.2)")
-        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-        if len(logprobs) != len(ids):
-            raise PolicyServerError(f"{server.url} streamed {len(logprobs)} logprobs for {len(ids)} tokens")
+        ids, logprobs, tops = _read(completion_choice, choice, f"{server.url} (a streamed chunk)", top_logprobs)
         version = event.get("weight_version", server.version)
-        return TokenDelta(list(ids), [float(x) for x in logprobs], choice.get("finish_reason"),
-                          int(version) if version is not None else server.version)
+        return TokenDelta(ids, logprobs, choice.get("finish_reason"),
+                          int(version) if version is not None else server.version, tops)
 
     async def served_model(self, server: _Server) -> str | None:
         """The model name to send ``server``: ``self.model`` if given, else the first id in the
@@ -366,80 +380,17 @@ class PolicyClient:
             return []
         return [c for c in cards if isinstance(c, dict)]
 
-    def _completions_payload(self, prompt_ids: Sequence[int], s: SamplingParams) -> dict[str, Any]:
-        payload: dict[str, Any] = {
-            "prompt": list(prompt_ids),
-            "max_tokens": s.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "logprobs": 0,
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-        }
-        if s.top_k > 0:
-            payload["top_k"] = s.top_k
-        if s.stop:
-            payload["stop"] = s.stop
-        if s.stop_token_ids:
-            payload["stop_token_ids"] = s.stop_token_ids
-        if s.seed is not None:
-            payload["seed"] = s.seed
-        return payload
-
-    def _parse_completions(self, body: dict[str, Any], server: _Server) -> TokenSample:
+    def _parse_completions(self, body: dict[str, Any], server: _Server, top_logprobs: int = 0) -> TokenSample:
         choice = body["choices"][0]
-        ids = choice.get("token_ids")
-        if ids is None:
-            raise PolicyServerError(
-                f"{server.url} returned no token ids; a vLLM server must support return_token_ids (vLLM >= 0.10.2)"
-            )
-        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-        if len(logprobs) != len(ids):
-            raise PolicyServerError(f"{server.url} returned {len(logprobs)} logprobs for {len(ids)} tokens")
+        ids, logprobs, tops = _read(completion_choice, choice, server.url, top_logprobs)
         version = body.get("weight_version", server.version)
         return TokenSample(
-            token_ids=list(ids),
-            logprobs=[float(x) for x in logprobs],
+            token_ids=ids,
+            logprobs=logprobs,
             finish_reason=choice.get("finish_reason") or "stop",
             weight_version=int(version) if version is not None else server.version,
             text=choice.get("text", ""),
-        )
-
-    @staticmethod
-    def _sglang_payload(prompt_ids: Sequence[int], s: SamplingParams) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "max_new_tokens": s.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k if s.top_k > 0 else -1,  # SGLang refuses 0; -1 is its "no top-k"
-            "skip_special_tokens": False,
-            "no_stop_trim": True,
-        }
-        if s.stop:
-            params["stop"] = s.stop
-        if s.stop_token_ids:
-            params["stop_token_ids"] = s.stop_token_ids
-        if s.seed is not None:
-            params["sampling_seed"] = s.seed
-        return {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True}
-
-    @staticmethod
-    def _parse_sglang(body: dict[str, Any], server: _Server) -> TokenSample:
-        meta = body.get("meta_info", {})
-        pairs = meta.get("output_token_logprobs") or []
-        ids = body.get("output_ids") or [int(p[1]) for p in pairs]
-        if len(ids) != len(pairs):
-            raise PolicyServerError(f"{server.url} returned {len(pairs)} logprobs for {len(ids)} tokens (an SGLang "
-                                    "that trims the stop token despite no_stop_trim?)")
-        finish = meta.get("finish_reason") or {}
-        reason = finish.get("type", "stop") if isinstance(finish, dict) else str(finish)
-        version = meta.get("weight_version")
-        return TokenSample(
-            token_ids=list(ids),
-            logprobs=[float(p[0]) for p in pairs],
-            finish_reason="length" if reason == "length" else ("abort" if reason == "abort" else "stop"),
-            weight_version=int(version) if str(version or "").isdigit() else server.version,
-            text=body.get("text", ""),
+            top_logprobs=tops,
         )
 
     async def chat_completion(self, session_id: str | None = None, **request: Any) -> dict[str, Any]:

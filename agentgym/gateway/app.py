@@ -33,8 +33,10 @@ that ``agentgym gateway`` prints and ``GatewayHandle.admin_key`` holds):
 
 OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
 session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
-``logprobs``, ``stream``), ``POST /completions``, ``GET /models``. Another session's key is a
-403, a missing or unknown key a 401; every error has OpenAI's shape.
+``logprobs``, ``stream``, forced tool calls, ``response_format``, penalties: docs/openai_api.md),
+``POST /completions``, ``GET /models``. Another session's key is a 403, a missing or unknown key a
+401; every error has OpenAI's shape. An agent that disconnects before its answer cancels the
+generation and nothing is recorded (``GET /stats``: ``undelivered``).
 
 Limits (``Gateway`` options; ``agentgym gateway`` flags of the same names): ``max_sessions`` open at
 once (429 beyond), ``max_body_bytes`` per request (413), ``max_task_bytes`` per session task,
@@ -48,6 +50,8 @@ once (429 beyond), ``max_body_bytes`` per request (413), ``max_task_bytes`` per 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -56,9 +60,11 @@ from fastapi.responses import Response
 
 from agentgym.gateway.archive import STATUSES, ArchivedSession, archived_summary, finish_body
 from agentgym.gateway.gateway import SAMPLING_FIELDS, Gateway
+from agentgym.gateway.model_calls import Delivery
 from agentgym.gateway.validation import check_index, check_number, check_sampling, check_task
 from agentgym.server.errors import APIError, error_response, install_error_handlers, json_object, validate
 from agentgym.server.openai_types import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from agentgym.server.streaming import wait_for_disconnect
 
 
 def build_app(gateway: Gateway) -> GatewayApp:
@@ -282,8 +288,7 @@ class GatewayApp:
                 sid, sep, rest = path[10:].partition("/v1/")
                 call = _MODEL_CALLS.get(rest) if sep and sid and "/" not in sid else None
                 if call is not None:
-                    response = await self.model_call(sid, *call, Request(scope, receive), scope["method"])
-                    await response(scope, receive, send)
+                    await self.model_call(sid, *call, scope, receive, send)
                     return
                 sid, sep, rest = path[10:].partition("/")
                 if rest == "finish" and sid and scope["method"] == "POST":
@@ -294,18 +299,41 @@ class GatewayApp:
                 return
         await self.api(scope, receive, send)
 
-    async def model_call(self, sid: str, model: type, method: Any, request: Request, verb: str) -> Response:
-        gw = self.gateway
+    async def model_call(self, sid: str, model: type, method: Any, scope: dict[str, Any], receive: Any,
+                         send: Any) -> None:
+        """One model call. Once its body is read, the call runs while the agent's connection is
+        watched: an agent that goes away cancels it (its generation is aborted, nothing is recorded);
+        a ``Delivery`` records its turns once sent."""
+        gw, request = self.gateway, Request(scope, receive)
+        gone: asyncio.Future[None] | None = None
         try:
-            if verb != "POST":
+            if scope["method"] != "POST":
                 raise APIError(405, f"{request.url.path} takes POST", code="method_not_allowed")
             session = gw.open_session(gw.session_for(sid, request))
-            return await method(gw, session, await read_body(gw, request, model))
+            body = await read_body(gw, request, model)
+            gone = asyncio.ensure_future(wait_for_disconnect(receive))
+            work = asyncio.ensure_future(method(gw, session, body))
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(BaseException):
+                    await work
+                gw.counts["undelivered"] += 1
+                return
+            response = work.result()
         except APIError as exc:  # SessionError too
-            return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
+            response = error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
         except Exception as exc:  # the gateway stays up; the agent gets a 500 in OpenAI's shape
             gw.counts["errors"] += 1
-            return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+            response = error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        try:
+            if isinstance(response, Delivery) and gone is not None:
+                await response.deliver(scope, receive, send, gone)
+            else:
+                await response(scope, receive, send)
+        finally:
+            if gone is not None:
+                gone.cancel()
 
     async def admin_call(self, handler: Any, args: tuple[Any, ...], scope: dict[str, Any], receive: Any,
                          send: Any) -> None:

@@ -19,8 +19,12 @@ Choices made:
   the sampled ids, exactly as without streaming. With ``n > 1`` the samples are generated first and
   then sent as chunks.
 * ``max_tokens`` left out: ``default_max_tokens``, clipped to what the context has room for.
-* ``tool_choice`` ``required``/named and ``response_format`` are accepted, not enforced;
-  ``top_logprobs`` alternatives are empty (the servers report the sampled token's logprob only).
+* ``tool_choice`` ``required``/named, ``response_format`` and ``structured_outputs``, penalties,
+  ``logit_bias``, ``min_tokens`` and ``top_logprobs`` go to the policy servers, each in its own
+  words (``agentgym.gateway.model_calls``); each turn names what shaped its sampling
+  (``Turn.shaped_by``).
+* A turn is recorded only once the agent has its reply: an agent that goes away before it (a
+  client timeout) cancels the generation and leaves nothing in the session.
 * The ``model`` field is ignored: the session decides what answers.
 """
 
@@ -31,46 +35,28 @@ import contextlib
 import dataclasses
 import functools
 import hmac
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import Response
-from jinja2 import TemplateError
 
 from agentgym.client import PolicyClient, PolicyServerError
 from agentgym.client.policy import TokenDelta
 from agentgym.gateway.archive import Archive, ArchivedSession, archive_record, key_hash, open_archive
-from agentgym.gateway.sessions import Plan, Session, SessionError, SessionStore, normalize_message
-from agentgym.gateway.streaming import chat_chunks, completion_chunks, live_chat, live_completion, sse
+from agentgym.gateway.model_calls import ModelCalls
+from agentgym.gateway.sessions import Plan, Session, SessionError, SessionStore
 from agentgym.rollout.chat import ChatTokenizer
 from agentgym.server.errors import (
     APIError,
 )
 from agentgym.server.limits import new_admin_key
-from agentgym.server.openai_types import (
-    ChatChoice,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatLogprobs,
-    ChatMessage,
-    ChatTokenLogprob,
-    CompletionChoice,
-    CompletionLogprobs,
-    CompletionRequest,
-    CompletionResponse,
-    ToolCall,
-    UsageInfo,
-)
 from agentgym.server.token_pieces import TokenPieces
-from agentgym.server.tool_calls import assistant_reply
 from agentgym.types import SamplingParams, TokenSample
 
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
 
-class Gateway:
+class Gateway(ModelCalls):
     """The gateway's state: sessions, the policy client, pause control and counters.
 
     ``policy``: a ``PolicyClient`` over the policy servers. ``tokenizer``: the policy's tokenizer
@@ -133,7 +119,7 @@ class Gateway:
         else:
             self._decode_reply = functools.partial(tokenizer.decode, skip_special_tokens=True)
         self.counts = {"completions": 0, "errors": 0, "upstream_retries": 0, "paused_waits": 0, "late_completions": 0,
-                       "archive_errors": 0}
+                       "archive_errors": 0, "undelivered": 0}
 
     # ---- life ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -435,163 +421,6 @@ class Gateway:
                     await asyncio.sleep(0.25)
         finally:
             self._done()
-
-    def sampling(self, session: Session, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
-                 param: str) -> SamplingParams:
-        """The request's sampling fields, overridden by the session's pinned ones, fitted to the context."""
-        asked = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
-                 "stop": req.stop, "stop_token_ids": req.stop_token_ids, "max_tokens": req.requested_max_tokens}
-        values = {k: v for k, v in asked.items() if v is not None}
-        values.update(session.sampling)
-        room = self.max_model_len - prompt_len
-        if room < 1:
-            raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens, but the prompt "
-                           f"has {prompt_len} tokens", param=param, code="context_length_exceeded")
-        values["max_tokens"] = min(int(values.get("max_tokens") or self.default_max_tokens), room)
-        values["stop"] = list(values.get("stop") or [])
-        values["stop_token_ids"] = list(values.get("stop_token_ids") or [])
-        return SamplingParams(**values)
-
-    def reply_text(self, sample: TokenSample, stop: Sequence[str]) -> str:
-        """The sampled text the agent sees: special tokens dropped, cut before the first stop string."""
-        text = self._decode_reply(sample.token_ids)
-        cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-        return text[:min(cuts)] if cuts else text
-
-    def chat_logprobs(self, sample: TokenSample) -> ChatLogprobs:
-        content = []
-        for tok, lp in zip(sample.token_ids, sample.logprobs):
-            content.append(ChatTokenLogprob(token=self.pieces.text(tok), logprob=lp, bytes=self.pieces.bytes(tok),
-                                            top_logprobs=[]))
-        return ChatLogprobs(content=content)
-
-    async def sample_all(self, session: Session, plans: list[Plan], sampling: SamplingParams) -> list[TokenSample]:
-        """Every plan's sample, or none: on any failure every plan is released. A session finished while
-        its samples were generated records nothing more: the agent gets a 409."""
-        try:
-            if len(plans) == 1:  # the usual case: no task to gather
-                samples = [await self.generate(session, plans[0].context_ids, sampling)]
-            else:
-                samples = list(await asyncio.gather(*(self.generate(session, p.context_ids, sampling) for p in plans)))
-        except BaseException:
-            for p in plans:
-                self.store.release(p)
-            self.counts["errors"] += 1
-            raise
-        if session.finished:
-            self.counts["late_completions"] += 1
-            for p in plans:
-                self.store.release(p)
-            raise APIError(409, f"session {session.id} was finished while this call was generating; its result "
-                           "is not recorded", "conflict_error", code="session_finished")
-        return samples
-
-    # ---- chat -----------------------------------------------------------------------------
-    async def chat_completion(self, session: Session, req: ChatCompletionRequest) -> Any:
-        if req.continue_final_message or not req.add_generation_prompt:
-            raise APIError(400, "the gateway always starts a new assistant turn; continue_final_message and "
-                           "add_generation_prompt=false are not supported", param="continue_final_message")
-        if req.chat_template_kwargs:
-            raise APIError(400, "chat_template_kwargs are not supported by the gateway: every turn must render "
-                           "with the same template", param="chat_template_kwargs")
-        messages = [normalize_message(m) for m in req.messages]
-        tools = req.tools if req.tools and req.tool_choice != "none" else None
-        started, wall = asyncio.get_running_loop().time(), time.time()
-        try:
-            plan = self.store.plan_chat(session, messages, tools)
-        except (ValueError, TypeError, KeyError, TemplateError) as exc:
-            raise APIError(400, f"could not render the messages with the chat template: {exc}", param="messages") from exc
-        request = {"messages": messages, "tools": tools}
-        if req.stream and req.n == 1:
-            return await live_chat(self, session, plan, req, self.plan_sampling(session, plan, req, "messages"),
-                                   tools, request, started, wall)
-        plans, samples, sampling = await self.sample_plan(session, plan, req, "messages")
-        choices = []
-        replies = []
-        for i, (p, sample) in enumerate(zip(plans, samples)):
-            content, calls, finish = assistant_reply(self.reply_text(sample, sampling.stop), sample.finish_reason,
-                                                     bool(tools))
-            reply: dict[str, Any] = {"role": "assistant", "content": content}
-            if calls:
-                reply["tool_calls"] = calls
-            self.store.commit(session, p, sample, normalize_message(reply))
-            replies.append(reply)
-            choices.append(ChatChoice(
-                index=i, message=ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]),
-                logprobs=self.chat_logprobs(sample) if req.logprobs else None, finish_reason=finish,
-                token_ids=list(sample.token_ids) if req.return_token_ids else None))
-        self.record_call(session, "chat/completions", plan, request, sampling, samples, replies, started, wall)
-        return self.respond(ChatCompletionResponse, chat_chunks, req, plan, samples, choices)
-
-    # ---- text completions -----------------------------------------------------------------
-    async def completion(self, session: Session, req: CompletionRequest) -> Any:
-        prompt = req.prompt
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            if len(prompt) != 1:
-                raise APIError(400, "the gateway takes one prompt per request (a string or a list of token ids)",
-                               param="prompt")
-            prompt = prompt[0]
-        if isinstance(prompt, list):
-            bad = next((t for t in prompt if not 0 <= t < len(self.tokenizer)), None)
-            if bad is not None:
-                raise APIError(400, f"prompt token id {bad} is outside the vocabulary (size {len(self.tokenizer)})",
-                               param="prompt")
-        started, wall = asyncio.get_running_loop().time(), time.time()
-        plan = self.store.plan_text(session, prompt)
-        request = {"prompt": prompt}
-        if req.stream and req.n == 1:
-            return await live_completion(self, session, plan, req, self.plan_sampling(session, plan, req, "prompt"),
-                                         request, started, wall)
-        plans, samples, sampling = await self.sample_plan(session, plan, req, "prompt")
-        choices = []
-        texts = []
-        for i, (p, sample) in enumerate(zip(plans, samples)):
-            text = self.reply_text(sample, sampling.stop)
-            self.store.commit(session, p, sample, text=text)
-            texts.append(text)
-            logprobs = None
-            if req.logprobs is not None:
-                tokens = [self.pieces.text(t) for t in sample.token_ids]
-                offsets = self.pieces.offsets(tokens)
-                logprobs = CompletionLogprobs(tokens=tokens, token_logprobs=list(sample.logprobs), text_offset=offsets)
-            choices.append(CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=sample.finish_reason,
-                                            token_ids=list(sample.token_ids) if req.return_token_ids else None))
-        self.record_call(session, "completions", plan, request, sampling, samples, texts, started, wall)
-        return self.respond(CompletionResponse, completion_chunks, req, plan, samples, choices)
-
-    # ---- shared by both -------------------------------------------------------------------
-    async def sample_plan(self, session: Session, plan: Plan, req: ChatCompletionRequest | CompletionRequest,
-                          param: str) -> tuple[list[Plan], list[TokenSample], SamplingParams]:
-        """``req.n`` samples from ``plan`` (the first) and its siblings; ``plan`` is released if the
-        request cannot be sampled."""
-        sampling = self.plan_sampling(session, plan, req, param)
-        plans = [plan] + self.store.siblings(session, plan, req.n - 1)
-        return plans, await self.sample_all(session, plans, sampling), sampling
-
-    def plan_sampling(self, session: Session, plan: Plan, req: ChatCompletionRequest | CompletionRequest,
-                      param: str) -> SamplingParams:
-        """``sampling`` for ``plan``'s context; the plan is released if the request cannot be sampled."""
-        try:
-            return self.sampling(session, req, len(plan.context_ids), param)
-        except APIError:
-            self.store.release(plan)
-            raise
-
-    def respond(self, response_type: type, chunks: Any, req: ChatCompletionRequest | CompletionRequest, plan: Plan,
-                samples: list[TokenSample], choices: list[Any]) -> Response:
-        """The OpenAI response (JSON, or SSE ``chunks`` of it when ``req.stream``)."""
-        self.counts["completions"] += len(samples)
-        completion = sum(len(s.token_ids) for s in samples)
-        response = response_type(
-            model=req.model or self.model_name, choices=choices,
-            prompt_token_ids=plan.context_ids if req.return_token_ids else None,
-            usage=UsageInfo(prompt_tokens=len(plan.context_ids), completion_tokens=completion,
-                            total_tokens=len(plan.context_ids) + completion),
-            weight_version=min(s.weight_version for s in samples))
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return sse(chunks(response, include_usage))
-        return Response(response.model_dump_json(exclude_none=True), media_type="application/json")
 
     def stats(self) -> dict[str, Any]:
         return {**self.store.counts, **self.counts, "open_sessions": len(self.store.open), "inflight": self.inflight,

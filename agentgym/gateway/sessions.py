@@ -448,14 +448,16 @@ class SessionStore:
 
     # ---- recording -------------------------------------------------------------------------
     def commit(self, session: Session, plan: Plan, sample: TokenSample, reply: dict[str, Any] | None = None,
-               text: str = "") -> Turn:
+               text: str = "", shaped_by: Sequence[str] = ()) -> Turn:
         """Record a sample on its planned branch. ``reply`` is the assistant message returned to the
-        agent (chat); ``text`` the completion text returned (text completions)."""
+        agent (chat); ``text`` the completion text returned (text completions); ``shaped_by``: what
+        shaped its sampling besides temperature and the filters (``Turn.shaped_by``)."""
         b = plan.branch
         raw = self.chat.assistant_content(sample.token_ids)
         turn = Turn(prompt_ids=list(plan.turn_prompt_ids), response_ids=list(sample.token_ids),
                     logprobs=list(sample.logprobs), weight_version=sample.weight_version,
-                    finish_reason=sample.finish_reason, observation=plan.observation, response_text=raw)
+                    finish_reason=sample.finish_reason, observation=plan.observation, response_text=raw,
+                    shaped_by=list(shaped_by))
         b.turns.append(turn)
         b.token_ids = plan.context_ids + list(sample.token_ids)
         if b.kind == "chat":
@@ -525,6 +527,7 @@ class SessionStore:
         sampled = sum(len(t.response_ids) for t in turns)
         metrics.update(turns=float(len(turns)), sampled_tokens=float(sampled),
                        tokens=float(sampled + sum(len(t.prompt_ids) for t in turns)),
+                       shaped_turns=float(sum(1 for t in turns if t.shaped_by)),  # Turn.shaped_by
                        success=float(status != "failed" and outcome > 0))
         if check and b.kind == "chat":
             metrics["template_mismatch"] = float(self._mismatch(b) is not None)

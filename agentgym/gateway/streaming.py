@@ -21,7 +21,6 @@ from agentgym.server.openai_types import (
     ChatStreamChoice,
     CompletionChoice,
     CompletionChunk,
-    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
@@ -118,6 +117,7 @@ class _Live:
         self.text = IncrementalText(gw.tokenizer, True, markers)
         self.ids: list[int] = []
         self.logprobs: list[float] = []
+        self.tops: list[list[tuple[int, float]]] = []
         self.finish: str | None = None
         self.version = first.weight_version if first is not None else 0
         self.committed = False
@@ -128,6 +128,7 @@ class _Live:
         while delta is not None:
             self.ids += delta.token_ids
             self.logprobs += delta.logprobs
+            self.tops += delta.top_logprobs
             self.version = delta.weight_version
             if delta.finish_reason is not None:
                 self.finish = delta.finish_reason
@@ -141,7 +142,19 @@ class _Live:
             raise APIError(409, f"session {self.session.id} was finished while this call was generating; its result "
                            "is not recorded", "conflict_error", code="session_finished")
         return TokenSample(token_ids=self.ids, logprobs=self.logprobs, finish_reason=self.finish or "stop",
-                           weight_version=self.version)
+                           weight_version=self.version, top_logprobs=self.tops)
+
+    def record(self, reply: dict[str, Any] | None = None, text: str = "") -> bool:
+        """Record the turn, now that the agent has received all of it (not if the session was
+        finished meanwhile)."""
+        if self.session.finished:
+            self.gw.counts["late_completions"] += 1
+            return False
+        sample = self.sample()
+        self.gw.store.commit(self.session, self.plan, sample, reply, text=text, shaped_by=self.sampling.shaped_by())
+        self.committed = True
+        self.gw.counts["completions"] += 1
+        return True
 
     async def close(self) -> None:
         if not self.committed:  # failed, or the agent went away: the branch stays as it was
@@ -174,7 +187,8 @@ async def live_chat(gw: Gateway, session: Session, plan: Plan, req: ChatCompleti
             async for delta, piece in live:
                 logprobs = None
                 if req.logprobs and delta.token_ids:
-                    logprobs = gw.chat_logprobs(TokenSample(delta.token_ids, delta.logprobs, ""))
+                    logprobs = gw.chat_logprobs(TokenSample(delta.token_ids, delta.logprobs, "",
+                                                            top_logprobs=delta.top_logprobs))
                 if piece or logprobs or (req.return_token_ids and delta.token_ids):
                     yield chunk(ChatStreamChoice(index=0, delta=DeltaMessage(content=piece), logprobs=logprobs,
                                                  token_ids=delta.token_ids if req.return_token_ids else None))
@@ -184,10 +198,6 @@ async def live_chat(gw: Gateway, session: Session, plan: Plan, req: ChatCompleti
             reply: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 reply["tool_calls"] = calls
-            gw.store.commit(session, plan, sample, normalize_message(reply))
-            live.committed = True
-            gw.counts["completions"] += 1
-            gw.record_call(session, "chat/completions", plan, request, sampling, [sample], [reply], started, wall)
             tail = live.text.finish(content or "")
             if tail or calls:
                 yield chunk(ChatStreamChoice(index=0, delta=DeltaMessage(
@@ -196,6 +206,8 @@ async def live_chat(gw: Gateway, session: Session, plan: Plan, req: ChatCompleti
             if req.stream_options and req.stream_options.include_usage:
                 yield chunk(None, usage=_usage(plan, sample))
             yield "data: [DONE]\n\n"
+            if live.record(normalize_message(reply)):  # the agent has the whole reply: record it
+                gw.record_call(session, "chat/completions", plan, request, sampling, [sample], [reply], started, wall)
         except Exception as exc:  # after the first byte an error can only be an event of the stream
             yield _error_event(exc)
         finally:
@@ -221,23 +233,20 @@ async def live_completion(gw: Gateway, session: Session, plan: Plan, req: Comple
             async for delta, piece in live:
                 logprobs = None
                 if req.logprobs is not None and delta.token_ids:
-                    tokens = [gw.pieces.text(t) for t in delta.token_ids]
-                    logprobs = CompletionLogprobs(tokens=tokens, token_logprobs=list(delta.logprobs),
-                                                  text_offset=gw.pieces.offsets(tokens, offset))
-                    offset += sum(len(t) for t in tokens)
+                    logprobs = gw.completion_logprobs(TokenSample(delta.token_ids, delta.logprobs, "",
+                                                                  top_logprobs=delta.top_logprobs), req.logprobs, offset)
+                    offset += sum(len(t) for t in logprobs.tokens)
                 if piece or logprobs or (req.return_token_ids and delta.token_ids):
                     yield chunk(CompletionChoice(index=0, text=piece, logprobs=logprobs,
                                                  token_ids=delta.token_ids if req.return_token_ids else None))
             sample = live.sample()
             text = gw.reply_text(sample, sampling.stop)
-            gw.store.commit(session, plan, sample, text=text)
-            live.committed = True
-            gw.counts["completions"] += 1
-            gw.record_call(session, "completions", plan, request, sampling, [sample], [text], started, wall)
             yield chunk(CompletionChoice(index=0, text=live.text.finish(text), finish_reason=sample.finish_reason))
             if req.stream_options and req.stream_options.include_usage:
                 yield chunk(None, usage=_usage(plan, sample))
             yield "data: [DONE]\n\n"
+            if live.record(text=text):
+                gw.record_call(session, "completions", plan, request, sampling, [sample], [text], started, wall)
         except Exception as exc:
             yield _error_event(exc)
         finally:

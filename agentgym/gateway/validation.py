@@ -37,8 +37,13 @@ class PinnedSampling(BaseModel):
     stop: list[str] | None = Field(None, max_length=64)
     stop_token_ids: list[int] | None = Field(None, max_length=1024)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    min_tokens: int | None = Field(None, ge=0, le=1 << 30)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, allow_inf_nan=False)
 
-    @field_validator("temperature", "top_p", mode="before")
+    @field_validator("temperature", "top_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                     mode="before")
     @classmethod
     def _int_is_a_number(cls, v: Any) -> Any:
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v

@@ -9,6 +9,9 @@ CUDA IPC handles from a trainer on this host: ``agentgym/server/weight_transfer.
 ``POST /pause_generation`` ``{"mode": "wait"|"abort"}``, ``POST /resume_generation``
 (alias ``/continue_generation``).
 
+A client that disconnects from a request that is not streamed ends its generation, as one that
+stops reading a stream does (``streaming.until_disconnect``, vLLM's ``with_cancellation``).
+
 The server answers to its model name and to ``"default"`` (and to a request with no
 ``model``); any other name is a 404 ``model_not_found``. Errors come back in OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status, malformed JSON and
@@ -63,8 +66,9 @@ from agentgym.server.openai_types import (
     UpdateWeightsResponse,
     UsageInfo,
 )
+from agentgym.server.request_params import compile_constraint, generation_params
 from agentgym.server.sampling import GenerationParams
-from agentgym.server.streaming import events, sse
+from agentgym.server.streaming import events, sse, until_disconnect
 from agentgym.server.token_pieces import IncrementalText, TokenPieces
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
 from agentgym.server.weight_transfer import BucketStaging, SharedWeights
@@ -132,11 +136,11 @@ def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        return await server.chat(await parse(request, ChatCompletionRequest))
+        return await until_disconnect(request.receive, server.chat(await parse(request, ChatCompletionRequest)))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        return await server.completions(await parse(request, CompletionRequest))
+        return await until_disconnect(request.receive, server.completions(await parse(request, CompletionRequest)))
 
     @app.post("/update_weights_from_disk")
     async def update_from_disk(request: Request) -> JSONResponse:
@@ -265,44 +269,10 @@ class _Server:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.name!r} "
                            "(or use 'default')", type="NotFoundError", param="model", code="model_not_found")
 
-    def params(self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, top_logprobs: int,
-               param: str) -> GenerationParams:
-        limit = self.engine.max_model_len
-        if prompt_len > limit:
-            raise APIError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
-                           f"{prompt_len} tokens", param=param, code="context_length_exceeded")
-        max_tokens = req.requested_max_tokens
-        if max_tokens is None:
-            max_tokens = limit - prompt_len
-        elif prompt_len + max_tokens > limit:
-            raise APIError(400, f"this model's maximum context length is {limit} tokens; the prompt has "
-                           f"{prompt_len} and max_tokens asks for {max_tokens} more", param="max_tokens",
-                           code="context_length_exceeded")
-        if max_tokens < 1:
-            raise APIError(400, f"the prompt ({prompt_len} tokens) leaves no room to generate", param=param,
-                           code="context_length_exceeded")
-        if req.min_tokens > max_tokens:
-            raise APIError(400, "min_tokens must not exceed max_tokens", param="min_tokens")
-        vocab = self.engine.vocab_size
-        for t in req.stop_token_ids or []:
-            if not 0 <= t < vocab:
-                raise APIError(400, f"stop_token_ids: {t} is not a token id (vocabulary size {vocab})",
-                               param="stop_token_ids")
-        temperature = 1.0 if req.temperature is None else req.temperature
-        return GenerationParams(
-            max_tokens=max_tokens,
-            temperature=0.0 if temperature < 1e-5 else temperature,  # as vLLM: below that, greedy
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=min(req.top_k, vocab) if req.top_k and req.top_k > 0 else -1,
-            min_tokens=req.min_tokens,
-            seed=req.seed,
-            stop=list(req.stop or []),
-            stop_token_ids=list(req.stop_token_ids or []),
-            ignore_eos=req.ignore_eos,
-            top_logprobs=top_logprobs,
-            skip_special_tokens=req.skip_special_tokens,
-            include_stop_str_in_output=req.include_stop_str_in_output,
-        )
+    async def params(self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, top_logprobs: int,
+                     param: str) -> GenerationParams:
+        grammar = await compile_constraint(self.engine, req.constraint)
+        return generation_params(self.engine, req, prompt_len, top_logprobs, param, grammar)
 
     async def wait(self, request: EngineRequest) -> list[Sequence]:
         try:
@@ -357,7 +327,7 @@ class _Server:
         self.check_prompt_chars(text_chars([req.messages, req.tools, kwargs]), "messages")
         prompt_ids = await asyncio.to_thread(self.render_chat, req, kwargs)
         top = (req.top_logprobs or 0) if req.logprobs else 0
-        params = self.params(req, len(prompt_ids), top, "messages")
+        params = await self.params(req, len(prompt_ids), top, "messages")
         parse_tools = bool(req.tools) and req.tool_choice != "none"
         if req.stream:
             request = self.engine.submit(prompt_ids, params, n=req.n, stream=True)
@@ -483,7 +453,7 @@ class _Server:
         else:
             prompts = self.completion_prompts(req.prompt)
         top = req.logprobs or 0
-        params = [self.params(req, len(p), top, "prompt") for p in prompts]
+        params = [await self.params(req, len(p), top, "prompt") for p in prompts]
         if req.stream:
             if len(prompts) != 1:
                 raise APIError(400, "streaming takes one prompt", param="prompt")
@@ -503,7 +473,8 @@ class _Server:
                 completion += len(seq.output_ids)
                 choices.append(CompletionChoice(
                     index=i * req.n + seq.index, text=seq.text,
-                    logprobs=self.completion_logprobs(seq.output_ids, seq.logprobs, seq.top_logprobs, req.logprobs)
+                    logprobs=self.completion_logprobs(seq.output_ids, seq.logprobs, seq.top_logprobs, req.logprobs,
+                                                      as_ids=req.return_tokens_as_token_ids)
                     if req.logprobs is not None else None,
                     finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
                     token_ids=seq.output_ids, prompt_token_ids=prompt_ids,
@@ -519,12 +490,15 @@ class _Server:
         ).model_dump()
 
     def completion_logprobs(self, ids: list[int], logprobs: list[float], tops: list[list[tuple[int, float]]],
-                            k: int | None, offset: int = 0) -> CompletionLogprobs:
-        tokens = [self.pieces.text(t) for t in ids]
-        offsets = self.pieces.offsets(tokens, offset)
+                            k: int | None, offset: int = 0, as_ids: bool = False) -> CompletionLogprobs:
+        """``as_ids``: vLLM's ``return_tokens_as_token_ids``, tokens named ``token_id:<id>``."""
+        texts = [self.pieces.text(t) for t in ids]
+        offsets = self.pieces.offsets(texts, offset)
+        name = (lambda t: f"token_id:{t}") if as_ids else self.pieces.text
+        tokens = [name(t) for t in ids] if as_ids else texts
         top = None
         if k:
-            top = [{self.pieces.text(t): v for t, v in (tops[i] if i < len(tops) else [])} for i in range(len(ids))]
+            top = [{name(t): v for t, v in (tops[i] if i < len(tops) else [])} for i in range(len(ids))]
             for i in range(len(ids)):
                 top[i].setdefault(tokens[i], logprobs[i])
         return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets)
@@ -545,7 +519,8 @@ class _Server:
             logprobs = None
             if req.logprobs is not None and event.token_id is not None:
                 logprobs = self.completion_logprobs([event.token_id], [event.logprob], [event.top_logprobs or []],
-                                                    req.logprobs, offsets[event.index])
+                                                    req.logprobs, offsets[event.index],
+                                                    as_ids=req.return_tokens_as_token_ids)
                 offsets[event.index] += len(self.pieces.text(event.token_id))
             choice = CompletionChoice(index=event.index, text=delta, logprobs=logprobs,
                                       finish_reason=event.finish_reason,

@@ -28,9 +28,9 @@ it pauses briefly after each admission (``burst_window_s``, ``burst_pause_s``) s
 is batched in a few steps rather than over many.
 
 **Logprobs** are ``log_softmax`` of the model's raw logits (temperature 1, before top-k /
-top-p), so they equal a teacher-forced forward pass of the same weights on the same
-tokens: exactly what the trainer's importance ratios need. vLLM reports the same
-("raw" logprobs) by default.
+top-p, penalties, ``logit_bias`` and grammar masks: ``logits_processors.py``), so they equal a
+teacher-forced forward pass of the same weights on the same tokens: exactly what the trainer's
+importance ratios need. vLLM reports the same ("raw" logprobs) by default.
 
 **Weight versions**: an update waits until every running sequence has finished (new
 requests wait meanwhile), so no response mixes two weight versions; every sequence
@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from agentgym.server.grammar import Grammars
 from agentgym.server.kv_cache import AttentionMasks, SlotKVCache
 from agentgym.server.lean_forward import LeanForward
 from agentgym.server.lean_forward import supports as lean_supports
@@ -127,8 +128,9 @@ class Engine:
         self.prefix_caching = cache_slots > 0
         self.kv = SlotKVCache(model.config, max_batch_size + cache_slots, self.max_model_len, first.dtype,
                               self.device)
+        self.grammars = Grammars(tokenizer, self.vocab_size, sorted(self.eos_token_ids))
         self.batch = RunningBatch(max_batch_size, self.device, sorted(self.eos_token_ids), self.vocab_size,
-                                  self.max_model_len, self._default_generator)
+                                  self.max_model_len, self._default_generator, grammars=self.grammars)
         self.index = PrefixIndex(self.kv.slots)
         use_lean = lean_supports(model) if lean is None else lean
         self.adapters = EngineAdapters(model, merge=not use_lean)

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agentgym.client.structured import ConstraintError
 from agentgym.server.openai_types import ErrorInfo, ErrorResponse
 
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -51,6 +52,9 @@ def validation_message(exc: ValidationError | RequestValidationError) -> tuple[s
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('msg')}", None
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, ConstraintError):
+        return f"{cause.param}: {cause}", cause.param
     param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
     return f"{param + ': ' if param else ''}{first.get('msg')}", param
 

@@ -2,8 +2,11 @@
 
 Like vLLM's ``entrypoints/openai/protocol.py``: requests are validated here, at the edge;
 unknown fields are ignored; vLLM's extra sampling fields (``top_k``, ``min_tokens``,
-``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``return_token_ids``, ...) are
-accepted. Responses add ``prompt_token_ids``, ``choices[].token_ids`` (as vLLM does with
+``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``,
+``return_token_ids``, ``structured_outputs`` and the older ``guided_*``, ...) are accepted. What
+a request constrains its reply to (``tools``/``tool_choice``, ``response_format``,
+``structured_outputs``) is checked here too and kept as ``request.constraint``
+(``agentgym.client.structured``). Responses add ``prompt_token_ids``, ``choices[].token_ids`` (as vLLM does with
 ``return_token_ids``) and ``weight_version`` (the policy version that sampled them).
 """
 
@@ -13,7 +16,9 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from agentgym.client.structured import request_constraint
 
 
 class _Request(BaseModel):
@@ -33,7 +38,7 @@ class _SamplingFields(_Request):
 
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
-    temperature: float | None = Field(None, ge=0.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1, le=1 << 30)
     min_tokens: int = Field(0, ge=0)
@@ -46,9 +51,36 @@ class _SamplingFields(_Request):
     return_token_ids: bool | None = None  # accepted for vLLM compatibility; ids are always returned
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = 0.0  # accepted, not applied
-    frequency_penalty: float | None = 0.0  # accepted, not applied
+    presence_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0)
+    logit_bias: dict[str, float] | None = Field(None, max_length=1 << 16)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     user: str | None = None
+    _constraint: dict[str, Any] | None = PrivateAttr(None)
+
+    @property
+    def constraint(self) -> dict[str, Any] | None:
+        """What the reply is constrained to (``agentgym.client.structured``), None: free text."""
+        return self._constraint
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (v or {}).items():
+            if not key.strip().isdigit() or len(key) > 12:
+                raise ValueError(f"logit_bias keys are token ids, got {key!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"logit_bias values are between -100 and 100, got {value} for token {key}")
+        return v
+
+    def token_bias(self) -> dict[int, float]:
+        return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
 
     @field_validator("stop")
     @classmethod
@@ -69,15 +101,24 @@ class _SamplingFields(_Request):
         return v
 
 
+MEDIA_PARTS = frozenset({"image_url", "input_image", "image", "input_audio", "audio_url", "video_url", "video",
+                         "file", "input_file"})
+"""Content parts a text-only model cannot read: a 400, as vLLM answers, rather than dropped."""
+
+
 def check_message(m: dict[str, Any], where: str) -> None:
     """A ``ValueError`` naming the field if a chat message's fields have the wrong types: ``content``
-    is text, null or a list of content parts (a ``text`` part's ``text`` is a string; other parts are
-    ignored); ``name`` and ``tool_call_id`` are strings; ``tool_calls`` are function calls."""
+    is text, null or a list of content parts (a ``text`` part's ``text`` is a string; images, audio,
+    video and files are refused: every model served here reads text only; other parts are ignored);
+    ``name`` and ``tool_call_id`` are strings; ``tool_calls`` are function calls."""
     content = m.get("content")
     if isinstance(content, list):
         for k, part in enumerate(content):
             if not isinstance(part, dict):
                 raise ValueError(f"{where}.content[{k}] must be a content part object")
+            if part.get("type") in MEDIA_PARTS:
+                raise ValueError(f"{where}.content[{k}] is an {part['type']} part, but this model reads text only; "
+                                 "send text parts")
             if part.get("type") in ("text", None) and not isinstance(part.get("text", ""), str):
                 raise ValueError(f"{where}.content[{k}].text must be a string")
     elif content is not None and not isinstance(content, str):
@@ -112,7 +153,6 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None  # accepted, not enforced
 
     @field_validator("messages")
     @classmethod
@@ -134,6 +174,7 @@ class ChatCompletionRequest(_SamplingFields):
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
+        self._constraint = request_constraint(vars(self), chat=True)
         return self
 
     @property
@@ -156,12 +197,19 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("prompt must not be empty")
         return v
 
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:<id>"
+
     @field_validator("echo")
     @classmethod
     def _no_echo(cls, v: bool) -> bool:
         if v:
             raise ValueError("echo is not supported by the embedded server")
         return v
+
+    @model_validator(mode="after")
+    def _constrained(self) -> CompletionRequest:
+        self._constraint = request_constraint(vars(self), chat=False)
+        return self
 
     @property
     def requested_max_tokens(self) -> int | None:

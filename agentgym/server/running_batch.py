@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 
+from agentgym.server.logits_processors import PROCESSED, LogitsProcessors, shaping
 from agentgym.server.sampling import GenerationParams, counter_uniforms, sample_rows, seed_key
 
-TRAITS = ("sampled", "shaped", "filtered", "seeded", "min_tokens", "stop_ids", "host")
+TRAITS = ("sampled", "shaped", "filtered", "seeded", "min_tokens", "stop_ids", "host", "grammar", "penalized",
+          "biased")
 
 
 def traits(seq: Any) -> set[str]:
@@ -30,12 +32,11 @@ def traits(seq: Any) -> set[str]:
         out.add("sampled")
         if p.top_k > 0 or p.top_p < 1.0:
             out.add("filtered")
-    if p.temperature != 1.0 or "filtered" in out:
+    out |= shaping(p)  # grammar, penalties, logit_bias, min_tokens (logits_processors.py)
+    if p.temperature != 1.0 or "filtered" in out or out & PROCESSED:
         out.add("shaped")  # its sampling distribution is not log_softmax(logits)
     if p.seed is not None:
         out.add("seeded")
-    if p.min_tokens > 0:
-        out.add("min_tokens")
     if p.stop_token_ids:
         out.add("stop_ids")
     if p.top_logprobs > 0 or p.stop or seq.request.stream:
@@ -45,7 +46,7 @@ def traits(seq: Any) -> set[str]:
 
 class RunningBatch:
     def __init__(self, rows: int, device: torch.device, eos_ids: list[int], vocab_size: int, max_model_len: int,
-                 generator: torch.Generator, out_len: int = 256) -> None:
+                 generator: torch.Generator, out_len: int = 256, grammars: Any = None) -> None:
         self.rows = rows
         self.device = device
         self.max_model_len = max_model_len
@@ -60,6 +61,7 @@ class RunningBatch:
         self.is_eos = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         self.is_eos[[e for e in eos_ids if 0 <= e < vocab_size]] = True
         self.arange = torch.arange(rows, device=device)
+        self.processors = LogitsProcessors(rows, vocab_size, device, grammars)
 
         def zeros(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
@@ -136,6 +138,7 @@ class RunningBatch:
         self.stop_ids[row] = -1
         if stops:
             self.stop_ids[row, : len(stops)] = torch.tensor(stops, dtype=torch.long)
+        self.processors.place(row, seq)
         # after the next decode step its cache holds the prompt and the first sampled token
         self.base[row] = len(seq.prompt_ids) + 1 - self.step
 
@@ -150,10 +153,13 @@ class RunningBatch:
         found = traits(self.seqs[row])
         for trait in found:
             self.counts[trait] += sign
-        if sign > 0 and "host" in found:
-            self.host_rows.add(row)
-        elif sign < 0:
+        if sign > 0:
+            if "host" in found:
+                self.host_rows.add(row)
+            self.processors.joined(row, found)
+        else:
             self.host_rows.discard(row)
+            self.processors.left(row)
 
     def drop(self, row: int) -> int | None:
         """``row``'s sequence leaves; the last live row moves into its place (returns the row it
@@ -178,6 +184,7 @@ class RunningBatch:
             t = getattr(self, name)
             t[dst] = t[src]
         self.base[dst] = self.base[src]
+        self.processors.move(src, dst)
         self.seqs[dst], self.seqs[src] = seq, None
         seq.row = dst
 
@@ -186,6 +193,7 @@ class RunningBatch:
             self.seqs[row] = None
         self.size = 0
         self.host_rows.clear()
+        self.processors.clear()
         self.counts.clear()
         self._max_base = None
 
@@ -200,6 +208,8 @@ class RunningBatch:
                step: Iterable[str]) -> torch.Tensor:
         """The next token of rows ``lo .. hi-1`` (one row of ``logits`` each; ``step``: their traits)."""
         step = set(step)
+        if step & PROCESSED:
+            logits = self.processors.apply(logits, self, lo, hi, step)
         if "sampled" not in step:
             return logits.argmax(dim=-1)
         if "seeded" in step:
@@ -226,6 +236,8 @@ class RunningBatch:
         self.logprobs[rows, n_out] = logprobs
         n_out += 1
         self.next_token[lo:hi] = tokens
+        if step & PROCESSED:
+            self.processors.record(self, lo, hi, tokens, step)
         stop = self.is_eos[tokens] & self.eos_stops[lo:hi]
         if "stop_ids" in step:
             stop |= (self.stop_ids[lo:hi] == tokens[:, None]).any(1)

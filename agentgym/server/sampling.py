@@ -31,6 +31,11 @@ class GenerationParams:
     top_logprobs: int = 0  # how many alternatives to report per token (the sampled one is always reported)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    grammar: str | None = None  # an llguidance grammar the reply must match (``grammar.py``)
 
 
 def _int64(value: int) -> int:

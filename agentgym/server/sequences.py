@@ -32,6 +32,7 @@ class Sequence:
     row: int = -1  # its slot in the running batch while it runs
     batch: Any = None  # the engine's RunningBatch while it runs
     cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+    matcher: Any = None  # its grammar's matcher, when the request asked for structured output
     _output_ids: list[int] = field(default_factory=list)
     _logprobs: list[float] = field(default_factory=list)
 

@@ -12,7 +12,10 @@ cannot work fails in a second with what to do instead of a traceback minutes lat
 4. the rollout engine is installed (``rollout.name=vllm`` without vLLM names what works);
 5. the model is reachable: a local directory, ``tiny``, or a hub name that is cached or whose
    hub answers (no 49 s of retries on an offline machine);
-6. ``custom_reward_function`` loads.
+6. ``custom_reward_function`` loads;
+7. every policy server given by URL (``actor_rollout_ref.rollout.server_urls``) answers ``/health``
+   and serves the model named (``actor_rollout_ref.model.path``), before any stage (warm start)
+   runs: a dead URL fails here, in seconds, not after the warm start.
 
 Returns a ``Plan``: what it decided, for the status line.
 """
@@ -108,6 +111,44 @@ def check_model(key: str, path: str) -> None:
             f"`huggingface-cli download {path} --local-dir DIR` where the hub is reachable), or {key}=tiny")
 
 
+SERVER_CHECK_TIMEOUT_S = 10.0
+
+
+def served_models(url: str, timeout: float = SERVER_CHECK_TIMEOUT_S) -> list[str]:
+    """The names ``url`` serves (ids and roots of its ``/v1/models``), once its ``/health`` answers
+    200; a ``ConfigError`` naming the URL otherwise."""
+    import httpx
+
+    fix = f"start it, or fix {AR}.rollout.server_urls (or leave it empty to start servers here)"
+    try:
+        health = httpx.get(url.rstrip("/") + "/health", timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"the policy server {url} ({AR}.rollout.server_urls) does not answer: "
+                          f"{type(exc).__name__}: {exc}; {fix}") from None
+    if health.status_code != 200:
+        raise ConfigError(f"the policy server {url} ({AR}.rollout.server_urls) answers GET /health with "
+                          f"{health.status_code}: {health.text[:200]}; {fix}")
+    try:
+        cards = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout).json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"the policy server {url} ({AR}.rollout.server_urls) is up but GET /v1/models failed "
+                          f"({type(exc).__name__}: {exc}); is it an OpenAI-compatible server?") from None
+    return [str(c[k]) for c in cards if isinstance(c, dict) for k in ("id", "root") if c.get(k)]
+
+
+def check_servers(cfg: DictConfig) -> None:
+    """Every server in ``rollout.server_urls`` is up and serves ``model.path`` (by name, root path
+    or the path's last part, as a server started with ``--served-model-name`` reports it)."""
+    model = str(cfg.actor_rollout_ref.model.path)
+    wanted = {model, model.rstrip("/").rsplit("/", 1)[-1]}
+    for url in cfg.actor_rollout_ref.rollout.server_urls or ():
+        names = served_models(str(url))
+        if not wanted & (set(names) | {n.rstrip("/").rsplit("/", 1)[-1] for n in names}):
+            raise ConfigError(f"the policy server {url} ({AR}.rollout.server_urls) serves {sorted(set(names))}, not "
+                              f"{AR}.model.path={model}; point {AR}.rollout.server_urls at a server of that model, or "
+                              f"set {AR}.model.path to the model it serves")
+
+
 def check_reward_function(cfg: DictConfig) -> None:
     crf = cfg.custom_reward_function
     if not crf.path:
@@ -172,6 +213,7 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
     if cfg.critic.enable and str(cfg.critic.model.path) != model_path:
         check_model("critic.model.path", str(cfg.critic.model.path))
     check_reward_function(cfg)
+    check_servers(cfg)
     if cfg.data.train_files:
         chat = None
         if tokenizer is not None or model_path:
