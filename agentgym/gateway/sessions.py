@@ -39,6 +39,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentgym.envs.tools.parsing import load_json
 from agentgym.gateway.rewards import (  # noqa: F401 - the reward API's old home, still imported from here
     REWARD_FNS,
     RewardFn,
@@ -63,7 +64,8 @@ def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
         role = "system"
     content = message.get("content")
     if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in ("text", None))
+        content = "".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") in ("text", None)
+                          and isinstance(p.get("text"), str))  # a part whose text is not a string adds nothing
     out: dict[str, Any] = {"role": role, "content": content}
     calls = message.get("tool_calls")
     if calls:
@@ -87,8 +89,8 @@ def _json_equal(a: str, b: str) -> bool:
     if a == b:
         return True
     try:
-        return json.loads(a) == json.loads(b)
-    except (TypeError, ValueError):
+        return load_json(a) == load_json(b)
+    except (TypeError, ValueError, RecursionError):  # not JSON, or nested past what can be compared
         return False
 
 
