@@ -43,6 +43,7 @@ from agentgym.server.openai_types import (
     TopLogprob,
     UsageInfo,
 )
+from agentgym.server.token_pieces import top_by_name
 from agentgym.server.tool_calls import assistant_reply
 from agentgym.types import SamplingParams, TokenSample
 
@@ -119,8 +120,8 @@ class ModelCalls:
         tokens = [self.pieces.text(t) for t in sample.token_ids]
         top = None
         if k:
-            top = [{self.pieces.text(t): v for t, v in (sample.top_logprobs[i] if i < len(sample.top_logprobs)
-                                                         else [])} for i in range(len(tokens))]
+            top = [top_by_name(sample.top_logprobs[i] if i < len(sample.top_logprobs) else [], self.pieces.text)
+                   for i in range(len(tokens))]
             for i, token in enumerate(tokens):
                 top[i].setdefault(token, sample.logprobs[i])
         return CompletionLogprobs(tokens=tokens, token_logprobs=list(sample.logprobs), top_logprobs=top,

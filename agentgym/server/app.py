@@ -69,7 +69,7 @@ from agentgym.server.openai_types import (
 from agentgym.server.request_params import compile_constraint, generation_params
 from agentgym.server.sampling import GenerationParams
 from agentgym.server.streaming import events, sse, until_disconnect
-from agentgym.server.token_pieces import IncrementalText, TokenPieces
+from agentgym.server.token_pieces import IncrementalText, TokenPieces, top_by_name
 from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
 from agentgym.server.weight_transfer import BucketStaging, SharedWeights
 
@@ -498,7 +498,7 @@ class _Server:
         tokens = [name(t) for t in ids] if as_ids else texts
         top = None
         if k:
-            top = [{name(t): v for t, v in (tops[i] if i < len(tops) else [])} for i in range(len(ids))]
+            top = [top_by_name(tops[i] if i < len(tops) else [], name) for i in range(len(ids))]
             for i in range(len(ids)):
                 top[i].setdefault(tokens[i], logprobs[i])
         return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets)

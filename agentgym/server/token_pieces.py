@@ -105,3 +105,13 @@ class IncrementalText:
             self.sent = final_text
             return delta
         return ""
+
+
+def top_by_name(alternatives: Iterable[tuple[int, float]], name: Any) -> dict[str, float]:
+    """The legacy completions' ``{token text: logprob}`` of best-first alternatives. Two ids can render
+    as one text (pieces of a multi-byte character both read "\ufffd"): the text keeps the better
+    logprob, so the map can hold fewer entries than asked for, as OpenAI's format allows."""
+    out: dict[str, float] = {}
+    for token, logprob in alternatives:
+        out.setdefault(name(token), logprob)
+    return out
