@@ -18,3 +18,14 @@ def test_a_content_part_whose_text_is_not_a_string_adds_nothing():
     message = {"role": "user", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "hi"},
                                            {"type": "text", "text": None}, "stray"]}
     assert normalize_message(message)["content"] == "hi"
+
+
+def test_ignore_eos_reaches_every_backend_dialect():
+    """The gateway forwards ``ignore_eos`` (it was dropped, so an agent asking for it got a reply cut at EOS)."""
+    from agentgym.client.dialects import completions_payload, sglang_payload
+    from agentgym.types import SamplingParams
+
+    asked = SamplingParams(max_tokens=8, ignore_eos=True)
+    assert completions_payload([1, 2], asked, "vllm")["ignore_eos"] is True
+    assert sglang_payload([1, 2], asked)["sampling_params"]["ignore_eos"] is True
+    assert "ignore_eos" not in completions_payload([1, 2], SamplingParams(max_tokens=8), "vllm")

@@ -10,7 +10,7 @@ import pytest
 from agentgym.cli import main
 from agentgym.config import ConfigError
 from agentgym.server.launch import start_embedded_server
-from agentgym.trainer import main as trainer_main
+from agentgym.stages import train_command as trainer_main
 from agentgym.trainer.config import load_config
 from agentgym.trainer.preflight import check_servers
 

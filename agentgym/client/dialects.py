@@ -58,6 +58,8 @@ def completions_payload(prompt_ids: Sequence[int], s: SamplingParams, backend: s
         payload["seed"] = s.seed
     if s.min_tokens:
         payload["min_tokens"] = s.min_tokens
+    if s.ignore_eos:
+        payload["ignore_eos"] = True
     payload.update(_shaping(s))
     payload.update(backend_fields(s.structured, backend))
     return payload
@@ -105,6 +107,8 @@ def sglang_payload(prompt_ids: Sequence[int], s: SamplingParams) -> dict[str, An
         params["sampling_seed"] = s.seed
     if s.min_tokens:
         params["min_new_tokens"] = s.min_tokens
+    if s.ignore_eos:
+        params["ignore_eos"] = True
     params.update(_shaping(s))
     params.update(backend_fields(s.structured, "sglang"))
     payload: dict[str, Any] = {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True}

@@ -80,7 +80,8 @@ class ModelCalls:
             top = req.logprobs or 0
         asked = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
                  "stop": req.stop, "stop_token_ids": req.stop_token_ids, "max_tokens": req.requested_max_tokens,
-                 "min_tokens": req.min_tokens, "frequency_penalty": req.frequency_penalty,
+                 "min_tokens": req.min_tokens, "ignore_eos": req.ignore_eos or None,
+                 "frequency_penalty": req.frequency_penalty,
                  "presence_penalty": req.presence_penalty, "repetition_penalty": req.repetition_penalty,
                  "logit_bias": req.token_bias(), "top_logprobs": top, "structured": req.constraint}
         values = {k: v for k, v in asked.items() if v is not None}
