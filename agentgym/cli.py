@@ -10,6 +10,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+ENV_ARG_HELP = ("env constructor argument (repeatable); VALUE is YAML: 20, [6,6], false, null (None: the env's "
+                "default); KEY= with nothing after '=' is the empty string (agentgym/envs/env_args.py)")
+
 
 def _cmd_envs(args: argparse.Namespace) -> int:
     from agentgym.envs.base import has_expert
@@ -169,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("play", help="play a text env in the terminal")
     p.add_argument("--env", required=True, help="registered env name (see `agentgym envs`)")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor argument")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=ENV_ARG_HELP)
     p.set_defaults(func=_cmd_play)
 
     p = sub.add_parser("demos", help="write expert demonstrations (chat JSONL) of an env that has an expert")
@@ -177,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, required=True, help="episodes to play (tasks seed .. seed+n-1)")
     p.add_argument("-o", "--out", required=True, help="output JSONL file")
     p.add_argument("--seed", type=int, default=0, help="first seed (keep held-out seeds out of the range)")
-    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor argument")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=ENV_ARG_HELP)
     p.add_argument("--max-turns", type=int, default=None,
                    help="turns per episode: the same limit the policy is trained and evaluated with")
     p.add_argument("--keep-failures", action="store_true", help="also write episodes the expert did not solve")
@@ -231,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-turns", type=int, default=None)
         p.add_argument("--max-tokens", type=int, default=256, help="max new tokens per turn")
         p.add_argument("--temperature", type=float, default=1.0 if name == "rollout" else 0.0)
-        p.add_argument("--env-arg", action="append", metavar="KEY=VALUE")
+        p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=ENV_ARG_HELP)
         p.add_argument("--out", default=None, help="trajectory file (.jsonl or .parquet)")
         p.add_argument("--backend", choices=["embedded", "vllm", "sglang"], default="embedded",
                        help="the API of the --server URLs")
@@ -328,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("env-serve", help="serve a registered env over OpenEnv's HTTP/WebSocket API")
     p.add_argument("--env", required=True, help="registered env name (see `agentgym envs`)")
-    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor argument")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=ENV_ARG_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8010)
     p.add_argument("--max-sessions", type=int, default=1024, help="most env instances alive at once")
