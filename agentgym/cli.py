@@ -169,6 +169,12 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return plot_command(args)
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from agentgym.stages.compare import compare_command
+
+    return compare_command(args)
+
+
 def _cmd_view(args: argparse.Namespace) -> int:
     from agentgym.rollout.viewer import view_command
 
@@ -360,6 +366,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a metric to plot (repeatable; its val/ twin is drawn too); default: the usual panels")
     p.add_argument("-o", "--output", default=None, help="PNG to write (default: RUN_DIR/curves.png)")
     p.set_defaults(func=_cmd_plot)
+
+    p = sub.add_parser("compare", help="runs of different seeds or settings side by side: a table of their held-out "
+                                       "success (± SE; paired SE where the held-out tasks match) and one PNG of "
+                                       "their curves")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (holding held_out.json, metrics.jsonl)")
+    p.add_argument("-m", "--metric", action="append", metavar="METRIC",
+                   help="a metric to plot (repeatable; its val/ twin is drawn too); default: the usual panels")
+    p.add_argument("-o", "--output", default="compare.png", help="PNG to write (default: compare.png)")
+    p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("view", help="a self-contained HTML page to browse trajectories, token by token")
     p.add_argument("path", metavar="TRAJECTORIES", help=".jsonl/.parquet trajectories (agentgym rollout --out, "
