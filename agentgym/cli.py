@@ -127,7 +127,8 @@ def _against_servers(args: argparse.Namespace, mode: str) -> int:
 
     print(f"starting an embedded policy server on {args.model} ...", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    server = start_embedded_server(model=args.model, port=0, max_batch_size=max(1, min(args.concurrency, 256)),
+    # --run: batches as wide as the held-out scoring's (its server batches rollout.concurrency episodes)
+    server = start_embedded_server(model=args.model, port=0, max_batch_size=args.concurrency if args.run else 32,
                                    max_model_len=getattr(args, "max_model_len", None))
     print(f"server ready at {server.url} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
     try:

@@ -8,7 +8,9 @@ server on ``--model`` when none is given; ``--model`` also names the tokenizer w
 template renders the prompts). ``rollout``
 saves token-exact trajectories (``--out``, .jsonl or .parquet) and prints batch metrics;
 ``eval`` prints success rate, mean reward, pass@k (unbiased estimator), mean turns and tokens,
-overall and per data source, and saves trajectories too when ``--out`` is given.
+overall and per data source, and saves trajectories too when ``--out`` is given. With ``--run DIR``
+the settings come from a finished run (``agentgym.stages.from_run`` fills ``args`` before
+``run_command``: ``env_kwargs``, ``chat_template_kwargs`` and the flags the run supplies).
 """
 
 from __future__ import annotations
