@@ -129,7 +129,7 @@ def _against_servers(args: argparse.Namespace, mode: str) -> int:
     started = time.perf_counter()
     # --run: batches as wide as the held-out scoring's (its server batches rollout.concurrency episodes)
     server = start_embedded_server(model=args.model, port=0, max_batch_size=args.concurrency if args.run else 32,
-                                   max_model_len=getattr(args, "max_model_len", None))
+                                   max_model_len=getattr(args, "max_model_len", None), device=args.device)
     print(f"server ready at {server.url} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
     try:
         return run_command(args, mode, [server.url], "embedded")
@@ -282,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--response-length", type=int, default=None,
                        help="most tokens after it, all turns (data.max_response_length; 4096)")
         p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=ENV_ARG_HELP)
+        p.add_argument("--device", default=None, help="the embedded server's device: cpu or cuda (default: cuda if "
+                                                       "available)")
         p.add_argument("--out", default=None, help="trajectory file (.jsonl or .parquet)")
         p.add_argument("--backend", choices=["embedded", "vllm", "sglang"], default="embedded",
                        help="the API of the --server URLs")

@@ -80,7 +80,7 @@ def test_eval_run_replays_the_held_out_scoring_token_for_token(tmp_path, monkeyp
 def test_flags_and_env_args_win_over_the_run_and_every_setting_is_printed(tmp_path, capsys):
     run_dir, _ = make_run(tmp_path, "data.apply_chat_template_kwargs={enable_thinking: false}",
                           "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
-                          "actor_rollout_ref.rollout.val_kwargs.temperature=0.7")
+                          "actor_rollout_ref.rollout.val_kwargs.temperature=0.7", "actor_rollout_ref.rollout.device=cpu")
     args = parse("eval", "--run", str(run_dir / "huggingface"), "--max-tokens", "5", "--env-arg", "max_steps=4",
                  "--env-arg", "system_prompt=null")
     settle_rollout_args(args, "eval")
@@ -89,7 +89,7 @@ def test_flags_and_env_args_win_over_the_run_and_every_setting_is_printed(tmp_pa
     assert args.env_kwargs["max_steps"] == 4 and args.env_kwargs["system_prompt"] is None
     assert args.env_kwargs["dim_room"] == [6, 6] and args.env_kwargs["offer_tools"] is False
     assert args.seed == SEED and args.tasks == 3 and args.sampling_seed == 0
-    assert args.max_model_len == 1024 and args.chat_template_kwargs == {"enable_thinking": False}
+    assert args.max_model_len == 1024 and args.chat_template_kwargs == {"enable_thinking": False} and args.device == "cpu"
     err = capsys.readouterr().err
     assert "--env-arg max_steps, system_prompt over it" in err and "val_kwargs.temperature" in err
 

@@ -81,6 +81,7 @@ def run_settings(run: Run, mode: str) -> dict[str, tuple[Any, str]]:
         "prompt_length": (int(cfg.data.max_prompt_length), "data.max_prompt_length"),
         "response_length": (int(cfg.data.max_response_length), "data.max_response_length"),
         "concurrency": (int(rollout.concurrency), "actor_rollout_ref.rollout.concurrency"),
+        "device": (rollout.get("device"), "actor_rollout_ref.rollout.device (null: cuda if available)"),
         "env_executor": (executor if executor in HELD_OUT_EXECUTORS else "thread",
                          "env.executor" if executor in HELD_OUT_EXECUTORS else f"env.executor={executor} -> thread"),
     }
