@@ -61,7 +61,7 @@ def test_compare_prints_the_table_with_paired_errors_and_draws_both_runs(tmp_pat
     # [1,1,1,0] - [1,0,1,1] = [0,1,0,-1]: mean 0, sd sqrt(2/3), SE sqrt(2/3)/2
     assert paired.startswith("seed1/run") and f"+0.000 ± {math.sqrt(2 / 3) / 2:.3f}" in paired
     assert "other/run" in out and "not paired: other held-out tasks" in out
-    assert "mean over 3 runs" in out
+    assert "mean over the 2 runs on seed0/run's tasks" in out and "greedy 0.750 ± 0.000" in out
     assert f"wrote {png}" in out
 
     blue, shape = colour_pixels(png, BLUE)

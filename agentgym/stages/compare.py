@@ -5,7 +5,7 @@ with ``held_out.enable``): a row per run and policy (the model RL started from, 
 column per temperature (greedy, sampled), each ``success ± binomial SE``; then, for runs scored on the
 same held-out tasks as the first run (same env, env arguments and seeds: their ``config.yaml``), the
 difference of their final models from the first run's with the paired standard error over those tasks,
-and across all runs the mean final success with its standard error over runs (the seed-to-seed spread).
+and across those runs the mean final success with its standard error over runs (the seed-to-seed spread).
 
 Draws one PNG of their curves (``<run>/metrics.jsonl``: a colour per run, training as a line and
 validation as dots, the panels ``agentgym plot`` would draw) and a panel of the held-out success.
@@ -171,7 +171,7 @@ def _paired_section(runs: Sequence[RunResults], temps: Sequence[float], width: i
 
 
 def _across_runs(runs: Sequence[RunResults], temps: Sequence[float]) -> list[str]:
-    finals = [r for r in runs if FINAL in r.policies]
+    finals = [r for r in runs if FINAL in r.policies and r.tasks == runs[0].tasks]  # scored on the same tasks
     if len(finals) < 2:
         return []
     cells = []
@@ -182,7 +182,8 @@ def _across_runs(runs: Sequence[RunResults], temps: Sequence[float]) -> list[str
         mean = sum(values) / len(values)
         sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
         cells.append(f"{_column(t)} {mean:.3f} ± {sd / math.sqrt(len(values)):.3f} (sd {sd:.3f})")
-    return [f"\n{FINAL}, mean over {len(finals)} runs ± SE over runs: " + "; ".join(cells)] if cells else []
+    return [f"\n{FINAL}, mean over the {len(finals)} runs on {runs[0].label}'s tasks ± SE over runs: "
+            + "; ".join(cells)] if cells else []
 
 
 # ---- the plot ------------------------------------------------------------------------------------
