@@ -10,6 +10,18 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+RUN_HELP = {
+    "eval": "With --run DIR it scores a finished run's model as the run's held-out table did: the run's env with "
+            "env.kwargs + env.val_kwargs, its turn and token limits, prompt/response lengths, chat-template "
+            "variables, validation sampling (greedy), seeds from env.val_seed_start and held_out.num_tasks tasks; "
+            "it prints each setting and where it came from, and any flag given wins.",
+    "rollout": "With --run DIR it rolls out a finished run's model with the run's training settings: env.kwargs, "
+               "turn and token limits, lengths, chat-template variables, actor_rollout_ref.rollout sampling; "
+               "it prints each setting and where it came from, and any flag given wins.",
+}
+ENV_ARG_HELP = ("env constructor argument (repeatable); VALUE is YAML: 20, [6,6], false, null (None: the env's "
+                "default); KEY= with nothing after '=' is the empty string (agentgym/envs/env_args.py)")
+
 
 def _cmd_envs(args: argparse.Namespace) -> int:
     from agentgym.envs.base import has_expert
@@ -61,7 +73,13 @@ def _cmd_demos(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from agentgym.server.launch import serve_command
+    from agentgym.stages.from_run import RunError, settle_serve_args
 
+    try:
+        settle_serve_args(args)  # --run: the run's model and context length
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return serve_command(args)
 
 
@@ -70,7 +88,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    if args.env is None:  # veRL's main_eval: score a file of responses
+    if args.env is None and not args.run:  # veRL's main_eval: score a file of responses
         from agentgym.stages.offline.scoring import offline_eval_command
 
         return offline_eval_command(args)
@@ -90,7 +108,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _against_servers(args: argparse.Namespace, mode: str) -> int:
     """``rollout``/``eval``: against ``--server`` URLs, or an embedded server started here on ``--model``."""
     from agentgym.rollout.commands import check_env, run_command
+    from agentgym.stages.from_run import RunError, settle_rollout_args
 
+    try:
+        settle_rollout_args(args, mode)  # --run: the run's settings under the flags given
+    except (RunError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.server:
         return run_command(args, mode, list(args.server), args.backend)
     error = check_env(args.env)  # before the server start, which takes seconds
@@ -103,7 +127,9 @@ def _against_servers(args: argparse.Namespace, mode: str) -> int:
 
     print(f"starting an embedded policy server on {args.model} ...", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    server = start_embedded_server(model=args.model, port=0)
+    # --run: batches as wide as the held-out scoring's (its server batches rollout.concurrency episodes)
+    server = start_embedded_server(model=args.model, port=0, max_batch_size=args.concurrency if args.run else 32,
+                                   max_model_len=getattr(args, "max_model_len", None), device=args.device)
     print(f"server ready at {server.url} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
     try:
         return run_command(args, mode, [server.url], "embedded")
@@ -144,6 +170,12 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return plot_command(args)
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from agentgym.stages.compare import compare_command
+
+    return compare_command(args)
+
+
 def _cmd_view(args: argparse.Namespace) -> int:
     from agentgym.rollout.viewer import view_command
 
@@ -169,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("play", help="play a text env in the terminal")
     p.add_argument("--env", required=True, help="registered env name (see `agentgym envs`)")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor argument")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=ENV_ARG_HELP)
     p.set_defaults(func=_cmd_play)
 
     p = sub.add_parser("demos", help="write expert demonstrations (chat JSONL) of an env that has an expert")
@@ -177,14 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, required=True, help="episodes to play (tasks seed .. seed+n-1)")
     p.add_argument("-o", "--out", required=True, help="output JSONL file")
     p.add_argument("--seed", type=int, default=0, help="first seed (keep held-out seeds out of the range)")
-    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor argument")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=ENV_ARG_HELP)
     p.add_argument("--max-turns", type=int, default=None,
                    help="turns per episode: the same limit the policy is trained and evaluated with")
     p.add_argument("--keep-failures", action="store_true", help="also write episodes the expert did not solve")
     p.set_defaults(func=_cmd_demos)
 
     p = sub.add_parser("serve", help="run a policy server (embedded, vllm or sglang)")
-    p.add_argument("--model", default="tiny", help="'tiny', an HF model directory or a hub name")
+    p.add_argument("--model", default=None, help="'tiny' (default), an HF model directory (a LoRA run's adapter "
+                   "directory too: embedded merges it into its base) or a hub name")
+    p.add_argument("--run", default=None, metavar="DIR",
+                   help="serve a finished run's final model (or the checkpoint DIR names) with its context length "
+                        "(data.max_prompt_length + data.max_response_length); flags given win")
     p.add_argument("--engine", choices=["embedded", "vllm", "sglang"], default="embedded")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -217,26 +253,42 @@ def build_parser() -> argparse.ArgumentParser:
         ("rollout", _cmd_rollout, "run episodes against a policy and save token-exact trajectories"),
         ("eval", _cmd_eval, "evaluate a policy on an env: success rate, pass@k, per-source breakdown"),
     ):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--env", required=name == "rollout",
-                       help="registered env name" + ("; without it, eval scores a file: data.path=FILE" if name == "eval"
-                                                    else ""))
-        p.add_argument("--model", default="tiny")
+        defaults = {"n": 1, "temperature": 0.0} if name == "eval" else {"n": 8, "temperature": 1.0}  # FLAG_DEFAULTS
+        p = sub.add_parser(name, help=helptext, description=helptext + ". " + RUN_HELP[name])
+        p.add_argument("--env", required=False,
+                       help="registered env name" + ("; without it (and --run), eval scores a file: data.path=FILE"
+                                                    if name == "eval" else ""))
+        p.add_argument("--run", default=None, metavar="DIR",
+                       help="take the settings from a finished run (a run directory, or a checkpoint or model "
+                            "directory inside it): its model, env and env kwargs, limits, lengths, sampling"
+                            + (", held-out seeds and tasks" if name == "eval" else "") + "; flags given win")
+        p.add_argument("--model", default=None, help="'tiny' (default), an HF model directory (a LoRA run's "
+                       "adapter directory too) or a hub name")
         p.add_argument("--server", action="append", metavar="URL",
                        help="policy server base URL (repeatable); default: start an embedded server")
-        p.add_argument("-n", "--n", type=int, default=1 if name == "eval" else 8, help="episodes per task")
+        p.add_argument("-n", "--n", type=int, default=None, help=f"episodes per task ({defaults['n']})")
         p.add_argument("--tasks", type=int, default=None, help="number of tasks (seeds or dataset rows)")
-        p.add_argument("--seed", type=int, default=0, help="first seed")
-        p.add_argument("--concurrency", type=int, default=64)
-        p.add_argument("--max-turns", type=int, default=None)
-        p.add_argument("--max-tokens", type=int, default=256, help="max new tokens per turn")
-        p.add_argument("--temperature", type=float, default=1.0 if name == "rollout" else 0.0)
-        p.add_argument("--env-arg", action="append", metavar="KEY=VALUE")
+        p.add_argument("--seed", type=int, default=None, help="first seed (0)")
+        p.add_argument("--concurrency", type=int, default=None, help="episodes in flight (64)")
+        p.add_argument("--max-turns", type=int, default=None, help="most model turns (the env's own)")
+        p.add_argument("--max-tokens", type=int, default=None, help="max new tokens per turn (256)")
+        p.add_argument("--temperature", type=float, default=None, help=f"({defaults['temperature']:g})")
+        p.add_argument("--top-p", type=float, default=None, help="(1.0)")
+        p.add_argument("--top-k", type=int, default=None, help="(-1: off)")
+        p.add_argument("--sampling-seed", type=int, default=None,
+                       help="seed every request from (this, task seed, sample, turn): reproducible sampling (off)")
+        p.add_argument("--prompt-length", type=int, default=None,
+                       help="most tokens in the first prompt (data.max_prompt_length; 4096)")
+        p.add_argument("--response-length", type=int, default=None,
+                       help="most tokens after it, all turns (data.max_response_length; 4096)")
+        p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=ENV_ARG_HELP)
+        p.add_argument("--device", default=None, help="the embedded server's device: cpu or cuda (default: cuda if "
+                                                       "available)")
         p.add_argument("--out", default=None, help="trajectory file (.jsonl or .parquet)")
         p.add_argument("--backend", choices=["embedded", "vllm", "sglang"], default="embedded",
                        help="the API of the --server URLs")
         p.add_argument("--env-executor", choices=["thread", "process", "inline", "openenv", "workers", "ray"],
-                       default="thread", help="where env steps run (inline: on the event loop, for cheap envs; "
+                       default=None, help="where env steps run (thread; inline: on the event loop, for cheap envs; "
                        "workers/ray: whole episodes in worker processes / Ray actors)")
         p.add_argument("--env-workers", type=int, default=None, help="processes / actors for the executor")
         p.add_argument("--env-url", action="append", metavar="URL", help="--env-executor openenv: an env server")
@@ -318,6 +370,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None, help="PNG to write (default: RUN_DIR/curves.png)")
     p.set_defaults(func=_cmd_plot)
 
+    p = sub.add_parser("compare", help="runs of different seeds or settings side by side: a table of their held-out "
+                                       "success (± SE; paired SE where the held-out tasks match) and one PNG of "
+                                       "their curves")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (holding held_out.json, metrics.jsonl)")
+    p.add_argument("-m", "--metric", action="append", metavar="METRIC",
+                   help="a metric to plot (repeatable; its val/ twin is drawn too); default: the usual panels")
+    p.add_argument("-o", "--output", default="compare.png", help="PNG to write (default: compare.png)")
+    p.set_defaults(func=_cmd_compare)
+
     p = sub.add_parser("view", help="a self-contained HTML page to browse trajectories, token by token")
     p.add_argument("path", metavar="TRAJECTORIES", help=".jsonl/.parquet trajectories (agentgym rollout --out, "
                                                         "a run's samples.jsonl)")
@@ -328,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("env-serve", help="serve a registered env over OpenEnv's HTTP/WebSocket API")
     p.add_argument("--env", required=True, help="registered env name (see `agentgym envs`)")
-    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor argument")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=ENV_ARG_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8010)
     p.add_argument("--max-sessions", type=int, default=1024, help="most env instances alive at once")

@@ -38,6 +38,10 @@ ALLOWED = {
     "cli": {"types", "registry", "config", "model", "envs", "interactions", "client", "server", "rollout", "gateway",
             "compat", "rewards", "trainer", "stages"},
 }
+ALLOWED["progress"] = set()  # agentgym/progress.py (bars for terminals and logs): every part may import it
+for _name in ALLOWED:
+    if _name != "progress":
+        ALLOWED[_name].add("progress")
 MAX_LINES = 600
 
 

@@ -115,3 +115,20 @@ def test_cli_starts_its_own_embedded_server(tmp_path, capsys):
     assert code == 0
     assert len(read_trajectories(out)) == 2
     assert "server ready at" in capsys.readouterr().err
+
+
+def test_env_arg_with_nothing_after_the_equals_sign_is_the_empty_string(capsys):
+    from agentgym.envs.env_args import parse_env_args
+    from agentgym.registry import make
+
+    assert parse_env_args(["system_prompt="]) == {"system_prompt": ""}
+    assert parse_env_args(["system_prompt=''", 'b=""', "c=null", "d=[6,6]"]) == {
+        "system_prompt": "", "b": "", "c": None, "d": [6, 6]}
+    with pytest.raises(ValueError, match="not YAML"):
+        parse_env_args(["k=[1,"])
+    empty, _ = make("sokoban", **parse_env_args(["system_prompt="])).reset(seed=1)
+    rules, _ = make("sokoban", **parse_env_args(["system_prompt=null"])).reset(seed=1)
+    assert "Sokoban" not in json.dumps(empty) and "Sokoban" in json.dumps(rules)
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert "KEY= with nothing after '=' is the empty string" in " ".join(capsys.readouterr().out.split())

@@ -163,9 +163,9 @@ def write_demos(env: str | Any, n: int, path: str | os.PathLike[str], seed: int 
     kwargs = dict(env_kwargs or {})
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from agentgym.progress import progress_bar
 
-        bar = tqdm(total=n, desc=f"demos {name}", unit="ep")
+        bar = progress_bar(total=n, desc=f"demos {name}", unit="ep")
     written = solved = 0
     staging = target.with_name(f".{target.name}.partial")
     try:

@@ -8,7 +8,9 @@ server on ``--model`` when none is given; ``--model`` also names the tokenizer w
 template renders the prompts). ``rollout``
 saves token-exact trajectories (``--out``, .jsonl or .parquet) and prints batch metrics;
 ``eval`` prints success rate, mean reward, pass@k (unbiased estimator), mean turns and tokens,
-overall and per data source, and saves trajectories too when ``--out`` is given.
+overall and per data source, and saves trajectories too when ``--out`` is given. With ``--run DIR``
+the settings come from a finished run (``agentgym.stages.from_run`` fills ``args`` before
+``run_command``: ``env_kwargs``, ``chat_template_kwargs`` and the flags the run supplies).
 """
 
 from __future__ import annotations
@@ -20,6 +22,25 @@ import sys
 from typing import Any
 
 DEFAULT_TASKS = {"rollout": 8, "eval_seeds": 32}
+# The flags a finished run can supply (``--run``: agentgym.stages.from_run) default to None on the command
+# line ("not given"); these are the values of those not given, per command.
+FLAG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "rollout": {"model": "tiny", "n": 8, "seed": 0, "max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+                "concurrency": 64, "env_executor": "thread"},
+    "eval": {"model": "tiny", "n": 1, "seed": 0, "max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": -1,
+             "concurrency": 64, "env_executor": "thread"},
+}
+
+
+def fill_defaults(args: argparse.Namespace, mode: str) -> None:
+    """Give every flag of ``FLAG_DEFAULTS`` that is still None its default; ``max_model_len`` (the embedded
+    server's context) follows from ``--prompt-length`` and ``--response-length`` when both are known."""
+    for dest, value in FLAG_DEFAULTS[mode].items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
+    prompt, response = getattr(args, "prompt_length", None), getattr(args, "response_length", None)
+    if getattr(args, "max_model_len", None) is None and prompt is not None and response is not None:
+        args.max_model_len = int(prompt) + int(response)
 
 
 def parse_env_args(pairs: list[str] | None) -> dict[str, Any]:
@@ -60,23 +81,29 @@ def run_command(args: argparse.Namespace, mode: str, urls: list[str], backend: s
 async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: str) -> int:
     from agentgym.client import PolicyClient
     from agentgym.model import load_tokenizer
+    from agentgym.rollout.chat import ChatTokenizer
     from agentgym.rollout.metrics import format_eval_table, format_metrics
     from agentgym.rollout.runner import RolloutConfig, RolloutRunner
     from agentgym.rollout.storage import TrajectoryWriter
 
-    env_kwargs = parse_env_args(args.env_arg)
-    tokenizer = load_tokenizer(args.model)
+    fill_defaults(args, mode)
+    env_kwargs = getattr(args, "env_kwargs", None)
+    if env_kwargs is None:
+        env_kwargs = parse_env_args(args.env_arg)
+    chat = ChatTokenizer(load_tokenizer(args.model), template_kwargs=getattr(args, "chat_template_kwargs", None))
+    lengths = {k: int(v) for k in ("prompt_length", "response_length") if (v := getattr(args, k, None)) is not None}
     config = RolloutConfig(
-        n=args.n, temperature=args.temperature, max_tokens=args.max_tokens, max_turns=args.max_turns,
-        max_concurrency=args.concurrency, seed=args.seed,
-        env_executor=getattr(args, "env_executor", None) or "thread",
+        n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,
+        max_turns=args.max_turns, max_concurrency=args.concurrency, seed=args.seed,
+        sampling_seed=getattr(args, "sampling_seed", None), env_executor=args.env_executor,
         env_workers=getattr(args, "env_workers", None), env_urls=list(getattr(args, "env_url", None) or ()),
+        **lengths,
     )
     writer = None
     async with contextlib.AsyncExitStack() as stack:
         client = await stack.enter_async_context(PolicyClient(urls, backend=backend))
         config.max_model_len = await client.max_model_len()  # episodes end as truncated when it is full
-        runner = RolloutRunner(args.env, client, tokenizer, config, env_kwargs=env_kwargs)
+        runner = RolloutRunner(args.env, client, chat, config, env_kwargs=env_kwargs)
         stack.push_async_callback(runner.aclose)
         try:
             info = await runner.env_info()

@@ -247,10 +247,10 @@ class RolloutRunner:
         max_turns = cfg.max_turns if cfg.max_turns is not None else env_info.get("max_turns")
         bar = None
         if progress:
-            from tqdm.auto import tqdm
+            from agentgym.progress import progress_bar
 
             label = progress if isinstance(progress, str) else f"rollout {self.env_name}"
-            bar = tqdm(total=len(tasks) * cfg.n, desc=label, unit="ep")
+            bar = progress_bar(total=len(tasks) * cfg.n, desc=label, unit="ep")
         batch = uuid.uuid4().hex[:8]
         jobs = [(j, task, f"{batch}-{i}", k) for j, (i, task, k) in
                 enumerate((i, task, k) for i, task in enumerate(tasks) for k in range(cfg.n))]

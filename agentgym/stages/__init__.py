@@ -11,6 +11,9 @@ and prepare models outside it.
 * ``offline/``         ``agentgym generate`` and ``agentgym eval data.path=`` (veRL's main_generation /
                        main_eval)
 * ``config_command.py`` ``agentgym config --from SYSTEM FILE`` (translation: ``agentgym.compat``)
+* ``run_dir.py``       a finished run on disk: its saved config and the model a path inside it stands for
+* ``from_run.py``      ``agentgym eval/rollout/serve --run DIR``: a run's settings under the flags given
+* ``compare.py``       ``agentgym compare RUN ...``: held-out tables side by side (paired SE) and curves
 
 Stages may use the trainer; the trainer never imports a stage.
 """

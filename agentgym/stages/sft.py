@@ -170,7 +170,7 @@ class SFTTrainer:
         return {"val/sft/loss": nll / max(tokens, 1.0)}
 
     def fit(self) -> dict[str, Any]:
-        from tqdm.auto import tqdm
+        from agentgym.progress import progress_bar
 
         cfg = self.cfg.trainer
         if self.actor is None:
@@ -185,8 +185,8 @@ class SFTTrainer:
         tracking = Tracking(list(cfg.logger) if "jsonl" in cfg.logger else [*cfg.logger, "jsonl"], self.run_dir,
                             str(cfg.project_name), str(cfg.experiment_name), OmegaConf.to_container(self.cfg))
         test_freq, save_freq = int(cfg.test_freq), int(cfg.save_freq)
-        bar = tqdm(total=self.total_steps, initial=self.global_step, desc="sft", unit="step", dynamic_ncols=True,
-                   disable=not self.show_progress, file=sys.stderr)
+        bar = progress_bar(total=self.total_steps, initial=self.global_step, desc="sft", unit="step",
+                           dynamic_ncols=True, disable=not self.show_progress, file=sys.stderr)
         started = time.perf_counter()
         last: dict[str, float] = {}
         last_val: dict[str, float] = {}

@@ -89,7 +89,8 @@ def summary_text(summary: dict[str, Any]) -> str:
     if summary.get("checkpoint"):
         lines.append(f"  checkpoint:  {summary['checkpoint']} (resume: run the same command again)")
     if summary.get("hf_model"):
-        lines.append(f"  final model: {summary['hf_model']} (agentgym serve --model {summary['hf_model']})")
+        lines.append(f"  final model: {summary['hf_model']} (agentgym serve --model {summary['hf_model']}; score it "
+                     f"with the run's env settings: agentgym eval --run {summary['run_dir']})")
     if summary.get("curves"):
         lines.append(f"  curves:      {summary['curves']} (agentgym plot {summary['run_dir']})")
     if summary.get("lag_histogram"):

@@ -8,7 +8,9 @@
             actor/   model.pt, optim.pt, extra.pt     (weights, AdamW state, lr schedule + RNG)
             critic/  (the same, for gae)
             trainer_state.pt                          (step, data order, KL controller, driver RNG)
-        huggingface/                                  # the final policy, loadable by transformers
+        huggingface/                                  # the final policy, loadable by transformers (with
+                                                      # LoRA: peft's adapter directory), and agentgym_run.json:
+                                                      # how it was trained (trainer/training_record.py)
 
 ``model.pt`` and ``optim.pt`` hold the whole model and optimizer, unsharded and keyed by
 parameter name, whatever the strategy (``fsdp2`` or ``dp``) and number of workers that wrote

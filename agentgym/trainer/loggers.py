@@ -7,8 +7,9 @@
 * ``tensorboard``: ``<run dir>/tensorboard`` (needs ``pip install tensorboard``);
 * ``wandb``: Weights & Biases, project ``trainer.project_name``, run ``trainer.experiment_name``.
 
-``Progress`` is the tqdm line: step, reward, success rate, seconds per step and ETA (and in
-asynchronous training the largest version lag trained and the DataPool's size).
+``Progress`` is the progress line: step, reward, success rate, seconds per step and ETA (and in
+asynchronous training the largest version lag trained and the DataPool's size); tqdm's live bar on a
+terminal, a line every 5% in a log file (``agentgym.progress``).
 ``write_samples`` appends a few whole trajectories per step to ``<run dir>/samples.jsonl``.
 """
 
@@ -191,10 +192,10 @@ class Progress:
     """The live line: ``train  3/8 [00:12<00:20, 4.1s/step, reward=0.12, success=0.05]``."""
 
     def __init__(self, total: int, initial: int = 0, enabled: bool = True) -> None:
-        from tqdm.auto import tqdm
+        from agentgym.progress import progress_bar
 
-        self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True,
-                        disable=not enabled, file=sys.stderr)
+        self.bar = progress_bar(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True,
+                                disable=not enabled, file=sys.stderr)
 
     def update(self, metrics: dict[str, float]) -> None:
         postfix = {}

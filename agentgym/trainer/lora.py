@@ -14,7 +14,8 @@
   (``agentgym.server.lora_adapters``). vLLM servers load peft's adapter directory
   (``save_adapter``) through ``/v1/load_lora_adapter``.
 * **HF export** writes the adapter directory, or with ``actor_rollout_ref.model.lora_export_merged``
-  the base model with the adapters merged in (``merged_state_dict``).
+  the base model with the adapters merged in (``merged_model``). agentgym's loaders read an adapter
+  directory as its base with the adapters merged in (``agentgym.model.loading``).
 """
 
 from __future__ import annotations
@@ -123,8 +124,30 @@ def unties_head(model: Any) -> bool:
     return bool(tied) and any(name.split(".")[-1] == "lm_head" for name, _ in _lora_layers(model))
 
 
+def merged_model(model: Any) -> Any:
+    """A plain ``transformers`` model: the base with every adapter merged in (with a head of its own
+    when an adapter sat on a head tied to the embeddings)."""
+    from transformers import AutoModelForCausalLM
+
+    base = model.get_base_model()
+    config = base.config.__class__.from_dict(base.config.to_dict())
+    if unties_head(model):
+        config.tie_word_embeddings = False
+    merged = AutoModelForCausalLM.from_config(config, dtype=base.dtype)
+    merged.load_state_dict(merged_state_dict(model), strict=False)
+    merged.generation_config = base.generation_config
+    return merged
+
+
 def save_adapter(model: Any, directory: str, base_path: str) -> None:
     """peft's adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``), which peft
-    and vLLM load on top of ``base_path``."""
+    and vLLM load on top of ``base_path`` (a local directory's absolute path, so the adapters load from
+    anywhere)."""
+    from pathlib import Path
+
+    from agentgym.model.tiny import is_tiny
+
+    if not is_tiny(base_path) and Path(base_path).is_dir():
+        base_path = str(Path(base_path).resolve())
     model.peft_config[ADAPTER].base_model_name_or_path = base_path
     model.save_pretrained(directory, selected_adapters=[ADAPTER])

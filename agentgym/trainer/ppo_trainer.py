@@ -62,6 +62,7 @@ from agentgym.trainer.loggers import (
 )
 from agentgym.trainer.rollout_correction import RolloutCorrection, rollout_is_weights
 from agentgym.trainer.train_state import rng_state, set_rng_state
+from agentgym.trainer.training_record import write_training_record
 from agentgym.trainer.worker_group import WorkerGroup
 from agentgym.trainer.workers import CriticWorker, PolicyWorker
 from agentgym.types import Trajectory
@@ -481,6 +482,7 @@ class PPOTrainer:
     def save_hf_model(self) -> Path:
         target = self.run_dir / "huggingface"
         self.actor.call("save_hf", str(target))
+        write_training_record(target, self.cfg, self.global_step)  # agentgym_run.json: how it was trained
         return target
 
     # ---- the loop -------------------------------------------------------------------------------

@@ -378,18 +378,9 @@ class PolicyWorker(Worker):
             if not model_cfg.get("lora_export_merged"):
                 lora.save_adapter(self.actor.module, directory, str(model_cfg["path"]))
                 return
-            from transformers import AutoModelForCausalLM
-
             from agentgym.model import load_tokenizer
 
-            base = self.actor.module.get_base_model()
-            config = base.config.__class__.from_dict(base.config.to_dict())
-            if lora.unties_head(self.actor.module):
-                config.tie_word_embeddings = False
-            merged = AutoModelForCausalLM.from_config(config, dtype=base.dtype)
-            merged.load_state_dict(lora.merged_state_dict(self.actor.module), strict=False)
-            merged.generation_config = base.generation_config
-            merged.save_pretrained(directory)
+            lora.merged_model(self.actor.module).save_pretrained(directory)
             load_tokenizer(str(model_cfg["path"])).save_pretrained(directory)
             return
         state = self.actor.full_state_dict()

@@ -269,17 +269,15 @@ def create_app(env_name: str, env_kwargs: dict[str, Any] | None = None, max_sess
 def env_serve_command(args: argparse.Namespace) -> int:
     """``agentgym env-serve --env NAME [--env-arg K=V] [--host] [--port] [--max-sessions]``."""
     import uvicorn
-    import yaml
 
+    from agentgym.envs.env_args import parse_env_args
     from agentgym.registry import UnknownNameError
 
-    env_kwargs: dict[str, Any] = {}
-    for pair in args.env_arg or ():
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            print(f"error: --env-arg expects KEY=VALUE, got {pair!r}", file=sys.stderr)
-            return 2
-        env_kwargs[key.strip()] = yaml.safe_load(value)
+    try:
+        env_kwargs: dict[str, Any] = parse_env_args(args.env_arg)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         app = create_app(args.env, env_kwargs, max_sessions=args.max_sessions)
     except UnknownNameError as exc:

@@ -38,9 +38,8 @@ def check(cfg: DictConfig) -> None:
 
 
 async def sample_all(cfg: DictConfig, rows: list[dict[str, Any]], client: Any, chat: Any) -> list[list[str]]:
-    from tqdm.auto import tqdm
-
     from agentgym.envs.data import as_messages
+    from agentgym.progress import progress_bar
     from agentgym.types import SamplingParams
 
     data, rollout = cfg.data, cfg.rollout
@@ -61,7 +60,7 @@ async def sample_all(cfg: DictConfig, rows: list[dict[str, Any]], client: Any, c
     n = int(data.n_samples)
     out: list[list[str]] = [[""] * n for _ in rows]
     limit = asyncio.Semaphore(max(1, int(data.batch_size)))
-    bar = tqdm(total=len(rows) * n, desc="generate", unit="response")
+    bar = progress_bar(total=len(rows) * n, desc="generate", unit="response")
 
     async def one(i: int, k: int) -> None:
         async with limit:

@@ -27,9 +27,8 @@ from agentgym.stages.offline.common import load_offline_config, read_table
 
 def score_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> dict[str, float]:
     """``{"test_score/<source>": mean score}`` over ``rows``."""
-    from tqdm.auto import tqdm
-
     from agentgym.envs.rewards.by_source import RewardFunction, UnknownDataSource
+    from agentgym.progress import progress_bar
 
     data = cfg.data
     crf = cfg.custom_reward_function
@@ -39,7 +38,7 @@ def score_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> dict[str, float]:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     by_source: dict[str, list[float]] = defaultdict(list)
-    for i, row in enumerate(tqdm(rows, desc="score", unit="row")):
+    for i, row in enumerate(progress_bar(rows, desc="score", unit="row")):
         for key in (data.response_key, data.data_source_key, data.reward_model_key):
             if key not in row:
                 raise ConfigError(f"row {i} of {data.path} has no {key!r} column; columns: {', '.join(sorted(row))}")
