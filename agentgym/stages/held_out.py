@@ -96,6 +96,7 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
 
     from agentgym.client import PolicyClient
     from agentgym.model import load_tokenizer
+    from agentgym.rollout.chat import ChatTokenizer
     from agentgym.rollout.metrics import per_turn_metrics
     from agentgym.rollout.runner import RolloutConfig, RolloutRunner
     from agentgym.server.launch import start_embedded_server
@@ -119,7 +120,9 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
                     max_model_len=max_len, max_turns=rollout.multi_turn.max_assistant_turns,
                     max_concurrency=concurrency, seed=seeds.start, env_executor=executor,
                     sampling_seed=int(cfg.trainer.seed) if temperature > 0 else None)
-                runner = RolloutRunner(str(cfg.env.name), client, load_tokenizer(model_dir), config,
+                template_kwargs = OmegaConf.to_container(cfg.data.apply_chat_template_kwargs, resolve=True) or None
+                chat = ChatTokenizer(load_tokenizer(model_dir), template_kwargs=template_kwargs)  # as training renders
+                runner = RolloutRunner(str(cfg.env.name), client, chat, config,
                                        env_kwargs=env_kwargs(cfg))
                 try:
                     result = await runner.run(len(seeds), progress=label if show_progress else None)
