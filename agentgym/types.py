@@ -89,6 +89,9 @@ class Turn:
     generation was interrupted by a weight update and resumed on the new weights (asynchronous
     training with ``partial_rollout``) spans versions: ``token_versions`` then holds one version
     per response token; empty means every token has ``weight_version`` (``versions()``).
+
+    ``teacher_logprobs``: on-policy distillation's teacher's logprob of each response token, given the
+    whole context before it (``agentgym.rewards.teacher``); empty when no teacher scored the turn.
     """
 
     prompt_ids: list[int]
@@ -102,6 +105,7 @@ class Turn:
     token_versions: list[int] = field(default_factory=list)
     state_key: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    teacher_logprobs: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):
@@ -114,6 +118,9 @@ class Turn:
                 f"token_versions holds one version per response token (or none): got "
                 f"{len(self.token_versions)} for {len(self.response_ids)} tokens"
             )
+        if self.teacher_logprobs and len(self.teacher_logprobs) != len(self.response_ids):
+            raise ValueError(f"teacher_logprobs holds one logprob per response token (or none): got "
+                             f"{len(self.teacher_logprobs)} for {len(self.response_ids)} tokens")
 
     def versions(self) -> list[int]:
         """The policy version that sampled each response token."""

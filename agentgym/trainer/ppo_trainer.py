@@ -46,6 +46,7 @@ from agentgym.model.identity import model_key
 from agentgym.trainer import algos, checkpoint
 from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, update_plan
 from agentgym.trainer.config import uses_reference, world_size
+from agentgym.trainer.distillation import distill_advantages
 from agentgym.trainer.flat_rewards import (
     GroupRewardSpread,
     advantages_vanish,
@@ -212,6 +213,7 @@ class PPOTrainer:
         metrics.update(trajectory_metrics(trajectories))
         metrics.update(per_source_metrics(trajectories))
         metrics.update(getattr(self.source, "sampling_metrics", {}))  # dynamic sampling's rounds and kept groups
+        metrics.update(getattr(self.source, "reward_metrics", {}))  # reward models', judges' and teachers' counts
         pushed = getattr(self.weight_sync, "version", None)  # WeightSync's last push (the async trainer's has none)
         latest = pushed if pushed is not None else step - 1
         lags = [latest - turn.weight_version for traj in trajectories for turn in traj.turns]
@@ -301,6 +303,7 @@ class PPOTrainer:
             advantages, adv_metrics = algos.postprocess_advantages(
                 advantages, mask, bool(cfg.algorithm.whiten_advantages), cfg.algorithm.advantage_clip)
             metrics.update(adv_metrics)
+            advantages = distill_advantages(cfg, batch, trajectories, advantages, metrics)  # a teacher's, per token
             batch["advantages"] = advantages * mask
             batch["returns"] = returns
         spread = group_reward_spread(batch["token_level_scores"].sum(-1), batch.uid, batch["valid"])
@@ -384,7 +387,8 @@ class PPOTrainer:
                            mask: torch.Tensor | None = None) -> bool:
         """Count a step whose groups all got identical rewards (so its advantages are zero), and
         warn about it the first time in a run. Returns whether the step was flat."""
-        flat = advantages_vanish(spread, str(self.cfg.algorithm.adv_estimator), advantages, mask)
+        flat = advantages_vanish(spread, str(self.cfg.algorithm.adv_estimator), advantages, mask) and not (
+            self.cfg.get("distillation") and self.cfg.distillation.enable)  # the teacher's advantages remain
         if flat:
             self.flat_steps += 1
             if not self.warned_flat:
