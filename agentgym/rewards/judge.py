@@ -58,6 +58,7 @@ class JudgeSettings:
     timeout: float = 60.0
     max_retries: int = 3
     combine: str = "replace"
+    backoff: float = 0.5  # seconds before the first retry (doubling, jittered)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -121,7 +122,7 @@ class JudgeScorer:
     def __init__(self, settings: JudgeSettings, cache_path: Path | None = None) -> None:
         self.settings = settings
         self.endpoint = Endpoint(settings.base_url, settings.api_key, settings.timeout, settings.max_retries,
-                                 settings.concurrency)
+                                 settings.concurrency, settings.backoff)
         self.cache = AnswerCache(cache_path)
         self.model = settings.model
         self._model_lock = asyncio.Lock()
@@ -220,3 +221,41 @@ def judge_scorer(cfg: DictConfig) -> JudgeScorer | None:
         return None
     cache = Path(str(cfg.trainer.default_local_dir)) / "judge_cache.jsonl" if cfg.judge.cache else None
     return JudgeScorer(settings, cache)
+
+
+def judge_report(settings: JudgeSettings, model: str | None, trajectories: Sequence[Trajectory],
+                 counts: dict[str, float]) -> str:
+    """What ``agentgym eval --judge-url`` prints: how many episodes the judge scored, their mean score
+    (overall and per data source), and the answers it could not use."""
+    judged = [t for t in trajectories if "model_score" in t.metrics]
+    lines = [f"judge ({settings.mode}, {model or '?'} at {settings.base_url}): {len(judged)} of {len(trajectories)} "
+             f"episodes judged, unparsed answers {int(counts.get('reward/judge_unparsed', 0))}, failed requests "
+             f"{int(counts.get('reward/judge_errors', 0))}, from cache {int(counts.get('reward/judge_cache_hits', 0))}"]
+    by_source: dict[str, list[float]] = {}
+    for t in judged:
+        by_source.setdefault(t.data_source or t.env_id or "unknown", []).append(t.metrics["model_score"])
+    for source, values in sorted(by_source.items()):
+        lines.append(f"  {source}: judge score {sum(values) / len(values):.3f} over {len(values)} episodes")
+    return "\n".join(lines)
+
+
+def eval_judge(base_url: str, mode: str = "pointwise", model: str | None = None, api_key_env: str | None = None,
+               prompt_template: str | None = None, timeout: float = 60.0, concurrency: int = 8) -> Any:
+    """``agentgym eval --judge-url``: an ``after`` hook for the eval command that judges copies of the
+    episodes (the env's table stays the env's) and prints ``judge_report``."""
+    import copy
+
+    template = Path(prompt_template).read_text() if prompt_template else None
+    settings = JudgeSettings(v1_url(base_url), mode, model, api_key_from_env(api_key_env, "judge"), template,
+                             timeout=timeout, concurrency=concurrency)
+
+    async def after(trajectories: list[Trajectory]) -> None:
+        scorer = JudgeScorer(settings)
+        try:
+            judged = copy.deepcopy(list(trajectories))
+            counts = await scorer.score(judged)
+            print(judge_report(settings, scorer.model, judged, counts))
+        finally:
+            await scorer.aclose()
+
+    return after
