@@ -160,3 +160,36 @@ def test_training_on_arithmetic_follows_the_reward_model(rm_dir, tmp_path):
         replies = ["".join(t["response_text"] for t in s["turns"]) for s in samples if s["step"] == step]
         rate[step] = sum(any(c.isdigit() for c in r) for r in replies) / len(replies)
     assert rate[1] < 0.4 and rate[8] > 0.8, rate
+
+
+@pytest.mark.slow
+def test_with_ray_the_reward_model_and_the_teacher_are_actors_of_their_own(rm_dir):
+    """``trainer.use_ray``: the reward model and a distillation teacher score in Ray actors, with the
+    same numbers as in this process."""
+    import ray
+
+    from agentgym.rewards.teacher import TeacherScorer, TeacherSettings
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        async def both(use_ray: bool) -> tuple[list[float], list[list[float]]]:
+            trajs = [episode("7 1"), episode("no digits")]
+            rm = RewardModelScorer(RewardModelSettings(str(rm_dir), "tiny", 2, None, "replace", use_ray))
+            teacher = TeacherScorer(TeacherSettings("tiny", (), "vllm", None, None, 2, 4, 10.0, 1, use_ray), "tiny")
+            try:
+                await rm.score(trajs)
+                await teacher.score(trajs)
+            finally:
+                await rm.aclose()
+                await teacher.aclose()
+            assert all(len(t.turns[0].teacher_logprobs) == len(t.turns[0].response_ids) for t in trajs)
+            return [t.outcome_reward for t in trajs], [t.turns[0].teacher_logprobs for t in trajs]
+
+        remote, local = asyncio.run(both(True)), asyncio.run(both(False))
+        assert remote[0] == pytest.approx(local[0], abs=1e-5) and remote[0][0] > 0
+        assert remote[1] == [pytest.approx(v, abs=1e-5) for v in local[1]]
+    finally:
+        if started:
+            ray.shutdown()
