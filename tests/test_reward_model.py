@@ -193,3 +193,14 @@ def test_with_ray_the_reward_model_and_the_teacher_are_actors_of_their_own(rm_di
     finally:
         if started:
             ray.shutdown()
+
+
+def test_a_trajectory_the_reward_model_cannot_read_is_kept_out_not_scored(rm_dir):
+    """Re-rendering needs the conversation; one recorded without messages is refused (kept, not trained
+    on, counted), and the others of the step are scored."""
+    bare, fine = episode("7"), episode("7")
+    bare.messages = []
+    counts = asyncio.run(RewardModelScorer(settings(rm_dir, "tiny")).score([bare, fine]))
+    assert bare.status == "failed" and "no messages to re-render" in bare.failure and bare.outcome_reward == 0.0
+    assert fine.metrics["model_score"] > 0
+    assert counts["reward/rm_unreadable"] == 1 and counts["reward/rm_scored"] == 1

@@ -34,7 +34,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from agentgym.config import ConfigError
-from agentgym.rewards.scored_source import apply_score, scorable
+from agentgym.rewards.scored_source import apply_score, refuse, scorable
 from agentgym.types import Message, Trajectory
 
 
@@ -197,27 +197,36 @@ class RewardModelScorer:
             return await worker.score.remote(rows)
         return await asyncio.to_thread(worker.score, rows)
 
-    def inputs(self, trajectories: list[Trajectory]) -> tuple[list[list[int]], int]:
-        """The rows the model scores, and how many were cut to ``max_length``."""
-        rows, cut = [], 0
+    def inputs(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], list[list[int]], int]:
+        """The trajectories the model can read, their rows, and how many rows were cut to ``max_length``.
+        One it cannot read (no messages to re-render) is kept out of training, saying why."""
+        kept, rows, cut = [], [], 0
         limit = self.settings.max_length
         for traj in trajectories:
-            ids = rm_input_ids(traj, self.input_tokenizer, self.rm_tokenizer)
+            try:
+                ids = rm_input_ids(traj, self.input_tokenizer, self.rm_tokenizer)
+            except ValueError as exc:
+                refuse(traj, f"reward model: {exc}")
+                continue
             if limit is not None and len(ids) > limit:
                 ids, cut = ids[:limit], cut + 1
+            kept.append(traj)
             rows.append(ids)
-        return rows, cut
+        return kept, rows, cut
 
     async def score(self, trajectories: list[Trajectory]) -> dict[str, float]:
         todo = [t for t in trajectories if scorable(t)]
         if not todo:
             return {}
-        rows, cut = self.inputs(todo)
-        scores = await self._call(rows)
-        for traj, value in zip(todo, scores, strict=True):
+        kept, rows, cut = self.inputs(todo)
+        scores = await self._call(rows) if rows else []
+        for traj, value in zip(kept, scores, strict=True):
             apply_score(traj, value, self.settings.combine)
-        return {"reward/rm_scored": float(len(todo)), "reward/rm_truncated": float(cut),
-                "reward/rm_score/mean": sum(scores) / len(scores)}
+        out = {"reward/rm_scored": float(len(kept)), "reward/rm_truncated": float(cut),
+               "reward/rm_unreadable": float(len(todo) - len(kept))}
+        if scores:
+            out["reward/rm_score/mean"] = sum(scores) / len(scores)
+        return out
 
     async def aclose(self) -> None:
         if self.settings.use_ray and self.worker is not None:
