@@ -221,3 +221,11 @@ def test_a_trainer_step_learns_from_the_teacher_when_every_env_reward_is_equal(t
     else:
         assert "distill/reverse_kl" not in row and row["critic/advantages/mean"] == 0.0
         assert summary["flat_reward_steps"] == 1
+
+
+def test_the_clip_bounds_each_tokens_push_but_not_the_metrics():
+    adv = torch.zeros(1, 3)
+    student, teacher = torch.tensor([[-0.1, -0.1, -3.0]]), torch.tensor([[-20.0, -0.2, -1.0]])
+    out, metrics = compute_distillation_advantage(adv, student, teacher, torch.ones(1, 3), env_coef=0.0, clip=2.0)
+    assert out.tolist() == [[-2.0, pytest.approx(-0.1), 2.0]]
+    assert metrics["distill/reverse_kl"] == pytest.approx((19.9 + 0.1 - 2.0) / 3)

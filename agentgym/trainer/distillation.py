@@ -53,7 +53,8 @@ def distill_advantages(cfg: DictConfig, batch: Batch, trajectories: Sequence[Tra
     if d is None or not d.enable:
         return advantages
     teacher, scored = teacher_log_probs(trajectories, batch)
+    clip = d.get("clip")
     out, extra = compute_distillation_advantage(advantages, batch["rollout_log_probs"], teacher, scored,
-                                                float(d.kl_coef), float(d.env_coef))
+                                                float(d.kl_coef), float(d.env_coef), None if clip is None else float(clip))
     metrics.update(extra)
     return out

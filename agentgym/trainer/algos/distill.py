@@ -25,13 +25,16 @@ def reverse_kl(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
 
 
 def compute_distillation_advantage(advantages: Tensor, student_log_probs: Tensor, teacher_log_probs: Tensor,
-                                   response_mask: Tensor, kl_coef: float = 1.0,
-                                   env_coef: float = 1.0) -> tuple[Tensor, dict[str, float]]:
+                                   response_mask: Tensor, kl_coef: float = 1.0, env_coef: float = 1.0,
+                                   clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
     """``env_coef * advantages - kl_coef * reverse_kl`` on the tokens of ``response_mask`` (the sampled
-    tokens the teacher scored), ``env_coef * advantages`` elsewhere; and the ``distill/*`` metrics."""
+    tokens the teacher scored), ``env_coef * advantages`` elsewhere; and the ``distill/*`` metrics.
+    ``clip``: each token's reverse KL is clipped to ``[-clip, clip]`` first (a token the teacher finds
+    all but impossible otherwise pushes with a weight of tens of nats); the metrics are unclipped."""
     mask = response_mask.to(advantages.dtype)
     rkl = reverse_kl(student_log_probs, teacher_log_probs) * mask
-    out = env_coef * advantages - kl_coef * rkl
+    pushed = rkl if clip is None else rkl.clamp(-float(clip), float(clip))
+    out = env_coef * advantages - kl_coef * pushed
     metrics = {}
     if bool(mask.any()):
         metrics = {"distill/reverse_kl": float(masked_mean(rkl, mask)),
