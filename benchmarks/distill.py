@@ -11,9 +11,9 @@ teacher, its demos the SFT data. The phases, each kept in ``--out`` and skipped 
 2. **distill** arm: ``agentgym train --env sokoban`` from the student with ``distillation.enable=true``,
    the teacher as ``distillation.teacher.path`` and ``--env-coef`` (0: pure distillation), saving a
    checkpoint every ``--save-every`` steps; stopped when ``--budget-min`` minutes are up;
-3. **sft** arm: ``agentgym sft`` from the student on the same demos (the preset's peak learning rate,
-   cosine over the steps the student's own SFT speed fits in the budget), checkpoints as above; stopped
-   at the budget too;
+3. **sft** arm: ``agentgym sft`` from the student on the same demos, continuing as the main job's SFT
+   does: its remaining ``--sft-total - --start-steps`` steps (500 of 600), cosine from the preset's
+   peak rate down to a tenth, a checkpoint every ``--sft-save-every`` steps; stopped at the budget too;
 4. every checkpoint, the student and the teacher are scored greedily on the held-out levels
    (``held_out.num_tasks``, 200, seeds never trained on), scoring not counted in the time.
 
@@ -168,7 +168,8 @@ def main() -> int:
     parser.add_argument("--start-steps", type=int, default=100)
     parser.add_argument("--budget-min", type=float, default=10.0)
     parser.add_argument("--save-every", type=int, default=5, help="distill arm: steps between checkpoints")
-    parser.add_argument("--sft-checkpoints", type=int, default=6, help="sft arm: checkpoints over its steps")
+    parser.add_argument("--sft-total", type=int, default=600, help="the main job's SFT steps (configs/env/sokoban.yaml)")
+    parser.add_argument("--sft-save-every", type=int, default=50, help="sft arm: steps between checkpoints")
     parser.add_argument("--env-coef", type=float, default=0.0)
     parser.add_argument("--kl-coef", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=1.0e-3, help="the distill arm's learning rate")
@@ -191,9 +192,6 @@ def main() -> int:
                                out / "student.log", None)
         print(f"student: {args.start_steps} SFT steps in {seconds:.0f} s; {load()}", flush=True)
     student_model = student_dir / "huggingface"
-    rows = [json.loads(line) for line in (student_dir / "metrics.jsonl").read_text().splitlines()]
-    step_s = [r["timing_s/step"] for r in rows if "timing_s/step" in r][10:] or [1.0]
-    sft_step_s = sum(step_s) / len(step_s)
 
     # 2. the distill arm
     arms_meta: dict[str, dict] = {}
@@ -215,12 +213,13 @@ def main() -> int:
     # 3. the sft arm
     sft_dir = out / "sft"
     if "sft" in wanted and not (out / "sft.json").exists():
-        steps = max(10, int(budget_s * 0.9 / sft_step_s))
+        steps = max(1, args.sft_total - args.start_steps)
         started = time.time()
         seconds, stopped = run_until([
             py, "-m", "agentgym.cli", "sft", f"data.train_files={args.demos}", f"model.partial_pretrain={student_model}",
-            f"trainer.total_training_steps={steps}", f"trainer.save_freq={max(1, steps // args.sft_checkpoints)}",
-            f"trainer.default_local_dir={sft_dir}", "trainer.logger=[jsonl]", "trainer.seed=1", *SFT_PRESET],
+            f"trainer.total_training_steps={steps}", f"trainer.save_freq={args.sft_save_every}",
+            f"trainer.default_local_dir={sft_dir}", "trainer.logger=[jsonl]", "trainer.seed=1", *SFT_PRESET,
+            "optim.warmup_steps_ratio=0.0"],
             out / "sft.log", budget_s)
         (out / "sft.json").write_text(json.dumps({"started": started, "seconds": seconds, "stopped": stopped,
                                                   "planned_steps": steps, "load": load()}))
