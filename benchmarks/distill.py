@@ -22,7 +22,8 @@ a checkpoint was written, on whatever the machine is doing: the script prints ``
 each phase so a figure on a shared machine can be read for what it is. It prints a table per arm
 (minutes, steps, held-out success and its paired SE against the student), the gap the best checkpoint
 within the budget closes, ``(distilled - student) / (teacher - student)``, with its paired standard
-error (delta method over the same levels), and writes ``<out>/distill.png``: held-out success against
+error (delta method over the same levels), for the last checkpoint within the budget (what the target is
+judged on) and for the best one (picked after the fact, so flattering), and writes ``<out>/distill.png``: held-out success against
 minutes for both arms, with the student's and the teacher's levels and the 75%-of-the-gap line.
 Exit status 0 when distillation closes >= ``--target`` of the gap within the budget.
 """
@@ -154,7 +155,7 @@ def plot(path: Path, arms: dict[str, list[tuple[float, float]]], student: float,
     ax.set_xlabel("wall-clock minutes from the arm's start (scoring not counted)")
     ax.set_ylabel("held-out greedy success (200 levels)")
     ax.set_title("Sokoban: on-policy distillation vs more SFT, from the same student")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="center right", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -230,6 +231,7 @@ def main() -> int:
     teacher = score(Path(args.teacher), out / "score_teacher.json", "teacher")
     curves: dict[str, list[tuple[float, float]]] = {}
     best: dict[str, tuple[float, list[float], int, float]] = {}
+    last: dict[str, tuple[float, list[float], int, float]] = {}
     for name, run_dir in (("distill", distill_dir), ("sft", sft_dir)):
         meta_file = out / f"{name}.json"
         if not meta_file.exists():
@@ -245,20 +247,24 @@ def main() -> int:
             gain, se = mean(per_task) - mean(student), paired_se(per_task, student)
             print(f"  {step:>5} {minutes:>8.2f} {mean(per_task):>9.3f} {gain:>+9.3f} ± {se:.3f}", flush=True)
             points.append((minutes, mean(per_task)))
-            if minutes <= args.budget_min and (name not in best or mean(per_task) > best[name][0]):
-                best[name] = (mean(per_task), per_task, step, minutes)
+            if minutes <= args.budget_min:
+                last[name] = (mean(per_task), per_task, step, minutes)
+                if name not in best or mean(per_task) > best[name][0]:
+                    best[name] = (mean(per_task), per_task, step, minutes)
         curves[name] = points
 
     s, t = mean(student), mean(teacher)
     print(f"\nstudent {s:.3f}, teacher {t:.3f} held-out greedy ({len(student)} levels); teacher - student "
           f"{t - s:+.3f} ± {paired_se(teacher, student):.3f} (paired)")
     ok = False
-    for name, (value, per_task, step, minutes) in best.items():
-        closed, se = gap_closed(student, per_task, teacher)
-        print(f"{name}: best within {args.budget_min:g} min: {value:.3f} at step {step} ({minutes:.1f} min): closes "
-              f"{closed:.0%} ± {se:.0%} of the gap (paired SE); teacher - it {t - value:+.3f} ± "
-              f"{paired_se(teacher, per_task):.3f}")
-        ok = ok or (name == "distill" and closed >= args.target)
+    for name in best:
+        for which, (value, per_task, step, minutes) in (("last", last[name]), ("best", best[name])):
+            closed, se = gap_closed(student, per_task, teacher)
+            print(f"{name}: {which} checkpoint within {args.budget_min:g} min: {value:.3f} at step {step} ({minutes:.1f} "
+                  f"min): closes {closed:.0%} ± {se:.0%} of the gap (paired SE); teacher - it {t - value:+.3f} ± "
+                  f"{paired_se(teacher, per_task):.3f}")
+            ok = ok or (name == "distill" and which == "last" and closed >= args.target)
+    print("(the best of several checkpoints is picked after the fact and flatters; the target is judged on the last)")
     if curves:
         plot(out / "distill.png", {f"on-policy distillation (env_coef {args.env_coef:g})": curves.get("distill", []),
                                    "more SFT on the demos": curves.get("sft", [])}, s, t, args.budget_min, args.target)
