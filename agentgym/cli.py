@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 RUN_HELP = {
     "eval": "With --run DIR it scores a finished run's model as the run's held-out table did: the run's env with "
@@ -96,7 +97,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print("agentgym eval: key=value overrides score a file (data.path=FILE); with --env use the options "
               f"(--tasks, -n, ...), got {' '.join(args.overrides)}", file=sys.stderr)
         return 2
-    return _against_servers(args, "eval")
+    after = None
+    if args.judge_url:
+        from agentgym.rewards.judge import eval_judge
+
+        after = eval_judge(args.judge_url, args.judge_mode, args.judge_model, args.judge_api_key_env,
+                           args.judge_template)
+    return _against_servers(args, "eval", after)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -105,7 +112,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return generate_command(args)
 
 
-def _against_servers(args: argparse.Namespace, mode: str) -> int:
+def _against_servers(args: argparse.Namespace, mode: str, after: Any = None) -> int:
     """``rollout``/``eval``: against ``--server`` URLs, or an embedded server started here on ``--model``."""
     from agentgym.rollout.commands import check_env, run_command
     from agentgym.stages.from_run import RunError, settle_rollout_args
@@ -116,7 +123,7 @@ def _against_servers(args: argparse.Namespace, mode: str) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.server:
-        return run_command(args, mode, list(args.server), args.backend)
+        return run_command(args, mode, list(args.server), args.backend, after)
     error = check_env(args.env)  # before the server start, which takes seconds
     if error:
         print(f"error: {error}", file=sys.stderr)
@@ -132,7 +139,7 @@ def _against_servers(args: argparse.Namespace, mode: str) -> int:
                                    max_model_len=getattr(args, "max_model_len", None), device=args.device)
     print(f"server ready at {server.url} ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
     try:
-        return run_command(args, mode, [server.url], "embedded")
+        return run_command(args, mode, [server.url], "embedded", after)
     finally:
         server.stop()
 
@@ -293,6 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--env-workers", type=int, default=None, help="processes / actors for the executor")
         p.add_argument("--env-url", action="append", metavar="URL", help="--env-executor openenv: an env server")
         if name == "eval":
+            p.add_argument("--judge-url", default=None, metavar="URL",
+                           help="also score every episode with an LLM judge at this OpenAI-compatible URL "
+                                "(agentgym serve, vLLM, a hosted API): docs/rewards.md")
+            p.add_argument("--judge-mode", choices=["pointwise", "group"], default="pointwise")
+            p.add_argument("--judge-model", default=None, help="the judge's model name (default: the endpoint's first)")
+            p.add_argument("--judge-api-key-env", default=None, metavar="VAR", help="environment variable with its key")
+            p.add_argument("--judge-template", default=None, metavar="FILE", help="a prompt template of your own")
             p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                            help="score a file of responses, veRL's main_eval keys (configs/evaluation.yaml): "
                                 "data.path=FILE [data.response_key=...] [custom_reward_function.path=...]")

@@ -123,6 +123,9 @@ class Turn:
     JSON output, ``logit_bias``, ``penalties``, ``min_tokens``). The ``logprobs`` are still the
     model's own distribution (a teacher-forced pass recomputes them); the tokens were drawn from the
     shaped one. Such turns are trained like any other (docs/openai_api.md, "Logprobs and training").
+
+    ``teacher_logprobs``: on-policy distillation's teacher's logprob of each response token, given the
+    whole context before it (``agentgym.rewards.teacher``); empty when no teacher scored the turn.
     """
 
     prompt_ids: list[int]
@@ -137,6 +140,7 @@ class Turn:
     state_key: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     shaped_by: list[str] = field(default_factory=list)
+    teacher_logprobs: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):
@@ -149,6 +153,9 @@ class Turn:
                 f"token_versions holds one version per response token (or none): got "
                 f"{len(self.token_versions)} for {len(self.response_ids)} tokens"
             )
+        if self.teacher_logprobs and len(self.teacher_logprobs) != len(self.response_ids):
+            raise ValueError(f"teacher_logprobs holds one logprob per response token (or none): got "
+                             f"{len(self.teacher_logprobs)} for {len(self.response_ids)} tokens")
 
     def versions(self) -> list[int]:
         """The policy version that sampled each response token."""

@@ -188,7 +188,9 @@ def test_verl_keys_with_no_effect_are_accepted_and_warned_once(caplog):
     ("reward_model.reward_manager=batchy", "naive, dapo, prime"),
     ("critic.loss_agg_mode=token_mean", "Did you mean 'token-mean'"),
     ("actor_rollout_ref.actor.checkpoint.save_contents=[model,weights]", "hf_model"),
-    ("reward_model.enable=true", "custom_reward_function.path"),
+    ("reward_model.enable=true", "reward_model.model.path"),
+    ("reward_model.combine=sum", "replace, add"),
+    ("reward_model.rollout.name=vllm", "judge.enable=true"),
 ])
 def test_every_enum_is_checked_at_load(override, says):
     with pytest.raises(ConfigError, match=says):

@@ -176,8 +176,23 @@ VERL_RULES: list[Rule] = [
     Rule("data.filter_overlong_prompts_workers", "ignore", "rows are filtered in this process"),
     Rule("data.seed", "ignore", "the data order is seeded by trainer.seed"),
     Rule("data.trust_remote_code", "ignore", "models are loaded with transformers' own classes"),
-    Rule("reward_model.*", "ignore", "only read by a model-based reward (reward_model.enable), which agentgym "
-         "refuses"),
+    Rule("reward_model.strategy", "ignore", "the reward model runs in a worker of its own (a Ray actor with "
+         "trainer.use_ray, else this process), unsharded"),
+    Rule("reward_model.use_dynamic_bsz", "ignore", "reward-model rows go micro_batch_size_per_gpu at a time"),
+    Rule("reward_model.forward_max_token_len_per_gpu", "ignore",
+         "reward-model rows go micro_batch_size_per_gpu at a time"),
+    Rule("reward_model.launch_reward_fn_async", "ignore", "rewards are computed as each step's episodes finish"),
+    Rule("reward_model.use_reward_loop", "ignore", "agentgym's reward model and judges are its own reward loop"),
+    Rule("reward_model.num_workers", "ignore", "one reward-model worker scores each step's rows"),
+    Rule("reward_model.rollout.*", "refuse", "a generative reward model is a judge here: judge.enable=true "
+         "judge.base_url=URL (any OpenAI-compatible endpoint, e.g. `agentgym serve` or vLLM), see docs/rewards.md"),
+    Rule("reward_model.enable_resource_pool", "ignore", "the reward model shares the trainer's resources"),
+    Rule("reward_model.n_gpus_per_node", "ignore", "the reward model shares the trainer's resources"),
+    Rule("reward_model.nnodes", "ignore", "the reward model shares the trainer's resources"),
+    Rule("reward_model.model.*", "ignore", "reward-model loading details: agentgym loads reward_model.model.path "
+         "with transformers' AutoModelForSequenceClassification"),
+    Rule("reward_model.*", "ignore", "a veRL reward-model setting agentgym does not read (docs/rewards.md lists the "
+         "keys it does)"),
     Rule("algorithm.pf_ppo.*", "ignore", "PF-PPO is not supported"),
     Rule("algorithm.rollout_correction.*", "ignore", "rollout correction has rollout_is (token | sequence), "
          "rollout_is_threshold and rollout_is_batch_normalize here (docs/async_training.md)"),
@@ -229,7 +244,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     "critic.ppo_micro_batch_size_per_gpu": None, "critic.ppo_max_token_len_per_gpu": 32768,
     "critic.cliprange_value": 0.5, "critic.grad_clip": 1.0, "critic.forward_micro_batch_size_per_gpu": None,
     "critic.model.fsdp_config.param_offload": False, "critic.model.fsdp_config.optimizer_offload": False,
-    "reward_model.enable": False, "reward_model.reward_manager": "naive",
+    "reward_model.enable": False, "reward_model.reward_manager": "naive", "reward_model.max_length": None,
+    "reward_model.micro_batch_size": None, "reward_model.micro_batch_size_per_gpu": None,
     "custom_reward_function.path": None, "custom_reward_function.name": "compute_score",
     "algorithm.gamma": 1.0, "algorithm.lam": 1.0, "algorithm.adv_estimator": "gae",
     "algorithm.norm_adv_by_std_in_grpo": True, "algorithm.use_kl_in_reward": False, "algorithm.kl_penalty": "kl",

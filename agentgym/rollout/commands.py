@@ -19,7 +19,11 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentgym.types import Trajectory
 
 DEFAULT_TASKS = {"rollout": 8, "eval_seeds": 32}
 # The flags a finished run can supply (``--run``: agentgym.stages.from_run) default to None on the command
@@ -64,21 +68,24 @@ def check_env(name: str) -> str | None:
     return None
 
 
-def run_command(args: argparse.Namespace, mode: str, urls: list[str], backend: str) -> int:
+def run_command(args: argparse.Namespace, mode: str, urls: list[str], backend: str,
+                after: Callable[[list[Trajectory]], Awaitable[None]] | None = None) -> int:
     """``agentgym rollout`` (``mode="rollout"``) or ``agentgym eval`` against the servers at ``urls``
-    (the command line starts an embedded server first when no ``--server`` is given)."""
+    (the command line starts an embedded server first when no ``--server`` is given). ``after``: run on
+    every trajectory once the table is printed (``eval --judge-url``: an LLM judge's scores)."""
     error = check_env(args.env)
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(_main(args, mode, urls, backend))
+        return asyncio.run(_main(args, mode, urls, backend, after))
     except KeyboardInterrupt:
         print("\ninterrupted; trajectories written so far are complete lines", file=sys.stderr)
         return 130
 
 
-async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: str) -> int:
+async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: str,
+                after: Callable[[list[Trajectory]], Awaitable[None]] | None = None) -> int:
     from agentgym.client import PolicyClient
     from agentgym.model import load_tokenizer
     from agentgym.rollout.chat import ChatTokenizer
@@ -134,6 +141,8 @@ async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: s
         shown = metrics if len(sources) > 1 else {k: v for k, v in metrics.items()
                                                     if not any(k.startswith(f"{s}/") for s in sources)}
         print(format_metrics(shown))
+    if after is not None:
+        await after(result.trajectories)
     failed = [t for t in result.trajectories if t.status == "failed"]
     if writer is not None:
         print(f"\nwrote {writer.count} trajectories to {args.out}", file=sys.stderr)

@@ -383,6 +383,8 @@ class RolloutRunner:
                 used += len(delta)
             traj.status = status
             traj.outcome_reward = float(info.get("outcome_reward", 0.0) or 0.0)
+            if isinstance(info.get("ground_truth"), (str, int, float)):  # the reference an LLM judge is shown
+                traj.task["ground_truth"] = info["ground_truth"]
         except asyncio.CancelledError:
             healthy = False
             raise

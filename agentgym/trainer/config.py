@@ -34,6 +34,10 @@ CHOICES = {
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "data.truncation": ("error", "left", "right", "middle"),
     "reward_model.reward_manager": ("naive", "dapo", "prime"),
+    "reward_model.combine": ("replace", "add"),
+    "judge.mode": ("pointwise", "group"),
+    "judge.combine": ("replace", "add"),
+    "distillation.teacher.backend": ("vllm", "sglang"),
     "algorithm.reward_normalization.grouping": ("state", "batch", "inductive"),
     "algorithm.reward_normalization.method": ("identity", "mean", "mean_std", "asym_clip"),
     "algorithm.reward_norm": (None, "batch", "group", "running"),
@@ -190,11 +194,10 @@ def validate(cfg: DictConfig) -> None:
             for item in OmegaConf.select(cfg, f"{section}.checkpoint.{which}") or []:
                 if item not in CHECKPOINT_CONTENTS:
                     raise _choice_error(f"{section}.checkpoint.{which} item", item, CHECKPOINT_CONTENTS)
-    if cfg.reward_model.enable:
-        raise ConfigError(
-            "reward_model.enable=true asks for a model-based reward (a reward model scoring each response), which "
-            "agentgym does not serve. Score with a Python function instead: custom_reward_function.path=FILE "
-            "custom_reward_function.name=compute_score (veRL's signature), or an env that scores its episodes")
+    check_reward_sources(cfg)
+    if cfg.reward_model.enable and cfg.judge.enable and cfg.judge.combine == "replace":
+        raise ConfigError("reward_model.enable=true and judge.enable=true with judge.combine=replace: the judge's "
+                          "score would replace the reward model's. Use one of the two, or judge.combine=add to sum them")
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir>/global_step_N")
     if not cfg.trainer.use_ray and world_size(cfg) != 1:
@@ -252,6 +255,16 @@ def validate(cfg: DictConfig) -> None:
     from agentgym.rollout.env_groups import check_env_groups
 
     check_env_groups(cfg)
+
+
+def check_reward_sources(cfg: DictConfig) -> None:
+    """A reward model, a judge or a teacher that is enabled names what it needs (``agentgym.rewards``)."""
+    from agentgym.rewards.judge import JudgeSettings
+    from agentgym.rewards.reward_model import RewardModelSettings
+    from agentgym.rewards.teacher import TeacherSettings
+
+    for settings in (RewardModelSettings, JudgeSettings, TeacherSettings):
+        settings.from_cfg(cfg)
 
 
 def check_batch_sizes(train_batch_size: int, n: int, mini: int, micro: int, workers: int, section: str,

@@ -287,3 +287,10 @@ def per_source_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> 
         for key in ("reward/mean", "success_rate"):
             out[f"{prefix}{name}/{key}"] = summary[key]
     return out
+
+
+def mean_of_dicts(dicts: Sequence[dict[str, float] | None]) -> dict[str, float]:
+    """Each key's mean over the dicts that have it (the ranks' metrics of one call)."""
+    present = [d for d in dicts if d]
+    keys = {k for d in present for k in d}
+    return {k: sum(d[k] for d in present if k in d) / sum(k in d for d in present) for k in sorted(keys)}

@@ -46,6 +46,7 @@ from agentgym.model.identity import model_key
 from agentgym.trainer import algos, checkpoint
 from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, update_plan
 from agentgym.trainer.config import uses_reference, world_size
+from agentgym.trainer.distillation import distill_advantages, distilling
 from agentgym.trainer.flat_rewards import (
     GroupRewardSpread,
     advantages_vanish,
@@ -55,6 +56,7 @@ from agentgym.trainer.flat_rewards import (
 from agentgym.trainer.loggers import (
     Progress,
     Tracking,
+    mean_of_dicts,
     per_source_metrics,
     trajectory_metrics,
     truncate_jsonl,
@@ -101,12 +103,6 @@ def init_ray(cfg: DictConfig) -> None:
     else:
         kwargs.setdefault("num_cpus", os.cpu_count() or 1)
         ray.init(**kwargs)
-
-
-def _mean_dicts(dicts: list[dict[str, float] | None]) -> dict[str, float]:
-    dicts = [d for d in dicts if d]
-    keys = {k for d in dicts for k in d}
-    return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in sorted(keys)}
 
 
 class PPOTrainer:
@@ -212,7 +208,8 @@ class PPOTrainer:
             trajectories: list[Trajectory] = self.run(self.source.collect(step))
         metrics.update(trajectory_metrics(trajectories))
         metrics.update(per_source_metrics(trajectories))
-        metrics.update(getattr(self.source, "sampling_metrics", {}))  # dynamic sampling's rounds and kept groups
+        for extra in ("sampling_metrics", "reward_metrics"):  # dynamic sampling's rounds; reward sources' counts
+            metrics.update(getattr(self.source, extra, {}))
         pushed = getattr(self.weight_sync, "version", None)  # WeightSync's last push (the async trainer's has none)
         latest = pushed if pushed is not None else step - 1
         lags = [latest - turn.weight_version for traj in trajectories for turn in traj.turns]
@@ -302,6 +299,7 @@ class PPOTrainer:
             advantages, adv_metrics = algos.postprocess_advantages(
                 advantages, mask, bool(cfg.algorithm.whiten_advantages), cfg.algorithm.advantage_clip)
             metrics.update(adv_metrics)
+            advantages = distill_advantages(cfg, batch, trajectories, advantages, metrics)  # a teacher's, per token
             batch["advantages"] = advantages * mask
             batch["returns"] = returns
         spread = group_reward_spread(batch["token_level_scores"].sum(-1), batch.uid, batch["valid"])
@@ -324,13 +322,13 @@ class PPOTrainer:
         actor_metrics: dict[str, float] = {}
         if step >= int(cfg.trainer.critic_warmup):  # veRL: the actor waits critic_warmup steps for the critic
             with timer("update_actor", timing):
-                actor_metrics = _mean_dicts(self.actor.call("update_actor", shared,
+                actor_metrics = mean_of_dicts(self.actor.call("update_actor", shared,
                                                             per_rank=[(p,) for p in actor_plan]))
         update_tokens = actor_metrics.pop("perf/update_tokens", 0.0) * self.world_size
         actor_metrics.pop("perf/update_s", None)
         metrics.update(actor_metrics)
         if critic_update is not None:
-            metrics.update(_mean_dicts(self.critic.get(critic_update)))
+            metrics.update(mean_of_dicts(self.critic.get(critic_update)))
             timing["timing_s/update_critic"] = time.perf_counter() - critic_started
 
         # ---- weights back to the servers ------------------------------------------------------------
@@ -385,7 +383,8 @@ class PPOTrainer:
                            mask: torch.Tensor | None = None) -> bool:
         """Count a step whose groups all got identical rewards (so its advantages are zero), and
         warn about it the first time in a run. Returns whether the step was flat."""
-        flat = advantages_vanish(spread, str(self.cfg.algorithm.adv_estimator), advantages, mask)
+        flat = advantages_vanish(spread, str(self.cfg.algorithm.adv_estimator), advantages, mask) and not distilling(
+            self.cfg)  # the teacher's advantages remain
         if flat:
             self.flat_steps += 1
             if not self.warned_flat:

@@ -145,11 +145,12 @@ def env_source(cfg: DictConfig, client: Any) -> Any:
 
 
 def wrap_source(cfg: DictConfig, source: Any) -> Any:
-    """The source with the trainer-side reward manager (veRL's ``dapo`` overlong penalty) around it, and
-    around that dynamic sampling (``algorithm.filter_groups``), which judges the final scores."""
-    from agentgym.rewards import reward_manager_source
+    """The source with the trainer-side reward sources around it (``agentgym.rewards``: a reward model or
+    an LLM judge, veRL's reward manager, a distillation teacher), and around those dynamic sampling
+    (``algorithm.filter_groups``), which judges the final scores."""
+    from agentgym.rewards import reward_sources
 
-    source = reward_manager_source(cfg, source)
+    source = reward_sources(cfg, source)
     if cfg.algorithm.filter_groups.enable:
         from agentgym.trainer.dynamic_sampling import DynamicSamplingSource
 
