@@ -271,6 +271,29 @@ DEFAULT_EXCEPTIONS: dict[str, str] = {
 }
 
 
+VERL_VALUES: dict[str, dict[Any, tuple[Any, str]]] = {
+    f"{AR}.rollout.name": {
+        "hf": ("embedded", "veRL's Hugging Face rollout (transformers' generate) is agentgym's embedded server"),
+        None: ("embedded", "no engine named (a dumped veRL config writes None): agentgym's embedded server"),
+        "None": ("embedded", "no engine named (a dumped veRL config writes None): agentgym's embedded server"),
+    },
+}
+"""veRL values of agentgym keys that agentgym spells another way: key -> {their value: (ours, why)}. Applied
+when a config is loaded (``agentgym.trainer.config.compose_training``), each with a note."""
+
+
+def verl_values(get: Any) -> list[tuple[str, Any, Any, str]]:
+    """``(key, their value, ours, why)`` for each key whose value (``get(key)``) is a veRL spelling."""
+    out = []
+    for key, table in VERL_VALUES.items():
+        value = get(key)
+        for theirs, (ours, why) in table.items():
+            if value == theirs and (theirs is not None or value is None):
+                out.append((key, value, ours, why))
+                break
+    return out
+
+
 def verl_key_policy(key: str, value: Any) -> Verdict | None:
     """What to do with veRL key ``key`` that ``train.yaml`` lacks (None: not a veRL key, a typo)."""
     if key.startswith("ray_kwargs.ray_init."):

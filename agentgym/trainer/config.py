@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from agentgym.compat.verl import verl_key_policy
+from agentgym.compat.verl import verl_key_policy, verl_values
 from agentgym.config import Composition, ConfigError, compose
 from agentgym.trainer import algos
 
@@ -80,6 +80,9 @@ def compose_training(
     """``load_config`` without the warnings: the composition (which keys the user set) resolved and validated."""
     composition = compose(env, config_file, overrides, directory, env_group="agent" if agent and env is None else None,
                           key_policy=verl_key_policy, config_name=config_name)
+    for key, theirs, ours, why in verl_values(lambda k: OmegaConf.select(composition.cfg, k)):
+        OmegaConf.update(composition.cfg, key, ours, merge=False)
+        composition.notes.append(f"{key}={theirs}: {why} ({key}={ours})")
     resolve(composition.cfg, agent=agent)
     validate(composition.cfg)
     return composition

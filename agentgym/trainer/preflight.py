@@ -9,10 +9,14 @@ cannot work fails in a second with what to do instead of a traceback minutes lat
    interaction episodes, any other veRL rows the ``rows`` env, scored by their ``data_source``
    (GSM8K's rule, MATH's, ...) or by ``custom_reward_function``;
 3. ``data.train_batch_size`` fits the rows;
-4. the rollout engine is installed (``rollout.name=vllm`` without vLLM names what works);
-5. the model is reachable: a local directory, ``tiny``, or a hub name that is cached or whose
+4. the devices exist: ``trainer.device=cuda`` (or ``rollout.device=cuda``) on a machine without CUDA, or
+   more GPU workers than GPUs, is refused here, never left to wait on a Ray bundle (``check_device``);
+5. the rollout engine is installed (``rollout.name=vllm`` without vLLM names what works), and every
+   optional package the config needs (peft, wandb, tensorboard, pyarrow, an env family's package) imports,
+   with the command that installs it (``check_optional_packages``);
+6. the model is reachable: a local directory, ``tiny``, or a hub name that is cached or whose
    hub answers (no 49 s of retries on an offline machine);
-6. ``custom_reward_function`` loads.
+7. ``custom_reward_function`` loads.
 
 Returns a ``Plan``: what it decided, for the status line.
 """
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError
 from agentgym.rollout.data_prep import Prepared, data_sources, exists, plain, prepare_data
@@ -53,6 +57,91 @@ def check_files(cfg: DictConfig) -> None:
         if value and not exists(value):
             raise ConfigError(f"data.{key}={plain(value)} does not exist; pass data.{key}=PATH (a .jsonl/.parquet "
                               f"file or a directory holding train/test files)")
+
+
+def cuda_devices() -> int:
+    """CUDA devices torch can see here (0 without CUDA or without a CUDA build of torch)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_device(cfg: DictConfig, devices: int | None = None) -> None:
+    """``trainer.device`` / ``rollout.device`` against this machine, before any Ray request: asking Ray
+    for GPU bundles it cannot have waits forever. ``devices``: CUDA devices here (default: torch's count)."""
+    devices = cuda_devices() if devices is None else devices
+    import torch
+
+    build = f"torch {torch.__version__}"
+    wants = {key: OmegaConf.select(cfg, key) for key in ("trainer.device", f"{AR}.rollout.device")}
+    for key, value in wants.items():
+        if str(value) == "cuda" and devices == 0:
+            raise ConfigError(
+                f"{key}=cuda but this machine has no CUDA device ({build}, torch.cuda.is_available() is False). "
+                f"Set {key}={'auto' if key == 'trainer.device' else 'null'} (the GPU when there is one, else the CPU) "
+                f"or {key}=cpu; on a GPU machine install a CUDA build of torch")
+    gpu = str(cfg.trainer.device) == "cuda" or (str(cfg.trainer.device) == "auto" and devices > 0)
+    joins_cluster = OmegaConf.select(cfg, "ray_init.address") not in (None, "", "local")
+    workers = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    if gpu and not joins_cluster and int(cfg.trainer.nnodes) == 1 and workers > devices:
+        raise ConfigError(
+            f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node} trainer workers need one GPU each, but this "
+            f"machine has {devices}; set trainer.n_gpus_per_node={devices} (or join a Ray cluster that has the "
+            f"GPUs: ray_init.address=auto)")
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_packages(cfg: DictConfig) -> list[str]:
+    """What the config needs that is not installed, each as ``"what needs it: install command"``."""
+    need: list[tuple[str, str, str]] = []  # (module, the setting that needs it, install command)
+    for name in cfg.trainer.logger:
+        if name == "wandb":
+            need.append(("wandb", "trainer.logger has wandb", "pip install wandb (or trainer.logger=[console,jsonl])"))
+        elif name == "tensorboard":
+            need.append(("tensorboard", "trainer.logger has tensorboard",
+                         "pip install tensorboard (or trainer.logger=[console,jsonl])"))
+    if int(cfg.actor_rollout_ref.model.lora_rank or 0) > 0:
+        need.append(("peft", f"{AR}.model.lora_rank={cfg.actor_rollout_ref.model.lora_rank}",
+                     "pip install peft (agentgym's core install has it: pip install -e .)"))
+    files = [plain(cfg.data.train_files), plain(cfg.data.val_files)]
+    if any(".parquet" in str(f) for f in files if f):
+        need.append(("pyarrow", "data files in Parquet", "pip install 'agentgym[parquet]' (or pyarrow)"))
+    missing = [f"{why}: {command}" for module, why, command in need if not _importable(module)]
+    for name in _env_names(cfg):
+        if "/" not in name:
+            continue
+        from agentgym.registry import env_family
+
+        try:
+            family = env_family(name.split("/", 1)[0])
+        except Exception:  # noqa: BLE001 - not a family: the env check names it
+            continue
+        if family.installed_version() is None:
+            missing.append(f"env {name}: {family.install_hint()}")
+    return missing
+
+
+def _env_names(cfg: DictConfig) -> list[str]:
+    names = [str(cfg.env.name)] if cfg.env.name else []
+    for spec in (plain(cfg.env.custom_envs) or {}).values():
+        if isinstance(spec, dict) and spec.get("env"):
+            names.append(str(spec["env"]))
+    return names
+
+
+def check_optional_packages(cfg: DictConfig) -> None:
+    """Every optional package the config needs, before any work (not a traceback in a Ray worker later)."""
+    missing = missing_packages(cfg)
+    if missing:
+        raise ConfigError("the config needs packages that are not installed:\n  " + "\n  ".join(missing))
 
 
 def check_engine(cfg: DictConfig) -> None:
@@ -166,7 +255,9 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
     paths in ``cfg``. Raises ``ConfigError`` saying what to do."""
     plan = Plan()
     check_files(cfg)
+    check_device(cfg)
     check_engine(cfg)
+    check_optional_packages(cfg)
     model_path = str(cfg.actor_rollout_ref.model.path)
     check_model(f"{AR}.model.path", model_path)
     if cfg.critic.enable and str(cfg.critic.model.path) != model_path:
