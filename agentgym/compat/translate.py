@@ -12,6 +12,7 @@ render the "coming from X" pages (``docs.py``).
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,10 +121,12 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_their_yaml(path: str) -> dict[str, Any]:
+def load_their_yaml(path: str, keep_interpolations_to: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """Their file as a plain mapping, ``${...}`` interpolations resolved where they can be. A Hydra
     ``defaults`` list naming files beside it (``../config/traj_envs@_here_``) is merged in first, as
-    Hydra would; entries that are not files here are kept as data (the translator reports them)."""
+    Hydra would; entries that are not files here are kept as data (the translator reports them).
+    ``keep_interpolations_to``: an interpolation whose every target passes it stays as written, so an
+    override of the target still reaches it when agentgym loads the result (veRL's keys are agentgym's)."""
     file = Path(path)
     data = _read(file)
     merged: dict[str, Any] = {}
@@ -139,10 +142,29 @@ def load_their_yaml(path: str) -> dict[str, Any]:
     if kept:
         data["defaults"] = kept
     conf = OmegaConf.merge(merged, data) if merged else OmegaConf.create(data)
-    try:
-        return OmegaConf.to_container(conf, resolve=True)
-    except Exception:  # noqa: BLE001 - an interpolation into a file we do not have: keep the raw text
-        return OmegaConf.to_container(conf, resolve=False)
+    raw = OmegaConf.to_container(conf, resolve=False)
+    out: dict[str, Any] = {}
+    for key, value in flatten(raw).items():
+        if isinstance(value, str) and "${" in value:
+            targets = re.findall(r"\$\{([^}:]+)\}", value)
+            if keep_interpolations_to and targets and all(keep_interpolations_to(t) for t in targets):
+                _put(out, key, value)
+                continue
+            try:
+                value = OmegaConf.select(conf, key, throw_on_resolution_failure=True)
+                value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            except Exception:  # noqa: BLE001 - an interpolation into a file we do not have: keep the raw text
+                pass
+        _put(out, key, value)
+    return out
+
+
+def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
 
 
 def translate(system: str, data: dict[str, Any], table: Sequence[KeyMap],
