@@ -357,7 +357,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # KEY=VALUE items after an option (`config --from X FILE -o OUT key=value`): still overrides
+        if hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
+            args.overrides = list(args.overrides or ()) + extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

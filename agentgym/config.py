@@ -278,10 +278,13 @@ class _KeyReport:
         return None
 
     def check_mapping(self, data: dict[str, Any], where: str) -> dict[str, Any]:
-        """``data`` without the keys the policy ignores, aliases renamed (errors are recorded)."""
+        """``data`` without the keys the policy ignores, aliases renamed (errors are recorded). The policy
+        judges each value with the file's own interpolations resolved (a dumped veRL config writes
+        ``${oc.select:...}`` for values that are harmless once resolved); the values kept stay as written."""
         keep: dict[str, Any] = {}
+        view = flatten(resolved_where_possible(data))
         for key, value in flatten(data).items():
-            target = self.check(key, value, where)
+            target = self.check(key, view.get(key, value), where)
             if target is not None:
                 keep[target] = value
         return _unflatten(keep)
@@ -291,6 +294,25 @@ class _KeyReport:
             raise ConfigError(self.errors[0])
         if self.errors:
             raise ConfigError(f"{len(self.errors)} config keys cannot be used:\n  " + "\n  ".join(self.errors))
+
+
+def resolved_where_possible(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with each ``${...}`` resolved within ``data`` itself where it can be (others left as written)."""
+    conf = OmegaConf.create(data)
+    try:
+        return OmegaConf.to_container(conf, resolve=True)
+    except Exception:  # noqa: BLE001 - some interpolation points outside the file: resolve key by key
+        pass
+    out: dict[str, Any] = {}
+    for key, value in flatten(data).items():
+        if isinstance(value, str) and "${" in value:
+            try:
+                value = OmegaConf.select(conf, key, throw_on_resolution_failure=True)
+                value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            except Exception:  # noqa: BLE001 - kept as written
+                pass
+        out[key] = value
+    return _unflatten(out)
 
 
 def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:

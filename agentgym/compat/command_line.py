@@ -24,7 +24,8 @@ CLAW_ROLLOUT_KEYS = ("nnodes", "n_gpus_per_node")  # agentgym's own rollout-pool
 
 def system_of(data: dict[str, Any]) -> str | None:
     """``chatlearn``, ``roll``, ``claw-r1`` or ``verl`` for a file in that system's shape (``verl``: a Hydra
-    ``defaults`` list, as veRL's recipes and dumped configs have), None for agentgym's own shape."""
+    ``defaults`` list, as veRL's recipes have, or veRL's ``_target_`` classes, as its dumped configs have),
+    None for agentgym's own shape."""
     if any(k in data for k in CHATLEARN_ROOTS) and isinstance(data.get("models", {}), dict) and (
             "runtime_args" in data or "policy_trainer" in (data.get("models") or {})):
         return "chatlearn"
@@ -33,9 +34,20 @@ def system_of(data: dict[str, Any]) -> str | None:
     rollout = data.get("rollout")
     if isinstance(rollout, dict) and set(rollout) - set(CLAW_ROLLOUT_KEYS):
         return "claw-r1"
-    if isinstance(data.get("defaults"), list):
+    if isinstance(data.get("defaults"), list) or _has_verl_target(data):
         return "verl"
     return None
+
+
+def _has_verl_target(node: Any) -> bool:
+    """Whether a config holds veRL's ``_target_: verl....`` (a dumped veRL config: the run's or
+    ``_generated_ppo_trainer.yaml``)."""
+    if isinstance(node, dict):
+        target = node.get("_target_")
+        if isinstance(target, str) and target.startswith("verl."):
+            return True
+        return any(_has_verl_target(v) for v in node.values())
+    return False
 
 
 def override_system(key: str, ours: Callable[[str], bool]) -> str | None:

@@ -85,6 +85,15 @@ class Translation:
                   f"{self.system}`.\n# Run: agentgym train --config THIS_FILE [overrides]\n")
         return header + yaml.safe_dump(self.config, sort_keys=False, default_flow_style=None)
 
+    def summary(self) -> str:
+        """The report without the mapped and dropped lists: the counts, what is not honoured, the notes."""
+        lines = self.report().splitlines()[:1]
+        if self.refused:
+            lines.append("NOT honoured (agentgym cannot do what these ask):")
+            lines += [f"  {key}: {why}" for key, why in self.refused]
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
     def report(self) -> str:
         lines = [f"{self.system} -> agentgym: {len(self.mapped)} setting(s) mapped, {len(self.dropped)} with no "
                  f"effect, {len(self.refused)} not honoured"]

@@ -108,8 +108,8 @@ def resolve_command_line(config_file: str | None, overrides: Sequence[str], conf
     else:
         translation = translate_file(system, config_file, theirs)
     where = config_file or "the command line"
-    notes.append(f"{where} holds {system}'s keys: translated as `agentgym config --from {system}` does\n"
-                 + translation.report())
+    notes.append(f"{where} holds {system}'s keys: translated as `agentgym config --from {system}` does (it prints "
+                 f"where each key went)\n" + translation.summary())
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"agentgym-from-{system}-", delete=False) as f:
         f.write(translation.yaml())
     return CommandLine(f.name, mine, named, notes, temp_file=f.name)

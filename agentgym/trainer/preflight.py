@@ -220,6 +220,38 @@ def rows_env_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return kwargs
 
 
+def check_interactions(cfg: DictConfig) -> None:
+    """veRL's interaction YAML builds (class paths resolved) before any work, not in an env worker later."""
+    path = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path
+    if not path:
+        return
+    from agentgym.interactions.config import InteractionConfigError, load_interactions
+
+    try:
+        load_interactions(str(path))
+    except (InteractionConfigError, OSError) as exc:
+        raise ConfigError(f"{AR}.rollout.multi_turn.interaction_config_path={path}: {exc}") from None
+
+
+def check_tool_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> None:
+    """Rows made for veRL's tool rollouts (``extra_info.tools_kwargs``: per-row tool state and rewards, a
+    system prompt naming those tools) are refused on the rows env, which offers agentgym's own tools only:
+    trained as they are, the model would be told of tools that never answer and the tools' rewards lost."""
+    if cfg.env.name != "rows":
+        return
+    for row in rows:
+        extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+        tools = extra.get("tools_kwargs") or {}
+        if tools or extra.get("need_tools_kwargs"):
+            names = ", ".join(map(str, tools)) or "(unnamed)"
+            raise ConfigError(
+                f"data.train_files has rows for veRL's tool rollouts (extra_info.tools_kwargs names {names}): "
+                f"agentgym does not run veRL tool classes, so those tools and their rewards would be missing while "
+                f"the prompt tells the model to call them. For GSM8K with tools use --env gsm8k_tool (calculator and "
+                f"Python, scored by the final #### answer) with data.train_files of plain GSM8K rows; or write the "
+                f"tool as an agentgym tool (docs/environments.md) and drop tools_kwargs from the rows")
+
+
 def choose_env(cfg: DictConfig, rows: list[dict[str, Any]]) -> str:
     """Set ``env.name`` (and its kwargs) for a veRL run over ``data.train_files``; returns why."""
     interaction = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path
@@ -263,6 +295,7 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
     if cfg.critic.enable and str(cfg.critic.model.path) != model_path:
         check_model("critic.model.path", str(cfg.critic.model.path))
     check_reward_function(cfg)
+    check_interactions(cfg)
     if cfg.data.train_files:
         chat = None
         if tokenizer is not None or model_path:
@@ -276,6 +309,7 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
         plan.rows = len(rows)
         if not cfg.env.name and agent is None and not cfg.env.tags:
             plan.env_chosen = choose_env(cfg, rows)
+        check_tool_rows(cfg, rows)
         if cfg.env.name == "rows":
             cfg.env.kwargs = {**plain(cfg.env.kwargs), **rows_env_kwargs(cfg)}
         batch = int(cfg.data.train_batch_size)
