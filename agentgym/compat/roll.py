@@ -229,6 +229,8 @@ def _custom_envs(tr: Translation, data: dict[str, Any]) -> None:
             kwargs["dim_room"] = list(kwargs["dim_room"])
         if "grid_lookup" in kwargs:
             kwargs["grid_lookup"] = {int(k): str(v) for k, v in dict(kwargs["grid_lookup"]).items()}
+        if isinstance(kwargs.get("grid_vocab"), dict):  # pairs: a symbol such as "." cannot be a config key
+            kwargs["grid_vocab"] = [[str(k), str(v)] for k, v in kwargs["grid_vocab"].items()]
         entry: dict[str, Any] = {"env": env, "kwargs": kwargs}
         turns = spec.get("max_steps", spec.get("max_actions_per_traj"))
         if turns is not None:

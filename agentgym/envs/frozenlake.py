@@ -37,6 +37,7 @@ from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 from gymnasium.error import ResetNeeded
 
 from agentgym.envs.base import TextEnv, reply_text
+from agentgym.envs.sokoban import legend_pairs
 from agentgym.registry import EnvSpec
 from agentgym.types import Action, Message
 
@@ -145,7 +146,7 @@ class FrozenLakeEnv(TextEnv):
     ``size``, ``p`` (the chance a cell is frozen), ``is_slippery``, ``map_seed`` (one fixed lake) and
     ``max_steps`` shape the task; ``max_actions_per_turn`` moves per reply; ``format_penalty`` for an
     unreadable reply. ROLL's options: ``grid_lookup`` (ROLL's cell ids 0..5 -> symbols),
-    ``grid_vocab`` (symbol -> meaning, the legend in the prompt), ``env_instruction`` (the rules
+    ``grid_vocab`` (symbol -> meaning, or ``[symbol, meaning]`` pairs: the legend in the prompt), ``env_instruction`` (the rules
     text); ``system_prompt`` replaces the whole system message. Presets: ``frozenlake-4x4``,
     ``frozenlake-4x4-slippery``, ``frozenlake-8x8``, ``frozenlake-8x8-slippery``.
     """
@@ -154,7 +155,7 @@ class FrozenLakeEnv(TextEnv):
 
     def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = False, max_steps: int = 20,
                  max_actions_per_turn: int = 1, format_penalty: float = 0.0, map_seed: int | None = None,
-                 grid_lookup: dict[Any, str] | None = None, grid_vocab: dict[str, str] | None = None,
+                 grid_lookup: dict[Any, str] | None = None, grid_vocab: Any = None,
                  env_instruction: str | None = None, system_prompt: str | None = None,
                  render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
@@ -171,11 +172,10 @@ class FrozenLakeEnv(TextEnv):
                 if not 0 <= index < len(_ROLL_CELLS):
                     raise ValueError(f"grid_lookup keys are ROLL's cell ids 0..5, got {key!r}")
                 self.symbols[_ROLL_CELLS[index]] = str(symbol)
-        self.vocab = dict(grid_vocab) if grid_vocab else {self.symbols[c]: GRID_VOCAB[GRID_LOOKUP[c]]
-                                                         for c in _ROLL_CELLS}
+        self.vocab = legend_pairs(grid_vocab) or [(self.symbols[c], GRID_VOCAB[GRID_LOOKUP[c]]) for c in _ROLL_CELLS]
         instruction = env_instruction if env_instruction is not None else INSTRUCTION.format(
             slippery=SLIPPERY if self.is_slippery else "")
-        legend = ", ".join(f"{k}: {v}" for k, v in self.vocab.items())
+        legend = ", ".join(f"{k}: {v}" for k, v in self.vocab)
         moves = f"at most {self.max_actions_per_turn} separated by ||" if self.max_actions_per_turn > 1 else "one"
         self._system = system_prompt if system_prompt is not None else (
             f"{instruction}\nThe meaning of each symbol in the state is:\n{legend}\n"

@@ -83,6 +83,15 @@ _BOX_BYTES = str.maketrans({"#": "\x00", "\n": "\x00", "_": "\x00", "O": "\x00",
                             "√": "\x01", "P": "\x00", "S": "\x00"})
 
 
+def legend_pairs(grid_vocab: Any) -> list[tuple[str, str]]:
+    """ROLL's ``grid_vocab`` (symbol -> meaning) as pairs; also given as a list of ``[symbol, meaning]`` pairs,
+    the form a config carries it in (a symbol such as ``.`` cannot be a config key)."""
+    if not grid_vocab:
+        return []
+    items = grid_vocab.items() if isinstance(grid_vocab, dict) else grid_vocab
+    return [(str(symbol), str(meaning)) for symbol, meaning in items]
+
+
 def move_tool() -> dict[str, Any]:
     """The OpenAI function schema of the ``move`` tool (a new dict on every call)."""
     direction = {"type": "string", "enum": ["up", "down", "left", "right"]}
@@ -215,7 +224,7 @@ class SokobanEnv(TextEnv):
                  penalty_box_off_target: float = -1.0, reward_finished: float = 10.0,
                  format_penalty: float = -0.1, max_search_nodes: int | None = None,
                  offer_tools: bool = True, system_prompt: str | None = None, strict_format: bool = False,
-                 grid_lookup: dict[Any, str] | None = None, grid_vocab: dict[str, str] | None = None,
+                 grid_lookup: dict[Any, str] | None = None, grid_vocab: Any = None,
                  render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
         height, width = (int(x) for x in dim_room)
@@ -244,8 +253,9 @@ class SokobanEnv(TextEnv):
         self._shown_table = str.maketrans(dict(zip(CELLS, symbols))) if symbols != list(CELLS) else None
         prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
         if system_prompt is None and (grid_lookup or grid_vocab):
-            vocab = grid_vocab or dict(zip(symbols, CELL_MEANINGS))
-            prompt = GRID_PROMPT.replace("{legend}", ", ".join(f"{k}: {v}" for k, v in vocab.items()))
+            vocab = legend_pairs(grid_vocab) or list(zip(symbols, CELL_MEANINGS))
+            prompt = GRID_PROMPT.replace("{legend}", ", ".join(f"{k}: {v}" for k, v in vocab).replace("{", "{{")
+                                         .replace("}", "}}"))
         self._system = prompt.format(max_moves=self.max_actions_per_turn)
         self._plans: dict[tuple[int, tuple[int, ...]], list[str]] = {}
 
