@@ -56,7 +56,6 @@ SFT_RULES: list[Rule] = [
     Rule("trainer.resume_mode", "ignore", "a run resumes from its latest checkpoint in trainer.default_local_dir "
          "(start afresh in a new directory)", ("auto",)),
     Rule("trainer.resume_from_path", "ignore", "a run resumes from its own latest checkpoint", (None,)),
-    Rule("trainer.max_ckpt_to_keep", "ignore", "all checkpoints are kept", (None,)),
 ]
 
 
