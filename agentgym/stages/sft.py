@@ -296,9 +296,12 @@ def run_sft(cfg: DictConfig, show_progress: bool = True) -> dict[str, Any]:
 def sft_command(args: argparse.Namespace) -> int:
     """``agentgym sft [--config FILE] KEY=VALUE ...``."""
     from agentgym.config import hydra_config_file
-    from agentgym.stages.train_command import show_trainer_warnings
 
-    show_trainer_warnings()
+    if not log.handlers and not logging.getLogger().handlers:  # the key notes, readable on the command line
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("agentgym sft: warning: %(message)s"))
+        log.addHandler(handler)
     try:
         config_file, name = getattr(args, "config", None), getattr(args, "config_name", None)
         if getattr(args, "config_path", None) or (name and name != "sft_trainer"):
