@@ -90,3 +90,12 @@ def test_lora_sft_trains_adapters_and_writes_a_whole_model(tmp_path):
     changed = [n for n, p in tuned.state_dict().items() if not p.equal(base.state_dict()[n])]
     assert changed and all("proj" in n or "mlp" in n for n in changed)  # adapters merged into linear layers only
     assert not any("embed" in n or "norm" in n for n in changed)
+
+
+def test_missing_packages_are_named_before_any_work(monkeypatch):
+    from agentgym.config import ConfigError
+    from agentgym.trainer import preflight
+
+    monkeypatch.setattr(preflight, "_importable", lambda module: module != "peft")
+    with pytest.raises(ConfigError, match="model.lora_rank=8: pip install peft"):
+        load_sft_config(overrides=["data.train_files=x.jsonl", "model.lora_rank=8"])

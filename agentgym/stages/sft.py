@@ -64,6 +64,15 @@ def load_sft_config(config_file: str | None = None, overrides: Sequence[str] = (
         if cuda_devices() == 0:
             raise ConfigError("trainer.device=cuda but this machine has no CUDA device (torch.cuda.is_available() is "
                               "False); set trainer.device=auto (the GPU when there is one, else the CPU) or cpu")
+    from agentgym.trainer.preflight import _importable
+
+    missing = [f"{why}: pip install {package}" for package, why in (
+        ("peft", f"model.lora_rank={cfg.model.lora_rank}") if int(cfg.model.lora_rank or 0) > 0 else (None, ""),
+        ("wandb", "trainer.logger has wandb") if "wandb" in cfg.trainer.logger else (None, ""),
+        ("tensorboard", "trainer.logger has tensorboard") if "tensorboard" in cfg.trainer.logger else (None, ""),
+    ) if package and not _importable(package)]
+    if missing:
+        raise ConfigError("the config needs packages that are not installed:\n  " + "\n  ".join(missing))
     if cfg.data.multiturn.enable:
         cfg.data.messages_key = cfg.data.multiturn.messages_key
         cfg.data.tools_key = cfg.data.multiturn.tools_key
