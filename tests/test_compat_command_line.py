@@ -106,12 +106,13 @@ def test_roll_keys_on_the_command_line_go_into_the_roll_file():
 def test_a_dumped_verl_config_loads_with_notes():
     cfg, notes = loaded(str(FIXTURES / "verl_dumped_config.yaml"),
                         ["actor_rollout_ref.model.path=tiny", "critic.model.path=tiny", "trainer.n_gpus_per_node=1",
-                         "trainer.project_name=mine"])
+                         "trainer.project_name=mine", "actor_rollout_ref.actor.ppo_mini_batch_size=1"])
     text = "\n".join(notes)
     assert cfg.actor_rollout_ref.rollout.name == "embedded" and "rollout.name=None" in text
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8 and "launch script" in text
     assert cfg.trainer.device == "auto" and "trainer.device=cuda" in text
-    assert cfg.trainer.default_local_dir == "checkpoints/mine/gsm8k"  # the interpolation stayed live
+    assert cfg.trainer.default_local_dir == "checkpoints/mine/gsm8k"  # the interpolations stayed live
+    assert cfg.critic.ppo_mini_batch_size == 1  # ${oc.select:actor_rollout_ref.actor.ppo_mini_batch_size,256}
     from agentgym.stages.config_command import translate_file
 
     dropped = dict(translate_file("verl", str(FIXTURES / "verl_dumped_config.yaml")).dropped)

@@ -155,7 +155,7 @@ def load_their_yaml(path: str, keep_interpolations_to: Callable[[str], bool] | N
     out: dict[str, Any] = {}
     for key, value in flatten(raw).items():
         if isinstance(value, str) and "${" in value:
-            targets = re.findall(r"\$\{([^}:]+)\}", value)
+            targets = interpolation_targets(value)
             if keep_interpolations_to and targets and all(keep_interpolations_to(t) for t in targets):
                 _put(out, key, value)
                 continue
@@ -166,6 +166,18 @@ def load_their_yaml(path: str, keep_interpolations_to: Callable[[str], bool] | N
                 pass
         _put(out, key, value)
     return out
+
+
+def interpolation_targets(text: str) -> list[str] | None:
+    """The keys ``${a.b}`` and ``${oc.select:a.b,default}`` in ``text`` point at; None when it uses another
+    resolver or a relative key (it can only be resolved where it is)."""
+    targets = []
+    for inner in re.findall(r"\$\{([^}]*)\}", text):
+        key = inner.partition(":")[2].split(",")[0].strip() if inner.startswith("oc.select:") else inner.strip()
+        if not key or key.startswith(".") or ":" in key or not re.fullmatch(r"[\w.]+", key):
+            return None
+        targets.append(key)
+    return targets
 
 
 def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
