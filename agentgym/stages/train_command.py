@@ -141,13 +141,13 @@ def train_command(args: argparse.Namespace) -> int:
                 agent = getattr(flow, "__name__", "agent")
 
             plan = preflight(cfg, agent)
-            check_stages(cfg)
             if agent is None:
                 if not cfg.env.name and not cfg.env.tags:
                     raise ConfigError("no env to train on: pass --env NAME (see `agentgym envs`), data.train_files=FILE "
                                       "(veRL rows: the env is chosen from their data_source) or --agent MODULE:FUNCTION")
-                for name in _env_names(cfg):
+                for name in _env_names(cfg):  # before the stages, which look the env up too
                     _check_env(name)
+            check_stages(cfg)
         except ConfigError as exc:
             print(f"agentgym train: {exc}", file=sys.stderr)
             return 2
