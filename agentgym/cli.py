@@ -195,6 +195,14 @@ def _cmd_env_serve(args: argparse.Namespace) -> int:
     return env_serve_command(args)
 
 
+def _hydra_arguments(p: argparse.ArgumentParser, name_help: str) -> None:
+    """Hydra's ``--config-path DIR --config-name NAME`` (also ``=`` forms, and ROLL's ``--config_path``)."""
+    p.add_argument("--config-path", "--config_path", "-cp", dest="config_path", default=None, metavar="DIR",
+                   help="Hydra's config directory (relative to the working directory)")
+    p.add_argument("--config-name", "--config_name", "-cn", dest="config_name", default=None, metavar="NAME",
+                   help=name_help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgym", description="Environment-first agentic RL gym.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -307,12 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--judge-model", default=None, help="the judge's model name (default: the endpoint's first)")
             p.add_argument("--judge-api-key-env", default=None, metavar="VAR", help="environment variable with its key")
             p.add_argument("--judge-template", default=None, metavar="FILE", help="a prompt template of your own")
+            p.add_argument("--config", "--config-file", default=None,
+                           help="scoring a file: a YAML config (default: configs/evaluation.yaml)")
+            _hydra_arguments(p, "scoring a file: with --config-path, the file DIR/NAME.yaml (Hydra's form)")
             p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                            help="score a file of responses, veRL's main_eval keys (configs/evaluation.yaml): "
                                 "data.path=FILE [data.response_key=...] [custom_reward_function.path=...]")
         p.set_defaults(func=func)
 
     p = sub.add_parser("generate", help="sample responses for a file of prompts (veRL's main_generation)")
+    p.add_argument("--config", "--config-file", default=None, help="a YAML config (default: configs/generation.yaml)")
+    _hydra_arguments(p, "with --config-path: the file DIR/NAME.yaml (Hydra's form)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="configs/generation.yaml keys: data.path=FILE data.output_path=OUT data.n_samples=N ...")
     p.set_defaults(func=_cmd_generate)
@@ -322,9 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--env", help="registered env name; picks configs/env/<name>.yaml when present")
     target.add_argument("--agent", metavar="MODULE:FUNCTION",
                         help="train an OpenAI-client agent through the gateway")
-    p.add_argument("--config", default=None, help="a YAML config to start from (default: configs/train.yaml)")
-    p.add_argument("--config-name", default=None,
-                   help="a named config beside configs/train.yaml, e.g. async_ppo_trainer")
+    p.add_argument("--config", "--config-file", default=None,
+                   help="a YAML config to start from (default: configs/train.yaml); a ROLL, ChatLearn, Claw-R1 or "
+                        "Hydra-composed veRL file is translated first (as `agentgym config --from`)")
+    _hydra_arguments(p, "a named config beside configs/train.yaml (e.g. async_ppo_trainer); with --config-path, "
+                        "the file DIR/NAME.yaml (Hydra's form)")
     p.add_argument("--async", dest="async_", action="store_true",
                    help="asynchronous training: rollout and training overlap (--config-name async_ppo_trainer)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, veRL names")
@@ -332,7 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="translate a veRL, ROLL, ChatLearn or Claw-R1 config into agentgym's")
     p.add_argument("--from", dest="from_system", required=True, choices=["verl", "roll", "chatlearn", "claw-r1"])
-    p.add_argument("file", help="their YAML config")
+    p.add_argument("file", nargs="?", default=None, help="their YAML config (or --config-path DIR --config-name NAME)")
+    _hydra_arguments(p, "with --config-path: their file DIR/NAME.yaml (Hydra's form)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="their keys, applied to the file first")
     p.add_argument("-o", "--output", default=None, help="write the agentgym config here (default: stdout)")
     p.set_defaults(func=_cmd_config)
 
@@ -372,9 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sft", help="supervised fine-tuning on demos or chat data (veRL sft_trainer keys), "
                                    "in the format RL continues from")
-    p.add_argument("--config", default=None, help="a YAML config to start from (default: configs/sft.yaml)")
+    p.add_argument("--config", "--config-file", default=None,
+                   help="a YAML config to start from (default: configs/sft.yaml)")
+    _hydra_arguments(p, "with --config-path: the file DIR/NAME.yaml (Hydra's form); sft_trainer: configs/sft.yaml")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="dotted config overrides, e.g. data.train_files=demos.jsonl model.partial_pretrain=tiny")
+                   help="dotted config overrides (veRL's sft_trainer keys), e.g. data.train_files=demos.jsonl "
+                        "model.partial_pretrain=tiny")
     p.set_defaults(func=_cmd_sft)
 
     p = sub.add_parser("plot", help="draw a run's training curves (reward, success, length, KL, ...) as a PNG")
@@ -412,7 +432,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # KEY=VALUE items after an option (`config --from X FILE -o OUT key=value`): still overrides
+        if hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
+            args.overrides = list(args.overrides or ()) + extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

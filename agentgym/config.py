@@ -24,8 +24,11 @@ How a config is made (``compose_config``), later steps winning:
    resolved after the overrides, so an override of the source reaches the copy.
 4. ``--config FILE``: a user's YAML (it may carry its own ``defaults`` mapping).
 5. Command-line overrides: ``data.train_batch_size=8``, values parsed as YAML
-   (``trainer.logger=[console,tensorboard]``); ``+a.b=c`` adds a key train.yaml lacks (nothing
-   in agentgym reads it: ``Composition.added`` lists them so the caller can say so).
+   (``trainer.logger=[console,tensorboard]``); ``+a.b=c`` (or ``++a.b=c``) adds a key train.yaml lacks
+   (nothing in agentgym reads it: ``Composition.added`` lists them so the caller can say so; another
+   system's key the key policy knows is treated as without the ``+``); Hydra's ``~a.b`` takes a key out
+   again: it gets the value it had before ``--config FILE`` (train.yaml's and the groups').
+   ``hydra_config_file`` turns Hydra's ``--config-path DIR --config-name NAME`` into the file to load.
 
 Every key must be one ``train.yaml`` has (every typo is reported at once, each with the
 closest valid key named) and every value of its default's type. A ``key_policy`` may accept a
@@ -76,6 +79,7 @@ class Composition:
     added: dict[str, Any] = field(default_factory=dict)  # +key=value keys train.yaml lacks
     ignored: dict[str, str] = field(default_factory=dict)  # accepted keys with no effect: key -> reason
     groups: dict[str, str] = field(default_factory=dict)  # the group files used
+    notes: list[str] = field(default_factory=list)  # values read another system's way (the loader's notes)
 
 
 # ---- finding and reading files ----------------------------------------------------------
@@ -170,13 +174,38 @@ def parse_value(text: str) -> Any:
 
 
 def parse_override(item: str) -> tuple[str, Any, bool]:
-    """``"+a.b=c"`` -> ``("a.b", "c", True)``: key, parsed value, whether it may add a new key."""
+    """``"+a.b=c"`` -> ``("a.b", "c", True)``: key, parsed value, whether it may add a new key (Hydra's
+    ``+key=`` and ``++key=``)."""
     key, sep, value = item.partition("=")
     key = key.strip()
     if not sep or not key.lstrip("+"):
-        raise ConfigError(f"an override looks like key=value (e.g. data.train_batch_size=8), got {item!r}")
+        hint = " (Hydra's ~key removes a key: write it without =)" if key.startswith("~") else ""
+        raise ConfigError(f"an override looks like key=value (e.g. data.train_batch_size=8), got {item!r}{hint}")
     add = key.startswith("+")
     return key.lstrip("+"), parse_value(value), add
+
+
+def is_removal(item: str) -> bool:
+    """Hydra's ``~key`` (or ``~key=value``): take ``key`` out of the config."""
+    return item.strip().startswith("~")
+
+
+def hydra_config_file(config_path: str | None, config_name: str | None) -> Path:
+    """Hydra's ``--config-path DIR --config-name NAME``: the file ``DIR/NAME.yaml`` (``DIR`` relative to the
+    working directory, as a launch script run from its repository's root sees it)."""
+    if not config_name:
+        raise ConfigError("--config-path names a directory; give the file in it with --config-name NAME")
+    directory = Path(os.path.expanduser(config_path or "."))
+    name = config_name if config_name.endswith((".yaml", ".yml")) else f"{config_name}.yaml"
+    path = directory / name
+    if not path.is_file():
+        here = sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
+        close = difflib.get_close_matches(Path(name).stem, here, n=1)
+        hint = f" Did you mean --config-name {close[0]}?" if close else ""
+        where = f"{directory} holds: {', '.join(here[:12])}" if here else f"{directory} is not a directory with YAML files"
+        raise ConfigError(f"no config {path} (--config-path {config_path} --config-name {config_name}; the path is "
+                          f"relative to the working directory {Path.cwd()}).{hint} {where}")
+    return path
 
 
 # ---- key checks --------------------------------------------------------------------------
@@ -249,10 +278,13 @@ class _KeyReport:
         return None
 
     def check_mapping(self, data: dict[str, Any], where: str) -> dict[str, Any]:
-        """``data`` without the keys the policy ignores, aliases renamed (errors are recorded)."""
+        """``data`` without the keys the policy ignores, aliases renamed (errors are recorded). The policy
+        judges each value with the file's own interpolations resolved (a dumped veRL config writes
+        ``${oc.select:...}`` for values that are harmless once resolved); the values kept stay as written."""
         keep: dict[str, Any] = {}
+        view = flatten(resolved_where_possible(data))
         for key, value in flatten(data).items():
-            target = self.check(key, value, where)
+            target = self.check(key, view.get(key, value), where)
             if target is not None:
                 keep[target] = value
         return _unflatten(keep)
@@ -262,6 +294,25 @@ class _KeyReport:
             raise ConfigError(self.errors[0])
         if self.errors:
             raise ConfigError(f"{len(self.errors)} config keys cannot be used:\n  " + "\n  ".join(self.errors))
+
+
+def resolved_where_possible(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with each ``${...}`` resolved within ``data`` itself where it can be (others left as written)."""
+    conf = OmegaConf.create(data)
+    try:
+        return OmegaConf.to_container(conf, resolve=True)
+    except Exception:  # noqa: BLE001 - some interpolation points outside the file: resolve key by key
+        pass
+    out: dict[str, Any] = {}
+    for key, value in flatten(data).items():
+        if isinstance(value, str) and "${" in value:
+            try:
+                value = OmegaConf.select(conf, key, throw_on_resolution_failure=True)
+                value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            except Exception:  # noqa: BLE001 - kept as written
+                pass
+        out[key] = value
+    return _unflatten(out)
 
 
 def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
@@ -358,7 +409,11 @@ def compose(
         choices["env"] = env_group
 
     dotted: list[tuple[str, Any, bool]] = []
+    removed: list[str] = []
     for item in overrides:
+        if is_removal(item):
+            removed.append(item.strip().lstrip("~").partition("=")[0].strip())
+            continue
         key, value, add = parse_override(item)
         if key in GROUPS and not add:
             if key == "env" and not (base_dir / "env" / f"{value}.yaml").is_file():
@@ -391,18 +446,27 @@ def compose(
         merged = deep_merge(merged, {"env": {"name": env_name_override}})
     if named:
         merged = deep_merge(merged, named)
+    before_user = copy.deepcopy(merged)
     if user:
         merged = deep_merge(merged, user)
     cfg = OmegaConf.create(merged)
 
     explicit = set(flatten(user))
+    for key in removed:  # Hydra's ~key: the value the file did not set (train.yaml's and the groups')
+        if key not in schema and not _is_open(key) and key not in report.prefixes:
+            report.ignored[key] = "removed with ~ (not a key agentgym has)"
+            continue
+        OmegaConf.update(cfg, key, copy.deepcopy(_lookup(before_user, key)), merge=False, force_add=True)
+        explicit.difference_update({k for k in explicit if k == key or k.startswith(key + ".")})
+    dotted = [d for d in dotted if not any(d[0] == r or d[0].startswith(r + ".") for r in removed)]
     added: dict[str, Any] = {}
     for key, value, add in dotted:
         if key not in schema and not _is_open(key) and key not in report.prefixes:
-            if add:
+            verdict = report.policy(key, value) if report.policy is not None else None
+            if add and verdict is None:  # Hydra's +key=: a key nobody defines, kept and listed
                 added[key] = value
             else:
-                target = report.check(key, value, "the command line", add_hint=True)
+                target = report.check(key, value, "the command line", add_hint=not add)
                 if target is None:
                     continue
                 key = target
@@ -454,6 +518,15 @@ def named_config(base_dir: Path, name: str, base_file: str, schema: dict[str, An
     data = read_yaml(path)
     check_keys({k: v for k, v in data.items() if k != "defaults"}, schema, str(path))
     return data
+
+
+def _lookup(data: dict[str, Any], dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
 
 
 def _plain(value: Any) -> Any:

@@ -14,7 +14,8 @@ greedy gain RL - SFT with its paired standard error (the same 200 levels scored 
 gain, the share of malformed replies per turn (greedy, SFT -> RL: Sokoban's ``well_formed``, or cut at
 the token cap) and the wall minutes; then the mean gain over seeds with the standard error of that
 mean (spread between runs). ``--ablate`` repeats each seed with one change switched off (the
-variants in ``ABLATIONS``), in a table beside the full recipe.
+variants in ``ABLATIONS``), in a table beside the full recipe: each ablation runs RL only, from the
+full recipe's SFT model of the same seed, so the change is the only difference between the two rows.
 
 Targets (issue 22), checked on the full recipe's runs: greedy gain >= ``--min-gain`` (3 points) in
 every run and >= ``--min-mean-gain`` (8 points) on average; malformed replies after RL at each turn at
@@ -67,8 +68,13 @@ class Run:
         return [turns[f"turn{k}/malformed"] for k in range(1, 100) if f"turn{k}/malformed" in turns]
 
 
-def run_once(env_name: str, seed: int, variant: str, overrides: list[str], base: Path, keep_cache: bool) -> Run:
+def run_once(env_name: str, seed: int, variant: str, overrides: list[str], base: Path, keep_cache: bool,
+             start_model: Path | None = None) -> Run:
+    """One ``agentgym train`` in a fresh run directory; ``start_model``: RL from this model (the full
+    recipe's SFT model of the same seed) instead of running the warm start again."""
     run_dir = base / f"{variant.replace(' ', '_')}-seed{seed}" / "run"
+    if start_model is not None:
+        overrides = ["warm_start.enable=false", f"actor_rollout_ref.model.path={start_model}", *overrides]
     env = dict(os.environ)
     if not keep_cache:
         env["AGENTGYM_CACHE"] = str(run_dir.parent / "cache")
@@ -129,9 +135,14 @@ def main() -> int:
     args = parser.parse_args()
 
     base = Path(args.run_dir or tempfile.mkdtemp(prefix="agentgym-learning-"))
-    variants = {"full recipe": []} | (ABLATIONS if args.ablate else {})
-    runs = [run_once(args.env, seed, name, list(args.overrides) + extra, base, args.keep_cache)
-            for name, extra in variants.items() for seed in args.seeds]
+    runs = [run_once(args.env, seed, "full recipe", list(args.overrides), base, args.keep_cache) for seed in args.seeds]
+    if args.ablate:  # RL only, from the full recipe's SFT model of the same seed: the change is the only difference
+        for name, extra in ABLATIONS.items():
+            for full in list(runs[: len(args.seeds)]):
+                sft = Path(full.run_dir) / "warm_start" / "sft" / "huggingface"
+                if full.ok and sft.is_dir():
+                    runs.append(run_once(args.env, full.seed, name, list(args.overrides) + extra, base, args.keep_cache,
+                                         start_model=sft))
     text = report(runs)
     print(f"\n{text}\n({os.cpu_count()} CPUs; runs under {base})")
     (base / "learning.md").write_text(text + "\n")

@@ -113,7 +113,9 @@ def test_roll_agentic_sokoban_translates_and_runs_two_steps(tmp_path):
     assert tr.get("algorithm.adv_estimator") == "reinforce"
     assert tr.get("algorithm.reward_normalization") == {"grouping": "state", "method": "mean_std"}
     assert tr.get("env.custom_envs.LargerSokoban.kwargs.dim_room") == [8, 8]
-    assert any(key == "custom_envs.FrozenLake" for key, _ in tr.dropped)
+    assert tr.get("env.custom_envs.FrozenLake") == {"env": "frozenlake", "max_turns": 3, "kwargs": {
+        "max_steps": 3, "format_penalty": -0.01, "is_slippery": False}}
+    assert tr.get("env.custom_envs.SokobanDifferentGridVocab.kwargs.grid_lookup")[5] == "A"
     path = tmp_path / "roll.yaml"
     path.write_text(tr.yaml())
     cfg = load_config(config_file=path, overrides=["actor_rollout_ref.model.path=tiny", "trainer.use_ray=false",
@@ -126,6 +128,7 @@ def test_roll_agentic_sokoban_translates_and_runs_two_steps(tmp_path):
     last = rows[-1]
     assert last["step"] == 2 and last["episodes"] == 8  # 2 groups x 4
     assert "val/SimpleSokoban/reward/mean" in last and "val/LargerSokoban/reward/mean" in last
+    assert "val/FrozenLake/reward/mean" in last and "val/SokobanDifferentGridVocab/success_rate" in last
 
 
 def test_several_envs_by_tag_with_inductive_normalisation(tmp_path):
@@ -148,3 +151,69 @@ def test_several_envs_by_tag_with_inductive_normalisation(tmp_path):
     assert rows[-1]["episodes"] == 16 and "val/vowel/reward/mean" in rows[-1] and "val/xyz/success_rate" in rows[-1]
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert samples
+
+
+# ---- what ROLL's agentic YAMLs ask for, key by key --------------------------------------------------------
+
+
+def roll(data):
+    from agentgym.compat.roll import translate_roll
+
+    return translate_roll(data)
+
+
+def test_roll_lora_keys_train_adapters_instead_of_every_weight():
+    tr = roll({"actor_train": {"model_args": {"lora_target": "all-linear", "lora_rank": 32, "lora_alpha": 32}},
+               "actor_infer": {"model_args": {"lora_target": "q_proj,v_proj", "lora_rank": 32, "lora_alpha": 32}}})
+    assert tr.get("actor_rollout_ref.model.lora_rank") == 32 and tr.get("actor_rollout_ref.model.lora_alpha") == 32
+    assert tr.get("actor_rollout_ref.model.target_modules") is None  # all-linear
+    assert any("actor_infer.model_args.lora_target" in note for note in tr.notes)  # they differ: said
+    listed = roll({"actor_train": {"model_args": {"lora_target": "q_proj, v_proj", "lora_rank": 8}}})
+    assert listed.get("actor_rollout_ref.model.target_modules") == ["q_proj", "v_proj"]
+
+
+def test_the_turn_token_cap_is_the_smaller_one_and_a_conflict_is_reported():
+    tr = roll({"max_tokens_per_step": 64, "actor_infer": {"generating_args": {"max_new_tokens": 128}}})
+    assert tr.get("actor_rollout_ref.rollout.max_tokens_per_turn") == 64
+    assert any("max_tokens_per_step=64" in note and "max_new_tokens=128" in note for note in tr.notes)
+    same = roll({"max_tokens_per_step": 64, "actor_infer": {"generating_args": {"max_new_tokens": 64}}})
+    assert same.get("actor_rollout_ref.rollout.max_tokens_per_turn") == 64 and not same.notes[1:]
+
+
+def test_roll_gigpo_keys():
+    tr = roll({"adv_estimator": "gigpo", "step_reward_weight": 0.5, "episode_reward_weight": 2.0,
+               "step_reward_gamma": 0.95, "reward_normalization": {"grouping": "traj_group_id", "method": "mean"}})
+    assert tr.get("algorithm.adv_estimator") == "gigpo" and tr.get("algorithm.gamma") == 0.95
+    assert tr.get("algorithm.gigpo") == {"step_advantage_w": 0.5, "episode_advantage_w": 2.0, "mode": "mean_norm"}
+    assert tr.get("algorithm.reward_normalization") is None  # gigpo normalises within its own groups
+
+
+def test_env_config_keys_agentgym_cannot_honour_are_refused_not_dropped():
+    tr = roll({"train_env_manager": {"tags": ["S"]},
+               "custom_envs": {"S": {"env_type": "sokoban", "env_config": {"dim_room": [6, 6], "teleport": True,
+                                                                          "action_pattern": "<think>(.*?)</think>"}}}})
+    refused = dict(tr.refused)
+    assert "custom_envs.S.env_config.teleport" in refused
+    assert "think" in dict(tr.dropped)["custom_envs.S.env_config.action_pattern"]
+    assert tr.get("env.custom_envs.S.kwargs.max_actions_per_turn") == 1  # ROLL reads one action a turn
+
+
+def test_rolls_frozen_lake_default_is_slippery():
+    tr = roll({"train_env_manager": {"tags": ["F"]}, "custom_envs": {"F": {"env_type": "frozen_lake", "env_config": {}}}})
+    assert tr.get("env.custom_envs.F.kwargs.is_slippery") is True
+
+
+def test_the_grid_vocab_sokoban_shows_rolls_symbols():
+    from agentgym.envs.sokoban import SokobanEnv
+
+    env = SokobanEnv(grid_lookup={0: "W", 1: ".", 2: "G", 3: "C", 4: "B", 5: "A", 6: "@"},
+                     grid_vocab={"W": "wall", ".": "empty", "G": "target", "B": "box", "A": "player"})
+    messages, info = env.reset(seed=3)
+    board = messages[1]["content"].split("\n", 1)[1]
+    assert set(board) <= set("W.GCBA@\n") and "A" in board and "#" not in board
+    assert "W: wall, .: empty, G: target, B: box, A: player" in messages[0]["content"]
+    plain = SokobanEnv()
+    plain_board = plain.reset(seed=3)[0][1]["content"].split("\n", 1)[1]
+    assert board == plain_board.translate(str.maketrans("#_O√XPS", "W.GCBA@"))  # the same level, other symbols
+    reply, _, _, _, _ = env.step("<answer>Up</answer>")
+    assert "#" not in reply[0]["content"].split("\n", 1)[1]

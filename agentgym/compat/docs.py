@@ -47,12 +47,29 @@ def verl_tables() -> str:
                                  else f"no effect at {', '.join(_value(u) for u in r.unless)}, refused otherwise",
                                  "refuse": "refused"}[r.action], r.reason if r.action != "alias" else "")
              for r in VERL_RULES]
+    from agentgym.compat.verl import VERL_VALUES
+    from agentgym.compat.verl_sft import SFT_RULES
+
+    values = [(f"`{key}`", _value(theirs), _value(ours), why) for key, table_ in VERL_VALUES.items()
+              for theirs, (ours, why) in table_.items() if theirs != "None"]
     return "\n\n".join([
         "## veRL keys agentgym shares, with their defaults\n\n"
         + table(("key", "veRL default", "agentgym default", "why they differ"), shared),
         "## veRL keys agentgym does not have\n\nThe first rule that matches a key applies (`*` matches any part of "
         "a key).\n\n" + table(("veRL key", "here", "why / what to use"), rules),
+        "## veRL values agentgym spells another way\n\nRead as agentgym's, each with a note when the config "
+        "loads.\n\n" + table(("key", "veRL value", "agentgym value", "why"), values),
+        "## `agentgym sft`: veRL's sft_trainer keys agentgym does not have\n\nThe keys both have are in "
+        "`configs/sft.yaml` under veRL's names.\n\n" + table(("veRL key", "here", "why / what to use"),
+                                                               [_rule_row(r) for r in SFT_RULES]),
     ])
+
+
+def _rule_row(r: object) -> tuple[str, str, str]:
+    here = {"alias": f"alias of `{r.reason}`", "refuse": "refused",
+            "ignore": "no effect" if not isinstance(r.unless, tuple)
+            else f"no effect at {', '.join(_value(u) for u in r.unless)}, refused otherwise"}[r.action]
+    return (f"`{r.pattern}`", here, r.reason if r.action != "alias" else "")
 
 
 def translator_table(keymaps: Sequence[object]) -> str:

@@ -59,7 +59,22 @@ def translate_verl(data: dict[str, Any], system: str = "verl", claw: bool = Fals
             _apply_claw(tr, row, key, value)
         else:
             _verl_key(tr, key, value, system)
+    _verl_values(tr)
     return tr
+
+
+def _verl_values(tr: Translation) -> None:
+    """veRL's spellings of agentgym values (``verl.VERL_VALUES``), and ``trainer.device: cuda`` (veRL's default,
+    written in every veRL file) as ``auto``: the GPU when there is one, else the CPU."""
+    from agentgym.compat.verl import verl_values
+
+    for key, theirs, ours, why in verl_values(tr.get):
+        tr.set(key, ours, key)
+        tr.notes.append(f"{key}={theirs}: {why}")
+    if tr.get("trainer.device") == "cuda":
+        tr.set("trainer.device", "auto", "trainer.device")
+        tr.notes.append("trainer.device=cuda (veRL's default) -> auto: the GPU when there is one, else the CPU "
+                        "(set trainer.device=cuda to insist on a GPU)")
 
 
 CLAW_KEYS: list[KeyMap] = [

@@ -12,6 +12,7 @@ render the "coming from X" pages (``docs.py``).
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,15 @@ class Translation:
                   f"{self.system}`.\n# Run: agentgym train --config THIS_FILE [overrides]\n")
         return header + yaml.safe_dump(self.config, sort_keys=False, default_flow_style=None)
 
+    def summary(self) -> str:
+        """The report without the mapped and dropped lists: the counts, what is not honoured, the notes."""
+        lines = self.report().splitlines()[:1]
+        if self.refused:
+            lines.append("NOT honoured (agentgym cannot do what these ask):")
+            lines += [f"  {key}: {why}" for key, why in self.refused]
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
     def report(self) -> str:
         lines = [f"{self.system} -> agentgym: {len(self.mapped)} setting(s) mapped, {len(self.dropped)} with no "
                  f"effect, {len(self.refused)} not honoured"]
@@ -120,10 +130,12 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_their_yaml(path: str) -> dict[str, Any]:
+def load_their_yaml(path: str, keep_interpolations_to: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """Their file as a plain mapping, ``${...}`` interpolations resolved where they can be. A Hydra
     ``defaults`` list naming files beside it (``../config/traj_envs@_here_``) is merged in first, as
-    Hydra would; entries that are not files here are kept as data (the translator reports them)."""
+    Hydra would; entries that are not files here are kept as data (the translator reports them).
+    ``keep_interpolations_to``: an interpolation whose every target passes it stays as written, so an
+    override of the target still reaches it when agentgym loads the result (veRL's keys are agentgym's)."""
     file = Path(path)
     data = _read(file)
     merged: dict[str, Any] = {}
@@ -139,10 +151,41 @@ def load_their_yaml(path: str) -> dict[str, Any]:
     if kept:
         data["defaults"] = kept
     conf = OmegaConf.merge(merged, data) if merged else OmegaConf.create(data)
-    try:
-        return OmegaConf.to_container(conf, resolve=True)
-    except Exception:  # noqa: BLE001 - an interpolation into a file we do not have: keep the raw text
-        return OmegaConf.to_container(conf, resolve=False)
+    raw = OmegaConf.to_container(conf, resolve=False)
+    out: dict[str, Any] = {}
+    for key, value in flatten(raw).items():
+        if isinstance(value, str) and "${" in value:
+            targets = interpolation_targets(value)
+            if keep_interpolations_to and targets and all(keep_interpolations_to(t) for t in targets):
+                _put(out, key, value)
+                continue
+            try:
+                value = OmegaConf.select(conf, key, throw_on_resolution_failure=True)
+                value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            except Exception:  # noqa: BLE001 - an interpolation into a file we do not have: keep the raw text
+                pass
+        _put(out, key, value)
+    return out
+
+
+def interpolation_targets(text: str) -> list[str] | None:
+    """The keys ``${a.b}`` and ``${oc.select:a.b,default}`` in ``text`` point at; None when it uses another
+    resolver or a relative key (it can only be resolved where it is)."""
+    targets = []
+    for inner in re.findall(r"\$\{([^}]*)\}", text):
+        key = inner.partition(":")[2].split(",")[0].strip() if inner.startswith("oc.select:") else inner.strip()
+        if not key or key.startswith(".") or ":" in key or not re.fullmatch(r"[\w.]+", key):
+            return None
+        targets.append(key)
+    return targets
+
+
+def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
 
 
 def translate(system: str, data: dict[str, Any], table: Sequence[KeyMap],

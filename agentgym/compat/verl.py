@@ -44,7 +44,8 @@ VERL_RULES: list[Rule] = [
          ({},)),
     Rule("*.custom_chat_template", "ignore", "set the chat template in the model directory's tokenizer_config.json",
          (None,)),
-    Rule("*.tokenizer_path", "ignore", "the tokenizer is read from the model path", (None,)),
+    Rule("*.tokenizer_path", "ignore", "the tokenizer is read from the model path (actor_rollout_ref.model.path, "
+         "critic.model.path); a tokenizer from elsewhere is not supported"),
     Rule(f"{AR}.model.hf_config_path", "ignore", "the config is read from the model path", (None,)),
     Rule(f"{AR}.actor.ppo_micro_batch_size", "ignore",
          "the global micro-batch size is deprecated in veRL too: set ppo_micro_batch_size_per_gpu", (None,)),
@@ -59,8 +60,9 @@ VERL_RULES: list[Rule] = [
     Rule(f"{AR}.rollout.over_sample_rate", "ignore", "over-sampling is not supported", (0, 0.0)),
     Rule(f"{AR}.rollout.skip_rollout", "ignore", "rollout dumps are not supported", (False,)),
     Rule(f"{AR}.rollout.multi_turn.tool_config_path", "ignore",
-         "veRL tool configs are not read: tools are registered (agentgym envs --all) and offered by tool envs "
-         "(--env gsm8k_tool)", (None,)),
+         "veRL tool classes (verl.tools.*) are not run, so the rows' tools_kwargs and the tools' rewards would be "
+         "lost: agentgym's tools are registered (agentgym envs --all) and offered by tool envs (--env gsm8k_tool: "
+         "calculator and Python, scored by the final #### answer)", (None,)),
     Rule(f"{AR}.rollout.agent.agent_loop_config_path", "ignore",
          "agent loops are envs or --agent programs here; see docs/coming_from_verl.md", (None,)),
     Rule(f"{AR}.rollout.agent.default_agent_loop", "ignore",
@@ -101,6 +103,7 @@ VERL_RULES: list[Rule] = [
     Rule("*.use_liger", "ignore", PERF),
     Rule("*.tiled_mlp.*", "ignore", PERF),
     Rule("*.mtp.*", "ignore", PERF),
+    Rule("*.mtp", "ignore", "multi-token prediction (MTP) is not supported; it is off unless mtp.enable is set"),
     Rule("*.enable_activation_offload", "ignore", PERF),
     Rule("*.entropy_from_logits_with_chunking", "ignore", PERF),
     Rule("*.entropy_checkpointing", "ignore", PERF),
@@ -285,6 +288,34 @@ DEFAULT_EXCEPTIONS: dict[str, str] = {
     "trainer.default_local_dir": "null: outputs/<project_name>/<experiment_name>",
     "trainer.device": "auto: cuda when there is one, else cpu",
 }
+
+
+VERL_VALUES: dict[str, dict[Any, tuple[Any, str]]] = {
+    f"{AR}.rollout.name": {
+        "hf": ("embedded", "veRL's Hugging Face rollout (transformers' generate) is agentgym's embedded server"),
+        None: ("embedded", "no engine named (a dumped veRL config writes None): agentgym's embedded server"),
+        "None": ("embedded", "no engine named (a dumped veRL config writes None): agentgym's embedded server"),
+    },
+}
+"""veRL values of agentgym keys that agentgym spells another way: key -> {their value: (ours, why)}. Applied
+when a config is loaded (``agentgym.trainer.config.compose_training``), each with a note."""
+
+
+VERL_LEFT_NULL = (f"{AR}.actor.ppo_micro_batch_size_per_gpu", "critic.forward_micro_batch_size_per_gpu")
+"""Sizes veRL's dumped configs leave null for the launch script to set (veRL refuses to run without them):
+agentgym takes its own default, with a note."""
+
+
+def verl_values(get: Any) -> list[tuple[str, Any, Any, str]]:
+    """``(key, their value, ours, why)`` for each key whose value (``get(key)``) is a veRL spelling."""
+    out = []
+    for key, table in VERL_VALUES.items():
+        value = get(key)
+        for theirs, (ours, why) in table.items():
+            if value == theirs and (theirs is not None or value is None):
+                out.append((key, value, ours, why))
+                break
+    return out
 
 
 def verl_key_policy(key: str, value: Any) -> Verdict | None:

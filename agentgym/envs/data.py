@@ -77,26 +77,36 @@ def resolve_data_files(data_files: str | Path | Sequence[str | Path] | None, spl
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of one ``.jsonl`` (one JSON object per line), ``.json`` (a list of objects) or
-    ``.parquet`` file, as plain dicts."""
+    """All rows of one ``.parquet`` file or one JSON file, as plain dicts. A JSON file is read by its
+    content, whatever its extension: a list of objects, or JSON lines (one object per line: what
+    ``datasets.Dataset.to_json`` writes, which ChatLearn's preprocessing names ``train.json``)."""
     path = Path(path)
     if path.suffix == ".parquet":
         return _read_parquet(path)
-    if path.suffix == ".json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
+    return [row for _, row in json_rows(path)]
+
+
+def json_rows(path: Path) -> list[tuple[str, Any]]:
+    """``(where, row)`` of a JSON file holding a list of rows (where: ``"row K"``) or JSON lines (``"line N"``)."""
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: a JSON list of rows that does not parse ({exc})") from None
         if not isinstance(rows, list):
-            raise DataError(f"{path}: a .json data file must hold a list of row objects")
-        return rows
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
-    return rows
+            raise DataError(f"{path}: a JSON data file holds a list of rows or one JSON object per line")
+        return [(f"row {k}", row) for k, row in enumerate(rows)]
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((f"line {lineno}", json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); a data file holds a JSON list of rows or "
+                            f"one JSON object per line") from None
+    return out
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:

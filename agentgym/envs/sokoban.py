@@ -51,6 +51,18 @@ SYSTEM_PROMPT = (
 """The rules message (``{max_moves}``: ``max_actions_per_turn``). Kept short: with a small model
 every prompt token is paid for in every episode."""
 
+GRID_PROMPT = (
+    "You are playing Sokoban. Push every box onto a target (you push, never pull). "
+    "The meaning of each symbol in the state is: {legend}. "
+    "Answer like <answer>Up || Left</answer>: at most {max_moves} moves of Up, Down, Left, Right."
+)
+"""The rules message when ``grid_lookup`` / ``grid_vocab`` name other symbols (ROLL's GridVocab Sokoban)."""
+
+CELLS = ("#", "_", "O", "√", "X", "P", "S")
+"""The board's own symbols in ROLL's cell-id order (``grid_lookup`` keys 0..6): wall, floor, target, box on
+target, box, player, player on target."""
+CELL_MEANINGS = ("wall", "empty", "target", "box on target", "box", "player", "player on target")
+
 MAX_REPLY_CHARS = 8192
 """Only this many trailing characters of a reply (or of a tool call's arguments) are read."""
 
@@ -69,6 +81,15 @@ _TARGET_BYTES = str.maketrans({"#": "\x00", "\n": "\x00", "_": "\x00", "O": "\x0
                                "√": "\x01", "P": "\x00", "S": "\x01"})
 _BOX_BYTES = str.maketrans({"#": "\x00", "\n": "\x00", "_": "\x00", "O": "\x00", "X": "\x01",
                             "√": "\x01", "P": "\x00", "S": "\x00"})
+
+
+def legend_pairs(grid_vocab: Any) -> list[tuple[str, str]]:
+    """ROLL's ``grid_vocab`` (symbol -> meaning) as pairs; also given as a list of ``[symbol, meaning]`` pairs,
+    the form a config carries it in (a symbol such as ``.`` cannot be a config key)."""
+    if not grid_vocab:
+        return []
+    items = grid_vocab.items() if isinstance(grid_vocab, dict) else grid_vocab
+    return [(str(symbol), str(meaning)) for symbol, meaning in items]
 
 
 def move_tool() -> dict[str, Any]:
@@ -190,6 +211,8 @@ class SokobanEnv(TextEnv):
     ``info["tools"]`` (default); ``system_prompt`` replaces the rules message (``{max_moves}``
     is filled in). ``strict_format`` plays only well-formed text replies (``info["well_formed"]``):
     anything else (a doubled tag, text after the answer, more moves than the cap) is a format error.
+    ``grid_lookup`` (ROLL's cell ids 0..6 -> the symbols shown) and ``grid_vocab`` (symbol -> meaning, the
+    legend in the rules message) draw the board in other symbols, as ROLL's GridVocab Sokoban does.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -201,6 +224,7 @@ class SokobanEnv(TextEnv):
                  penalty_box_off_target: float = -1.0, reward_finished: float = 10.0,
                  format_penalty: float = -0.1, max_search_nodes: int | None = None,
                  offer_tools: bool = True, system_prompt: str | None = None, strict_format: bool = False,
+                 grid_lookup: dict[Any, str] | None = None, grid_vocab: Any = None,
                  render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
         height, width = (int(x) for x in dim_room)
@@ -221,8 +245,18 @@ class SokobanEnv(TextEnv):
         self._chars: list[str] | None = None
         self.offer_tools = bool(offer_tools)
         self.strict_format = bool(strict_format)
-        self._system = (SYSTEM_PROMPT if system_prompt is None else system_prompt).format(
-            max_moves=self.max_actions_per_turn)
+        symbols = list(CELLS)
+        for key, symbol in (grid_lookup or {}).items():  # ROLL: {0: "W", 1: ".", 2: "G", ...}
+            if not 0 <= int(key) < len(CELLS):
+                raise ValueError(f"grid_lookup keys are ROLL's cell ids 0..6, got {key!r}")
+            symbols[int(key)] = str(symbol)
+        self._shown_table = str.maketrans(dict(zip(CELLS, symbols))) if symbols != list(CELLS) else None
+        prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
+        if system_prompt is None and (grid_lookup or grid_vocab):
+            vocab = legend_pairs(grid_vocab) or list(zip(symbols, CELL_MEANINGS))
+            prompt = GRID_PROMPT.replace("{legend}", ", ".join(f"{k}: {v}" for k, v in vocab).replace("{", "{{")
+                                         .replace("}", "}}"))
+        self._system = prompt.format(max_moves=self.max_actions_per_turn)
         self._plans: dict[tuple[int, tuple[int, ...]], list[str]] = {}
 
     # ---- gymnasium API -------------------------------------------------------------------
@@ -245,8 +279,8 @@ class SokobanEnv(TextEnv):
             raise TypeError(f"options['level'] must be a Level or board text, got {type(level).__name__}")
         self._load(level)
         board = self._board
-        user = f"Boxes: {self._num_boxes}. Moves left: {self.max_steps}.\n{board}"
-        info: dict[str, Any] = {"level": board, "num_boxes": self._num_boxes, "state_key": board}
+        user = f"Boxes: {self._num_boxes}. Moves left: {self.max_steps}.\n{self._shown(board)}"
+        info: dict[str, Any] = {"level": self._shown(board), "num_boxes": self._num_boxes, "state_key": board}
         if self.offer_tools:
             info["tools"] = [move_tool()]
         return [{"role": "system", "content": self._system}, {"role": "user", "content": user}], info
@@ -297,7 +331,11 @@ class SokobanEnv(TextEnv):
 
     def render(self) -> str | None:
         """The board as text, one row per line (None before the first reset)."""
-        return self._board if self._chars is not None else None
+        return self._shown(self._board) if self._chars is not None else None
+
+    def _shown(self, board: str) -> str:
+        """The board in the symbols the model is shown (``grid_lookup``)."""
+        return board.translate(self._shown_table) if self._shown_table is not None else board
 
     def expert_action(self) -> str | None:
         """The expert's reply to the current board: the next ``max_actions_per_turn`` moves of a
@@ -404,7 +442,8 @@ class SokobanEnv(TextEnv):
         self._board = board = "".join(chars)
         head = f"Only the first {self.max_actions_per_turn} moves were used. " if cut else ""
         return reward, (f"{head}Moves: {', '.join(notes) or 'none'}. Reward: {reward:+g}. "
-                        f"Boxes on targets: {on}/{self._num_boxes}. Moves left: {self.max_steps - steps}.\n{board}")
+                        f"Boxes on targets: {on}/{self._num_boxes}. Moves left: {self.max_steps - steps}.\n"
+                        f"{self._shown(board)}")
 
     def _reject(self, error: str) -> tuple[float, str]:
         self._format_errors += 1
@@ -412,7 +451,7 @@ class SokobanEnv(TextEnv):
         return self.format_penalty, (
             f"Invalid reply: {error}. Nothing moved. Reward: {self.format_penalty:+g}. "
             f"Answer like <answer>Up || Left</answer> (Up, Down, Left, Right; at most "
-            f"{self.max_actions_per_turn}). Moves left: {self.max_steps - self._steps}.\n{self._board}"
+            f"{self.max_actions_per_turn}). Moves left: {self.max_steps - self._steps}.\n{self._shown(self._board)}"
         )
 
     def _final_info(self) -> dict[str, Any]:

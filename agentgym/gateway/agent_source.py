@@ -12,11 +12,15 @@
 
 An *agent* is any function ``agent(base_url, api_key, task)``: it talks to ``base_url`` with the
 ``openai`` client and that key, however it likes (tools, many turns, re-sent or edited history).
-Sync functions run in a thread pool, ``async def`` ones on the event loop. The return value may
-be a number: it is posted as the session's final reward (added to any reward function the task
-names, e.g. ``{"reward_fn": "gsm8k", "ground_truth": "72"}``). An agent that raises (or runs past
-``agent_timeout``) finishes its session ``failed``: its trajectories are kept for inspection,
-never trained on. ``task`` reaches the agent without its answer (``hidden_keys``).
+Sync functions run in a thread pool, ``async def`` ones on the event loop. The reward of a session
+is the reward function its task names (e.g. ``{"reward_fn": "gsm8k", "ground_truth": "72"}``) plus
+the agent's return value when that is a float; any other return value (an int such as a count of
+turns, a bool, a string) is not taken as a reward and is warned about once, as is a run whose
+sessions get no reward from either. An agent that raises (or runs past ``agent_timeout``) finishes
+its session ``failed``: its trajectories are kept for inspection, never trained on (a session with
+no turn gives one empty failed trajectory, so the trainer's failed-episode check sees it); an agent
+the gateway refused with 401 is told to send the ``api_key`` it was given. ``task`` reaches the agent
+without its answer (``hidden_keys``).
 
 For each task the source opens ``n`` sessions that share a group id (one GRPO group), runs the
 agent once per session, finishes the sessions and collects their trajectories in a ``DataPool``;
@@ -30,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import numbers
 import os
 import sys
@@ -46,6 +51,8 @@ from agentgym.rollout.data_pool import DataPool
 from agentgym.rollout.metrics import summarize
 from agentgym.rollout.runner import epoch_order
 from agentgym.types import Trajectory
+
+log = logging.getLogger("agentgym.trainer")
 
 AgentFn = Callable[[str, str, dict[str, Any]], Any]
 HIDDEN_KEYS = ("ground_truth", "reward_model")
@@ -245,15 +252,43 @@ class AgentTrajectorySource:
             try:
                 result = await asyncio.wait_for(self._call(info["base_url"], info["api_key"], visible),
                                                 self.agent_timeout)
-                if isinstance(result, numbers.Real):
-                    reward = float(result)
+                reward = self._reward_of(result, task)
             except asyncio.TimeoutError:
                 failure = f"the agent ran past agent_timeout={self.agent_timeout}s"
             except Exception as exc:
-                failure = f"the agent raised {type(exc).__name__}: {exc}"
+                failure = agent_failure(exc)
             trajectories = await self.client.finish_session(info["id"], failure=failure, reward=reward)
+        if failure is not None and not trajectories:  # no model call got through: still an episode that failed
+            trajectories = [Trajectory(group_id=group_id, status="failed", failure=failure, task=visible)]
         self.pool.add(group_id, trajectories)
         return failure
+
+    def _reward_of(self, result: Any, task: dict[str, Any]) -> float | None:
+        """The agent's return value as the session's reward: a float is; anything else is not (warned once)."""
+        from agentgym.gateway.rewards import task_reward_fn
+
+        named = task_reward_fn(task)
+        if not getattr(self, "_said_reward", False):
+            self._said_reward = True
+            log.warning("agent sessions are rewarded by %s plus the agent's return value when it is a float",
+                        f"the tasks' reward function ({named})" if named else "the reward function each task names")
+        if isinstance(result, numbers.Real) and not isinstance(result, numbers.Integral):
+            return float(result)
+        if result is not None:
+            self._warn_once(type(result).__name__,
+                            f"the agent returned {result!r} ({type(result).__name__}): not taken as its reward (only "
+                            f"a float is; an int is likely a count, e.g. of turns). Return float(reward) to post it")
+        elif not named:
+            self._warn_once("none", "the agent returned nothing and its task names no reward_fn: the session's "
+                                    "reward is 0. Return a float, or give the tasks a reward_fn (veRL rows' "
+                                    "data_source picks one)")
+        return None
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        warned = self.__dict__.setdefault("_warned", set())
+        if kind not in warned:
+            warned.add(kind)
+            log.warning("%s", message)
 
     async def _call(self, base_url: str, api_key: str, task: dict[str, Any]) -> Any:
         if self.is_async:
@@ -295,6 +330,16 @@ class AgentTrajectorySource:
         if self._handle is not None:
             await asyncio.to_thread(self._handle.stop)
             self._handle = None
+
+
+def agent_failure(exc: BaseException) -> str:
+    """Why an agent run failed, from what it raised; a 401 from the gateway says what to fix."""
+    status = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
+    if status == 401 or type(exc).__name__ == "AuthenticationError":
+        return (f"the gateway refused the agent's API key (401 {type(exc).__name__}: {exc}): the agent must call "
+                f"the model with the api_key it is given, agent(base_url, api_key, task) -> "
+                f"OpenAI(base_url=base_url, api_key=api_key), not OPENAI_API_KEY or a key of its own")
+    return f"the agent raised {type(exc).__name__}: {exc}"
 
 
 def trajectory_source(cfg: Any, agent: str, servers: Any) -> Any:

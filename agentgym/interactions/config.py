@@ -16,6 +16,7 @@ added to the config the class is built with.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,22 @@ class InteractionConfigError(ValueError):
     """An interaction YAML entry is malformed or names a class that cannot be found."""
 
 
+VERL_BUILTINS = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "gsm8k"}
+"""veRL's own interaction classes -> agentgym's built-in of the same behaviour, so veRL's interaction YAML
+(``examples/sglang_multiturn/config/interaction_config/gsm8k_interaction_config.yaml``) runs as written."""
+
+
 def interaction_class(class_name: str) -> type:
-    """The class for ``class_name``: a registered interaction name or a dotted import path."""
+    """The class for ``class_name``: a registered interaction name, one of veRL's built-ins
+    (``VERL_BUILTINS``) or a dotted import path."""
+    class_name = VERL_BUILTINS.get(class_name.replace(":", "."), class_name)
     if class_name in INTERACTIONS.names():
         return INTERACTIONS.get(class_name)
+    if class_name.startswith("verl.") and importlib.util.find_spec("verl") is None:
+        raise InteractionConfigError(
+            f"interaction class_name {class_name!r} is veRL's, and veRL is not installed; agentgym's built-ins: "
+            f"{', '.join(INTERACTIONS.names())} (veRL's {', '.join(VERL_BUILTINS)} maps to them), or a class of "
+            f"your own as 'package.module.ClassName'")
     module_name, sep, attr = class_name.partition(":") if ":" in class_name else class_name.rpartition(".")
     if not sep or not module_name or not attr:
         raise InteractionConfigError(

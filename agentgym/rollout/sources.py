@@ -154,6 +154,11 @@ class EnvRolloutSource:
                           top_k=int(val.top_k), **common),
             env_kwargs=val_kwargs,
         )
+        self.baseline_runner = None
+        if str(cfg.algorithm.adv_estimator) == "remax":  # veRL's ReMax: one greedy episode per task as its baseline
+            self.baseline_runner = RolloutRunner(
+                env_cfg.name, client, tokenizer,
+                RolloutConfig(n=1, temperature=0.0, top_p=1.0, top_k=-1, **common), env_kwargs=train_kwargs)
         self.sampler: TaskSampler | None = None
         self._pending_state: dict[str, int] | None = None
         self.last_metrics: dict[str, float] = {}
@@ -178,7 +183,23 @@ class EnvRolloutSource:
         tasks = [Task(seed=t["seed"], index=t.get("index")) for t in sampler.next_batch()]
         result = await self.train_runner.run(tasks)
         self.last_metrics = result.metrics
+        if self.baseline_runner is not None:
+            await self.add_greedy_baselines(tasks, result.trajectories)
         return result.trajectories
+
+    async def add_greedy_baselines(self, tasks: list[Any], trajectories: list[Trajectory]) -> None:
+        """ReMax: one greedy episode per task; its score (as the trainer scores: the reward coefficients
+        applied) becomes ``metrics["reward_baseline"]`` of every sampled episode of that task. The greedy
+        episodes are not trained on."""
+        a = self.cfg.algorithm
+        turn_coef, outcome_coef = float(a.turn_reward_coef), float(a.outcome_reward_coef)
+        greedy = (await self.baseline_runner.run(tasks)).trajectories
+        scores = {t.seed: sum(t.token_rewards(turn_coef, outcome_coef)) for t in greedy}
+        for traj in trajectories:
+            if traj.seed in scores:
+                traj.metrics["reward_baseline"] = float(scores[traj.seed])
+        if greedy:
+            self.last_metrics["rollout/reward_baseline_mean"] = sum(scores.values()) / len(scores)
 
     # ---- asynchronous training -------------------------------------------------------------
     resumes_aborted = True
@@ -220,6 +241,8 @@ class EnvRolloutSource:
     async def aclose(self) -> None:
         await self.train_runner.aclose()
         await self.val_runner.aclose()
+        if self.baseline_runner is not None:
+            await self.baseline_runner.aclose()
 
 
 def round_size(cfg: Any) -> int:

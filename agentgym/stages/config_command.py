@@ -1,9 +1,15 @@
-"""``agentgym config --from verl|roll|chatlearn|claw-r1 THEIR.yaml [-o agentgym.yaml]``.
+"""``agentgym config --from verl|roll|chatlearn|claw-r1 THEIR.yaml [-o agentgym.yaml]``, and their files and
+keys given straight to ``agentgym train``.
 
 Translates their config file into agentgym's, prints where every key went (mapped, no effect,
 not honoured, each with its reason), and writes the agentgym config (``-o``; else to stdout, with the
 report on stderr). The written config is loaded once with ``load_config`` before the command ends, so
 a translation that would not run says so here.
+
+``resolve_command_line`` does the same for ``agentgym train``'s own command line: Hydra's
+``--config-path``/``--config-name`` (or ROLL's ``--config_path``/``--config_name``), a ROLL, ChatLearn,
+Claw-R1 or Hydra-composed veRL file given as ``--config``, and their keys among the overrides are
+translated first (the report printed), so a launch script runs with only the command name changed.
 """
 
 from __future__ import annotations
@@ -11,22 +17,108 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym.config import ConfigError
+from agentgym.config import ConfigError, hydra_config_file, named_configs, read_yaml
 
 SYSTEMS = ("verl", "roll", "chatlearn", "claw-r1")
+VERL_BASES = {"ppo_trainer": "veRL's ppo_trainer.yaml is agentgym's configs/train.yaml",
+              "_generated_ppo_trainer": "veRL's ppo_trainer.yaml is agentgym's configs/train.yaml",
+              "ppo_megatron_trainer": "veRL's ppo_megatron_trainer.yaml is agentgym's configs/train.yaml (agentgym "
+                                      "trains with FSDP2, not Megatron)",
+              "sft_trainer": "veRL's sft_trainer.yaml is agentgym's configs/sft.yaml",
+              "generation": "veRL's generation.yaml is agentgym's configs/generation.yaml",
+              "evaluation": "veRL's evaluation.yaml is agentgym's configs/evaluation.yaml"}
 
 
-def translate_file(system: str, path: str) -> Any:
-    """The ``Translation`` of the file at ``path`` from ``system``."""
-    from agentgym.compat.roll import translate_roll
-    from agentgym.compat.systems import TRANSLATORS
+def translate_file(system: str, path: str, overrides: Sequence[str] = ()) -> Any:
+    """The ``Translation`` of the file at ``path`` from ``system`` (``overrides``: their command-line keys,
+    applied to the file first as Hydra would)."""
+    from agentgym.compat.command_line import merge_overrides
+    from agentgym.compat.systems import schema
     from agentgym.compat.translate import load_their_yaml
 
-    data = load_their_yaml(path)
+    keep = (lambda key: key in schema()) if system in ("verl", "claw-r1") else None
+    data = merge_overrides(load_their_yaml(path, keep_interpolations_to=keep), overrides)
+    return translate_data(system, data)
+
+
+def translate_data(system: str, data: dict[str, Any]) -> Any:
+    from agentgym.compat.roll import translate_roll
+    from agentgym.compat.systems import TRANSLATORS
+
     return translate_roll(data) if system == "roll" else TRANSLATORS[system](data)
+
+
+@dataclass
+class CommandLine:
+    """What ``agentgym train`` composes once another system's files and keys are translated."""
+
+    config_file: str | None
+    overrides: list[str]
+    config_name: str | None  # an agentgym named config (configs/<name>.yaml)
+    notes: list[str] = field(default_factory=list)  # printed before the run
+    temp_file: str | None = None  # a translation written for this run; delete() removes it
+
+    def delete(self) -> None:
+        if self.temp_file:
+            Path(self.temp_file).unlink(missing_ok=True)
+
+
+def ours(key: str) -> bool:
+    """Whether ``key`` is agentgym's (``train.yaml``, an open section, a veRL key agentgym understands)."""
+    from agentgym.compat.systems import _open, schema
+    from agentgym.compat.verl import verl_key_policy
+
+    known = schema()
+    return (key in known or _open(key) or any(k.startswith(key + ".") for k in known)
+            or verl_key_policy(key, None) is not None)
+
+
+def resolve_command_line(config_file: str | None, overrides: Sequence[str], config_path: str | None = None,
+                         config_name: str | None = None) -> CommandLine:
+    """``agentgym train``'s files and overrides with every other system's part translated (see the module
+    docstring). Raises ``ConfigError`` naming what to change."""
+    from agentgym.compat.command_line import split_overrides, system_of
+
+    notes: list[str] = []
+    named = None
+    if config_path is not None or (config_name and config_name not in named_configs()
+                                   and config_name not in VERL_BASES):
+        if config_file is not None:
+            raise ConfigError("give the config once: --config FILE, or --config-path DIR --config-name NAME")
+        if config_path is None:
+            raise ConfigError(f"--config-name {config_name}: no such agentgym config (named configs: "
+                              f"{', '.join(named_configs())}); for a file of your own add --config-path DIR "
+                              f"(Hydra's form) or pass --config FILE")
+        config_file = str(hydra_config_file(config_path, config_name))
+    elif config_name in VERL_BASES:
+        notes.append(f"--config-name {config_name}: {VERL_BASES[config_name]}")
+    elif config_name:
+        named = config_name
+    system = system_of(read_yaml(Path(config_file))) if config_file else None
+    system, theirs, mine = split_overrides(list(overrides), system, ours)
+    if system is None:
+        return CommandLine(config_file, mine, named, notes)
+    if config_file is None:
+        translation = translate_data(system, _from_overrides(theirs))
+    else:
+        translation = translate_file(system, config_file, theirs)
+    where = config_file or "the command line"
+    notes.append(f"{where} holds {system}'s keys: translated as `agentgym config --from {system}` does (it prints "
+                 f"where each key went)\n" + translation.summary())
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"agentgym-from-{system}-", delete=False) as f:
+        f.write(translation.yaml())
+    return CommandLine(f.name, mine, named, notes, temp_file=f.name)
+
+
+def _from_overrides(items: Sequence[str]) -> dict[str, Any]:
+    from agentgym.compat.command_line import merge_overrides
+
+    return merge_overrides({}, items)
 
 
 def check_loads(text: str) -> None:
@@ -43,11 +135,20 @@ def check_loads(text: str) -> None:
 
 def config_command(args: argparse.Namespace) -> int:
     system, path = args.from_system, args.file
-    if not Path(path).is_file():
-        print(f"agentgym config: {path} is not a file", file=sys.stderr)
+    try:
+        if getattr(args, "config_path", None) or getattr(args, "config_name", None):
+            if path:
+                raise ConfigError("give their file once: FILE, or --config-path DIR --config-name NAME")
+            path = str(hydra_config_file(args.config_path, args.config_name))
+    except ConfigError as exc:
+        print(f"agentgym config: {exc}", file=sys.stderr)
+        return 2
+    if not path or not Path(path).is_file():
+        print(f"agentgym config: {path or 'no file given'} is not a file (give FILE or --config-path DIR "
+              f"--config-name NAME)", file=sys.stderr)
         return 2
     try:
-        translation = translate_file(system, path)
+        translation = translate_file(system, path, list(getattr(args, "overrides", None) or ()))
     except (ValueError, OSError) as exc:
         print(f"agentgym config: cannot read {path}: {exc}", file=sys.stderr)
         return 2

@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from agentgym.config import ConfigError, compose_config
+from agentgym.config import ConfigError, compose
 from agentgym.stages.sft_data import SFTDataError, iter_batches, load_sft_trajectories
 from agentgym.trainer import checkpoint
 from agentgym.trainer.batch import build_batch, pad_for_workers, update_plan
@@ -42,9 +42,37 @@ log = logging.getLogger("agentgym.trainer")
 
 
 def load_sft_config(config_file: str | None = None, overrides: Sequence[str] = (),
-                    directory: str | None = None) -> DictConfig:
-    """``configs/sft.yaml`` + ``config_file`` + overrides, checked."""
-    cfg = compose_config(None, config_file, overrides, directory, base_name="sft")
+                    directory: str | None = None, warn: bool = True) -> DictConfig:
+    """``configs/sft.yaml`` + ``config_file`` + overrides, checked; veRL's ``sft_trainer.yaml`` keys that
+    agentgym lacks are understood through ``agentgym.compat.verl_sft`` (each no-effect key warned about)."""
+    from agentgym.compat.verl_sft import sft_key_policy
+
+    composition = compose(None, config_file, overrides, directory, base_file="sft.yaml", key_policy=sft_key_policy)
+    cfg = composition.cfg
+    if warn:
+        for key, reason in sorted(composition.ignored.items()):
+            log.warning("%s: no effect in agentgym sft: %s", key, reason)
+        if composition.added:
+            log.warning("%s: nothing in agentgym sft reads these keys", ", ".join(f"+{k}" for k in composition.added))
+    if cfg.model.strategy == "fsdp":  # veRL's FSDP: FSDP2 on GPUs, plain data parallel on CPU
+        cfg.model.strategy = "auto"
+    if cfg.model.target_modules == "all-linear":
+        cfg.model.target_modules = None
+    if cfg.trainer.device == "cuda":
+        from agentgym.trainer.preflight import cuda_devices
+
+        if cuda_devices() == 0:
+            raise ConfigError("trainer.device=cuda but this machine has no CUDA device (torch.cuda.is_available() is "
+                              "False); set trainer.device=auto (the GPU when there is one, else the CPU) or cpu")
+    from agentgym.trainer.preflight import _importable
+
+    missing = [f"{why}: pip install {package}" for package, why in (
+        ("peft", f"model.lora_rank={cfg.model.lora_rank}") if int(cfg.model.lora_rank or 0) > 0 else (None, ""),
+        ("wandb", "trainer.logger has wandb") if "wandb" in cfg.trainer.logger else (None, ""),
+        ("tensorboard", "trainer.logger has tensorboard") if "tensorboard" in cfg.trainer.logger else (None, ""),
+    ) if package and not _importable(package)]
+    if missing:
+        raise ConfigError("the config needs packages that are not installed:\n  " + "\n  ".join(missing))
     if cfg.data.multiturn.enable:
         cfg.data.messages_key = cfg.data.multiturn.messages_key
         cfg.data.tools_key = cfg.data.multiturn.tools_key
@@ -76,7 +104,11 @@ def worker_config(cfg: DictConfig) -> dict[str, Any]:
                     ("device", "seed", "cpu_threads_per_worker", "nnodes", "n_gpus_per_node")},
         "actor_rollout_ref": {
             "model": {"path": str(cfg.model.partial_pretrain), "dtype": str(cfg.model.dtype),
-                      "enable_gradient_checkpointing": bool(cfg.model.enable_gradient_checkpointing)},
+                      "enable_gradient_checkpointing": bool(cfg.model.enable_gradient_checkpointing),
+                      "lora_rank": int(cfg.model.lora_rank), "lora_alpha": float(cfg.model.lora_alpha),
+                      "target_modules": OmegaConf.to_container(cfg.model.target_modules)
+                      if OmegaConf.is_config(cfg.model.target_modules) else cfg.model.target_modules,
+                      "lora_export_merged": True},  # RL continues from a whole model
             "actor": {
                 "strategy": str(cfg.model.strategy),
                 "optim": {"lr": float(optim.lr), "betas": list(optim.betas), "weight_decay": float(optim.weight_decay),
@@ -109,17 +141,21 @@ class SFTTrainer:
         except ValueError as exc:  # no chat template
             raise SFTDataError(f"{exc}. Give the model a tokenizer with a chat_template (tokenizer_config.json), "
                                f"or start from one that has it (model.partial_pretrain=tiny works offline)") from None
-        self.chat = ChatTokenizer(tokenizer)
+        template_kwargs = OmegaConf.to_container(cfg.data.apply_chat_template_kwargs) or None
+        self.chat = ChatTokenizer(tokenizer, template_kwargs=template_kwargs)
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                 else tokenizer.eos_token_id or 0)
         data = cfg.data
         common = {"messages_key": data.messages_key, "prompt_key": data.prompt_key, "response_key": data.response_key,
+                  "prompt_dict_keys": _files(data.prompt_dict_keys), "response_dict_keys": _files(data.response_dict_keys),
                   "tools_key_name": data.tools_key, "max_length": int(data.max_length),
                   "truncation": str(data.truncation), "expect_env": data.env}
-        self.train_set, self.skipped = load_sft_trajectories(_files(data.train_files), self.chat, **common)
+        self.train_set, self.skipped = load_sft_trajectories(_files(data.train_files), self.chat,
+                                                             max_samples=int(data.train_max_samples), **common)
         self.val_set: list[Trajectory] = []
         if data.val_files:
-            self.val_set, _ = load_sft_trajectories(_files(data.val_files), self.chat, **common)
+            self.val_set, _ = load_sft_trajectories(_files(data.val_files), self.chat,
+                                                    max_samples=int(data.val_max_samples), **common)
             if data.val_batch_size:
                 self.val_set = self.val_set[: int(data.val_batch_size)]
         self.batch_size = int(data.train_batch_size)
@@ -268,8 +304,20 @@ def run_sft(cfg: DictConfig, show_progress: bool = True) -> dict[str, Any]:
 
 def sft_command(args: argparse.Namespace) -> int:
     """``agentgym sft [--config FILE] KEY=VALUE ...``."""
+    from agentgym.config import hydra_config_file
+
+    if not log.handlers and not logging.getLogger().handlers:  # the key notes, readable on the command line
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("agentgym sft: warning: %(message)s"))
+        log.addHandler(handler)
     try:
-        cfg = load_sft_config(getattr(args, "config", None), list(args.overrides or ()))
+        config_file, name = getattr(args, "config", None), getattr(args, "config_name", None)
+        if getattr(args, "config_path", None) or (name and name != "sft_trainer"):
+            if config_file:
+                raise ConfigError("give the config once: --config FILE, or --config-path DIR --config-name NAME")
+            config_file = str(hydra_config_file(getattr(args, "config_path", None), name))
+        cfg = load_sft_config(config_file, list(args.overrides or ()))
         trainer = SFTTrainer(cfg)
     except (ConfigError, SFTDataError) as exc:
         print(f"agentgym sft: {exc}", file=sys.stderr)

@@ -51,34 +51,44 @@ def read_rows(files: str | Sequence[str]) -> list[dict[str, Any]]:
                 raise SFTDataError(f"{p} is Parquet, which needs pyarrow: pip install 'agentgym[parquet]'") from None
             rows += pq.read_table(p).to_pylist()
             continue
-        with open(p, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    raise SFTDataError(f"{p}:{number} is not JSON ({exc})") from None
-                if not isinstance(row, dict):
-                    raise SFTDataError(f"{p}:{number} is not a JSON object")
-                row.setdefault("_where", f"{p}:{number}")
-                rows.append(row)
+        from agentgym.envs.data import DataError, json_rows
+
+        try:
+            numbered = json_rows(p)
+        except DataError as exc:
+            raise SFTDataError(str(exc)) from None
+        for where, row in numbered:
+            if not isinstance(row, dict):
+                raise SFTDataError(f"{p} {where} is not a JSON object")
+            row.setdefault("_where", f"{p} {where}")
+            rows.append(row)
     if not rows:
         raise SFTDataError(f"no rows in {', '.join(map(str, paths)) or files}")
     return rows
 
 
 def conversation(row: dict[str, Any], messages_key: str | None = "messages", prompt_key: str | None = None,
-                 response_key: str | None = None) -> list[Message]:
-    """The row's messages: ``row[messages_key]``, or a prompt and a response (veRL's SFT keys)."""
+                 response_key: str | None = None, prompt_dict_keys: Sequence[str] | None = None,
+                 response_dict_keys: Sequence[str] | None = None) -> list[Message]:
+    """The row's messages: ``row[messages_key]``, or a prompt and a response (veRL's SFT keys; a column
+    holding a mapping is read at ``prompt_dict_keys`` / ``response_dict_keys``)."""
     where = row.get("_where", "a row")
     if prompt_key or response_key:
         if not (prompt_key and response_key) or prompt_key not in row or response_key not in row:
             raise SFTDataError(f"{where}: data.prompt_key and data.response_key must both name columns of the "
                                f"row (it has {sorted(k for k in row if k != '_where')})")
-        prompt = row[prompt_key]
-        messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
-        return messages + [{"role": "assistant", "content": str(row[response_key])}]
+        prompt = _field(row, prompt_key, prompt_dict_keys, "prompt", where)
+        response = _field(row, response_key, response_dict_keys, "response", where)
+        if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+            messages = list(prompt)
+        elif isinstance(prompt, str):
+            messages = [{"role": "user", "content": prompt}]
+        else:
+            raise SFTDataError(_not_text(where, "prompt", prompt_key, prompt_dict_keys, prompt, "or a list of chat "
+                                                                                              "messages"))
+        if not isinstance(response, str):
+            raise SFTDataError(_not_text(where, "response", response_key, response_dict_keys, response, ""))
+        return messages + [{"role": "assistant", "content": response}]
     messages = row.get(messages_key or "messages")
     if isinstance(messages, str):  # Parquet files often keep nested data as JSON text
         with contextlib.suppress(ValueError):
@@ -88,6 +98,33 @@ def conversation(row: dict[str, Any], messages_key: str | None = "messages", pro
                            f"data.messages_key, or data.prompt_key and data.response_key "
                            f"(the row has {sorted(k for k in row if k != '_where')})")
     return messages
+
+
+def _field(row: dict[str, Any], key: str, dict_keys: Sequence[str] | None, which: str, where: str) -> Any:
+    """``row[key]``, then down ``dict_keys`` (veRL's ``prompt_dict_keys``: a path into a mapping)."""
+    value = row[key]
+    for k, part in enumerate(dict_keys or ()):
+        if isinstance(value, str):  # Parquet files often keep nested data as JSON text
+            with contextlib.suppress(ValueError):
+                value = json.loads(value)
+        if not isinstance(value, dict) or part not in value:
+            path = ".".join([key, *list(dict_keys or ())[:k]])
+            have = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise SFTDataError(f"{where}: data.{which}_dict_keys names {part!r} under {path}, which holds {have}")
+        value = value[part]
+    return value
+
+
+def _not_text(where: str, which: str, key: str, dict_keys: Sequence[str] | None, value: Any, also: str) -> str:
+    """The refusal of a prompt or response column that does not hold text: it is never stringified."""
+    path = ".".join([key, *list(dict_keys or ())])
+    if isinstance(value, dict):
+        hint = (f"; pick the text inside it with data.{which}_dict_keys=[{next(iter(value), 'KEY')}] "
+                f"(its keys: {', '.join(map(str, value))})")
+    else:
+        hint = f"; point data.{which}_key at a column that holds text"
+    return (f"{where}: the {which} at {path} is a {type(value).__name__}, not text {also}".rstrip()
+            + f" (agentgym never trains on str() of it){hint}")
 
 
 def to_trajectory(messages: Sequence[Message], chat: ChatTokenizer, tools: Sequence[dict[str, Any]] | None = None,
@@ -118,14 +155,19 @@ def to_trajectory(messages: Sequence[Message], chat: ChatTokenizer, tools: Seque
 
 def load_sft_trajectories(files: str | Sequence[str], chat: ChatTokenizer, *, messages_key: str | None = "messages",
                           prompt_key: str | None = None, response_key: str | None = None,
+                          prompt_dict_keys: Sequence[str] | None = None,
+                          response_dict_keys: Sequence[str] | None = None,
                           tools_key_name: str | None = "tools", max_length: int | None = None,
-                          truncation: str = "error", expect_env: str | None = None) -> tuple[list[Trajectory], int]:
+                          truncation: str = "error", expect_env: str | None = None,
+                          max_samples: int = -1) -> tuple[list[Trajectory], int]:
     """The data's conversations as trajectories, and how many were left out as too long
     (``truncation=error`` refuses the data instead; veRL's ``data.truncation``).
 
     ``expect_env``: refuse rows whose ``env`` field names another environment (demos written for
     a different env would train the policy on the wrong task)."""
     rows = read_rows(files)
+    if max_samples >= 0:  # veRL's data.train_max_samples
+        rows = rows[:max_samples]
     out: list[Trajectory] = []
     too_long = 0
     for row in rows:
@@ -137,8 +179,8 @@ def load_sft_trajectories(files: str | Sequence[str], chat: ChatTokenizer, *, me
         tools = row.get(tools_key_name) if tools_key_name else None
         if isinstance(tools, str):
             tools = json.loads(tools)
-        traj = to_trajectory(conversation(row, messages_key, prompt_key, response_key), chat, tools or None, where,
-                             group_id=f"sft-{len(out)}")
+        messages = conversation(row, messages_key, prompt_key, response_key, prompt_dict_keys, response_dict_keys)
+        traj = to_trajectory(messages, chat, tools or None, where, group_id=f"sft-{len(out)}")
         length = len(traj.token_ids())
         if max_length is not None and length > max_length:
             if truncation == "error":

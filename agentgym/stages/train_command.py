@@ -122,10 +122,18 @@ def train_command(args: argparse.Namespace) -> int:
     cfg = None
     try:
         try:
-            config_name = getattr(args, "config_name", None) or (
-                "async_ppo_trainer" if getattr(args, "async_", False) else None)
-            cfg = load_config(env=env, config_file=getattr(args, "config", None),
-                              overrides=list(args.overrides or ()), agent=agent, config_name=config_name)
+            from agentgym.stages.config_command import resolve_command_line
+
+            line = resolve_command_line(getattr(args, "config", None), list(args.overrides or ()),
+                                        getattr(args, "config_path", None), getattr(args, "config_name", None))
+            for note in line.notes:
+                print(f"agentgym train: {note}", file=sys.stderr, flush=True)
+            config_name = line.config_name or ("async_ppo_trainer" if getattr(args, "async_", False) else None)
+            try:
+                cfg = load_config(env=env, config_file=line.config_file, overrides=line.overrides, agent=agent,
+                                  config_name=config_name)
+            finally:
+                line.delete()
             from agentgym.gateway.agent_flows import resolve_agent_flow
             from agentgym.trainer.preflight import preflight
 
@@ -134,13 +142,13 @@ def train_command(args: argparse.Namespace) -> int:
                 agent = getattr(flow, "__name__", "agent")
 
             plan = preflight(cfg, agent)
-            check_stages(cfg)
             if agent is None:
                 if not cfg.env.name and not cfg.env.tags:
                     raise ConfigError("no env to train on: pass --env NAME (see `agentgym envs`), data.train_files=FILE "
                                       "(veRL rows: the env is chosen from their data_source) or --agent MODULE:FUNCTION")
-                for name in _env_names(cfg):
+                for name in _env_names(cfg):  # before the stages, which look the env up too
                     _check_env(name)
+            check_stages(cfg)
         except ConfigError as exc:
             print(f"agentgym train: {exc}", file=sys.stderr)
             return 2

@@ -15,11 +15,12 @@ import difflib
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from agentgym.compat.verl import verl_key_policy
-from agentgym.config import Composition, ConfigError, compose
+from agentgym.compat.verl import VERL_LEFT_NULL, verl_key_policy, verl_values
+from agentgym.config import Composition, ConfigError, compose, config_dir, flatten, read_yaml
 from agentgym.trainer import algos
 
 log = logging.getLogger("agentgym.config")
@@ -84,9 +85,26 @@ def compose_training(
     """``load_config`` without the warnings: the composition (which keys the user set) resolved and validated."""
     composition = compose(env, config_file, overrides, directory, env_group="agent" if agent and env is None else None,
                           key_policy=verl_key_policy, config_name=config_name)
+    for key, theirs, ours, why in verl_values(lambda k: OmegaConf.select(composition.cfg, k)):
+        OmegaConf.update(composition.cfg, key, ours, merge=False)
+        composition.notes.append(f"{key}={theirs}: {why} ({key}={ours})")
+    for key in VERL_LEFT_NULL:
+        if OmegaConf.select(composition.cfg, key) is None:
+            default = _train_default(key, directory)
+            OmegaConf.update(composition.cfg, key, default, merge=False)
+            composition.notes.append(f"{key}=null (veRL leaves it for the launch script to set): agentgym's default "
+                                     f"{default} ({MEMORY_ONLY})")
     resolve(composition.cfg, agent=agent)
     validate(composition.cfg)
     return composition
+
+
+MEMORY_ONLY = "a micro-batch size trades memory for speed; the trained result is the same"
+
+
+def _train_default(key: str, directory: str | os.PathLike[str] | None) -> object:
+    base = read_yaml((Path(directory) if directory is not None else config_dir()) / "train.yaml")
+    return flatten(base).get(key)
 
 
 def agent_label(agent: str) -> str:

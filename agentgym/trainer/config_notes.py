@@ -153,4 +153,4 @@ CHECKS: list[Callable[[Composition], str | None]] = [
 
 def notes(comp: Composition) -> list[str]:
     """Every warning that applies, in a fixed order."""
-    return [note for check in CHECKS if (note := check(comp))]
+    return list(comp.notes) + [note for check in CHECKS if (note := check(comp))]

@@ -1,6 +1,6 @@
 """LoRA for the actor, with veRL's keys: ``actor_rollout_ref.model.lora_rank`` (0: off),
 ``lora_alpha`` and ``target_modules`` (``all-linear`` or a list of module names), through
-``peft`` (``pip install 'agentgym[lora]'``).
+``peft`` (in agentgym's core install).
 
 * **Training**: ``wrap`` puts adapters on the target modules and freezes everything else, so
   the optimizer holds the adapters only.
@@ -54,7 +54,7 @@ def wrap(model: Any, lora: LoraSettings) -> Any:
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise ImportError("actor_rollout_ref.model.lora_rank > 0 needs peft: pip install 'agentgym[lora]'") from None
+        raise ImportError("actor_rollout_ref.model.lora_rank > 0 needs peft, part of agentgym's core install: pip install peft") from None
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=lora.target_modules, lora_dropout=0.0,
                         bias="none")
     peft_model = get_peft_model(model, config, adapter_name=ADAPTER)

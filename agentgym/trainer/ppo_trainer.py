@@ -294,6 +294,8 @@ class PPOTrainer:
                 gamma=float(cfg.algorithm.gamma), lam=float(cfg.algorithm.lam),
                 norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo),
                 turn_index=batch["turn_index"], step_keys=batch.step_keys,
+                reward_baselines=(algos.reward_baselines_of(trajectories, len(batch))
+                                  if cfg.algorithm.adv_estimator == "remax" else None),
                 **OmegaConf.to_container(cfg.algorithm.gigpo, resolve=True),
             )
             advantages, adv_metrics = algos.postprocess_advantages(

@@ -9,11 +9,15 @@ cannot work fails in a second with what to do instead of a traceback minutes lat
    interaction episodes, any other veRL rows the ``rows`` env, scored by their ``data_source``
    (GSM8K's rule, MATH's, ...) or by ``custom_reward_function``;
 3. ``data.train_batch_size`` fits the rows;
-4. the rollout engine is installed (``rollout.name=vllm`` without vLLM names what works);
-5. the model is reachable: a local directory, ``tiny``, or a hub name that is cached or whose
+4. the devices exist: ``trainer.device=cuda`` (or ``rollout.device=cuda``) on a machine without CUDA, or
+   more GPU workers than GPUs, is refused here, never left to wait on a Ray bundle (``check_device``);
+5. the rollout engine is installed (``rollout.name=vllm`` without vLLM names what works), and every
+   optional package the config needs (peft, wandb, tensorboard, pyarrow, an env family's package) imports,
+   with the command that installs it (``check_optional_packages``);
+6. the model is reachable: a local directory, ``tiny``, or a hub name that is cached or whose
    hub answers (no 49 s of retries on an offline machine);
-6. ``custom_reward_function`` loads;
-7. every policy server given by URL (``actor_rollout_ref.rollout.server_urls``) answers ``/health``
+7. ``custom_reward_function`` loads;
+8. every policy server given by URL (``actor_rollout_ref.rollout.server_urls``) answers ``/health``
    and serves the model named (``actor_rollout_ref.model.path``), before any stage (warm start)
    runs: a dead URL fails here, in seconds, not after the warm start.
 
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError
 from agentgym.rollout.data_prep import Prepared, data_sources, exists, plain, prepare_data
@@ -56,6 +60,91 @@ def check_files(cfg: DictConfig) -> None:
         if value and not exists(value):
             raise ConfigError(f"data.{key}={plain(value)} does not exist; pass data.{key}=PATH (a .jsonl/.parquet "
                               f"file or a directory holding train/test files)")
+
+
+def cuda_devices() -> int:
+    """CUDA devices torch can see here (0 without CUDA or without a CUDA build of torch)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_device(cfg: DictConfig, devices: int | None = None) -> None:
+    """``trainer.device`` / ``rollout.device`` against this machine, before any Ray request: asking Ray
+    for GPU bundles it cannot have waits forever. ``devices``: CUDA devices here (default: torch's count)."""
+    devices = cuda_devices() if devices is None else devices
+    import torch
+
+    build = f"torch {torch.__version__}"
+    wants = {key: OmegaConf.select(cfg, key) for key in ("trainer.device", f"{AR}.rollout.device")}
+    for key, value in wants.items():
+        if str(value) == "cuda" and devices == 0:
+            raise ConfigError(
+                f"{key}=cuda but this machine has no CUDA device ({build}, torch.cuda.is_available() is False). "
+                f"Set {key}={'auto' if key == 'trainer.device' else 'null'} (the GPU when there is one, else the CPU) "
+                f"or {key}=cpu; on a GPU machine install a CUDA build of torch")
+    gpu = str(cfg.trainer.device) == "cuda" or (str(cfg.trainer.device) == "auto" and devices > 0)
+    joins_cluster = OmegaConf.select(cfg, "ray_init.address") not in (None, "", "local")
+    workers = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    if gpu and not joins_cluster and int(cfg.trainer.nnodes) == 1 and workers > devices:
+        raise ConfigError(
+            f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node} trainer workers need one GPU each, but this "
+            f"machine has {devices}; set trainer.n_gpus_per_node={devices} (or join a Ray cluster that has the "
+            f"GPUs: ray_init.address=auto)")
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_packages(cfg: DictConfig) -> list[str]:
+    """What the config needs that is not installed, each as ``"what needs it: install command"``."""
+    need: list[tuple[str, str, str]] = []  # (module, the setting that needs it, install command)
+    for name in cfg.trainer.logger:
+        if name == "wandb":
+            need.append(("wandb", "trainer.logger has wandb", "pip install wandb (or trainer.logger=[console,jsonl])"))
+        elif name == "tensorboard":
+            need.append(("tensorboard", "trainer.logger has tensorboard",
+                         "pip install tensorboard (or trainer.logger=[console,jsonl])"))
+    if int(cfg.actor_rollout_ref.model.lora_rank or 0) > 0:
+        need.append(("peft", f"{AR}.model.lora_rank={cfg.actor_rollout_ref.model.lora_rank}",
+                     "pip install peft (agentgym's core install has it: pip install -e .)"))
+    files = [plain(cfg.data.train_files), plain(cfg.data.val_files)]
+    if any(".parquet" in str(f) for f in files if f):
+        need.append(("pyarrow", "data files in Parquet", "pip install 'agentgym[parquet]' (or pyarrow)"))
+    missing = [f"{why}: {command}" for module, why, command in need if not _importable(module)]
+    for name in _env_names(cfg):
+        if "/" not in name:
+            continue
+        from agentgym.registry import env_family
+
+        try:
+            family = env_family(name.split("/", 1)[0])
+        except Exception:  # noqa: BLE001 - not a family: the env check names it
+            continue
+        if family.installed_version() is None:
+            missing.append(f"env {name}: {family.install_hint()}")
+    return missing
+
+
+def _env_names(cfg: DictConfig) -> list[str]:
+    names = [str(cfg.env.name)] if cfg.env.name else []
+    for spec in (plain(cfg.env.custom_envs) or {}).values():
+        if isinstance(spec, dict) and spec.get("env"):
+            names.append(str(spec["env"]))
+    return names
+
+
+def check_optional_packages(cfg: DictConfig) -> None:
+    """Every optional package the config needs, before any work (not a traceback in a Ray worker later)."""
+    missing = missing_packages(cfg)
+    if missing:
+        raise ConfigError("the config needs packages that are not installed:\n  " + "\n  ".join(missing))
 
 
 def check_engine(cfg: DictConfig) -> None:
@@ -172,6 +261,38 @@ def rows_env_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return kwargs
 
 
+def check_interactions(cfg: DictConfig) -> None:
+    """veRL's interaction YAML builds (class paths resolved) before any work, not in an env worker later."""
+    path = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path
+    if not path:
+        return
+    from agentgym.interactions.config import InteractionConfigError, load_interactions
+
+    try:
+        load_interactions(str(path))
+    except (InteractionConfigError, OSError) as exc:
+        raise ConfigError(f"{AR}.rollout.multi_turn.interaction_config_path={path}: {exc}") from None
+
+
+def check_tool_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> None:
+    """Rows made for veRL's tool rollouts (``extra_info.tools_kwargs``: per-row tool state and rewards, a
+    system prompt naming those tools) are refused on the rows env, which offers agentgym's own tools only:
+    trained as they are, the model would be told of tools that never answer and the tools' rewards lost."""
+    if cfg.env.name != "rows":
+        return
+    for row in rows:
+        extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+        tools = extra.get("tools_kwargs") or {}
+        if tools or extra.get("need_tools_kwargs"):
+            names = ", ".join(map(str, tools)) or "(unnamed)"
+            raise ConfigError(
+                f"data.train_files has rows for veRL's tool rollouts (extra_info.tools_kwargs names {names}): "
+                f"agentgym does not run veRL tool classes, so those tools and their rewards would be missing while "
+                f"the prompt tells the model to call them. For GSM8K with tools use --env gsm8k_tool (calculator and "
+                f"Python, scored by the final #### answer) with data.train_files of plain GSM8K rows; or write the "
+                f"tool as an agentgym tool (docs/environments.md) and drop tools_kwargs from the rows")
+
+
 def choose_env(cfg: DictConfig, rows: list[dict[str, Any]]) -> str:
     """Set ``env.name`` (and its kwargs) for a veRL run over ``data.train_files``; returns why."""
     interaction = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path
@@ -207,13 +328,16 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
     paths in ``cfg``. Raises ``ConfigError`` saying what to do."""
     plan = Plan()
     check_files(cfg)
+    check_device(cfg)
     check_engine(cfg)
+    check_optional_packages(cfg)
     model_path = str(cfg.actor_rollout_ref.model.path)
     check_model(f"{AR}.model.path", model_path)
     if cfg.critic.enable and str(cfg.critic.model.path) != model_path:
         check_model("critic.model.path", str(cfg.critic.model.path))
     check_reward_function(cfg)
     check_servers(cfg)
+    check_interactions(cfg)
     if cfg.data.train_files:
         chat = None
         if tokenizer is not None or model_path:
@@ -227,6 +351,7 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
         plan.rows = len(rows)
         if not cfg.env.name and agent is None and not cfg.env.tags:
             plan.env_chosen = choose_env(cfg, rows)
+        check_tool_rows(cfg, rows)
         if cfg.env.name == "rows":
             cfg.env.kwargs = {**plain(cfg.env.kwargs), **rows_env_kwargs(cfg)}
         batch = int(cfg.data.train_batch_size)

@@ -38,10 +38,25 @@ def offline_policy(key: str, value: Any) -> tuple[str, str] | None:
     return apply_rules(OFFLINE_RULES, key, value)
 
 
-def load_offline_config(base_file: str, overrides: Sequence[str]) -> tuple[DictConfig, dict[str, str]]:
-    """``configs/<base_file>`` with dotted overrides (veRL keys it lacks: ignored with a reason or refused)."""
-    composition = compose(overrides=overrides, base_file=base_file, key_policy=offline_policy)
+def load_offline_config(base_file: str, overrides: Sequence[str], config_file: str | None = None
+                        ) -> tuple[DictConfig, dict[str, str]]:
+    """``configs/<base_file>``, ``config_file`` and dotted overrides (veRL keys it lacks: ignored with a reason
+    or refused)."""
+    composition = compose(config_file=config_file, overrides=overrides, base_file=base_file,
+                          key_policy=offline_policy)
     return composition.cfg, composition.ignored
+
+
+def config_file_of(args: Any, base: str) -> str | None:
+    """``--config FILE``, or Hydra's ``--config-path DIR --config-name NAME`` (``NAME`` = ``base``: the default)."""
+    from agentgym.config import hydra_config_file
+
+    config_file, name = getattr(args, "config", None), getattr(args, "config_name", None)
+    if getattr(args, "config_path", None) or (name and name != base):
+        if config_file:
+            raise ConfigError("give the config once: --config FILE, or --config-path DIR --config-name NAME")
+        return str(hydra_config_file(getattr(args, "config_path", None), name))
+    return config_file
 
 
 def read_table(path: str) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError
-from agentgym.stages.offline.common import load_offline_config, read_table, write_table
+from agentgym.stages.offline.common import config_file_of, load_offline_config, read_table, write_table
 
 
 def check(cfg: DictConfig) -> None:
@@ -125,7 +125,7 @@ def generate_command(args: argparse.Namespace) -> int:
 
     quiet_transformers()
     try:
-        cfg, ignored = load_offline_config("generation.yaml", list(args.overrides or ()))
+        cfg, ignored = load_offline_config("generation.yaml", list(args.overrides or ()), config_file_of(args, "generation"))
         for key, reason in sorted(ignored.items()):
             print(f"agentgym generate: warning: {key}: no effect ({reason})", file=sys.stderr)
         check(cfg)

@@ -22,7 +22,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from agentgym.config import ConfigError
-from agentgym.stages.offline.common import load_offline_config, read_table
+from agentgym.stages.offline.common import config_file_of, load_offline_config, read_table
 
 
 def score_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -59,7 +59,7 @@ def score_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> dict[str, float]:
 def offline_eval_command(args: argparse.Namespace) -> int:
     """``agentgym eval`` with dotted overrides and no ``--env``: score a responses file."""
     try:
-        cfg, ignored = load_offline_config("evaluation.yaml", list(args.overrides or ()))
+        cfg, ignored = load_offline_config("evaluation.yaml", list(args.overrides or ()), config_file_of(args, "evaluation"))
         for key, reason in sorted(ignored.items()):
             print(f"agentgym eval: warning: {key}: no effect ({reason})", file=sys.stderr)
         if not cfg.data.path:

@@ -230,11 +230,137 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return advantages, advantages
 
 
+@_register_adv_est("remax")
+def compute_remax_outcome_advantage(
+    token_level_rewards: Tensor, reward_baselines: Tensor, response_mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """ReMax (Li et al. 2023): each sampled token's reward-to-go minus the score of a greedy reply to
+    the same task.
+
+    Mirrors veRL ``core_algos.compute_remax_outcome_advantage``: ``returns`` is the reverse cumulative
+    sum of the masked token rewards, ``advantages = returns - reward_baselines * mask``; no
+    whitening. ``reward_baselines`` (one per row) is the greedy episode's score, which the
+    trajectory source rolls out beside the sampled ones (``agentgym.rollout.sources``, as veRL's
+    trainer generates its ``gen_baseline_batch`` with ``do_sample=False``).
+
+    Returns ``(advantages, returns)``.
+    """
+    with torch.no_grad():
+        mask = response_mask.to(token_level_rewards.dtype)
+        returns = (token_level_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+        advantages = returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * mask
+    return advantages, returns
+
+
+@_register_adv_est("opo")
+def compute_opo_outcome_advantage(
+    token_level_rewards: Tensor, response_mask: Tensor, index: Any
+) -> tuple[Tensor, Tensor]:
+    """OPO (Hao et al. 2025, on-policy RL with the optimal baseline): score minus its group's
+    length-weighted mean score.
+
+    Mirrors veRL ``core_algos.compute_opo_outcome_advantage``: the baseline of a group is
+    ``sum(len_i * score_i) / sum(len_i)`` with ``len_i`` the row's sampled tokens; a group of one has
+    baseline 0. The centred score is broadcast over the row and masked.
+
+    Returns ``(advantages, returns)``, equal.
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        lengths = response_mask.to(scores.dtype).sum(dim=-1)
+        centred = scores.clone()
+        for rows in group_rows(index, scores.shape[0]).values():
+            if len(rows) > 1:
+                rows_t = torch.tensor(rows, device=scores.device)
+                weights = lengths[rows_t]
+                baseline = (weights * scores[rows_t]).sum() / weights.sum().clamp(min=1e-8)
+                centred[rows_t] = scores[rows_t] - baseline
+        advantages = centred.unsqueeze(-1) * response_mask.to(scores.dtype)
+    return advantages, advantages
+
+
+@_register_adv_est("grpo_passk")
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: Any,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Pass@k training (Chen et al. 2025): only the best reply of each group learns, by how much it
+    beats the second best.
+
+    Mirrors veRL ``core_algos.compute_grpo_passk_outcome_advantage``: in each group the row with the
+    highest score gets ``r_max - r_second_max`` (divided by ``std + epsilon`` of the group's scores
+    when ``norm_adv_by_std_in_grpo``); every other row gets 0. Ties go to the first such row. A group
+    of one is refused, as in veRL (pass@k compares replies).
+
+    Returns ``(advantages, returns)``, equal, broadcast over the row and multiplied by the mask.
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        advantages = torch.zeros_like(scores)
+        for group_id, rows in group_rows(index, scores.shape[0]).items():
+            if len(rows) < 2:
+                raise ValueError(f"grpo_passk needs at least 2 replies per task (actor_rollout_ref.rollout.n >= 2); "
+                                 f"group {group_id!r} has {len(rows)}")
+            rows_t = torch.tensor(rows, device=scores.device)
+            group = scores[rows_t]
+            top, top_index = torch.topk(group, 2)
+            advantage = top[0] - top[1]
+            if norm_adv_by_std_in_grpo:
+                advantage = advantage / (group.std() + epsilon)
+            advantages[rows[int(top_index[0])]] = advantage
+        advantages = advantages.unsqueeze(-1) * response_mask.to(advantages.dtype)
+    return advantages, advantages
+
+
+@_register_adv_est("gpg")
+def compute_gpg_outcome_advantage(
+    token_level_rewards: Tensor, response_mask: Tensor, index: Any, f_norm: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """GPG (Chu et al. 2025, group policy gradient): score minus its group's mean, scaled up by the
+    share of rows with a non-zero score.
+
+    Mirrors veRL ``core_algos.compute_gpg_outcome_advantage``: ``alpha = rows / max(1, rows with a
+    non-zero score)`` over the whole batch, ``advantage = alpha * (score - group mean) / f_norm``
+    (a group of one has mean 0), broadcast over the row and masked. veRL pairs it with
+    ``actor.policy_loss.loss_mode=gpg`` (no ratio, no clip).
+
+    Returns ``(advantages, returns)``, equal.
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
+        centred = scores.clone()
+        for rows in group_rows(index, scores.shape[0]).values():
+            if len(rows) > 1:
+                rows_t = torch.tensor(rows, device=scores.device)
+                centred[rows_t] = scores[rows_t] - scores[rows_t].mean()
+        advantages = (alpha * centred / f_norm).unsqueeze(-1) * response_mask.to(scores.dtype)
+    return advantages, advantages
+
+
+def reward_baselines_of(trajectories: Sequence[Any], rows: int) -> Tensor:
+    """The greedy baseline score of each batch row (``Trajectory.metrics["reward_baseline"]``, written by
+    the trajectory source for ``remax``); rows past the trajectories (padding) get 0. Raises when a
+    trajectory has none: its source rolled out no greedy baseline."""
+    missing = [i for i, t in enumerate(trajectories) if "reward_baseline" not in t.metrics]
+    if missing:
+        raise ValueError(
+            f"algorithm.adv_estimator=remax needs a greedy baseline episode per task, and {len(missing)} of "
+            f"{len(trajectories)} trajectories have none: the baseline is rolled out by env runs (--env, "
+            f"data.train_files); an --agent run or several env tags cannot use remax (try grpo or rloo)")
+    values = [float(t.metrics["reward_baseline"]) for t in trajectories]
+    return torch.tensor(values + [0.0] * (rows - len(values)), dtype=torch.float32)
+
+
 def compute_advantage(adv_estimator: str, **inputs: Any) -> tuple[Tensor, Tensor]:
     """Run the estimator named by ``algorithm.adv_estimator`` on whichever of ``inputs`` it takes.
 
     The inputs are veRL's names: ``token_level_rewards``, ``response_mask``, ``values`` (gae),
-    ``index`` (the group ids: grpo, rloo, reinforce_plus_plus_baseline), ``gamma``, ``lam``,
+    ``index`` (the group ids: grpo, rloo, reinforce_plus_plus_baseline, opo, grpo_passk, gpg),
+    ``reward_baselines`` (remax), ``gamma``, ``lam``,
     ``norm_adv_by_std_in_grpo``, ``epsilon``. Inputs an estimator does not take are left
     out, so a trainer can pass the whole set; one it needs but lacks is an error that names it.
     Plays the part of veRL ``ray_trainer.compute_advantage`` without the ``DataProto``.

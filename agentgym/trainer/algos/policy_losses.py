@@ -195,6 +195,33 @@ def compute_policy_loss_gspo(
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
+@_register_policy_loss("gpg")
+def compute_policy_loss_gpg(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    rollout_is_weights: Tensor | None = None,
+    global_batch_info: Mapping[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """GPG's loss: the plain policy gradient ``-A * log_prob``, no importance ratio and no clip.
+
+    Mirrors veRL ``core_algos.compute_policy_loss_gpg`` (paired with ``adv_estimator=gpg``). Returns
+    ``pg_loss`` and, for the same metrics as the other modes, ``pg_clipfrac`` 0, ``ppo_kl`` (token-level,
+    from ``old_log_prob``) and ``pg_clipfrac_lower`` 0.
+    """
+    pg_losses = -advantages * log_prob
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    ppo_kl = masked_mean((old_log_prob - log_prob).detach(), response_mask)
+    return pg_loss, zero, ppo_kl, zero
+
+
 def compute_entropy_loss(
     logits: Tensor,
     response_mask: Tensor,
