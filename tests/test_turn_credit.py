@@ -268,3 +268,14 @@ def test_the_trainer_hands_turns_and_states_to_gigpo(tmp_path):
     # one turn per episode in the group's one state: GiGPO's step term repeats the episode term
     assert grpo["critic/advantages/max"] == pytest.approx(0.5 / math.sqrt(0.5), abs=1e-4)
     assert gigpo["critic/advantages/max"] == pytest.approx(2 * 0.5 / math.sqrt(0.5), abs=1e-4)
+
+
+def test_sokoban_malformed_penalty_costs_a_played_reply_that_is_not_well_formed():
+    import agentgym
+
+    env = agentgym.make("sokoban", malformed_penalty=-1.0, penalty_for_step=0.0)
+    env.reset(seed=3)
+    _, reward, _, _, info = env.step("<answer>Up</answer></answer>")
+    assert not info["format_error"] and info["moves"] == 1 and reward == -1.0  # played, and charged for its form
+    _, reward, _, _, info = env.step("<answer>Down</answer>")
+    assert info["well_formed"] and reward == 0.0

@@ -211,6 +211,8 @@ class SokobanEnv(TextEnv):
     ``info["tools"]`` (default); ``system_prompt`` replaces the rules message (``{max_moves}``
     is filled in). ``strict_format`` plays only well-formed text replies (``info["well_formed"]``):
     anything else (a doubled tag, text after the answer, more moves than the cap) is a format error.
+    ``malformed_penalty`` is added to the turn reward of a reply that plays but is not well formed
+    (the lenient reading keeps the moves; the reward says the form was wrong).
     ``grid_lookup`` (ROLL's cell ids 0..6 -> the symbols shown) and ``grid_vocab`` (symbol -> meaning, the
     legend in the rules message) draw the board in other symbols, as ROLL's GridVocab Sokoban does.
     """
@@ -224,6 +226,7 @@ class SokobanEnv(TextEnv):
                  penalty_box_off_target: float = -1.0, reward_finished: float = 10.0,
                  format_penalty: float = -0.1, max_search_nodes: int | None = None,
                  offer_tools: bool = True, system_prompt: str | None = None, strict_format: bool = False,
+                 malformed_penalty: float = 0.0,
                  grid_lookup: dict[Any, str] | None = None, grid_vocab: Any = None,
                  render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
@@ -245,6 +248,7 @@ class SokobanEnv(TextEnv):
         self._chars: list[str] | None = None
         self.offer_tools = bool(offer_tools)
         self.strict_format = bool(strict_format)
+        self.malformed_penalty = float(malformed_penalty)
         symbols = list(CELLS)
         for key, symbol in (grid_lookup or {}).items():  # ROLL: {0: "W", 1: ".", 2: "G", ...}
             if not 0 <= int(key) < len(CELLS):
@@ -311,8 +315,11 @@ class SokobanEnv(TextEnv):
                                     "moves and nothing after it")
         else:
             moves, error, cut = [], f"a reply is text or a message dict, not {type(action).__name__}", False
+        well_formed = error is None and not cut and lone_answer
         if error is None:
             reward, text = self._play(moves, cut)
+            if not well_formed:
+                reward += self.malformed_penalty
         else:
             reward, text = self._reject(error)
         terminated = self._on_target == self._num_boxes
@@ -322,7 +329,7 @@ class SokobanEnv(TextEnv):
             text += "\nSolved! Every box is on a target."
         elif truncated:
             text += "\nNo moves left. The episode is over."
-        info: dict[str, Any] = {"format_error": error is not None, "well_formed": error is None and not cut and lone_answer,
+        info: dict[str, Any] = {"format_error": error is not None, "well_formed": well_formed,
                                 "moves": len(moves), "boxes_on_target": self._on_target,
                                 "state_key": "".join(self._chars or ()), "metrics": self._episode_metrics()}
         if terminated or truncated:
