@@ -270,12 +270,32 @@ def test_the_trainer_hands_turns_and_states_to_gigpo(tmp_path):
     assert gigpo["critic/advantages/max"] == pytest.approx(2 * 0.5 / math.sqrt(0.5), abs=1e-4)
 
 
-def test_sokoban_malformed_penalty_costs_a_played_reply_that_is_not_well_formed():
+def test_a_turn_fact_replaces_the_env_reward_in_training_only():
+    """algorithm.turn_reward_from=format_reward: each training turn's reward is the env's per-turn fact
+    (Sokoban: 0 well formed, -1 not), the env's own step reward is kept aside, validation untouched."""
+    from agentgym.rewards import reward_sources
+    from agentgym.trainer.config import load_config
+
+    def turn(reward: float, fact: float | None) -> Turn:
+        return Turn(prompt_ids=[1], response_ids=[2], logprobs=[0.0], reward=reward,
+                    metrics={} if fact is None else {"format_reward": fact})
+
+    batch = [Trajectory(turns=[turn(-0.1, 0.0), turn(0.9, -1.0), turn(-0.1, None)], group_id="g")]
+    cfg = load_config(env="sokoban", overrides=["algorithm.turn_reward_from=format_reward"])
+    source = reward_sources(cfg, Rounds([batch]))
+    trajs = asyncio.run(source.collect(1))
+    assert [t.reward for t in trajs[0].turns] == [0.0, -1.0, 0.0]
+    assert [t.metrics["env_reward"] for t in trajs[0].turns] == [-0.1, 0.9, -0.1]
+    assert source.reward_metrics["reward/format_reward/missing"] == 1
+    asyncio.run(source.validate())
+    assert source.source.validated  # validation passes through unscored
+
+
+def test_sokoban_reports_a_format_reward_without_changing_its_feedback():
     import agentgym
 
-    env = agentgym.make("sokoban", malformed_penalty=-1.0, penalty_for_step=0.0)
+    env = agentgym.make("sokoban")
     env.reset(seed=3)
-    _, reward, _, _, info = env.step("<answer>Up</answer></answer>")
-    assert not info["format_error"] and info["moves"] == 1 and reward == -1.0  # played, and charged for its form
-    _, reward, _, _, info = env.step("<answer>Down</answer>")
-    assert info["well_formed"] and reward == 0.0
+    text_before = env.step("<answer>Up</answer></answer>")
+    assert text_before[4]["format_reward"] == -1.0 and "Reward: -0.1" in text_before[0][0]["content"]
+    assert env.step("<answer>Down</answer>")[4]["format_reward"] == 0.0

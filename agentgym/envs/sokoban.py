@@ -26,7 +26,9 @@ when the last box lands. A turn's reward is the sum over its moves. ``terminated
 solved; ``truncated`` means ``max_steps`` moves were used. The final step's ``info`` has
 ``outcome_reward`` (1.0 solved, else 0.0) and ``success``; every step's has the episode's
 ``metrics`` so far, the turn's ``format_error``, ``well_formed`` (one answer, nothing after it, its
-moves readable and within the cap), ``moves`` and the board as ``state_key``.
+moves readable and within the cap), ``format_reward`` (0 when well formed, else -1: a reward a trainer
+may train on, ``algorithm.turn_reward_from=format_reward``, without changing the feedback text that
+shows the move rewards), ``moves`` and the board as ``state_key``.
 """
 
 from __future__ import annotations
@@ -211,8 +213,6 @@ class SokobanEnv(TextEnv):
     ``info["tools"]`` (default); ``system_prompt`` replaces the rules message (``{max_moves}``
     is filled in). ``strict_format`` plays only well-formed text replies (``info["well_formed"]``):
     anything else (a doubled tag, text after the answer, more moves than the cap) is a format error.
-    ``malformed_penalty`` is added to the turn reward of a reply that plays but is not well formed
-    (the lenient reading keeps the moves; the reward says the form was wrong).
     ``grid_lookup`` (ROLL's cell ids 0..6 -> the symbols shown) and ``grid_vocab`` (symbol -> meaning, the
     legend in the rules message) draw the board in other symbols, as ROLL's GridVocab Sokoban does.
     """
@@ -226,7 +226,6 @@ class SokobanEnv(TextEnv):
                  penalty_box_off_target: float = -1.0, reward_finished: float = 10.0,
                  format_penalty: float = -0.1, max_search_nodes: int | None = None,
                  offer_tools: bool = True, system_prompt: str | None = None, strict_format: bool = False,
-                 malformed_penalty: float = 0.0,
                  grid_lookup: dict[Any, str] | None = None, grid_vocab: Any = None,
                  render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
@@ -248,7 +247,6 @@ class SokobanEnv(TextEnv):
         self._chars: list[str] | None = None
         self.offer_tools = bool(offer_tools)
         self.strict_format = bool(strict_format)
-        self.malformed_penalty = float(malformed_penalty)
         symbols = list(CELLS)
         for key, symbol in (grid_lookup or {}).items():  # ROLL: {0: "W", 1: ".", 2: "G", ...}
             if not 0 <= int(key) < len(CELLS):
@@ -318,8 +316,6 @@ class SokobanEnv(TextEnv):
         well_formed = error is None and not cut and lone_answer
         if error is None:
             reward, text = self._play(moves, cut)
-            if not well_formed:
-                reward += self.malformed_penalty
         else:
             reward, text = self._reject(error)
         terminated = self._on_target == self._num_boxes
@@ -330,6 +326,7 @@ class SokobanEnv(TextEnv):
         elif truncated:
             text += "\nNo moves left. The episode is over."
         info: dict[str, Any] = {"format_error": error is not None, "well_formed": well_formed,
+                                "format_reward": 0.0 if well_formed else -1.0,
                                 "moves": len(moves), "boxes_on_target": self._on_target,
                                 "state_key": "".join(self._chars or ()), "metrics": self._episode_metrics()}
         if terminated or truncated:

@@ -16,6 +16,8 @@ Each wraps a trajectory source and changes the trajectories it collects before t
   score;
 * an LLM judge on any OpenAI-compatible endpoint (``judge.*``, ``judge.py``): pointwise or RULER-style
   group scores;
+* a per-turn fact the env reports as each turn's reward (``algorithm.turn_reward_from``,
+  ``turn_facts.py``), e.g. Sokoban's ``format_reward``, leaving the env's own rewards and text alone;
 * on-policy distillation's teacher (``distillation.*``, ``teacher.py``): the teacher's logprob of every
   sampled token, which the trainer turns into a per-token advantage.
 
@@ -54,6 +56,11 @@ def reward_sources(cfg: DictConfig, source: Any) -> Any:
         replaced = replaced or judge.settings.combine == "replace"
     if not replaced:
         source = reward_manager_source(cfg, source)
+    fact = cfg.algorithm.get("turn_reward_from")
+    if fact:
+        from agentgym.rewards.turn_facts import TurnFactScorer
+
+        source = ScoredSource(source, TurnFactScorer(str(fact)), "turn_fact")
     teacher = TeacherSettings.from_cfg(cfg)
     if teacher is not None:
         source = ScoredSource(source, TeacherScorer(teacher, str(cfg.actor_rollout_ref.model.path)), "teacher")
