@@ -19,14 +19,15 @@ pytest.importorskip("accelerate", reason="reading a GGUF file needs accelerate: 
 
 import torch  # noqa: E402
 
-from agentgym.model import (  # noqa: E402
+from agentgym.model import (  # noqa: E402  # noqa: E402
     ModelUnavailable,
+    gguf_convert,
     gguf_model_path,
     load_causal_lm,
     load_tokenizer,
     resolve_model_path,
+    smollm2,
 )
-from agentgym.model import gguf_convert, smollm2  # noqa: E402
 
 LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
