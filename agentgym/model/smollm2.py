@@ -51,5 +51,7 @@ def smollm2_gguf_file() -> Path:
 
 
 def smollm2_model_path() -> Path:
-    """The converted Hugging Face directory of SmolLM2-135M-Instruct (converted on first use)."""
-    return gguf_model_path(smollm2_gguf_file(), CACHE_NAME)
+    """The converted Hugging Face directory of SmolLM2-135M-Instruct (converted on first use), with the
+    model's chat template extended for tools (``smollm2_chat_template.jinja``)."""
+    template = (Path(__file__).with_name("smollm2_chat_template.jinja")).read_text()
+    return gguf_model_path(smollm2_gguf_file(), CACHE_NAME, template)
