@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -66,6 +67,8 @@ def gguf_model_path(gguf_file: str | os.PathLike[str], name: str | None = None,
     if (target / "agentgym.json").is_file():
         return target
     require_gguf_reader()
+    print(f"agentgym: converting {source.name} to a Hugging Face model directory, once: {target}", file=sys.stderr,
+          flush=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
