@@ -28,6 +28,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=32, help="sequences per micro-batch")
     parser.add_argument("--length", type=int, default=96, help="tokens per sequence")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated; float32 first is the reference")
     args = parser.parse_args()
 
     import torch
@@ -37,9 +38,10 @@ def main() -> int:
     torch.manual_seed(0)
     ids = torch.randint(100, 40000, (args.rows, args.length))
     print(f"SmolLM2-135M-Instruct, CPU ({torch.get_num_threads()} threads), micro-batch {args.rows} x {args.length} tokens")
-    print(f"{'dtype':<10} {'fwd+bwd s':>10} {'decode step s (batch 32)':>26} {'max |logprob - fp32|':>22}")
+    decode_rows = min(32, args.rows)
+    print(f"{'dtype':<10} {'fwd+bwd s':>10} {f'decode step s (batch {decode_rows})':>26} {'max |logprob - fp32|':>22}")
     reference = None
-    for dtype in ("float32", "bfloat16"):
+    for dtype in args.dtypes.split(","):
         model = load_causal_lm("smollm2-135m", dtype=dtype).train()
 
         def step(model=model):
@@ -51,10 +53,10 @@ def main() -> int:
         model.eval()
         with torch.no_grad():
             logprobs = torch.log_softmax(model(ids[:4]).logits.float(), -1)
-            cache = model(ids[:32, :64], use_cache=True).past_key_values
+            cache = model(ids[:decode_rows, :64], use_cache=True).past_key_values
 
             def decode(model=model, cache=cache):
-                model(ids[:32, 64:65], past_key_values=cache, use_cache=True)
+                model(ids[:decode_rows, 64:65], past_key_values=cache, use_cache=True)
                 cache.crop(-1)  # drop the token just decoded
 
             decode_s = timed(decode, args.repeats * 3)
