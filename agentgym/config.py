@@ -16,7 +16,8 @@ How a config is made (``compose_config``), later steps winning:
    with ``env.name=NAME``. A bare ``group=choice`` on the command line picks another file
    (``algorithm=ppo``). An env file may carry its own ``defaults`` mapping: the groups it
    names are its choice unless the user picked them (``--env sokoban`` picks GRPO, ``--env
-   sokoban algorithm=ppo`` still runs PPO).
+   sokoban algorithm=ppo`` still runs PPO). Then ``configs/env/<env>/<model>.yaml``, where it
+   exists: the env preset's settings for that model (``model_specialization``).
 3. A named top-level config, ``configs/<config_name>.yaml`` (``agentgym train --config-name
    async_ppo_trainer``; ``--async`` picks that one): a file beside ``train.yaml`` that sets other
    defaults for some of its keys (and may carry its own ``defaults`` mapping of group choices).
@@ -442,6 +443,12 @@ def compose(
         check_keys(data, schema, str(path))
         merged = deep_merge(merged, data)
         used[group] = str(choices[group])
+    special = model_specialization(base_dir, choices)
+    if special is not None:  # the env preset's settings for the chosen model win over both files
+        data = read_yaml(special)
+        check_keys(data, schema, str(special))
+        merged = deep_merge(merged, data)
+        used["env/model"] = f"{choices['env']}/{choices['model']}"
     if env_name_override is not None:
         merged = deep_merge(merged, {"env": {"name": env_name_override}})
     if named:
@@ -483,6 +490,18 @@ def compose(
                 OmegaConf.update(cfg, key, coerced, merge=False)
     OmegaConf.resolve(cfg)
     return Composition(cfg, explicit, added, report.ignored, used)
+
+
+def model_specialization(base_dir: Path, choices: dict[str, str | None]) -> Path | None:
+    """``configs/env/<env>/<model>.yaml``, where it exists: an env preset's settings for one model
+    (Hydra's config specialization). ``--env arithmetic model=smollm2-135m`` merges
+    ``configs/env/arithmetic/smollm2-135m.yaml`` after both group files, so the model's prompt, lengths
+    and learning rate replace the ones the env preset chose for its default model."""
+    env, model = choices.get("env"), choices.get("model")
+    if env is None or model is None:
+        return None
+    path = base_dir / "env" / str(env) / f"{model}.yaml"
+    return path if path.is_file() else None
 
 
 def compose_config(

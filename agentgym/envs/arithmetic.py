@@ -2,8 +2,9 @@
 
 One turn. The seed draws ``operands`` numbers of up to ``digits`` digits and a sum or
 difference of them ("What is 47 + 38 - 12?"); the reply is scored like GSM8K: the last
-number after ``####`` must equal the result (the outcome reward is 1, else 0). Reasoning
-before the ``####`` is allowed. The expert answers ``#### 73`` (``agentgym demos``); a
+number after ``####`` must equal the result (the outcome reward is 1, else 0; with
+``format_score``, as veRL's GSM8K score, a wrong number after ``####`` earns that much, and
+``success`` stays the right answer only). Reasoning before the ``####`` is allowed. The expert answers ``#### 73`` (``agentgym demos``); a
 random policy answers a uniform number in the result's range.
 
     env = agentgym.make("arithmetic", digits=2, operands=3)
@@ -33,12 +34,13 @@ class ArithmeticEnv(TextEnv):
     max_turns = 1
 
     def __init__(self, digits: int = 2, operands: int = 2, subtract: bool = True, system_prompt: str | None = None,
-                 render_mode: str | None = None) -> None:
+                 format_score: float = 0.0, render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)
         if digits < 1 or operands < 2:
             raise ValueError("digits must be at least 1 and operands at least 2")
         self.digits, self.operands, self.subtract = int(digits), int(operands), bool(subtract)
         self.system_prompt = system_prompt
+        self.format_score = float(format_score)
         self._answer: int | None = None
         self._reply = ""
 
@@ -64,7 +66,8 @@ class ArithmeticEnv(TextEnv):
         self._reply = reply_text(action)
         found = _ANSWER_RE.findall(self._reply[-1024:])
         success = bool(found) and int(found[-1]) == self._answer
-        info = {"outcome_reward": float(success), "success": success, "answer": self._answer,
+        outcome = 1.0 if success else self.format_score if found else 0.0
+        info = {"outcome_reward": outcome, "success": success, "answer": self._answer,
                 "metrics": {"formatted": float(bool(found))}}
         self._answer = None
         return [], 0.0, True, False, info

@@ -176,10 +176,16 @@ def hub_reachable(timeout: float = 3.0) -> str | None:
 
 
 def check_model(key: str, path: str) -> None:
-    """A model path is ``tiny``, a directory, or a hub name that is cached or reachable."""
-    from agentgym.model import is_tiny
+    """A model path is a built-in model (``tiny``, ``smollm2-135m`` with its package installed, a ``.gguf``
+    file), a directory, or a hub name that is cached or reachable."""
+    from agentgym.model import ModelUnavailable, is_builtin, is_smollm2, smollm2_gguf_file
 
-    if is_tiny(path) or Path(os.path.expanduser(path)).is_dir():
+    if is_smollm2(path):
+        try:
+            smollm2_gguf_file()
+        except ModelUnavailable as exc:
+            raise ConfigError(f"{key}={path}: {exc}") from None
+    if is_builtin(path) or Path(os.path.expanduser(path)).is_dir():
         return
     looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
     if looks_local:
