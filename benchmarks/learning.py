@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ABLATIONS: dict[str, list[str]] = {
     "GRPO instead of GiGPO": ["algorithm.adv_estimator=grpo"],
     "no dynamic sampling": ["algorithm.filter_groups.enable=false"],
-    "lenient format": ["env.kwargs.strict_format=false"],
+    "no format reward": ["algorithm.turn_reward_coef=0", "algorithm.turn_reward_from=null"],
 }
 """Each change of the main job's recipe (configs/env/sokoban.yaml), switched off on its own."""
 
