@@ -217,19 +217,20 @@ TEXT_DOORS = [
     "default_compute_score[gsm8k]", "default_compute_score[math]", "gateway.gsm8k_reward", "sokoban.parse_answer",
     "sokoban.parse_tool_calls", "Gsm8kInteraction.generate_response", "openenv.action",
     "sokoban.step", "sokoban.step(move)", "gsm8k.step", "gsm8k_tool.step", "gsm8k_tool.step(calculator)",
-    "gsm8k_interaction.step", "first_letter.step", "arithmetic.step", "rows.step[gsm8k]", "rows.step[math]",
-    "rows.step[tool_agent]",
+    "gsm8k_interaction.step", "first_letter.step", "arithmetic.step", "frozenlake.step", "rows.step[gsm8k]",
+    "rows.step[math]", "rows.step[tool_agent]",
 ]
 MESSAGE_DOORS = [
     "normalize_tool_calls", "split_reply(message)", "Toolbox.execute(call)", "sokoban.parse_tool_calls(message)",
     "sokoban.step(message)", "gsm8k.step(message)", "gsm8k_tool.step(message)", "gsm8k_interaction.step(message)",
-    "first_letter.step(message)", "arithmetic.step(message)", "rows.step[gsm8k](message)", "rows.step[math](message)",
-    "rows.step[tool_agent](message)",
+    "first_letter.step(message)", "arithmetic.step(message)", "frozenlake.step(message)", "rows.step[gsm8k](message)",
+    "rows.step[math](message)", "rows.step[tool_agent](message)",
 ]
 """Every door by name: ``TEXT_DOORS`` read a reply's text, ``MESSAGE_DOORS`` an assistant message dict."""
 ENV_DOORS = {"sokoban": "sokoban.step", "gsm8k": "gsm8k.step", "gsm8k_tool": "gsm8k_tool.step",
              "gsm8k_interaction": "gsm8k_interaction.step", "first_letter": "first_letter.step",
-             "arithmetic": "arithmetic.step", "rows": "rows.step[gsm8k]", "openenv": "openenv.action"}
+             "arithmetic": "arithmetic.step", "frozenlake": "frozenlake.step", "rows": "rows.step[gsm8k]",
+             "openenv": "openenv.action"}
 """Each built-in env (``agentgym.envs`` entry points, families aside) and the door its step is
 fuzzed through (the Sokoban presets are ``sokoban`` with other sizes; ``openenv`` forwards the
 reply to a remote server, so what runs here is turning the reply into an action)."""
@@ -306,6 +307,7 @@ def build_doors(workdir: Path) -> dict[str, Door]:
          lambda env: env.reset(options={"index": 0})),
         ("first_letter", agentgym.make("first_letter"), lambda env: env.reset(seed=0)),
         ("arithmetic", agentgym.make("arithmetic"), lambda env: env.reset(seed=0)),
+        ("frozenlake", agentgym.make("frozenlake"), lambda env: env.reset(seed=0)),
         *((f"rows[{kind}]", agentgym.make("rows", data_files=str(rows_file), tools=("calculator",)),
            lambda env, i=i: env.reset(options={"index": i})) for i, kind in enumerate(("gsm8k", "math", "tool_agent"))),
     ]

@@ -110,7 +110,7 @@ def test_env_presets_choose_their_own_algorithm_explicitly():
     verl = load_config(overrides=["data.train_batch_size=256"], warn=False)
     assert verl.algorithm.adv_estimator == "gae" and verl.actor_rollout_ref.rollout.n == 1 and verl.critic.enable
     sokoban = load_config(env="sokoban", warn=False)
-    assert sokoban.algorithm.adv_estimator == "grpo" and sokoban.actor_rollout_ref.rollout.n == 8
+    assert sokoban.algorithm.adv_estimator == "gigpo" and sokoban.actor_rollout_ref.rollout.n == 8
     assert not sokoban.critic.enable
     assert load_config(env="sokoban", overrides=["algorithm=ppo"], warn=False).algorithm.adv_estimator == "gae"
     assert load_config(env="gsm8k_tool", warn=False).algorithm.adv_estimator == "grpo"  # generic preset

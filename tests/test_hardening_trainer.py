@@ -39,9 +39,23 @@ def run_python(code: str, timeout: float = 300, argv: list[str] = ()) -> subproc
 
 
 # ---- fail loudly -------------------------------------------------------------------------------------
-def test_a_dead_policy_server_stops_the_run_with_exit_1_and_names_it(tmp_path, capsys):
+def test_a_dead_policy_server_is_refused_before_the_run_with_exit_2(tmp_path, capsys):
     from agentgym.cli import main
 
+    dead = f"http://127.0.0.1:{free_port()}"
+    code = main(["train", "--env", "first_letter", *FAST, f"trainer.default_local_dir={tmp_path}",
+                 "trainer.total_training_steps=3", f"actor_rollout_ref.rollout.server_urls=[{dead}]"])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert f"the policy server {dead}" in err and "does not answer" in err
+
+
+def test_a_policy_server_that_dies_after_the_check_stops_the_run_with_exit_1_and_names_it(tmp_path, capsys,
+                                                                                        monkeypatch):
+    from agentgym.cli import main
+    from agentgym.trainer import preflight
+
+    monkeypatch.setattr(preflight, "check_servers", lambda cfg: None)  # it answered then, it is gone now
     dead = f"http://127.0.0.1:{free_port()}"
     code = main(["train", "--env", "first_letter", *FAST, f"trainer.default_local_dir={tmp_path}",
                  "trainer.total_training_steps=3", f"actor_rollout_ref.rollout.server_urls=[{dead}]"])

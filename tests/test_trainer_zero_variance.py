@@ -92,7 +92,8 @@ def test_the_warning_says_what_happened_and_what_to_try():
 
 @pytest.fixture
 def trainer():
-    cfg = load_config(env="sokoban", overrides=["trainer.use_ray=false", "actor_rollout_ref.rollout.n=4"])
+    cfg = load_config(env="sokoban", overrides=["trainer.use_ray=false", "actor_rollout_ref.rollout.n=4",
+                                               "algorithm.adv_estimator=grpo"])  # the group-relative warning
     t = PPOTrainer(cfg, source=None, pad_token_id=0, show_progress=False)
     yield t
     t.loop.close()

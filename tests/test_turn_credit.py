@@ -244,7 +244,8 @@ def _train_one_step(tmp_path, overrides: list[str], batch: list[Trajectory]) -> 
         "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
         "trainer.save_freq=-1", "trainer.save_hf_model=false", "actor_rollout_ref.rollout.n=2",
         "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "warm_start.enable=false", "held_out.enable=false", *overrides])
+        "warm_start.enable=false", "held_out.enable=false", "algorithm.adv_estimator=grpo",
+        "algorithm.filter_groups.enable=false", "algorithm.turn_reward_from=null", *overrides])
     return train(cfg, source=FixedTrajectorySource([batch]), servers=False, show_progress=False)["metrics"]
 
 
