@@ -41,6 +41,7 @@ ABLATIONS: dict[str, list[str]] = {
     "GRPO instead of GiGPO": ["algorithm.adv_estimator=grpo"],
     "no dynamic sampling": ["algorithm.filter_groups.enable=false"],
     "no format reward": ["algorithm.turn_reward_coef=0", "algorithm.turn_reward_from=null"],
+    "PPO with a critic instead of GiGPO": ["algorithm=ppo"],
 }
 """Each change of the main job's recipe (configs/env/sokoban.yaml), switched off on its own."""
 
@@ -125,6 +126,8 @@ def main() -> int:
     parser.add_argument("--env", default="sokoban")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--ablate", action="store_true", help="also run each ABLATIONS variant per seed")
+    parser.add_argument("--ablate-seeds", type=int, nargs="+", default=None,
+                        help="run the ablations for these seeds only (default: every seed)")
     parser.add_argument("--run-dir", default=None, help="where the runs go (default: a new temporary directory)")
     parser.add_argument("--keep-cache", action="store_true", help="reuse the tiny model from ~/.cache/agentgym")
     parser.add_argument("--min-gain", type=float, default=0.03)
@@ -139,6 +142,8 @@ def main() -> int:
     if args.ablate:  # RL only, from the full recipe's SFT model of the same seed: the change is the only difference
         for name, extra in ABLATIONS.items():
             for full in list(runs[: len(args.seeds)]):
+                if args.ablate_seeds is not None and full.seed not in args.ablate_seeds:
+                    continue
                 sft = Path(full.run_dir) / "warm_start" / "sft" / "huggingface"
                 if full.ok and sft.is_dir():
                     runs.append(run_once(args.env, full.seed, name, list(args.overrides) + extra, base, args.keep_cache,

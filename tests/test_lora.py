@@ -184,6 +184,7 @@ def test_a_lora_run_learns_first_letter(tmp_path):
     cfg = load_config(env="first_letter", overrides=[
         f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.seed=0",
         "trainer.total_training_steps=15", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.use_ray=false",
+        "actor_rollout_ref.rollout.sampling_seed=1234",  # unseeded, a CI run fell short (0.26 -> 0.46)
         "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         f"actor_rollout_ref.model.target_modules={targets}"])
     summary = train(cfg, show_progress=False)

@@ -29,13 +29,13 @@ Expert: ``expert_action()`` plays the move with the best chance of reaching the 
 from __future__ import annotations
 
 import random
-import re
 from collections import deque
 from typing import Any, ClassVar
 
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 from gymnasium.error import ResetNeeded
 
+from agentgym.envs.answer_tag import last_answer
 from agentgym.envs.base import TextEnv, reply_text
 from agentgym.envs.sokoban import legend_pairs
 from agentgym.registry import EnvSpec
@@ -51,7 +51,6 @@ INSTRUCTION = ("You are solving the FrozenLake puzzle. Avoid the holes and go to
                "{slippery}The answer must be one of action in a turn, format is <answer>Right</answer>")
 SLIPPERY = "You may move to the unintended direction due to the slippery ice. "
 MAX_REPLY_CHARS = 8192
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 
 
 def random_lake(rng: random.Random, size: int, p: float, max_tries: int = 10_000) -> list[str]:
@@ -121,10 +120,10 @@ def parse_moves(text: str, max_moves: int) -> tuple[list[int], str | None]:
     """Action ids from the last ``<answer>...</answer>`` of a reply (``||`` separates moves); returns
     ``(moves, error)``: an error (then no moves) when there is no tag, an unknown word or too many."""
     text = text[-MAX_REPLY_CHARS:]
-    found = _ANSWER_RE.findall(text)
-    if not found:
+    answer = last_answer(text)
+    if answer is None:
         return [], "no <answer>...</answer> found"
-    words = [w.strip() for w in found[-1].split("||")]
+    words = [w.strip() for w in answer.split("||")]
     words = [w for w in words if w]
     if not words:
         return [], "the answer had no move"

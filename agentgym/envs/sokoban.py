@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from typing import Any, ClassVar
 
 from gymnasium.error import ResetNeeded
 
+from agentgym.envs.answer_tag import last_answer
 from agentgym.envs.base import TextEnv, reply_text
 from agentgym.envs.sokoban_levels import DIRECTIONS, Level, generate_level, shortest_moves, solve
 from agentgym.registry import EnvSpec
@@ -68,8 +68,6 @@ CELL_MEANINGS = ("wall", "empty", "target", "box on target", "box", "player", "p
 MAX_REPLY_CHARS = 8192
 """Only this many trailing characters of a reply (or of a tool call's arguments) are read."""
 
-_OPEN_RE = re.compile(re.escape("<answer>"), re.IGNORECASE)
-_CLOSE_RE = re.compile(re.escape("</answer>"), re.IGNORECASE)
 _MOVE_WORDS = {"up": 0, "down": 1, "left": 2, "right": 3, "1": 0, "2": 1, "3": 2, "4": 3}
 
 _MOVED = DIRECTIONS
@@ -124,20 +122,10 @@ def parse_answer(text: str, max_moves: int) -> tuple[list[int], str | None, bool
         text = text[-MAX_REPLY_CHARS:]
     if not text or text.isspace():
         return [], "the reply was empty", False
-    answer = _last_answer(text)
+    answer = last_answer(text)
     if answer is None:
         return [], "no <answer>...</answer> found", False
     return _words_to_moves(answer.split("||", max_moves), max_moves)
-
-
-def _last_answer(text: str) -> str | None:
-    """The inside of the last ``<answer>...</answer>`` (tags matched left to right, case-insensitive,
-    as a lazy regex would pair them), found in one pass: a reply full of unclosed tags costs no
-    more than any other."""
-    answer, pos = None, 0
-    while (opened := _OPEN_RE.search(text, pos)) and (closed := _CLOSE_RE.search(text, opened.end())):
-        answer, pos = text[opened.end():closed.start()], closed.end()
-    return answer
 
 
 def is_lone_answer(text: str) -> bool:
