@@ -166,6 +166,11 @@ def parse_value(text: str) -> Any:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    return number_or_value(value)
+
+
+def number_or_value(value: Any) -> Any:
+    """``"2e-6"`` (YAML 1.1 reads an exponent without a dot as text) -> ``2e-06``; anything else as is."""
     if isinstance(value, str):
         try:
             return float(value)

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from agentgym.config import flatten
+from agentgym.config import flatten, number_or_value
 
 ANY = object()
 
@@ -201,7 +201,7 @@ def translate(system: str, data: dict[str, Any], table: Sequence[KeyMap],
         if row is None:
             tr.refused.append((key, f"no agentgym equivalent known for this {system} key"))
         elif row.kind == "map":
-            tr.set(str(row.target), row.convert(value) if row.convert else _number(value), key)
+            tr.set(str(row.target), row.convert(value) if row.convert else number_or_value(value), key)
         elif row.kind == "derived":  # derive() sets the value it computes from this and other keys
             tr.derived.append((key, str(row.target), row.note))
         elif row.kind == "ignore" and (row.unless is ANY or _harmless(value, row.unless)):
@@ -215,14 +215,6 @@ def translate(system: str, data: dict[str, Any], table: Sequence[KeyMap],
     return tr
 
 
-def _number(value: Any) -> Any:
-    """``"2e-6"`` (YAML 1.1 reads an exponent without a dot as text) -> ``2e-06``; anything else as is."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
 
 
 def lookup(data: dict[str, Any], dotted: str, default: Any = None) -> Any:
