@@ -172,7 +172,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from agentgym.trainer.plots import plot_command
+    from agentgym.plots import plot_command
 
     return plot_command(args)
 

@@ -27,6 +27,8 @@ MOVED = {
     "agentgym.trainer.sft": "agentgym.stages.sft",
     "agentgym.trainer.sft_data": "agentgym.stages.sft_data",
     "agentgym.trainer.offline": "agentgym.stages.offline",
+    "agentgym.trainer.plots": "agentgym.plots",
+    "agentgym.trainer.lora": "agentgym.model.lora",
     "agentgym.trainer.compat": "agentgym.compat (the `agentgym config` command: agentgym.stages.config_command)",
     "agentgym.trainer.rewards": "agentgym.rewards",
     "agentgym.trainer.sources": "agentgym.rollout.sources",

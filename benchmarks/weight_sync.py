@@ -130,7 +130,7 @@ def lora_payload(path: str, rank: int) -> str | None:
     """The bytes a LoRA push carries against a full push of the same model (adapters on every
     linear layer but the head, veRL's all-linear)."""
     try:
-        from agentgym.trainer import lora
+        from agentgym.model import lora
     except ImportError:
         return None
     import importlib.util

@@ -42,6 +42,9 @@ ALLOWED["progress"] = set()  # agentgym/progress.py (bars for terminals and logs
 for _name in ALLOWED:
     if _name != "progress":
         ALLOWED[_name].add("progress")
+ALLOWED["plots"] = {"progress"}  # agentgym/plots.py (curves.png, compare.png): drawn by the trainer, stages and cli
+for _name in ("trainer", "stages", "cli"):
+    ALLOWED[_name].add("plots")
 MAX_LINES = 600
 
 

@@ -16,10 +16,13 @@ import torch
 pytestmark = [pytest.mark.lora,
               pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install 'agentgym[lora]'")]
 
-from agentgym.model import load_causal_lm, load_tokenizer  # noqa: E402
+from agentgym.model import (  # noqa: E402
+    load_causal_lm,
+    load_tokenizer,
+    lora,  # noqa: E402
+)
 from agentgym.server.engine import Engine  # noqa: E402
 from agentgym.server.sampling import GenerationParams  # noqa: E402
-from agentgym.trainer import lora  # noqa: E402
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPT = list(range(5, 30))

@@ -15,8 +15,12 @@ import torch
 pytestmark = [pytest.mark.lora,
               pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install 'agentgym[lora]'")]
 
-from agentgym.model import load_causal_lm, load_tokenizer, tiny_model_path  # noqa: E402
-from agentgym.trainer import lora  # noqa: E402
+from agentgym.model import (  # noqa: E402
+    load_causal_lm,
+    load_tokenizer,
+    lora,  # noqa: E402
+    tiny_model_path,
+)
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 IDS = torch.tensor([list(range(5, 30))])

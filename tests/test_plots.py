@@ -8,7 +8,7 @@ import pytest
 
 from agentgym.cli import main
 
-plots = pytest.importorskip("agentgym.trainer.plots")
+plots = pytest.importorskip("agentgym.plots")
 pytest.importorskip("matplotlib", reason="pip install matplotlib (the plot extra)")
 
 

@@ -1,5 +1,5 @@
 """LoRA adapters in the embedded engine: ``<module>.lora_A.weight`` / ``<module>.lora_B.weight``
-tensors pushed by a LoRA trainer (``agentgym.trainer.lora.push_state``: B already carries the
+tensors pushed by a LoRA trainer (``agentgym.model.lora.push_state``: B already carries the
 scale ``lora_alpha / lora_rank``) change what those modules compute to ``W x + B (A x)``.
 
 The lean forward adds ``B (A x)`` to the module's output, so the base weights never change and

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym.plots import PlotError, choose_panels, read_metrics, series, trailing_mean
 from agentgym.stages.held_out import Score, load_scores, paired_gain
-from agentgym.trainer.plots import PlotError, choose_panels, read_metrics, series, trailing_mean
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 FINAL = "after RL"
@@ -188,7 +188,7 @@ def _across_runs(runs: Sequence[RunResults], temps: Sequence[float]) -> list[str
 
 # ---- the plot ------------------------------------------------------------------------------------
 def figure(runs: Sequence[RunResults], metrics: Sequence[str] = ()) -> Any:
-    from agentgym.trainer.plots import _pyplot
+    from agentgym.plots import _pyplot
 
     plt = _pyplot()
     with_rows = [r for r in runs if r.rows]
@@ -266,7 +266,7 @@ def compare(paths: Sequence[str | Path], output: str | Path | None = "compare.pn
     text = table(runs)
     if output is None:
         return text, None
-    from agentgym.trainer.plots import _pyplot
+    from agentgym.plots import _pyplot
 
     plt = _pyplot()
     fig = figure(runs, metrics)

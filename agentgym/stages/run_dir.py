@@ -139,8 +139,7 @@ def export_checkpoint(weights: Path, cfg: DictConfig, target: Path, start_model:
     directory with the start model's tokenizer."""
     import torch
 
-    from agentgym.model import load_causal_lm, load_tokenizer
-    from agentgym.trainer import lora
+    from agentgym.model import load_causal_lm, load_tokenizer, lora
 
     state = torch.load(weights, map_location="cpu", weights_only=True)
     model = load_causal_lm(start_model, dtype="float32")

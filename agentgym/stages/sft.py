@@ -286,7 +286,7 @@ def _files(value: Any) -> Any:
 
 
 def _curves(run_dir: Path) -> str | None:
-    from agentgym.trainer.plots import PlotError, plot_run
+    from agentgym.plots import PlotError, plot_run
 
     try:
         return str(plot_run(run_dir, run_dir / "curves.png"))

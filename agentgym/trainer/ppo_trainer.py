@@ -568,7 +568,7 @@ class PPOTrainer:
     def write_curves(self) -> None:
         """``<run dir>/curves.png`` from the metrics so far (``agentgym plot``); a run without
         matplotlib or without a metrics file says so once and goes on."""
-        from agentgym.trainer.plots import PlotError, plot_run
+        from agentgym.plots import PlotError, plot_run
 
         try:
             self.curves = plot_run(self.run_dir, self.run_dir / "curves.png")

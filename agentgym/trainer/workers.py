@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentgym.trainer import algos, lora
+from agentgym.model import lora
+from agentgym.trainer import algos
 from agentgym.trainer.batch import micro_batches
 from agentgym.trainer.forward import ValueModel, chunks, policy_forward, select_rows, value_forward
 from agentgym.trainer.train_state import (
