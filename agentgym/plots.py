@@ -154,18 +154,24 @@ def figure(rows: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str, str]
             _per_turn_panel(ax, rows, expand(key, logged), name, label)
             continue
         steps, values = series(rows, key)
+        # a reward source (turn facts, a reward model, a judge, a teacher: ``reward/<name>/mean``) rewrote
+        # the reward trained on; validation still reports the env's own, so the two lines measure different things
+        rescored = key == "reward/mean" and any(k.startswith("reward/") and k.endswith("/mean") and k != key
+                                                for k in logged)
+        train_label, val_label = ("train (reward trained on)", "validation (env's reward)") if rescored \
+            else ("train", "validation")
         if steps:
             noisy = len(steps) >= SMOOTH_FROM
             ax.plot(steps, values, color="#1f77b4", linewidth=0.8 if noisy else 1.6, alpha=0.35 if noisy else 1.0,
-                    label="train")
+                    label=train_label)
             if noisy:  # a step's batch is a few tasks: the trend is what a reader wants
                 window = max(3, len(steps) // 12)
                 ax.plot(steps, trailing_mean(values, window), color="#1f77b4", linewidth=1.8,
-                        label=f"train, mean of {window} steps")
+                        label=f"{train_label}, mean of {window} steps")
         val_steps, val_values = series(rows, f"val/{key}")
         if val_steps:
             ax.plot(val_steps, val_values, color="#d62728", marker="o", markersize=4, linewidth=1.0,
-                    linestyle="--", label="validation")
+                    linestyle="--", label=val_label)
         ax.set_title(name, fontsize=11)
         ax.set_xlabel("step")
         ax.set_ylabel(label if label != key else "")

@@ -5,7 +5,7 @@ per-turn malformed shares of both, and the seconds eval took; then, greedy only,
 ``agentgym eval --model RUN_DIR/huggingface`` (the env's defaults) for contrast (slow for Sokoban: the
 default 100 moves and 256 tokens a turn; ``--no-contrast`` leaves it out).
 
-    python benchmarks/reproduce_held_out.py outputs/agentgym/sokoban-grpo
+    python benchmarks/reproduce_held_out.py outputs/agentgym/sokoban-gigpo
 
 Exit status 0 when every task agrees at every temperature, 1 otherwise.
 """

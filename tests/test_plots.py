@@ -46,6 +46,16 @@ def test_the_default_panels_hold_train_and_validation_series(tmp_path):
     assert plots.choose_panels(flat)[0] == ("reward", "reward/mean", "mean episode reward")
 
 
+def test_a_rewritten_training_reward_is_told_apart_from_validation(tmp_path):
+    """With ``algorithm.turn_reward_from`` (or a reward model, judge, teacher) the reward trained on is not
+    the env's, which validation reports: the legend says which is which."""
+    rows = [{**r, "reward/format_reward/mean": -0.1} for r in plots.read_metrics(write_run(tmp_path / "run"))]
+    fig = plots.figure(rows, plots.choose_panels(rows))
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["train (reward trained on)",
+                                                                      "validation (env's reward)"]
+    assert [line.get_label() for line in fig.axes[1].get_lines()] == ["train", "validation"]
+
+
 def test_plot_command_writes_a_png(tmp_path, capsys):
     run = write_run(tmp_path / "run")
     assert main(["plot", str(run)]) == 0

@@ -1,9 +1,9 @@
 """Commands that take their settings from a finished run: ``agentgym eval --run DIR``,
 ``agentgym rollout --run DIR`` and ``agentgym serve --run DIR``.
 
-    agentgym eval --run outputs/agentgym/sokoban-grpo                 # the held-out table's greedy row again
-    agentgym eval --run outputs/agentgym/sokoban-grpo/global_step_40 --temperature 1
-    agentgym serve --run outputs/agentgym/sokoban-grpo
+    agentgym eval --run outputs/agentgym/sokoban-gigpo                 # the held-out table's greedy row again
+    agentgym eval --run outputs/agentgym/sokoban-gigpo/global_step_40 --temperature 1
+    agentgym serve --run outputs/agentgym/sokoban-gigpo
 
 ``DIR`` is a run directory or a directory inside one (``agentgym.stages.run_dir``). From the run's
 ``config.yaml`` come the env and its arguments (eval: ``env.kwargs`` with ``env.val_kwargs`` over them,

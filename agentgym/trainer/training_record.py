@@ -2,7 +2,7 @@
 
 ``agentgym train`` writes it beside the weights of ``<run dir>/huggingface`` (``trainer.save_hf_model``)::
 
-    {"agentgym_version": "0.1.0", "step": 60, "run_dir": "/abs/outputs/agentgym/sokoban-grpo",
+    {"agentgym_version": "0.1.0", "step": 60, "run_dir": "/abs/outputs/agentgym/sokoban-gigpo",
      "env": {"name": "sokoban", "kwargs": {...}, "val_kwargs": {...}, "eval_kwargs": {...},
              "val_seed_start": 1000000},
      "rollout": {"max_assistant_turns": 3, "max_tokens_per_turn": 56, "temperature": 1.0, ...,
