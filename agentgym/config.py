@@ -468,7 +468,7 @@ def compose(
         if key not in schema and not _is_open(key) and key not in report.prefixes:
             report.ignored[key] = "removed with ~ (not a key agentgym has)"
             continue
-        OmegaConf.update(cfg, key, copy.deepcopy(_lookup(before_user, key)), merge=False, force_add=True)
+        OmegaConf.update(cfg, key, copy.deepcopy(lookup(before_user, key)), merge=False, force_add=True)
         explicit.difference_update({k for k in explicit if k == key or k.startswith(key + ".")})
     dotted = [d for d in dotted if not any(d[0] == r or d[0].startswith(r + ".") for r in removed)]
     added: dict[str, Any] = {}
@@ -544,11 +544,12 @@ def named_config(base_dir: Path, name: str, base_file: str, schema: dict[str, An
     return data
 
 
-def _lookup(data: dict[str, Any], dotted: str) -> Any:
+def lookup(data: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """``data["a"]["b"]`` for ``"a.b"`` in nested plain dicts; ``default`` where a part is missing."""
     node: Any = data
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return default
         node = node[part]
     return node
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym.compat.translate import KeyMap, Translation, engine_or_embedded, lookup, translate
+from agentgym.compat.translate import KeyMap, Translation, engine_or_embedded, translate
+from agentgym.config import lookup
 
 AR = "actor_rollout_ref"
 HW = "GPU placement: agentgym places its workers itself (trainer.n_gpus_per_node)"

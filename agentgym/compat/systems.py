@@ -13,9 +13,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from agentgym.compat.translate import ANY, KeyMap, Translation, engine_or_embedded, lookup, translate
+from agentgym.compat.translate import ANY, KeyMap, Translation, engine_or_embedded, translate
 from agentgym.compat.verl import verl_key_policy
-from agentgym.config import config_dir, flatten, read_yaml
+from agentgym.config import config_dir, flatten, lookup, read_yaml
 
 AR = "actor_rollout_ref"
 

@@ -217,13 +217,6 @@ def translate(system: str, data: dict[str, Any], table: Sequence[KeyMap],
 
 
 
-def lookup(data: dict[str, Any], dotted: str, default: Any = None) -> Any:
-    node: Any = data
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 def engine_or_embedded(tr: Translation, engine: str | None, source: str) -> None:
