@@ -239,6 +239,82 @@ def test_push_files_of_a_killed_trainer_are_removed_by_the_next(tmp_path):
     assert mine.exists() and fresh.exists() and not orphan.exists() and not stray.exists()
 
 
+
+class _BlockingWriter:
+    """An actor whose weight write waits for ``release``, then makes its own directory (as peft's
+    ``save_pretrained`` does) and writes a file in it."""
+
+    use_ray = False
+    workers: list = []
+
+    def __init__(self):
+        import threading
+
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def call(self, method, path):
+        self.entered.set()
+        self.release.wait(30)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(b"w" * 100)
+        return [{"bytes": 100.0}]
+
+
+class _DirectoryServers:
+    handles: list = []
+
+    def remote_urls(self):
+        return []
+
+    def in_process_handles(self):
+        return []
+
+    async def update(self, weights, version, abort=False):
+        pass
+
+
+def test_cleanup_waits_for_a_write_in_flight_and_no_write_follows_it(tmp_path):
+    """SIGTERM ends the run while a thread still writes the weights: removing the directory under it
+    would let the write bring it back (a CI run found one left in /dev/shm)."""
+    import asyncio
+    import threading
+
+    from agentgym.trainer.weight_sync import WeightSync
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    actor = _BlockingWriter()
+    sync = WeightSync(_DirectoryServers(), actor, str(tmp_path / "model"), directory=tmp_path / "shm")
+    pushing = threading.Thread(target=lambda: asyncio.run(sync.push(1)), daemon=True)
+    pushing.start()
+    assert actor.entered.wait(30)
+    cleaning = threading.Thread(target=sync.cleanup)
+    cleaning.start()
+    cleaning.join(0.5)
+    assert cleaning.is_alive(), "cleanup removed the directory while a write was in flight"
+    actor.release.set()
+    cleaning.join(30)
+    pushing.join(30)
+    assert not cleaning.is_alive() and not pushing.is_alive()
+    assert not list((tmp_path / "shm").iterdir())
+    with pytest.raises(RuntimeError, match="removed at shutdown"):
+        asyncio.run(sync.push(2))
+    assert not list((tmp_path / "shm").iterdir())
+
+
+def test_cleanup_removes_the_lora_adapter_directories_too(tmp_path):
+    from agentgym.trainer.weight_sync import WeightSync
+
+    sync = WeightSync(_DirectoryServers(), _BlockingWriter(), "tiny", directory=tmp_path)
+    adapter = sync.directory.with_name(sync.directory.name + "-lora-7")
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"a")
+    other = tmp_path / "agentgym-policy-1-feedbeef-lora-7"  # another run's
+    other.mkdir()
+    sync.cleanup()
+    assert not adapter.exists() and other.exists()
+
+
 # ---- env failures -------------------------------------------------------------------------------------------
 HANGS = 17
 

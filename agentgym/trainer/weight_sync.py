@@ -27,7 +27,9 @@ Both halves are timed (``weight_sync/save_s``, ``weight_sync/load_s``).
 The push directory (``agentgym-policy-<pid>-<id>``, memory while it exists) is removed on every way
 out: ``cleanup()`` at shutdown, an ``atexit`` hook (``agentgym train`` turns SIGTERM/SIGHUP into a
 normal exit, so they pass through it too), and for a process killed outright (``kill -9``) by the
-next ``WeightSync``, which removes the directories of processes that no longer exist.
+next ``WeightSync``, which removes the directories of processes that no longer exist. A signal can
+end the run while a thread still writes weights there: ``cleanup()`` waits for that write to end
+(writes and removal share one lock), and no write starts after it.
 
 Asynchronous training adds two options to a push: ``state`` (weights copied earlier, the checkpoint
 engine's buffer, pushed instead of the actor's current ones) and ``abort`` (partial rollout: every
@@ -42,6 +44,7 @@ import contextlib
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -206,6 +209,8 @@ class WeightSync:
         in_process = servers.in_process_handles()
         self.direct = not actor.use_ray and len(in_process) == len(servers.handles) and bool(in_process)
         self.version = 0  # the version the servers were last sent (what they should all report)
+        self._writing = threading.Lock()  # held by whoever writes into the push directory, and by cleanup()
+        self.closed = False
         remove_orphans(base)
         atexit.register(self.cleanup)
         # the synchronous trainer never trains while its servers generate: they may share its tensors
@@ -237,14 +242,15 @@ class WeightSync:
             await self.servers.update(state, version, abort=abort)
             size = float(sum(t.numel() * t.element_size() for t in state.values()))
         else:
-            self._prepare_directory()
+            self._while_open(self._prepare_directory)
             if state is None:
-                results = await asyncio.to_thread(self.actor.call, "push_weights", str(self.path))
+                results = await asyncio.to_thread(self._while_open, self.actor.call, "push_weights", str(self.path))
                 size = float(results[0]["bytes"])
             else:
                 from agentgym.model.weights import save_for_push
 
-                size = float((await asyncio.to_thread(save_for_push, state, self.path)).stat().st_size)
+                written = await asyncio.to_thread(self._while_open, save_for_push, state, self.path)
+                size = float(written.stat().st_size)
             saved = time.perf_counter()
             try:
                 await self.servers.update(str(self.directory), version, abort=abort)
@@ -321,7 +327,7 @@ class WeightSync:
         from agentgym.client.weights import VLLMWeights
 
         directory = self.directory.with_name(self.directory.name + f"-lora-{version}")
-        await asyncio.to_thread(self.actor.call, "save_adapter", str(directory))
+        await asyncio.to_thread(self._while_open, self.actor.call, "save_adapter", str(directory))
         saved = time.perf_counter()
         adapter = VLLMWeights()
         try:
@@ -345,8 +351,24 @@ class WeightSync:
             if not f.name.endswith(".index.json"):  # a shard index would point at files not here
                 shutil.copy(f, self.directory / f.name)
 
-    def cleanup(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+    def _while_open(self, write: Any, *args: Any) -> Any:
+        """``write(*args)``, which writes into the push directory, unless ``cleanup()`` has run."""
+        with self._writing:
+            if self.closed:
+                raise RuntimeError(f"the weight push directory {self.directory} was removed at shutdown")
+            return write(*args)
+
+    def cleanup(self, wait_s: float = 60.0) -> None:
+        """Remove the push directory and LoRA adapter directories, once a write in flight (a thread
+        the run's end did not stop) has ended; at most ``wait_s`` seconds are waited for it."""
+        locked = self._writing.acquire(timeout=wait_s)
+        try:
+            self.closed = True
+            for path in [self.directory, *self.directory.parent.glob(self.directory.name + "-lora-*")]:
+                shutil.rmtree(path, ignore_errors=True)
+        finally:
+            if locked:
+                self._writing.release()
         atexit.unregister(self.cleanup)
 
 
