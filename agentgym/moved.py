@@ -37,6 +37,9 @@ MOVED = {
     "agentgym.trainer.data_prep": "agentgym.rollout.data_prep",
     "agentgym.trainer.agent_flows": "agentgym.gateway.agent_flows",
     "agentgym.trainer.engine_args": "agentgym.compat.engine_args",
+    "agentgym.trainer.config_notes": "agentgym.compat.config_notes",
+    "agentgym.trainer.loggers": "agentgym.tracking",
+    "agentgym.trainer.preflight": "agentgym.preflight",
 }
 
 

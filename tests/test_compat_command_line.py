@@ -130,7 +130,7 @@ def test_rollout_name_hf_on_the_command_line():
 
 
 def test_cuda_on_a_machine_without_one_is_refused_before_ray():
-    from agentgym.trainer.preflight import check_device
+    from agentgym.preflight import check_device
 
     cfg = load_config(env="first_letter", overrides=["trainer.device=cuda"], warn=False)
     with pytest.raises(ConfigError, match="no CUDA device.*trainer.device=auto"):
@@ -157,7 +157,7 @@ def test_the_cli_fails_fast_on_cuda_without_one(tmp_path, capsys):
 
 
 def test_every_missing_optional_package_is_named_with_its_install_command(monkeypatch):
-    from agentgym.trainer import preflight
+    from agentgym import preflight
 
     cfg = load_config(env="first_letter", overrides=["trainer.logger=[console,wandb]",
                                                      "actor_rollout_ref.model.lora_rank=8"], warn=False)
@@ -182,7 +182,7 @@ def test_verls_gsm8k_interaction_class_is_the_builtin():
 
 
 def test_rows_made_for_verl_tools_are_refused_not_trained_without_their_tools():
-    from agentgym.trainer.preflight import check_tool_rows
+    from agentgym.preflight import check_tool_rows
 
     cfg = load_config(env="rows", warn=False)
     row = {"prompt": [{"role": "user", "content": "q"}], "data_source": "openai/gsm8k",

@@ -68,7 +68,7 @@ def test_custom_reward_function_replaces_the_rule(tmp_path):
 
 
 def test_a_data_source_without_a_rule_asks_for_a_reward_function(tmp_path):
-    from agentgym.trainer.preflight import preflight
+    from agentgym.preflight import preflight
 
     rows = [{**r, "data_source": "my/own"} for r in gsm8k_rows(4, 0, "train")]
     data = write_jsonl(tmp_path / "t.jsonl", rows)
@@ -86,7 +86,7 @@ def test_a_data_source_without_a_rule_asks_for_a_reward_function(tmp_path):
 
 
 def test_prime_scores_with_a_time_limit(tmp_path):
-    from agentgym.trainer.preflight import rows_env_kwargs
+    from agentgym.preflight import rows_env_kwargs
 
     path = reward_file(tmp_path, """
         import time
@@ -131,7 +131,7 @@ def test_dapo_punishes_overlong_responses():
 
 
 def prepare(tmp_path, rows, *overrides):
-    from agentgym.trainer.preflight import preflight
+    from agentgym.preflight import preflight
 
     data = write_jsonl(tmp_path / "train.jsonl", rows)
     cfg = load_config(overrides=[f"data.train_files={data}", "data.train_batch_size=1",
@@ -264,7 +264,7 @@ def test_max_user_turns_bounds_the_episode():
 
 
 def test_interaction_config_path_makes_interaction_episodes(tmp_path):
-    from agentgym.trainer.preflight import preflight
+    from agentgym.preflight import preflight
 
     rows = [{**r, "extra_info": {**r["extra_info"], "interaction_kwargs": {
         "name": "gsm8k", "query": "q", "ground_truth": r["reward_model"]["ground_truth"]}}}

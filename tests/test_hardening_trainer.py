@@ -52,8 +52,8 @@ def test_a_dead_policy_server_is_refused_before_the_run_with_exit_2(tmp_path, ca
 
 def test_a_policy_server_that_dies_after_the_check_stops_the_run_with_exit_1_and_names_it(tmp_path, capsys,
                                                                                         monkeypatch):
+    from agentgym import preflight
     from agentgym.cli import main
-    from agentgym.trainer import preflight
 
     monkeypatch.setattr(preflight, "check_servers", lambda cfg: None)  # it answered then, it is gone now
     dead = f"http://127.0.0.1:{free_port()}"

@@ -43,8 +43,12 @@ for _name in ALLOWED:
     if _name != "progress":
         ALLOWED[_name].add("progress")
 ALLOWED["plots"] = {"progress"}  # agentgym/plots.py (curves.png, compare.png): drawn by the trainer, stages and cli
+# agentgym/tracking.py (the progress line, metrics backends, samples) and agentgym/preflight.py (what a run
+# checks before it starts): used by the trainer and the stages around it alike
+ALLOWED["tracking"] = {"types", "rollout", "progress"}
+ALLOWED["preflight"] = {"config", "registry", "model", "envs", "interactions", "server", "rollout", "progress"}
 for _name in ("trainer", "stages", "cli"):
-    ALLOWED[_name].add("plots")
+    ALLOWED[_name] |= {"plots", "tracking", "preflight"}
 MAX_LINES = 600
 
 
@@ -164,6 +168,8 @@ def test_no_file_has_outgrown_one_idea():
     ("agentgym.trainer.rewards", "agentgym.rewards"),
     ("agentgym.trainer.sources", "agentgym.rollout.sources"),
     ("agentgym.trainer.main", "agentgym.stages.train_command"),
+    ("agentgym.trainer.loggers", "agentgym.tracking"),
+    ("agentgym.trainer.preflight", "agentgym.preflight"),
 ])
 def test_a_moved_module_names_its_new_place(old, new):
     with pytest.raises(ImportError, match=new.replace(".", r"\.")):

@@ -9,10 +9,10 @@ import pytest
 
 from agentgym.cli import main
 from agentgym.config import ConfigError
+from agentgym.preflight import check_servers
 from agentgym.server.launch import start_embedded_server
 from agentgym.stages import train_command as trainer_main
 from agentgym.trainer.config import load_config
-from agentgym.trainer.preflight import check_servers
 
 
 def test_a_dead_server_url_fails_train_before_any_stage(monkeypatch, capsys):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from agentgym.progress import LogProgress, progress_bar
-from agentgym.trainer.loggers import Progress
+from agentgym.tracking import Progress
 
 
 def test_progress_in_a_log_file_is_a_line_every_few_percent_with_an_eta(capsys):

@@ -93,8 +93,8 @@ def test_lora_sft_trains_adapters_and_writes_a_whole_model(tmp_path):
 
 
 def test_missing_packages_are_named_before_any_work(monkeypatch):
+    from agentgym import preflight
     from agentgym.config import ConfigError
-    from agentgym.trainer import preflight
 
     monkeypatch.setattr(preflight, "_importable", lambda module: module != "peft")
     with pytest.raises(ConfigError, match="model.lora_rank=8: pip install peft"):

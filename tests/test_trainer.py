@@ -232,7 +232,7 @@ def test_grpo_learns_first_letter(tmp_path, ray_session):
 
 
 def test_loggers_write_jsonl_tensorboard_and_samples(tmp_path, capsys):
-    from agentgym.trainer.loggers import Tracking, trajectory_metrics, write_samples
+    from agentgym.tracking import Tracking, trajectory_metrics, write_samples
 
     tracking = Tracking(["console", "jsonl", "tensorboard"], tmp_path, "p", "e")
     trajs = make_trajectories(2, 2, seed=8)

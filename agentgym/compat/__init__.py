@@ -8,6 +8,8 @@ Translation only: nothing of the RL loop is imported here.
   ``agentgym.stages.config_command``.
 * ``roll.py``, ``chatlearn.py``, ``claw_r1.py``: translators from those systems' YAML files to
   agentgym's config (``agentgym config --from SYSTEM FILE``).
+* ``config_notes.py``: warnings about keys a composed config sets that nothing reads or that have no effect
+  under the chosen settings (``critic.*`` under GRPO, engine knobs for the embedded server, ...).
 * ``verl_sft.py``: veRL's ``sft_trainer.yaml`` keys ``configs/sft.yaml`` lacks (``agentgym sft``'s key policy).
 * ``command_line.py``: whose a file or a command-line key is (ROLL, ChatLearn, Claw-R1, a Hydra-composed or
   dumped veRL config), so ``agentgym train`` translates their launch scripts as ``config --from`` does.

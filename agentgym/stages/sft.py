@@ -33,9 +33,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError, compose
 from agentgym.stages.sft_data import SFTDataError, iter_batches, load_sft_trajectories
+from agentgym.tracking import Tracking
 from agentgym.trainer import checkpoint
 from agentgym.trainer.batch import build_batch, pad_for_workers, update_plan
-from agentgym.trainer.loggers import Tracking
 from agentgym.types import Trajectory
 
 log = logging.getLogger("agentgym.trainer")
@@ -59,12 +59,12 @@ def load_sft_config(config_file: str | None = None, overrides: Sequence[str] = (
     if cfg.model.target_modules == "all-linear":
         cfg.model.target_modules = None
     if cfg.trainer.device == "cuda":
-        from agentgym.trainer.preflight import cuda_devices
+        from agentgym.preflight import cuda_devices
 
         if cuda_devices() == 0:
             raise ConfigError("trainer.device=cuda but this machine has no CUDA device (torch.cuda.is_available() is "
                               "False); set trainer.device=auto (the GPU when there is one, else the CPU) or cpu")
-    from agentgym.trainer.preflight import _importable
+    from agentgym.preflight import _importable
 
     missing = [f"{why}: pip install {package}" for package, why in (
         ("peft", f"model.lora_rank={cfg.model.lora_rank}") if int(cfg.model.lora_rank or 0) > 0 else (None, ""),

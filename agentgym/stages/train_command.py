@@ -135,7 +135,7 @@ def train_command(args: argparse.Namespace) -> int:
             finally:
                 line.delete()
             from agentgym.gateway.agent_flows import resolve_agent_flow
-            from agentgym.trainer.preflight import preflight
+            from agentgym.preflight import preflight
 
             flow = resolve_agent_flow(cfg) if agent is None else None  # actor_rollout_ref.rollout.agent
             if flow is not None:

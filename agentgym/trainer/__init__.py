@@ -15,8 +15,10 @@ A map, in the order a step touches them:
 * ``weight_sync.py``  the rollout side's policy servers and pushing new weights to them
 * ``ppo_trainer.py``  the single-controller loop (``PPOTrainer``)
 * ``checkpoint.py``   veRL's ``global_step_N`` layout and resuming
-* ``loggers.py``      progress line, console / JSONL / TensorBoard / wandb, samples
 * ``async_trainer.py`` the asynchronous mode (``async_loop.py``, ``staleness.py``, ``resource_pools.py``)
+
+Around the loop, not in it: the checks before a run (``agentgym.preflight``), the progress line and
+metrics backends (``agentgym.tracking``), the curves (``agentgym.plots``).
 
 Configuration lives in ``configs/``: composed by ``agentgym.config``, given its meaning by
 ``agentgym.trainer.config``.

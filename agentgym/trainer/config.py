@@ -320,6 +320,6 @@ def check_batch_sizes(train_batch_size: int, n: int, mini: int, micro: int, work
 
 def config_notes(composition: Composition) -> list[str]:
     """The warnings for a composed config: keys nothing reads, keys with no effect (see ``config_notes.py``)."""
-    from agentgym.trainer.config_notes import notes
+    from agentgym.compat.config_notes import notes
 
     return notes(composition)

@@ -43,6 +43,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.model.identity import model_key
+from agentgym.tracking import (
+    Progress,
+    Tracking,
+    mean_of_dicts,
+    per_source_metrics,
+    trajectory_metrics,
+    truncate_jsonl,
+    write_samples,
+)
 from agentgym.trainer import algos, checkpoint
 from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, update_plan
 from agentgym.trainer.config import uses_reference, world_size
@@ -52,15 +61,6 @@ from agentgym.trainer.flat_rewards import (
     advantages_vanish,
     flat_rewards_warning,
     group_reward_spread,
-)
-from agentgym.trainer.loggers import (
-    Progress,
-    Tracking,
-    mean_of_dicts,
-    per_source_metrics,
-    trajectory_metrics,
-    truncate_jsonl,
-    write_samples,
 )
 from agentgym.trainer.rollout_correction import RolloutCorrection, rollout_is_weights
 from agentgym.trainer.train_state import rng_state, set_rng_state

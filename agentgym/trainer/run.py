@@ -62,7 +62,7 @@ def train(cfg: DictConfig, source: Any = None, servers: Any = None, show_progres
     from agentgym.trainer.ppo_trainer import PPOTrainer
 
     if not prepared and source is None:
-        from agentgym.trainer.preflight import preflight
+        from agentgym.preflight import preflight
 
         preflight(cfg)
     started_ray = False
@@ -162,7 +162,7 @@ def validate_only(trainer: Any) -> dict[str, Any]:
     """``trainer.val_only``: one validation run, logged as step 0, no workers and no training."""
     import time
 
-    from agentgym.trainer.loggers import Tracking
+    from agentgym.tracking import Tracking
 
     started = time.perf_counter()
     cfg = trainer.cfg

@@ -129,7 +129,7 @@ def generate_command(args: argparse.Namespace) -> int:
         for key, reason in sorted(ignored.items()):
             print(f"agentgym generate: warning: {key}: no effect ({reason})", file=sys.stderr)
         check(cfg)
-        from agentgym.trainer.preflight import check_model
+        from agentgym.preflight import check_model
 
         check_model("model.path", str(cfg.model.path))
         started = time.perf_counter()
