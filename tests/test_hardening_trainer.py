@@ -239,7 +239,6 @@ def test_push_files_of_a_killed_trainer_are_removed_by_the_next(tmp_path):
     assert mine.exists() and fresh.exists() and not orphan.exists() and not stray.exists()
 
 
-
 class _BlockingWriter:
     """An actor whose weight write waits for ``release``, then makes its own directory (as peft's
     ``save_pretrained`` does) and writes a file in it."""

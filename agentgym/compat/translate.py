@@ -215,10 +215,6 @@ def translate(system: str, data: dict[str, Any], table: Sequence[KeyMap],
     return tr
 
 
-
-
-
-
 def engine_or_embedded(tr: Translation, engine: str | None, source: str) -> None:
     """Their rollout engine, or agentgym's embedded server when that engine is not installed here
     (the note says what to set on a GPU machine)."""

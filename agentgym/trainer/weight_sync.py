@@ -326,7 +326,7 @@ class WeightSync:
         """LoRA on vLLM servers: peft's adapter directory, loaded by each server under one name."""
         from agentgym.client.weights import VLLMWeights
 
-        directory = self.directory.with_name(self.directory.name + f"-lora-{version}")
+        directory = self._adapter_directory(version)
         await asyncio.to_thread(self._while_open, self.actor.call, "save_adapter", str(directory))
         saved = time.perf_counter()
         adapter = VLLMWeights()
@@ -334,11 +334,16 @@ class WeightSync:
             await asyncio.gather(*(asyncio.to_thread(adapter.load_lora_adapter, url, self.servers.lora_name,
                                                      str(directory), version) for url in self.servers.urls))
         finally:
-            shutil.rmtree(self.directory.with_name(self.directory.name + f"-lora-{version - 1}"), ignore_errors=True)
+            shutil.rmtree(self._adapter_directory(version - 1), ignore_errors=True)
         size = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
         self._record(version)
         return {"weight_sync/save_s": saved - started, "weight_sync/load_s": time.perf_counter() - saved,
                 "weight_sync/mb": size / 2**20, "weight_sync/version": float(version)}
+
+    def _adapter_directory(self, version: int | str) -> Path:
+        """Where the LoRA adapter of ``version`` is written, beside the push directory (``"*"``: a glob
+        of them all)."""
+        return self.directory.with_name(f"{self.directory.name}-lora-{version}")
 
     def _prepare_directory(self) -> None:
         if self.directory.is_dir():
@@ -364,7 +369,7 @@ class WeightSync:
         locked = self._writing.acquire(timeout=wait_s)
         try:
             self.closed = True
-            for path in [self.directory, *self.directory.parent.glob(self.directory.name + "-lora-*")]:
+            for path in [self.directory, *self.directory.parent.glob(self._adapter_directory("*").name)]:
                 shutil.rmtree(path, ignore_errors=True)
         finally:
             if locked:
