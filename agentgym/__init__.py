@@ -1,8 +1,8 @@
 """agentgym: an environment-first agentic RL gym.
 
-    import agentgym
-    env = agentgym.make("sokoban")
-    messages, info = env.reset(seed=0)
+import agentgym
+env = agentgym.make("sokoban")
+messages, info = env.reset(seed=0)
 """
 
 from agentgym import moved

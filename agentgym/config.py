@@ -57,9 +57,16 @@ GROUPS = ("algorithm", "model", "server", "env")
 # Whole schemas (train.yaml, and the other commands' own); any other top-level file is a named config
 BASE_CONFIGS = ("train", "sft", "generation", "evaluation")
 # Sections whose keys are free: passed through to a constructor, an engine or ray.init.
-OPEN_SECTIONS = ("env.kwargs", "env.val_kwargs", "ray_init", "actor_rollout_ref.rollout.engine_kwargs",
-                 "data.apply_chat_template_kwargs", "env.custom_envs", "reward_model.reward_kwargs",
-                 "warm_start.sft")  # warm_start.sft: configs/sft.yaml's keys, checked by the warm start
+OPEN_SECTIONS = (
+    "env.kwargs",
+    "env.val_kwargs",
+    "ray_init",
+    "actor_rollout_ref.rollout.engine_kwargs",
+    "data.apply_chat_template_kwargs",
+    "env.custom_envs",
+    "reward_model.reward_kwargs",
+    "warm_start.sft",
+)  # warm_start.sft: configs/sft.yaml's keys, checked by the warm start
 
 KeyPolicy = Callable[[str, Any], "tuple[str, str] | None"]
 """``(key, value) -> (verdict, text)`` for a key train.yaml lacks, or None (a typo): ``("ignore",
@@ -208,9 +215,13 @@ def hydra_config_file(config_path: str | None, config_name: str | None) -> Path:
         here = sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
         close = difflib.get_close_matches(Path(name).stem, here, n=1)
         hint = f" Did you mean --config-name {close[0]}?" if close else ""
-        where = f"{directory} holds: {', '.join(here[:12])}" if here else f"{directory} is not a directory with YAML files"
-        raise ConfigError(f"no config {path} (--config-path {config_path} --config-name {config_name}; the path is "
-                          f"relative to the working directory {Path.cwd()}).{hint} {where}")
+        where = (
+            f"{directory} holds: {', '.join(here[:12])}" if here else f"{directory} is not a directory with YAML files"
+        )
+        raise ConfigError(
+            f"no config {path} (--config-path {config_path} --config-name {config_name}; the path is "
+            f"relative to the working directory {Path.cwd()}).{hint} {where}"
+        )
     return path
 
 
@@ -243,8 +254,9 @@ def closest_key(key: str, known: Iterable[str]) -> str:
     if same_leaf:
         places = sorted(same_leaf, key=lambda k: -difflib.SequenceMatcher(None, key, k).ratio())[:3]
         return " Did you mean " + " or ".join(repr(p) for p in places) + "?"
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(key, known, n=1,
-                                                                                                cutoff=0.3)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(
+        key, known, n=1, cutoff=0.3
+    )
     return f" Did you mean {close[0]!r}?" if close else ""
 
 
@@ -381,8 +393,9 @@ def compose(
     Every unknown key of every source is reported in one ``ConfigError``."""
     base_dir = Path(directory) if directory is not None else config_dir()
     if not (base_dir / base_file).is_file():
-        raise ConfigError(f"no config {base_dir / base_file}; choices: "
-                          f"{', '.join(sorted(p.stem for p in base_dir.glob('*.yaml')))}")
+        raise ConfigError(
+            f"no config {base_dir / base_file}; choices: {', '.join(sorted(p.stem for p in base_dir.glob('*.yaml')))}"
+        )
     base = read_yaml(base_dir / base_file)
     choices: dict[str, str | None] = dict(base.pop("defaults", {}) or {})
     schema = flatten(base)
@@ -397,9 +410,11 @@ def compose(
         user = read_yaml(Path(config_file))
         file_defaults = user.pop("defaults", {}) or {}
         if not isinstance(file_defaults, dict):
-            raise ConfigError(f"{config_file}: 'defaults' must map a group to a file name (e.g. algorithm: ppo); "
-                              "agentgym composes no Hydra defaults list (translate the file with `agentgym config "
-                              "--from`)")
+            raise ConfigError(
+                f"{config_file}: 'defaults' must map a group to a file name (e.g. algorithm: ppo); "
+                "agentgym composes no Hydra defaults list (translate the file with `agentgym config "
+                "--from`)"
+            )
         choices.update(file_defaults)
         user_choices.update(file_defaults)
         user = report.check_mapping(user, str(config_file))
@@ -562,12 +577,21 @@ def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg)
 
 
-_MOVED = ("load_config", "resolve", "validate", "world_size", "uses_reference", "check_batch_sizes", "CHOICES",
-          "LOGGERS")
+_MOVED = (
+    "load_config",
+    "resolve",
+    "validate",
+    "world_size",
+    "uses_reference",
+    "check_batch_sizes",
+    "CHOICES",
+    "LOGGERS",
+)
 
 
 def __getattr__(name: str) -> Any:
     if name in _MOVED:
-        raise ImportError(f"agentgym.config.{name} moved to agentgym.trainer.config "
-                          f"(from agentgym.trainer.config import {name})")
+        raise ImportError(
+            f"agentgym.config.{name} moved to agentgym.trainer.config (from agentgym.trainer.config import {name})"
+        )
     raise AttributeError(f"module 'agentgym.config' has no attribute {name!r}")

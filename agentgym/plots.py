@@ -50,8 +50,10 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.is_file():
-        raise PlotError(f"no metrics at {path}: pass a run directory that holds metrics.jsonl "
-                        f"(trainer.default_local_dir of a run with the jsonl logger)")
+        raise PlotError(
+            f"no metrics at {path}: pass a run directory that holds metrics.jsonl "
+            f"(trainer.default_local_dir of a run with the jsonl logger)"
+        )
     by_step: dict[int, dict[str, Any]] = {}
     for line in path.read_text().splitlines():
         try:
@@ -105,16 +107,19 @@ def choose_panels(rows: Sequence[dict[str, Any]], metrics: Sequence[str] = ()) -
                 panels.append((title, key, label))
                 break
     if not panels:
-        raise PlotError("the run logged none of the usual metrics yet (reward, success, loss); "
-                        "name some with -m METRIC")
+        raise PlotError(
+            "the run logged none of the usual metrics yet (reward, success, loss); name some with -m METRIC"
+        )
     return panels
 
 
 def expand(pattern: str, logged: set[str] | Sequence[str]) -> list[str]:
     """The logged training keys matching ``turn*/malformed`` (any turn number), in turn order."""
     head, tail = pattern.split("*", 1)
-    found = [k for k in logged if k.startswith(head) and k.endswith(tail) and k[len(head):len(k) - len(tail)].isdigit()]
-    return sorted(found, key=lambda k: int(k[len(head):len(k) - len(tail)]))
+    found = [
+        k for k in logged if k.startswith(head) and k.endswith(tail) and k[len(head) : len(k) - len(tail)].isdigit()
+    ]
+    return sorted(found, key=lambda k: int(k[len(head) : len(k) - len(tail)]))
 
 
 def _pyplot() -> Any:
@@ -156,29 +161,50 @@ def figure(rows: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str, str]
         steps, values = series(rows, key)
         # a reward source (turn facts, a reward model, a judge, a teacher: ``reward/<name>/mean``) rewrote
         # the reward trained on; validation still reports the env's own, so the two lines measure different things
-        rescored = key == "reward/mean" and any(k.startswith("reward/") and k.endswith("/mean") and k != key
-                                                for k in logged)
-        train_label, val_label = ("train (reward trained on)", "validation (env's reward)") if rescored \
-            else ("train", "validation")
+        rescored = key == "reward/mean" and any(
+            k.startswith("reward/") and k.endswith("/mean") and k != key for k in logged
+        )
+        train_label, val_label = (
+            ("train (reward trained on)", "validation (env's reward)") if rescored else ("train", "validation")
+        )
         if steps:
             noisy = len(steps) >= SMOOTH_FROM
-            ax.plot(steps, values, color="#1f77b4", linewidth=0.8 if noisy else 1.6, alpha=0.35 if noisy else 1.0,
-                    label=train_label)
+            ax.plot(
+                steps,
+                values,
+                color="#1f77b4",
+                linewidth=0.8 if noisy else 1.6,
+                alpha=0.35 if noisy else 1.0,
+                label=train_label,
+            )
             if noisy:  # a step's batch is a few tasks: the trend is what a reader wants
                 window = max(3, len(steps) // 12)
-                ax.plot(steps, trailing_mean(values, window), color="#1f77b4", linewidth=1.8,
-                        label=f"{train_label}, mean of {window} steps")
+                ax.plot(
+                    steps,
+                    trailing_mean(values, window),
+                    color="#1f77b4",
+                    linewidth=1.8,
+                    label=f"{train_label}, mean of {window} steps",
+                )
         val_steps, val_values = series(rows, f"val/{key}")
         if val_steps:
-            ax.plot(val_steps, val_values, color="#d62728", marker="o", markersize=4, linewidth=1.0,
-                    linestyle="--", label=val_label)
+            ax.plot(
+                val_steps,
+                val_values,
+                color="#d62728",
+                marker="o",
+                markersize=4,
+                linewidth=1.0,
+                linestyle="--",
+                label=val_label,
+            )
         ax.set_title(name, fontsize=11)
         ax.set_xlabel("step")
         ax.set_ylabel(label if label != key else "")
         ax.grid(alpha=0.3)
         if steps and val_steps:
             ax.legend(fontsize=8, loc="best")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     if title:
         fig.suptitle(title, fontsize=12)
@@ -206,8 +232,9 @@ def _per_turn_panel(ax: Any, rows: Sequence[dict[str, Any]], keys: Sequence[str]
     ax.legend(fontsize=8, loc="best")
 
 
-def plot_run(run_dir: str | Path, output: str | Path | None = None, metrics: Sequence[str] = (),
-             title: str | None = None) -> Path:
+def plot_run(
+    run_dir: str | Path, output: str | Path | None = None, metrics: Sequence[str] = (), title: str | None = None
+) -> Path:
     """Draw the run's curves into ``output`` (default ``<run dir>/curves.png``); returns the path."""
     plt = _pyplot()
     rows = read_metrics(run_dir)

@@ -58,8 +58,10 @@ def check_files(cfg: DictConfig) -> None:
     for key in ("train_files", "val_files"):
         value = cfg.data[key]
         if value and not exists(value):
-            raise ConfigError(f"data.{key}={plain(value)} does not exist; pass data.{key}=PATH (a .jsonl/.parquet "
-                              f"file or a directory holding train/test files)")
+            raise ConfigError(
+                f"data.{key}={plain(value)} does not exist; pass data.{key}=PATH (a .jsonl/.parquet "
+                f"file or a directory holding train/test files)"
+            )
 
 
 def cuda_devices() -> int:
@@ -82,7 +84,8 @@ def check_device(cfg: DictConfig, devices: int | None = None) -> None:
             raise ConfigError(
                 f"{key}=cuda but this machine has no CUDA device ({build}, torch.cuda.is_available() is False). "
                 f"Set {key}={'auto' if key == 'trainer.device' else 'null'} (the GPU when there is one, else the CPU) "
-                f"or {key}=cpu; on a GPU machine install a CUDA build of torch")
+                f"or {key}=cpu; on a GPU machine install a CUDA build of torch"
+            )
     gpu = str(cfg.trainer.device) == "cuda" or (str(cfg.trainer.device) == "auto" and devices > 0)
     joins_cluster = OmegaConf.select(cfg, "ray_init.address") not in (None, "", "local")
     workers = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
@@ -90,7 +93,8 @@ def check_device(cfg: DictConfig, devices: int | None = None) -> None:
         raise ConfigError(
             f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node} trainer workers need one GPU each, but this "
             f"machine has {devices}; set trainer.n_gpus_per_node={devices} (or join a Ray cluster that has the "
-            f"GPUs: ray_init.address=auto)")
+            f"GPUs: ray_init.address=auto)"
+        )
 
 
 def _importable(module: str) -> bool:
@@ -109,11 +113,21 @@ def missing_packages(cfg: DictConfig) -> list[str]:
         if name == "wandb":
             need.append(("wandb", "trainer.logger has wandb", "pip install wandb (or trainer.logger=[console,jsonl])"))
         elif name == "tensorboard":
-            need.append(("tensorboard", "trainer.logger has tensorboard",
-                         "pip install tensorboard (or trainer.logger=[console,jsonl])"))
+            need.append(
+                (
+                    "tensorboard",
+                    "trainer.logger has tensorboard",
+                    "pip install tensorboard (or trainer.logger=[console,jsonl])",
+                )
+            )
     if int(cfg.actor_rollout_ref.model.lora_rank or 0) > 0:
-        need.append(("peft", f"{AR}.model.lora_rank={cfg.actor_rollout_ref.model.lora_rank}",
-                     "pip install peft (agentgym's core install has it: pip install -e .)"))
+        need.append(
+            (
+                "peft",
+                f"{AR}.model.lora_rank={cfg.actor_rollout_ref.model.lora_rank}",
+                "pip install peft (agentgym's core install has it: pip install -e .)",
+            )
+        )
     files = [plain(cfg.data.train_files), plain(cfg.data.val_files)]
     if any(".parquet" in str(f) for f in files if f):
         need.append(("pyarrow", "data files in Parquet", "pip install 'agentgym[parquet]' (or pyarrow)"))
@@ -159,7 +173,8 @@ def check_engine(cfg: DictConfig) -> None:
             f"{AR}.rollout.name={rollout.name} needs {MODULES[rollout.name]!r}, which {python} cannot import. On a "
             f"machine with a GPU: pip install -e '.[{rollout.name}]' (or point AGENTGYM_{str(rollout.name).upper()}"
             f"_PYTHON at an interpreter that has it, or give running servers in {AR}.rollout.server_urls=[URL]). "
-            f"Without it, use agentgym's own server: {AR}.rollout.name=embedded")
+            f"Without it, use agentgym's own server: {AR}.rollout.name=embedded"
+        )
 
 
 def hub_reachable(timeout: float = 3.0) -> str | None:
@@ -189,8 +204,9 @@ def check_model(key: str, path: str) -> None:
         return
     looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
     if looks_local:
-        raise ConfigError(f"{key}={path} is not a directory; pass a Hugging Face model directory, a hub name "
-                          f"(org/name) or tiny")
+        raise ConfigError(
+            f"{key}={path} is not a directory; pass a Hugging Face model directory, a hub name (org/name) or tiny"
+        )
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -203,7 +219,8 @@ def check_model(key: str, path: str) -> None:
         raise ConfigError(
             f"{key}={path} is not a local directory and not in the Hugging Face cache, and the hub cannot be reached "
             f"from here ({why}). Pass a local model directory ({key}=/path/to/model, e.g. downloaded with "
-            f"`huggingface-cli download {path} --local-dir DIR` where the hub is reachable), or {key}=tiny")
+            f"`huggingface-cli download {path} --local-dir DIR` where the hub is reachable), or {key}=tiny"
+        )
 
 
 SERVER_CHECK_TIMEOUT_S = 10.0
@@ -218,16 +235,21 @@ def served_models(url: str, timeout: float = SERVER_CHECK_TIMEOUT_S) -> list[str
     try:
         health = httpx.get(url.rstrip("/") + "/health", timeout=timeout)
     except httpx.HTTPError as exc:
-        raise ConfigError(f"the policy server {url} ({AR}.rollout.server_urls) does not answer: "
-                          f"{type(exc).__name__}: {exc}; {fix}") from None
+        raise ConfigError(
+            f"the policy server {url} ({AR}.rollout.server_urls) does not answer: {type(exc).__name__}: {exc}; {fix}"
+        ) from None
     if health.status_code != 200:
-        raise ConfigError(f"the policy server {url} ({AR}.rollout.server_urls) answers GET /health with "
-                          f"{health.status_code}: {health.text[:200]}; {fix}")
+        raise ConfigError(
+            f"the policy server {url} ({AR}.rollout.server_urls) answers GET /health with "
+            f"{health.status_code}: {health.text[:200]}; {fix}"
+        )
     try:
         cards = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout).json().get("data") or []
     except (httpx.HTTPError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"the policy server {url} ({AR}.rollout.server_urls) is up but GET /v1/models failed "
-                          f"({type(exc).__name__}: {exc}); is it an OpenAI-compatible server?") from None
+        raise ConfigError(
+            f"the policy server {url} ({AR}.rollout.server_urls) is up but GET /v1/models failed "
+            f"({type(exc).__name__}: {exc}); is it an OpenAI-compatible server?"
+        ) from None
     return [str(c[k]) for c in cards if isinstance(c, dict) for k in ("id", "root") if c.get(k)]
 
 
@@ -239,9 +261,11 @@ def check_servers(cfg: DictConfig) -> None:
     for url in cfg.actor_rollout_ref.rollout.server_urls or ():
         names = served_models(str(url))
         if not wanted & (set(names) | {n.rstrip("/").rsplit("/", 1)[-1] for n in names}):
-            raise ConfigError(f"the policy server {url} ({AR}.rollout.server_urls) serves {sorted(set(names))}, not "
-                              f"{AR}.model.path={model}; point {AR}.rollout.server_urls at a server of that model, or "
-                              f"set {AR}.model.path to the model it serves")
+            raise ConfigError(
+                f"the policy server {url} ({AR}.rollout.server_urls) serves {sorted(set(names))}, not "
+                f"{AR}.model.path={model}; point {AR}.rollout.server_urls at a server of that model, or "
+                f"set {AR}.model.path to the model it serves"
+            )
 
 
 def check_reward_function(cfg: DictConfig) -> None:
@@ -296,7 +320,8 @@ def check_tool_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> None:
                 f"agentgym does not run veRL tool classes, so those tools and their rewards would be missing while "
                 f"the prompt tells the model to call them. For GSM8K with tools use --env gsm8k_tool (calculator and "
                 f"Python, scored by the final #### answer) with data.train_files of plain GSM8K rows; or write the "
-                f"tool as an agentgym tool (docs/environments.md) and drop tools_kwargs from the rows")
+                f"tool as an agentgym tool (docs/environments.md) and drop tools_kwargs from the rows"
+            )
 
 
 def choose_env(cfg: DictConfig, rows: list[dict[str, Any]]) -> str:
@@ -304,15 +329,21 @@ def choose_env(cfg: DictConfig, rows: list[dict[str, Any]]) -> str:
     interaction = cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path
     if interaction:
         cfg.env.name = "gsm8k_interaction"
-        cfg.env.kwargs = {**plain(cfg.env.kwargs), "interaction_config": str(interaction),
-                          "default_interaction": None, "system_prompt": None}
+        cfg.env.kwargs = {
+            **plain(cfg.env.kwargs),
+            "interaction_config": str(interaction),
+            "default_interaction": None,
+            "system_prompt": None,
+        }
         return f"interaction episodes ({AR}.rollout.multi_turn.interaction_config_path={interaction})"
     if rows and not all("prompt" in r for r in rows):
         if all("question" in r and "answer" in r for r in rows):
             cfg.env.name = "gsm8k"
             return "raw GSM8K rows (question, answer)"
-        raise ConfigError("data.train_files has rows without a 'prompt' column (veRL's format) and no --env was given: "
-                          "pass --env NAME for an env that reads them, or set data.prompt_key=COLUMN")
+        raise ConfigError(
+            "data.train_files has rows without a 'prompt' column (veRL's format) and no --env was given: "
+            "pass --env NAME for an env that reads them, or set data.prompt_key=COLUMN"
+        )
     from agentgym.envs.rewards.by_source import has_rule
 
     sources = data_sources(rows)
@@ -322,10 +353,14 @@ def choose_env(cfg: DictConfig, rows: list[dict[str, Any]]) -> str:
             raise ConfigError(
                 f"no built-in reward for data_source {', '.join(repr(m) for m in missing)} in data.train_files: pass "
                 f"custom_reward_function.path=FILE.py (a compute_score(data_source, solution_str, ground_truth, "
-                f"extra_info) function) or --env NAME")
+                f"extra_info) function) or --env NAME"
+            )
     cfg.env.name = "rows"
-    scorer = (f"custom_reward_function {cfg.custom_reward_function.path}:{cfg.custom_reward_function.name}"
-              if cfg.custom_reward_function.path else "the built-in rule")
+    scorer = (
+        f"custom_reward_function {cfg.custom_reward_function.path}:{cfg.custom_reward_function.name}"
+        if cfg.custom_reward_function.path
+        else "the built-in rule"
+    )
     return f"rows of data.train_files, data_source {', '.join(sources)} scored by {scorer}"
 
 
@@ -350,8 +385,10 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
             from agentgym.model import load_tokenizer
             from agentgym.rollout.chat import ChatTokenizer
 
-            chat = ChatTokenizer(tokenizer or load_tokenizer(model_path),
-                                 template_kwargs=plain(cfg.data.apply_chat_template_kwargs) or None)
+            chat = ChatTokenizer(
+                tokenizer or load_tokenizer(model_path),
+                template_kwargs=plain(cfg.data.apply_chat_template_kwargs) or None,
+            )
         plan.prepared = prepare_data(cfg, chat)
         rows = plan.prepared["train"].rows
         plan.rows = len(rows)
@@ -365,7 +402,8 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
             raise ConfigError(
                 f"data.train_batch_size={batch} is larger than the {plan.rows} rows of data.train_files: a step takes "
                 f"train_batch_size tasks; lower it (data.train_batch_size={plan.rows} or less, with "
-                f"{AR}.actor.ppo_mini_batch_size at most that) or give more data")
+                f"{AR}.actor.ppo_mini_batch_size at most that) or give more data"
+            )
         for split in plan.prepared.values():
             plan.notes += [f"data ({split.split}): {note}" for note in split.notes]
         if cfg.data.val_batch_size is None and "val" in plan.prepared:  # veRL validates on every row

@@ -30,19 +30,30 @@ def is_terminal(file: IO[str] | None) -> bool:
         return False
 
 
-def progress_bar(iterable: Iterable[Any] | None = None, *, total: float | None = None, desc: str = "",
-                 unit: str = "it", initial: int = 0, file: IO[str] | None = None, disable: bool = False,
-                 every_percent: float = EVERY_PERCENT, **tqdm_kwargs: Any) -> Any:
+def progress_bar(
+    iterable: Iterable[Any] | None = None,
+    *,
+    total: float | None = None,
+    desc: str = "",
+    unit: str = "it",
+    initial: int = 0,
+    file: IO[str] | None = None,
+    disable: bool = False,
+    every_percent: float = EVERY_PERCENT,
+    **tqdm_kwargs: Any,
+) -> Any:
     """tqdm's bar on a terminal, else a ``LogProgress`` (a line every ``every_percent``). Both have
     ``update``, ``set_postfix``, ``set_postfix_str``, ``close``, iteration and ``with``."""
     file = file if file is not None else sys.stderr
     if disable or is_terminal(file):
         from tqdm.auto import tqdm
 
-        return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, file=file, disable=disable,
-                    **tqdm_kwargs)
-    return LogProgress(iterable, total=total, desc=desc, unit=unit, initial=initial, file=file,
-                       every_percent=every_percent)
+        return tqdm(
+            iterable, total=total, desc=desc, unit=unit, initial=initial, file=file, disable=disable, **tqdm_kwargs
+        )
+    return LogProgress(
+        iterable, total=total, desc=desc, unit=unit, initial=initial, file=file, every_percent=every_percent
+    )
 
 
 def format_seconds(seconds: float) -> str:
@@ -57,9 +68,17 @@ class LogProgress:
     """A progress report for logs: one line per ``every_percent`` of ``total`` (and the last one),
     with the elapsed time, the ETA and the rate; without a total, one line per 30 s."""
 
-    def __init__(self, iterable: Iterable[Any] | None = None, *, total: float | None = None, desc: str = "",
-                 unit: str = "it", initial: int = 0, file: IO[str] | None = None,
-                 every_percent: float = EVERY_PERCENT) -> None:
+    def __init__(
+        self,
+        iterable: Iterable[Any] | None = None,
+        *,
+        total: float | None = None,
+        desc: str = "",
+        unit: str = "it",
+        initial: int = 0,
+        file: IO[str] | None = None,
+        every_percent: float = EVERY_PERCENT,
+    ) -> None:
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
         self.iterable = iterable

@@ -100,7 +100,9 @@ class EnvFamily:
         if version is None:
             state = f"{self.requires} not installed: {self.install_hint()}"
         else:
-            state = (f"{self.requires} {version}; " if self.requires else "") + f"`agentgym envs {self.prefix}/` lists them"
+            state = (
+                f"{self.requires} {version}; " if self.requires else ""
+            ) + f"`agentgym envs {self.prefix}/` lists them"
         return f"{self.description} ({state})"
 
     def spec(self, member: str) -> EnvSpec:
@@ -112,8 +114,10 @@ class EnvFamily:
             if member not in known:
                 close = difflib.get_close_matches(member, known, n=3, cutoff=0.5)
                 hint = f" Did you mean {', '.join(f'{self.prefix}/{c}' for c in close)}?" if close else ""
-                raise UnknownNameError(f"unknown env '{self.prefix}/{member}'.{hint} `agentgym envs {self.prefix}/` "
-                                       f"lists the {len(known)} {self.prefix}/ envs.")
+                raise UnknownNameError(
+                    f"unknown env '{self.prefix}/{member}'.{hint} `agentgym envs {self.prefix}/` "
+                    f"lists the {len(known)} {self.prefix}/ envs."
+                )
         return self.member_spec(member)
 
 
@@ -288,13 +292,18 @@ def make(name: str, **kwargs: Any) -> Any:
     return env
 
 
-def register(name: str, entry_point: Any, *, kind: str = "env", kwargs: dict[str, Any] | None = None,
-             description: str = "") -> None:
+def register(
+    name: str, entry_point: Any, *, kind: str = "env", kwargs: dict[str, Any] | None = None, description: str = ""
+) -> None:
     """Register an env (class, factory, ``"module:attr"`` or ``EnvSpec``), an interaction or a tool."""
     registry = _REGISTRIES.get(kind)
     if registry is None:
         raise ValueError(f"kind must be one of {sorted(_REGISTRIES)}, got {kind!r}")
-    if kind == "env" and not isinstance(entry_point, EnvSpec) and (kwargs or description or isinstance(entry_point, str)):
+    if (
+        kind == "env"
+        and not isinstance(entry_point, EnvSpec)
+        and (kwargs or description or isinstance(entry_point, str))
+    ):
         entry_point = EnvSpec(name=name, entry_point=entry_point, kwargs=dict(kwargs or {}), description=description)
     elif isinstance(entry_point, str):
         entry_point = import_object(entry_point)

@@ -74,8 +74,7 @@ class JsonlLogger:
     of ``resume_step`` itself is restored from ``resume_line`` (the checkpoint's copy) if the run
     was killed between saving the checkpoint and writing it: no line lost, none doubled."""
 
-    def __init__(self, path: Path, resume_step: int | None = None,
-                 resume_line: dict[str, float] | None = None) -> None:
+    def __init__(self, path: Path, resume_step: int | None = None, resume_line: dict[str, float] | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         kept = truncate_jsonl(path, resume_step) if resume_step is not None else set()
@@ -154,9 +153,16 @@ class WandbLogger:
 class Tracking:
     """Fans a step's metrics out to every chosen backend."""
 
-    def __init__(self, loggers: Sequence[str], run_dir: Path, project: str = "agentgym", experiment: str = "",
-                 config: dict[str, Any] | None = None, resume_step: int | None = None,
-                 resume_line: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        loggers: Sequence[str],
+        run_dir: Path,
+        project: str = "agentgym",
+        experiment: str = "",
+        config: dict[str, Any] | None = None,
+        resume_step: int | None = None,
+        resume_line: dict[str, float] | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.backends: list[Any] = []
         self.jsonl_path: Path | None = None
@@ -171,8 +177,9 @@ class Tracking:
                 self.backends.append(JsonlLogger(self.jsonl_path, resume_step, resume_line))
             elif name == "tensorboard":
                 self.tensorboard_dir = run_dir / "tensorboard"
-                self.backends.append(TensorBoardLogger(self.tensorboard_dir,
-                                                       None if resume_step is None else resume_step + 1))
+                self.backends.append(
+                    TensorBoardLogger(self.tensorboard_dir, None if resume_step is None else resume_step + 1)
+                )
             elif name == "wandb":
                 self.backends.append(WandbLogger(project, experiment, config or {}, run_dir))
             else:
@@ -194,13 +201,19 @@ class Progress:
     def __init__(self, total: int, initial: int = 0, enabled: bool = True) -> None:
         from agentgym.progress import progress_bar
 
-        self.bar = progress_bar(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True,
-                                disable=not enabled, file=sys.stderr)
+        self.bar = progress_bar(
+            total=total,
+            initial=initial,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            disable=not enabled,
+            file=sys.stderr,
+        )
 
     def update(self, metrics: dict[str, float]) -> None:
         postfix = {}
-        for key, short in (("reward/mean", "reward"), ("success_rate", "success"),
-                           ("val/success_rate", "val_success")):
+        for key, short in (("reward/mean", "reward"), ("success_rate", "success"), ("val/success_rate", "val_success")):
             if key in metrics:
                 postfix[short] = f"{metrics[key]:.3f}"
         for key, short in (("async/version_lag/max", "lag"), ("async/pool_size", "pool")):  # asynchronous training

@@ -154,8 +154,10 @@ class Turn:
                 f"{len(self.token_versions)} for {len(self.response_ids)} tokens"
             )
         if self.teacher_logprobs and len(self.teacher_logprobs) != len(self.response_ids):
-            raise ValueError(f"teacher_logprobs holds one logprob per response token (or none): got "
-                             f"{len(self.teacher_logprobs)} for {len(self.response_ids)} tokens")
+            raise ValueError(
+                f"teacher_logprobs holds one logprob per response token (or none): got "
+                f"{len(self.teacher_logprobs)} for {len(self.response_ids)} tokens"
+            )
 
     def versions(self) -> list[int]:
         """The policy version that sampled each response token."""

@@ -5,7 +5,8 @@
 
 The workload: every task is a group of ``--n`` episodes of a multi-turn env whose episodes take
 ``--turns`` turns (give or take one), except ``--long-frac`` of them (10%) that take
-``--long-factor`` (8) times as many; each turn samples ``--tokens`` tokens. Three ways to train on it, each for the same number
+``--long-factor`` (8) times as many; each turn samples ``--tokens`` tokens. Three ways to train on it, each for the
+same number
 of samples: ``sync`` (the synchronous trainer: generate a step's groups, update, push), ``async``
 (``async_ppo_trainer``: ``--staleness``, a push every ``--sync-every`` updates, checkpoint engine on,
 no partial rollout) and ``async+partial`` (the same with ``partial_rollout``).
@@ -55,7 +56,9 @@ class LongTailEnv(TextEnv):
 
     max_turns = None
 
-    def __init__(self, turns: int = 2, long_frac: float = 0.1, long_factor: int = 8, render_mode: str | None = None) -> None:
+    def __init__(
+        self, turns: int = 2, long_frac: float = 0.1, long_factor: int = 8, render_mode: str | None = None
+    ) -> None:
         super().__init__(render_mode=render_mode)
         self.turns, self.long_frac, self.long_factor = turns, long_frac, long_factor
 
@@ -111,8 +114,15 @@ async def standin_run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
     engine = start_engine_standin(args.step_ms, args.cap, args.load_ms)
     partial = mode == "async+partial"
-    config = RolloutConfig(n=args.n, max_tokens=args.tokens, response_length=1 << 20, partial_rollout=partial,
-                           env_executor="inline", template_check_every=0, max_concurrency=4 * args.cap)
+    config = RolloutConfig(
+        n=args.n,
+        max_tokens=args.tokens,
+        response_length=1 << 20,
+        partial_rollout=partial,
+        env_executor="inline",
+        template_check_every=0,
+        max_concurrency=4 * args.cap,
+    )
     env_kwargs = {"turns": args.turns, "long_frac": args.long_frac, "long_factor": args.long_factor}
     lags: collections.Counter[int] = collections.Counter()
     try:
@@ -137,9 +147,15 @@ async def standin_run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                     await push(step, None, False)
             else:
                 plan = StalenessPlan(args.batch, args.sync_every, args.staleness, total_tasks=args.steps * args.batch)
-                coordinator = AsyncCoordinator(RunnerSource(runner, args.batch), PoolClient(DataPool()), plan, push,
-                                               partial_rollout=partial, snapshot=lambda: None,
-                                               max_tasks_in_flight=max(1, (4 * args.cap) // args.n))
+                coordinator = AsyncCoordinator(
+                    RunnerSource(runner, args.batch),
+                    PoolClient(DataPool()),
+                    plan,
+                    push,
+                    partial_rollout=partial,
+                    snapshot=lambda: None,
+                    max_tasks_in_flight=max(1, (4 * args.cap) // args.n),
+                )
                 for step in range(1, args.steps + 1):
                     trajectories, _, _ = await coordinator.next_batch(step)
                     samples += len(trajectories)
@@ -157,8 +173,15 @@ async def standin_run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         engine.kill()
         engine.wait()
     occupancy = stats["sequence_steps"] / max(1, stats["steps"] * args.cap)
-    return {"mode": mode, "wall_s": wall, "samples": samples, "samples_per_s": samples / wall,
-            "occupancy": occupancy, "aborted": stats["aborted"], "lags": dict(sorted(lags.items()))}
+    return {
+        "mode": mode,
+        "wall_s": wall,
+        "samples": samples,
+        "samples_per_s": samples / wall,
+        "occupancy": occupancy,
+        "aborted": stats["aborted"],
+        "lags": dict(sorted(lags.items())),
+    }
 
 
 # ---- (ii) the real trainer ----------------------------------------------------------------------------------------
@@ -170,34 +193,57 @@ def real_run(mode: str, args: argparse.Namespace, directory: str) -> dict[str, A
     with contextlib.suppress(ValueError):  # registered by an earlier run in this process
         agentgym.register("longtail-bench", LongTailEnv)
     overrides = [
-        f"trainer.default_local_dir={directory}/{mode}", "trainer.logger=[jsonl]", "trainer.use_ray=false",
-        f"trainer.total_training_steps={args.real_steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        "trainer.val_before_train=false", "trainer.save_hf_model=false", "trainer.resume_mode=disable",
-        "env.name=longtail-bench", "env.executor=inline", f"+env.kwargs.turns={args.turns}",
-        f"+env.kwargs.long_frac={args.long_frac}", f"+env.kwargs.long_factor={args.long_factor}",
-        f"data.train_batch_size={args.real_batch}", f"actor_rollout_ref.rollout.n={args.n}",
-        f"actor_rollout_ref.rollout.max_tokens_per_turn={args.real_tokens}", "data.max_prompt_length=256",
-        f"data.max_response_length={4096}", "actor_rollout_ref.actor.optim.lr=1e-3",
+        f"trainer.default_local_dir={directory}/{mode}",
+        "trainer.logger=[jsonl]",
+        "trainer.use_ray=false",
+        f"trainer.total_training_steps={args.real_steps}",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.save_hf_model=false",
+        "trainer.resume_mode=disable",
+        "env.name=longtail-bench",
+        "env.executor=inline",
+        f"+env.kwargs.turns={args.turns}",
+        f"+env.kwargs.long_frac={args.long_frac}",
+        f"+env.kwargs.long_factor={args.long_factor}",
+        f"data.train_batch_size={args.real_batch}",
+        f"actor_rollout_ref.rollout.n={args.n}",
+        f"actor_rollout_ref.rollout.max_tokens_per_turn={args.real_tokens}",
+        "data.max_prompt_length=256",
+        f"data.max_response_length={4096}",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.real_batch}",
     ]
     if mode != "sync":
-        overrides += [f"async_training.staleness_threshold={args.staleness}",
-                      f"async_training.trigger_parameter_sync_step={args.sync_every}",
-                      f"async_training.partial_rollout={'true' if mode == 'async+partial' else 'false'}"]
+        overrides += [
+            f"async_training.staleness_threshold={args.staleness}",
+            f"async_training.trigger_parameter_sync_step={args.sync_every}",
+            f"async_training.partial_rollout={'true' if mode == 'async+partial' else 'false'}",
+        ]
     cfg = load_config(config_name=None if mode == "sync" else "async_ppo_trainer", overrides=overrides)
     summary = train(cfg, show_progress=False)
     samples = args.real_steps * args.real_batch * args.n
-    return {"mode": mode, "wall_s": summary["seconds"], "samples": samples, "samples_per_s": samples / summary["seconds"],
-            "lags": summary.get("lag_histogram") or {0: samples}}
+    return {
+        "mode": mode,
+        "wall_s": summary["seconds"],
+        "samples": samples,
+        "samples_per_s": samples / summary["seconds"],
+        "lags": summary.get("lag_histogram") or {0: samples},
+    }
 
 
 # ---- tables --------------------------------------------------------------------------------------------------------
 def table(title: str, rows: list[dict[str, Any]]) -> str:
     base = rows[0]["samples_per_s"]
-    lines = [title, f"{'mode':<15}{'wall s':>9}{'samples':>9}{'samples/s':>11}{'speed-up':>10}"
-             + (f"{'engine busy':>13}{'aborted':>9}" if "occupancy" in rows[0] else "")]
+    lines = [
+        title,
+        f"{'mode':<15}{'wall s':>9}{'samples':>9}{'samples/s':>11}{'speed-up':>10}"
+        + (f"{'engine busy':>13}{'aborted':>9}" if "occupancy" in rows[0] else ""),
+    ]
     for r in rows:
-        line = f"{r['mode']:<15}{r['wall_s']:>9.1f}{r['samples']:>9}{r['samples_per_s']:>11.2f}{r['samples_per_s'] / base:>9.2f}x"
+        speedup = r["samples_per_s"] / base
+        line = f"{r['mode']:<15}{r['wall_s']:>9.1f}{r['samples']:>9}{r['samples_per_s']:>11.2f}{speedup:>9.2f}x"
         if "occupancy" in r:
             line += f"{100 * r['occupancy']:>12.0f}%{r['aborted']:>9}"
         lines.append(line)
@@ -231,19 +277,28 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     modes = ("sync", "async", "async+partial")
-    print(f"workload: {args.n} episodes per task, {args.turns}+-1 turns each, {100 * args.long_frac:.0f}% of episodes "
-          f"{args.long_factor}x longer; async: staleness_threshold {args.staleness}, push every {args.sync_every} "
-          f"updates, checkpoint engine on", flush=True)
+    print(
+        f"workload: {args.n} episodes per task, {args.turns}+-1 turns each, {100 * args.long_frac:.0f}% of episodes "
+        f"{args.long_factor}x longer; async: staleness_threshold {args.staleness}, push every {args.sync_every} "
+        f"updates, checkpoint engine on",
+        flush=True,
+    )
     if args.backend in ("both", "standin"):
-        print(f"\n(i) modelled GPU engine: decode step {args.step_ms:g} ms for up to {args.cap} sequences, weight load "
-              f"{args.load_ms:g} ms, update {args.update_s:g} s on the trainer's pool; {args.steps} updates x "
-              f"{args.batch} tasks x {args.n} episodes, {args.tokens} tokens per turn", flush=True)
+        print(
+            f"\n(i) modelled GPU engine: decode step {args.step_ms:g} ms for up to {args.cap} sequences, weight load "
+            f"{args.load_ms:g} ms, update {args.update_s:g} s on the trainer's pool; {args.steps} updates x "
+            f"{args.batch} tasks x {args.n} episodes, {args.tokens} tokens per turn",
+            flush=True,
+        )
         rows = [asyncio.run(standin_run(mode, args)) for mode in modes]
         print(table("", rows), flush=True)
     if args.backend in ("both", "real"):
-        print(f"\n(ii) embedded server + tiny model + real GRPO updates, in one process on this machine's CPU; "
-              f"{args.real_steps} updates x {args.real_batch} tasks x {args.n} episodes, {args.real_tokens} tokens "
-              f"per turn", flush=True)
+        print(
+            f"\n(ii) embedded server + tiny model + real GRPO updates, in one process on this machine's CPU; "
+            f"{args.real_steps} updates x {args.real_batch} tasks x {args.n} episodes, {args.real_tokens} tokens "
+            f"per turn",
+            flush=True,
+        )
         with tempfile.TemporaryDirectory() as directory:
             rows = [real_run(mode, args, directory) for mode in modes]
         print(table("", rows), flush=True)

@@ -45,10 +45,17 @@ from agentgym.model import load_causal_lm, load_tokenizer  # noqa: E402
 from agentgym.server.engine import Engine  # noqa: E402
 from agentgym.server.sampling import GenerationParams  # noqa: E402
 
-ITEM = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                         "qty": {"type": "integer", "minimum": 0, "maximum": 999},
-                                         "ok": {"type": "boolean"}, "kind": {"enum": ["a", "bb", "ccc"]}},
-        "required": ["name", "qty", "ok", "kind"], "additionalProperties": False}
+ITEM = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "qty": {"type": "integer", "minimum": 0, "maximum": 999},
+        "ok": {"type": "boolean"},
+        "kind": {"enum": ["a", "bb", "ccc"]},
+    },
+    "required": ["name", "qty", "ok", "kind"],
+    "additionalProperties": False,
+}
 SCHEMA = {"type": "array", "items": ITEM, "minItems": 1000}
 
 
@@ -59,10 +66,12 @@ def log(message: str) -> None:
 # ---- 1. the engine ------------------------------------------------------------------------------------
 def run(engine: Engine, prompts: list[list[int]], new_tokens: int, grammar: str | None) -> float:
     """Seconds per generated token of ``prompts`` submitted at once."""
+
     async def go() -> float:
         start = time.perf_counter()
-        requests = [engine.submit(p, GenerationParams(max_tokens=new_tokens, ignore_eos=True, grammar=grammar))
-                    for p in prompts]
+        requests = [
+            engine.submit(p, GenerationParams(max_tokens=new_tokens, ignore_eos=True, grammar=grammar)) for p in prompts
+        ]
         done = await asyncio.gather(*(r.done for r in requests))
         elapsed = time.perf_counter() - start
         counts = [len(seqs[0].output_ids) for seqs in done]
@@ -90,13 +99,23 @@ def engine_rows(name: str, concurrencies: list[int], new_tokens: int, repeats: i
                 free.append(run(engine, prompts, new_tokens, None))
                 constrained.append(run(engine, prompts, new_tokens, grammar))
             ratios = sorted(b / a for a, b in zip(free, constrained))
-            row = {"model": name, "c": c, "free_ms": statistics.median(free) * 1e3,
-                   "constrained_ms": statistics.median(constrained) * 1e3, "ratio": statistics.median(ratios),
-                   "lo": ratios[0], "hi": ratios[-1]}
+            row = {
+                "model": name,
+                "c": c,
+                "free_ms": statistics.median(free) * 1e3,
+                "constrained_ms": statistics.median(constrained) * 1e3,
+                "ratio": statistics.median(ratios),
+                "lo": ratios[0],
+                "hi": ratios[-1],
+            }
             rows.append(row)
             target = " (target <= 1.3x)" if name == "mid" and c == 32 else ""
-            print(f"| {name} | {device} | {c} | {row['free_ms']:.3f} | {row['constrained_ms']:.3f} | **{row['ratio']:.2f}x**"
-                  f"{target} | {row['lo']:.2f}-{row['hi']:.2f}x |", flush=True)
+            print(
+                f"| {name} | {device} | {c} | {row['free_ms']:.3f} | {row['constrained_ms']:.3f} | "
+                f"**{row['ratio']:.2f}x**"
+                f"{target} | {row['lo']:.2f}-{row['hi']:.2f}x |",
+                flush=True,
+            )
     finally:
         engine.stop()
     return rows
@@ -183,8 +202,11 @@ def library_rows(batch: int, steps: int) -> None:
 
         return fill, lambda tokens: [g.advance(t) for g, t in zip(guides, tokens)], version("outlines_core")
 
-    for name, build in (("llguidance", llguidance_lib), ("xgrammar", xgrammar_lib),
-                        ("outlines-core", outlines_core_lib)):
+    for name, build in (
+        ("llguidance", llguidance_lib),
+        ("xgrammar", xgrammar_lib),
+        ("outlines-core", outlines_core_lib),
+    ):
         try:
             start = time.perf_counter()
             fill, advance, release = build()
@@ -221,11 +243,15 @@ def main() -> None:
     args = parser.parse_args()
     new_tokens = args.new_tokens or (48 if args.quick else 128)
     repeats = args.repeats or (3 if args.quick else 5)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     if args.only != "libraries":
-        print(f"\n## engine: time per generated token, free vs constrained to a JSON schema ({new_tokens} tokens "
-              f"per request, {repeats} interleaved repeats; ratio = constrained / free, median and range)\n")
+        print(
+            f"\n## engine: time per generated token, free vs constrained to a JSON schema ({new_tokens} tokens "
+            f"per request, {repeats} interleaved repeats; ratio = constrained / free, median and range)\n"
+        )
         print("| model | device | concurrent | free ms/token | constrained ms/token | ratio | ratio range |")
         print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
         for name in args.models:

@@ -23,7 +23,8 @@ each phase so a figure on a shared machine can be read for what it is. It prints
 (minutes, steps, held-out success and its paired SE against the student), the gap the best checkpoint
 within the budget closes, ``(distilled - student) / (teacher - student)``, with its paired standard
 error (delta method over the same levels), for the last checkpoint within the budget (what the target is
-judged on) and for the best one (picked after the fact, so flattering), and writes ``<out>/distill.png``: held-out success against
+judged on) and for the best one (picked after the fact, so flattering), and writes ``<out>/distill.png``: held-out
+success against
 minutes for both arms, with the student's and the teacher's levels and the 75%-of-the-gap line.
 Exit status 0 when distillation closes >= ``--target`` of the gap within the budget.
 """
@@ -41,8 +42,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SFT_PRESET = ["data.train_batch_size=16", "data.micro_batch_size_per_gpu=16", "optim.lr=3.0e-3",
-              "optim.weight_decay=0.0", "optim.warmup_steps_ratio=0.05", "optim.min_lr_ratio=0.1", "data.env=sokoban"]
+SFT_PRESET = [
+    "data.train_batch_size=16",
+    "data.micro_batch_size_per_gpu=16",
+    "optim.lr=3.0e-3",
+    "optim.weight_decay=0.0",
+    "optim.warmup_steps_ratio=0.05",
+    "optim.min_lr_ratio=0.1",
+    "data.env=sokoban",
+]
 
 
 def load() -> str:
@@ -53,8 +61,11 @@ def load() -> str:
 def run_until(cmd: list[str], log: Path, budget_s: float | None) -> tuple[float, bool]:
     """Run ``cmd`` (its own process group) until it ends or ``budget_s`` passes; (seconds, stopped)."""
     print("$", " ".join(cmd), f"> {log}", flush=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "RAY_AUTH_MODE": "disabled"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "RAY_AUTH_MODE": "disabled",
+    }
     started = time.time()
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -136,8 +147,9 @@ def gap_closed(student: list[float], after: list[float], teacher: list[float]) -
     return r, math.sqrt(var / len(resid)) / mean(b)
 
 
-def plot(path: Path, arms: dict[str, list[tuple[float, float]]], student: float, teacher: float,
-         budget: float, target: float) -> None:
+def plot(
+    path: Path, arms: dict[str, list[tuple[float, float]]], student: float, teacher: float, budget: float, target: float
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,8 +161,7 @@ def plot(path: Path, arms: dict[str, list[tuple[float, float]]], student: float,
         ax.plot(xs, ys, style, label=name)
     ax.axhline(teacher, color="green", lw=1, ls=":", label=f"teacher {teacher:.3f}")
     ax.axhline(student, color="grey", lw=1, ls=":", label=f"student start {student:.3f}")
-    ax.axhline(student + target * (teacher - student), color="red", lw=0.8, ls="-.",
-               label=f"{target:.0%} of the gap")
+    ax.axhline(student + target * (teacher - student), color="red", lw=0.8, ls="-.", label=f"{target:.0%} of the gap")
     ax.axvline(budget, color="black", lw=0.8, alpha=0.5)
     ax.set_xlabel("wall-clock minutes from the arm's start (scoring not counted)")
     ax.set_ylabel("held-out greedy success (200 levels)")
@@ -169,7 +180,9 @@ def main() -> int:
     parser.add_argument("--start-steps", type=int, default=100)
     parser.add_argument("--budget-min", type=float, default=10.0)
     parser.add_argument("--save-every", type=int, default=5, help="distill arm: steps between checkpoints")
-    parser.add_argument("--sft-total", type=int, default=600, help="the main job's SFT steps (configs/env/sokoban.yaml)")
+    parser.add_argument(
+        "--sft-total", type=int, default=600, help="the main job's SFT steps (configs/env/sokoban.yaml)"
+    )
     parser.add_argument("--sft-save-every", type=int, default=50, help="sft arm: steps between checkpoints")
     parser.add_argument("--env-coef", type=float, default=0.0)
     parser.add_argument("--kl-coef", type=float, default=1.0)
@@ -187,10 +200,22 @@ def main() -> int:
     # 1. the student
     student_dir = out / "student"
     if not (student_dir / "huggingface" / "config.json").exists():
-        seconds, _ = run_until([py, "-m", "agentgym.cli", "sft", f"data.train_files={args.demos}",
-                                "model.partial_pretrain=tiny", f"trainer.total_training_steps={args.start_steps}",
-                                f"trainer.default_local_dir={student_dir}", "trainer.logger=[jsonl]", *SFT_PRESET],
-                               out / "student.log", None)
+        seconds, _ = run_until(
+            [
+                py,
+                "-m",
+                "agentgym.cli",
+                "sft",
+                f"data.train_files={args.demos}",
+                "model.partial_pretrain=tiny",
+                f"trainer.total_training_steps={args.start_steps}",
+                f"trainer.default_local_dir={student_dir}",
+                "trainer.logger=[jsonl]",
+                *SFT_PRESET,
+            ],
+            out / "student.log",
+            None,
+        )
         print(f"student: {args.start_steps} SFT steps in {seconds:.0f} s; {load()}", flush=True)
     student_model = student_dir / "huggingface"
 
@@ -200,30 +225,67 @@ def main() -> int:
     distill_dir = out / "distill"
     if "distill" in wanted and not (out / "distill.json").exists():
         started = time.time()
-        seconds, stopped = run_until([
-            py, "-m", "agentgym.cli", "train", "--env", "sokoban", "warm_start.enable=false", "held_out.enable=false",
-            f"actor_rollout_ref.model.path={student_model}", "distillation.enable=true",
-            f"distillation.teacher.path={Path(args.teacher).resolve()}", f"distillation.env_coef={args.env_coef}",
-            f"distillation.kl_coef={args.kl_coef}", f"actor_rollout_ref.actor.optim.lr={args.lr}",
-            "trainer.total_training_steps=1000", f"trainer.save_freq={args.save_every}", "trainer.test_freq=-1",
-            "trainer.val_before_train=false", "trainer.save_hf_model=false", "trainer.logger=[jsonl]",
-            "actor_rollout_ref.actor.checkpoint.save_contents=[model]", f"trainer.default_local_dir={distill_dir}",
-            *args.overrides], out / "distill.log", budget_s)
-        (out / "distill.json").write_text(json.dumps({"started": started, "seconds": seconds, "stopped": stopped,
-                                                      "load": load()}))
+        seconds, stopped = run_until(
+            [
+                py,
+                "-m",
+                "agentgym.cli",
+                "train",
+                "--env",
+                "sokoban",
+                "warm_start.enable=false",
+                "held_out.enable=false",
+                f"actor_rollout_ref.model.path={student_model}",
+                "distillation.enable=true",
+                f"distillation.teacher.path={Path(args.teacher).resolve()}",
+                f"distillation.env_coef={args.env_coef}",
+                f"distillation.kl_coef={args.kl_coef}",
+                f"actor_rollout_ref.actor.optim.lr={args.lr}",
+                "trainer.total_training_steps=1000",
+                f"trainer.save_freq={args.save_every}",
+                "trainer.test_freq=-1",
+                "trainer.val_before_train=false",
+                "trainer.save_hf_model=false",
+                "trainer.logger=[jsonl]",
+                "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
+                f"trainer.default_local_dir={distill_dir}",
+                *args.overrides,
+            ],
+            out / "distill.log",
+            budget_s,
+        )
+        (out / "distill.json").write_text(
+            json.dumps({"started": started, "seconds": seconds, "stopped": stopped, "load": load()})
+        )
     # 3. the sft arm
     sft_dir = out / "sft"
     if "sft" in wanted and not (out / "sft.json").exists():
         steps = max(1, args.sft_total - args.start_steps)
         started = time.time()
-        seconds, stopped = run_until([
-            py, "-m", "agentgym.cli", "sft", f"data.train_files={args.demos}", f"model.partial_pretrain={student_model}",
-            f"trainer.total_training_steps={steps}", f"trainer.save_freq={args.sft_save_every}",
-            f"trainer.default_local_dir={sft_dir}", "trainer.logger=[jsonl]", "trainer.seed=1", *SFT_PRESET,
-            "optim.warmup_steps_ratio=0.0"],
-            out / "sft.log", budget_s)
-        (out / "sft.json").write_text(json.dumps({"started": started, "seconds": seconds, "stopped": stopped,
-                                                  "planned_steps": steps, "load": load()}))
+        seconds, stopped = run_until(
+            [
+                py,
+                "-m",
+                "agentgym.cli",
+                "sft",
+                f"data.train_files={args.demos}",
+                f"model.partial_pretrain={student_model}",
+                f"trainer.total_training_steps={steps}",
+                f"trainer.save_freq={args.sft_save_every}",
+                f"trainer.default_local_dir={sft_dir}",
+                "trainer.logger=[jsonl]",
+                "trainer.seed=1",
+                *SFT_PRESET,
+                "optim.warmup_steps_ratio=0.0",
+            ],
+            out / "sft.log",
+            budget_s,
+        )
+        (out / "sft.json").write_text(
+            json.dumps(
+                {"started": started, "seconds": seconds, "stopped": stopped, "planned_steps": steps, "load": load()}
+            )
+        )
 
     # 4. scores
     print(f"scoring on the held-out levels; {load()}", flush=True)
@@ -239,8 +301,10 @@ def main() -> int:
         meta = json.loads(meta_file.read_text())
         arms_meta[name] = meta
         points = []
-        print(f"\n{name} arm: {meta['seconds'] / 60:.1f} min, {'stopped at the budget' if meta['stopped'] else 'ended'}"
-              f" ({meta['load']} at its end)")
+        print(
+            f"\n{name} arm: {meta['seconds'] / 60:.1f} min, {'stopped at the budget' if meta['stopped'] else 'ended'}"
+            f" ({meta['load']} at its end)"
+        )
         print(f"  {'step':>5} {'minutes':>8} {'held-out':>9} {'vs student':>18}")
         for step, minutes, ckpt in checkpoints(run_dir, meta["started"]):
             per_task = score(export(ckpt, student_model), ckpt / "score.json", f"{name} step {step}")
@@ -254,23 +318,38 @@ def main() -> int:
         curves[name] = points
 
     s, t = mean(student), mean(teacher)
-    print(f"\nstudent {s:.3f}, teacher {t:.3f} held-out greedy ({len(student)} levels); teacher - student "
-          f"{t - s:+.3f} ± {paired_se(teacher, student):.3f} (paired)")
+    print(
+        f"\nstudent {s:.3f}, teacher {t:.3f} held-out greedy ({len(student)} levels); teacher - student "
+        f"{t - s:+.3f} ± {paired_se(teacher, student):.3f} (paired)"
+    )
     ok = False
     for name in best:
         for which, (value, per_task, step, minutes) in (("last", last[name]), ("best", best[name])):
             closed, se = gap_closed(student, per_task, teacher)
-            print(f"{name}: {which} checkpoint within {args.budget_min:g} min: {value:.3f} at step {step} ({minutes:.1f} "
-                  f"min): closes {closed:.0%} ± {se:.0%} of the gap (paired SE); teacher - it {t - value:+.3f} ± "
-                  f"{paired_se(teacher, per_task):.3f}")
+            print(
+                f"{name}: {which} checkpoint within {args.budget_min:g} min: {value:.3f} at step {step} ({minutes:.1f} "
+                f"min): closes {closed:.0%} ± {se:.0%} of the gap (paired SE); teacher - it {t - value:+.3f} ± "
+                f"{paired_se(teacher, per_task):.3f}"
+            )
             ok = ok or (name == "distill" and which == "last" and closed >= args.target)
     print("(the best of several checkpoints is picked after the fact and flatters; the target is judged on the last)")
     if curves:
-        plot(out / "distill.png", {f"on-policy distillation (env_coef {args.env_coef:g})": curves.get("distill", []),
-                                   "more SFT on the demos": curves.get("sft", [])}, s, t, args.budget_min, args.target)
+        plot(
+            out / "distill.png",
+            {
+                f"on-policy distillation (env_coef {args.env_coef:g})": curves.get("distill", []),
+                "more SFT on the demos": curves.get("sft", []),
+            },
+            s,
+            t,
+            args.budget_min,
+            args.target,
+        )
         print(f"plot: {out / 'distill.png'}")
-    print(f"target: distillation closes >= {args.target:.0%} of the gap within {args.budget_min:g} min: "
-          f"{'met' if ok else 'not met'}")
+    print(
+        f"target: distillation closes >= {args.target:.0%} of the gap within {args.budget_min:g} min: "
+        f"{'met' if ok else 'not met'}"
+    )
     return 0 if ok else 1
 
 

@@ -45,8 +45,9 @@ def log(message: str) -> None:
     print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def build_model(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter: int,
-                vocab: int | None = None) -> Path:
+def build_model(
+    name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int | None = None
+) -> Path:
     """A Qwen2 model with random weights and the tiny tokenizer, built once under the temp directory."""
     from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -55,10 +56,18 @@ def build_model(name: str, layers: int, hidden: int, heads: int, kv_heads: int, 
         return target
     tiny = Path(resolve_model_path("tiny"))
     base = AutoConfig.from_pretrained(tiny)
-    config = Qwen2Config(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab or base.vocab_size,
-                         tie_word_embeddings=True, max_position_embeddings=4096, eos_token_id=base.eos_token_id,
-                         pad_token_id=base.pad_token_id)
+    config = Qwen2Config(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=vocab or base.vocab_size,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        eos_token_id=base.eos_token_id,
+        pad_token_id=base.pad_token_id,
+    )
     log(f"building the {name} model ({layers} layers, hidden {hidden}) ...")
     torch.manual_seed(0)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -82,8 +91,15 @@ def generate_rate(model, prompts: torch.Tensor, new_tokens: int) -> tuple[float,
     """``(tokens/s, CPU seconds)`` of one ``generate`` on the whole batch."""
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None  # every sequence runs to new_tokens, like ignore_eos in the engine
-    config.update(do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=new_tokens,
-                  min_new_tokens=new_tokens, pad_token_id=0)
+    config.update(
+        do_sample=True,
+        top_k=0,
+        top_p=1.0,
+        temperature=1.0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=0,
+    )
     sync(model)
     start, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
@@ -95,10 +111,12 @@ def generate_rate(model, prompts: torch.Tensor, new_tokens: int) -> tuple[float,
 
 def engine_rate(engine: Engine, prompts: torch.Tensor, new_tokens: int) -> tuple[float, float]:
     """``(tokens/s, CPU seconds of this process)`` of ``len(prompts)`` requests submitted at once."""
+
     async def run() -> float:
         start = time.perf_counter()
-        requests = [engine.submit(p, GenerationParams(max_tokens=new_tokens, ignore_eos=True))
-                    for p in prompts.tolist()]
+        requests = [
+            engine.submit(p, GenerationParams(max_tokens=new_tokens, ignore_eos=True)) for p in prompts.tolist()
+        ]
         done = await asyncio.gather(*(r.done for r in requests))
         elapsed = time.perf_counter() - start
         counts = [len(seqs[0].output_ids) for seqs in done]
@@ -115,8 +133,9 @@ def sync(model) -> None:
         torch.cuda.synchronize()
 
 
-def throughput(name: str, concurrencies: list[int], new_tokens: int, prompt_len: int, repeats: int,
-               device: str) -> list[dict]:
+def throughput(
+    name: str, concurrencies: list[int], new_tokens: int, prompt_len: int, repeats: int, device: str
+) -> list[dict]:
     path = MODELS[name]()
     dtype = "bfloat16" if device == "cuda" else "float32"
     model = load_causal_lm(path, dtype=dtype, device=device)
@@ -137,14 +156,25 @@ def throughput(name: str, concurrencies: list[int], new_tokens: int, prompt_len:
                 e.append(engine_rate(engine, prompts, new_tokens))
             ratios = sorted(b[0] / a[0] for a, b in zip(g, e))
             cpu_ratios = sorted(a[1] / b[1] for a, b in zip(g, e))
-            row = {"model": name, "c": c, "generate": statistics.median(r for r, _ in g),
-                   "engine": statistics.median(r for r, _ in e), "ratio": statistics.median(ratios),
-                   "lo": ratios[0], "hi": ratios[-1], "cpu": statistics.median(cpu_ratios), "cpu_lo": cpu_ratios[0],
-                   "cpu_hi": cpu_ratios[-1]}
+            row = {
+                "model": name,
+                "c": c,
+                "generate": statistics.median(r for r, _ in g),
+                "engine": statistics.median(r for r, _ in e),
+                "ratio": statistics.median(ratios),
+                "lo": ratios[0],
+                "hi": ratios[-1],
+                "cpu": statistics.median(cpu_ratios),
+                "cpu_lo": cpu_ratios[0],
+                "cpu_hi": cpu_ratios[-1],
+            }
             rows.append(row)
-            print(f"| {name} | {device} | {c} | {row['generate']:,.0f} | {row['engine']:,.0f} | "
-                  f"**{row['ratio']:.2f}x** | {row['lo']:.2f}-{row['hi']:.2f}x | {row['cpu']:.2f}x | "
-                  f"{row['cpu_lo']:.2f}-{row['cpu_hi']:.2f}x |", flush=True)
+            print(
+                f"| {name} | {device} | {c} | {row['generate']:,.0f} | {row['engine']:,.0f} | "
+                f"**{row['ratio']:.2f}x** | {row['lo']:.2f}-{row['hi']:.2f}x | {row['cpu']:.2f}x | "
+                f"{row['cpu_lo']:.2f}-{row['cpu_hi']:.2f}x |",
+                flush=True,
+            )
     finally:
         engine.stop()
     return rows
@@ -155,15 +185,24 @@ def sokoban(model: str, tasks: int, n: int, max_turns: int, concurrency: int) ->
     from agentgym.rollout import RolloutConfig
     from agentgym.server.handles import EmbeddedServerHandle
 
-    print(f"\n## prefix cache: Sokoban, {tasks} tasks x {n} samples, up to {max_turns} turns, model {model}, "
-          f"{concurrency} concurrent episodes\n")
-    print("| prefix cache | turns | prompt tokens | prefilled | saved by the prefix cache | saved by shared group "
-          "prefill | saved in all | wall s |")
+    print(
+        f"\n## prefix cache: Sokoban, {tasks} tasks x {n} samples, up to {max_turns} turns, model {model}, "
+        f"{concurrency} concurrent episodes\n"
+    )
+    print(
+        "| prefix cache | turns | prompt tokens | prefilled | saved by the prefix cache | saved by shared group "
+        "prefill | saved in all | wall s |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     path = MODELS[model]()
     for slots in (None, 0):
-        engine = Engine(load_causal_lm(path), load_tokenizer(path), model_name=model, max_batch_size=concurrency,
-                        prefix_cache_slots=slots).start()
+        engine = Engine(
+            load_causal_lm(path),
+            load_tokenizer(path),
+            model_name=model,
+            max_batch_size=concurrency,
+            prefix_cache_slots=slots,
+        ).start()
         handle = EmbeddedServerHandle(engine)
         try:
             config = RolloutConfig(n=n, max_turns=max_turns, max_tokens=24, max_concurrency=concurrency)
@@ -171,10 +210,13 @@ def sokoban(model: str, tasks: int, n: int, max_turns: int, concurrency: int) ->
             s = engine.stats
             turns = sum(t.num_turns for t in result.trajectories)
             saved = s["prefix_cache_hit_tokens"] + s["shared_prefill_tokens"]
-            print(f"| {'on' if slots is None else 'off'} | {turns} | {s['prompt_tokens']:,.0f} | "
-                  f"{s['prefill_tokens']:,.0f} | {s['prefix_cache_hit_tokens']:,.0f} | "
-                  f"{s['shared_prefill_tokens']:,.0f} | {saved:,.0f} ({saved / max(1, s['prompt_tokens']):.0%}) | "
-                  f"{elapsed:.1f} |", flush=True)
+            print(
+                f"| {'on' if slots is None else 'off'} | {turns} | {s['prompt_tokens']:,.0f} | "
+                f"{s['prefill_tokens']:,.0f} | {s['prefix_cache_hit_tokens']:,.0f} | "
+                f"{s['shared_prefill_tokens']:,.0f} | {saved:,.0f} ({saved / max(1, s['prompt_tokens']):.0%}) | "
+                f"{elapsed:.1f} |",
+                flush=True,
+            )
         finally:
             handle.stop()
 
@@ -208,15 +250,23 @@ def main() -> None:
     new_tokens = args.new_tokens or (32 if args.quick else 64)
     repeats = args.repeats or (3 if args.quick else 5)
     models = args.models or (["tiny", "mid", "qwen05"] if args.device == "cuda" else ["tiny", "mid"])
-    print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
     if args.only != "sokoban":
-        print(f"\n## engine vs HF generate: {args.prompt_len}-token prompts, {new_tokens} new tokens, "
-              f"{repeats} interleaved repeats (median tok/s; ratio = engine / generate, median and range)\n")
-        print("Ratios above 1 favour the engine. The CPU ratio (generate's CPU seconds / the engine's, "
-              "for the same tokens) is the steadier figure when other work shares the machine.\n")
-        print("| model | device | concurrent | generate tok/s | engine tok/s | ratio | ratio range | CPU ratio | "
-              "CPU ratio range |")
+        print(
+            f"\n## engine vs HF generate: {args.prompt_len}-token prompts, {new_tokens} new tokens, "
+            f"{repeats} interleaved repeats (median tok/s; ratio = engine / generate, median and range)\n"
+        )
+        print(
+            "Ratios above 1 favour the engine. The CPU ratio (generate's CPU seconds / the engine's, "
+            "for the same tokens) is the steadier figure when other work shares the machine.\n"
+        )
+        print(
+            "| model | device | concurrent | generate tok/s | engine tok/s | ratio | ratio range | CPU ratio | "
+            "CPU ratio range |"
+        )
         print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for name in models:
             throughput(name, args.concurrency, new_tokens, args.prompt_len, repeats, args.device)

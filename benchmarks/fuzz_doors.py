@@ -53,20 +53,89 @@ RETRIES = 2
 
 # ---- inputs --------------------------------------------------------------------------------------
 PIECES = [
-    " ", "\t", "\n", "\r\n", "\x00", "\x0b", "\u3000", "\u202e", "\ud800", "é", "İ", "ß", "٣", "𝟗", "\U0001f600",
-    "[", "]", "{", "}", "(", ")", '"', "\\", ",", ".", "-", "+", "/", "$", "%", "e", "E", "_", "9", "0", "1e9999999",
-    "<tool_call>", "</tool_call>", "<think>", "</think>", "```", "```json", "<answer>", "</answer>", "<ANSWER>",
-    "||", "Up", "left", "####", "#### ", "\\boxed{", "\\boxed ", "\\fbox{", "\\frac{", "\\text{", "\\left(",
-    '{"name": "calculator", "arguments": {"expression": "', '"}}', '{"name": "move", "arguments": {"direction": ',
-    "round(1, -10**300)", "9**9**9**9", "10**300", "-", "sqrt(", "floor(", "**", "^",
+    " ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\x00",
+    "\x0b",
+    "\u3000",
+    "\u202e",
+    "\ud800",
+    "é",
+    "İ",
+    "ß",
+    "٣",
+    "𝟗",
+    "\U0001f600",
+    "[",
+    "]",
+    "{",
+    "}",
+    "(",
+    ")",
+    '"',
+    "\\",
+    ",",
+    ".",
+    "-",
+    "+",
+    "/",
+    "$",
+    "%",
+    "e",
+    "E",
+    "_",
+    "9",
+    "0",
+    "1e9999999",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "```",
+    "```json",
+    "<answer>",
+    "</answer>",
+    "<ANSWER>",
+    "||",
+    "Up",
+    "left",
+    "####",
+    "#### ",
+    "\\boxed{",
+    "\\boxed ",
+    "\\fbox{",
+    "\\frac{",
+    "\\text{",
+    "\\left(",
+    '{"name": "calculator", "arguments": {"expression": "',
+    '"}}',
+    '{"name": "move", "arguments": {"direction": ',
+    "round(1, -10**300)",
+    "9**9**9**9",
+    "10**300",
+    "-",
+    "sqrt(",
+    "floor(",
+    "**",
+    "^",
 ]
 """What adversarial inputs are made of: structure characters, the doors' own tags, numbers."""
 
 WRAPPERS = [
-    "@T@", "<tool_call>@T@</tool_call>", "<tool_call>```json\n@T@\n```</tool_call>", "<tool_call>@T@",
+    "@T@",
+    "<tool_call>@T@</tool_call>",
+    "<tool_call>```json\n@T@\n```</tool_call>",
+    "<tool_call>@T@",
     '<tool_call>{"name": "calculator", "arguments": {"expression": @J@}}</tool_call>',
-    '<tool_call>{"name": "move", "arguments": {"direction": @J@}}</tool_call>', "<think>@T@</think><tool_call>@T@</tool_call>",
-    "The answer is \\boxed{@T@}", "#### @T@", "<answer>@T@</answer>", "@T@ #### 72", "\\boxed{\\frac{@T@}{@T@}}",
+    '<tool_call>{"name": "move", "arguments": {"direction": @J@}}</tool_call>',
+    "<think>@T@</think><tool_call>@T@</tool_call>",
+    "The answer is \\boxed{@T@}",
+    "#### @T@",
+    "<answer>@T@</answer>",
+    "@T@ #### 72",
+    "\\boxed{\\frac{@T@}{@T@}}",
 ]
 """Shapes that carry an input deeper into a door (``@T@``: the text; ``@J@``: the text as a JSON string)."""
 
@@ -82,19 +151,66 @@ def adversarial_texts() -> list[str]:
     """The fixed corpus: the findings of issue 24 and their relatives, each at full size."""
     n = MAX_INPUT_CHARS
     texts = [
-        "", " ", " " * n, "\t\n\r\x0b\x0c" * (n // 5), "\x00" * n, "\u3000" * (n // 2), "\ud800" * 100, "İ" * (n // 2),
-        "[" * n, "{" * n, "(" * n, '{"a":' * (n // 5), "[" * 5000 + "]" * 5000, "-" * n, "9" * n, "1," * (n // 2),
-        "1." * (n // 2), "0." + "0" * (n - 3) + "1", "1e9999999", "1e-9999999", "1e" + "9" * 100, "-1e9999999",
-        "<tool_call>```" + " " * 3000 + "x</tool_call>", "<tool_call>```json" + "\n" * (n - 40) + "```</tool_call>",
-        "<tool_call>" + "[" * 5000 + "</tool_call>", "<tool_call>" * (n // 11), "<tool_call>{}</tool_call>" * (n // 24),
-        "<think>" * (n // 7), "<think></think><tool_call>x</tool_call>" * (n // 38), "</tool_call>" * (n // 12),
-        "<answer>" * (n // 8), "<ANSWER>x" * (n // 9), "<answer>" + "Up || " * (n // 7) + "</answer>",
-        "####" + " " * (n - 10) + "x", "#### " + "9" * (n - 5), "#### " * (n // 5), "\\boxed{" * (n // 7),
-        "\\boxed{" + "9" * (n - 10) + "}", "\\boxed{1e9999999}", "The answer is \\boxed{1e9999999}",
-        "\\boxed{\\frac{1e99999999}{3}}", "\\boxed{" + "{" * 20000 + "}" * 20000 + "}", "$" * n, "%" * n,
-        "round(1, -10**300)", "round(1, -10**7)", "9**9**9**9", "2**10000", "0.5**-10000", "-" * 999 + "1",
-        "(" * 300 + "1" + ")" * 300, "1e999", "9" * 999, "sqrt(" + "9" * 990 + ")", "floor(1e308*10)",
-        "max(" + "1," * 490 + "1)", "10**300*10**300", "round(10**300, -10**300)", "1/0", "a\x00b",
+        "",
+        " ",
+        " " * n,
+        "\t\n\r\x0b\x0c" * (n // 5),
+        "\x00" * n,
+        "\u3000" * (n // 2),
+        "\ud800" * 100,
+        "İ" * (n // 2),
+        "[" * n,
+        "{" * n,
+        "(" * n,
+        '{"a":' * (n // 5),
+        "[" * 5000 + "]" * 5000,
+        "-" * n,
+        "9" * n,
+        "1," * (n // 2),
+        "1." * (n // 2),
+        "0." + "0" * (n - 3) + "1",
+        "1e9999999",
+        "1e-9999999",
+        "1e" + "9" * 100,
+        "-1e9999999",
+        "<tool_call>```" + " " * 3000 + "x</tool_call>",
+        "<tool_call>```json" + "\n" * (n - 40) + "```</tool_call>",
+        "<tool_call>" + "[" * 5000 + "</tool_call>",
+        "<tool_call>" * (n // 11),
+        "<tool_call>{}</tool_call>" * (n // 24),
+        "<think>" * (n // 7),
+        "<think></think><tool_call>x</tool_call>" * (n // 38),
+        "</tool_call>" * (n // 12),
+        "<answer>" * (n // 8),
+        "<ANSWER>x" * (n // 9),
+        "<answer>" + "Up || " * (n // 7) + "</answer>",
+        "####" + " " * (n - 10) + "x",
+        "#### " + "9" * (n - 5),
+        "#### " * (n // 5),
+        "\\boxed{" * (n // 7),
+        "\\boxed{" + "9" * (n - 10) + "}",
+        "\\boxed{1e9999999}",
+        "The answer is \\boxed{1e9999999}",
+        "\\boxed{\\frac{1e99999999}{3}}",
+        "\\boxed{" + "{" * 20000 + "}" * 20000 + "}",
+        "$" * n,
+        "%" * n,
+        "round(1, -10**300)",
+        "round(1, -10**7)",
+        "9**9**9**9",
+        "2**10000",
+        "0.5**-10000",
+        "-" * 999 + "1",
+        "(" * 300 + "1" + ")" * 300,
+        "1e999",
+        "9" * 999,
+        "sqrt(" + "9" * 990 + ")",
+        "floor(1e308*10)",
+        "max(" + "1," * 490 + "1)",
+        "10**300*10**300",
+        "round(10**300, -10**300)",
+        "1/0",
+        "a\x00b",
     ]
     return [t[:n] for t in texts]
 
@@ -104,21 +220,61 @@ def adversarial_messages() -> list[dict[str, Any]]:
     ids, names and arguments (``Deep(n)``: a list nested ``n`` deep, built in the worker)."""
     call = {"id": "c", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
     out: list[dict[str, Any]] = []
-    for text in ("[" * 5000, "1e9999999", "\x00" * 1000, " " * MAX_INPUT_CHARS,
-                 json.dumps({"expression": "round(1, -10**300)"}), json.dumps({"direction": ["up"] * 10000})):
-        out.append({"role": "assistant", "content": None,
-                    "tool_calls": [{**call, "function": {"name": name, "arguments": text}} for name in ("calculator", "move")]})
+    for text in (
+        "[" * 5000,
+        "1e9999999",
+        "\x00" * 1000,
+        " " * MAX_INPUT_CHARS,
+        json.dumps({"expression": "round(1, -10**300)"}),
+        json.dumps({"direction": ["up"] * 10000}),
+    ):
+        out.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {**call, "function": {"name": name, "arguments": text}} for name in ("calculator", "move")
+                ],
+            }
+        )
     for arguments in (Deep(5000), {"expression": Deep(5000)}, {"direction": Deep(5000)}, {"x": {1, 2}}, 10**5000):
-        out.append({"role": "assistant", "tool_calls": [{**call, "function": {"name": "move", "arguments": arguments}},
-                                                        {**call, "function": {"name": "calculator", "arguments": arguments}}]})
-    for odd in ({"id": 10**5000, "function": {"name": "move", "arguments": "{}"}}, {"id": Deep(5000)},
-                {"function": {"name": Deep(5000)}}, {"function": Deep(5000)}, Deep(5000), None, "call", 5):
+        out.append(
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {**call, "function": {"name": "move", "arguments": arguments}},
+                    {**call, "function": {"name": "calculator", "arguments": arguments}},
+                ],
+            }
+        )
+    for odd in (
+        {"id": 10**5000, "function": {"name": "move", "arguments": "{}"}},
+        {"id": Deep(5000)},
+        {"function": {"name": Deep(5000)}},
+        {"function": Deep(5000)},
+        Deep(5000),
+        None,
+        "call",
+        5,
+    ):
         out.append({"role": "assistant", "content": "x", "tool_calls": [odd]})
-    for content in ([{"type": "text", "text": 5}], [{"type": "text", "text": None}, "x"], [Deep(5000)],
-                    Deep(5000), 10**5000, {"text": "x"}, [{"type": "text", "text": "\\boxed{1e9999999}"}]):
+    for content in (
+        [{"type": "text", "text": 5}],
+        [{"type": "text", "text": None}, "x"],
+        [Deep(5000)],
+        Deep(5000),
+        10**5000,
+        {"text": "x"},
+        [{"type": "text", "text": "\\boxed{1e9999999}"}],
+    ):
         out.append({"role": "assistant", "content": content})
-    out += [{"role": "assistant", "tool_calls": Deep(5000)}, {"role": "assistant", "tool_calls": "x"},
-            {"role": "assistant", "tool_calls": [call] * 5000}, {}, {"role": "user", "content": "#### 72"}]
+    out += [
+        {"role": "assistant", "tool_calls": Deep(5000)},
+        {"role": "assistant", "tool_calls": "x"},
+        {"role": "assistant", "tool_calls": [call] * 5000},
+        {},
+        {"role": "user", "content": "#### 72"},
+    ]
     return out
 
 
@@ -161,7 +317,8 @@ def texts() -> Any:
 
     piece = st.one_of(st.text(max_size=40), st.sampled_from(PIECES))
     run = st.tuples(piece, st.sampled_from((2, 10, 300, 3000, MAX_INPUT_CHARS))).map(
-        lambda p: p[0] * (p[1] // max(1, len(p[0]))))
+        lambda p: p[0] * (p[1] // max(1, len(p[0])))
+    )
     body = st.lists(st.one_of(piece, run), max_size=6).map("".join)
     return st.tuples(st.sampled_from(WRAPPERS), body).map(lambda w: wrap(*w))
 
@@ -170,20 +327,44 @@ def messages() -> Any:
     """A hypothesis strategy for assistant messages with broken content parts and tool calls."""
     from hypothesis import strategies as st
 
-    leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20),
-                     st.sampled_from([Deep(5000), 10**400]))
-    value = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                           max_size=3), max_leaves=12)
-    arguments = st.one_of(texts(), value, st.dictionaries(st.sampled_from(["expression", "direction", "directions"]),
-                                                          st.one_of(texts(), value), max_size=2))
-    function = st.one_of(value, st.fixed_dictionaries(
-        {"name": st.one_of(st.sampled_from(["calculator", "move", "python"]), value), "arguments": arguments}))
-    call = st.one_of(value, st.fixed_dictionaries({"id": st.one_of(st.text(max_size=8), value),
-                                                   "type": st.just("function"), "function": function}))
+    leaf = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(),
+        st.text(max_size=20),
+        st.sampled_from([Deep(5000), 10**400]),
+    )
+    value = st.recursive(
+        leaf,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+        max_leaves=12,
+    )
+    arguments = st.one_of(
+        texts(),
+        value,
+        st.dictionaries(
+            st.sampled_from(["expression", "direction", "directions"]), st.one_of(texts(), value), max_size=2
+        ),
+    )
+    function = st.one_of(
+        value,
+        st.fixed_dictionaries(
+            {"name": st.one_of(st.sampled_from(["calculator", "move", "python"]), value), "arguments": arguments}
+        ),
+    )
+    call = st.one_of(
+        value,
+        st.fixed_dictionaries(
+            {"id": st.one_of(st.text(max_size=8), value), "type": st.just("function"), "function": function}
+        ),
+    )
     part = st.one_of(value, st.fixed_dictionaries({"type": st.just("text"), "text": st.one_of(texts(), value)}))
     content = st.one_of(st.none(), texts(), st.lists(part, max_size=4), value)
-    return st.fixed_dictionaries({"role": st.just("assistant"), "content": content},
-                                 optional={"tool_calls": st.one_of(value, st.lists(call, max_size=5))})
+    return st.fixed_dictionaries(
+        {"role": st.just("assistant"), "content": content},
+        optional={"tool_calls": st.one_of(value, st.lists(call, max_size=5))},
+    )
 
 
 # ---- doors ---------------------------------------------------------------------------------------
@@ -200,37 +381,92 @@ class Door:
     allowed: tuple[type[BaseException], ...] = ()
 
 
-GSM8K_ROW = {"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
-             "answer": "48 + 24 = 72\n#### 72"}
+GSM8K_ROW = {
+    "question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+    "answer": "48 + 24 = 72\n#### 72",
+}
 ROWS = [
-    {"prompt": [{"role": "user", "content": "What is 70 + 2?"}], "data_source": "openai/gsm8k",
-     "reward_model": {"ground_truth": "72"}},
-    {"prompt": [{"role": "user", "content": "What is 1/4 + 1/4?"}], "data_source": "HuggingFaceH4/MATH-500",
-     "reward_model": {"ground_truth": "\\frac{1}{2}"}},
-    {"prompt": [{"role": "user", "content": "What is 70 + 2?"}], "data_source": "openai/gsm8k",
-     "reward_model": {"ground_truth": "72"}, "agent_name": "tool_agent"},
+    {
+        "prompt": [{"role": "user", "content": "What is 70 + 2?"}],
+        "data_source": "openai/gsm8k",
+        "reward_model": {"ground_truth": "72"},
+    },
+    {
+        "prompt": [{"role": "user", "content": "What is 1/4 + 1/4?"}],
+        "data_source": "HuggingFaceH4/MATH-500",
+        "reward_model": {"ground_truth": "\\frac{1}{2}"},
+    },
+    {
+        "prompt": [{"role": "user", "content": "What is 70 + 2?"}],
+        "data_source": "openai/gsm8k",
+        "reward_model": {"ground_truth": "72"},
+        "agent_name": "tool_agent",
+    },
 ]
 TEXT_DOORS = [
-    "parse_tool_calls", "split_reply", "server.assistant_reply", "Toolbox.execute", "Toolbox.execute[expression]",
-    "calculator", "extract_strict", "extract_flexible", "extract_boxed", "parse_number", "answers_match",
-    "compute_score[strict]", "compute_score[flexible]", "compute_score[boxed]", "math_score",
-    "default_compute_score[gsm8k]", "default_compute_score[math]", "gateway.gsm8k_reward", "sokoban.parse_answer",
-    "sokoban.parse_tool_calls", "Gsm8kInteraction.generate_response", "openenv.action",
-    "sokoban.step", "sokoban.step(move)", "gsm8k.step", "gsm8k_tool.step", "gsm8k_tool.step(calculator)",
-    "gsm8k_interaction.step", "first_letter.step", "arithmetic.step", "frozenlake.step", "rows.step[gsm8k]",
-    "rows.step[math]", "rows.step[tool_agent]",
+    "parse_tool_calls",
+    "split_reply",
+    "server.assistant_reply",
+    "Toolbox.execute",
+    "Toolbox.execute[expression]",
+    "calculator",
+    "extract_strict",
+    "extract_flexible",
+    "extract_boxed",
+    "parse_number",
+    "answers_match",
+    "compute_score[strict]",
+    "compute_score[flexible]",
+    "compute_score[boxed]",
+    "math_score",
+    "default_compute_score[gsm8k]",
+    "default_compute_score[math]",
+    "gateway.gsm8k_reward",
+    "sokoban.parse_answer",
+    "sokoban.parse_tool_calls",
+    "Gsm8kInteraction.generate_response",
+    "openenv.action",
+    "sokoban.step",
+    "sokoban.step(move)",
+    "gsm8k.step",
+    "gsm8k_tool.step",
+    "gsm8k_tool.step(calculator)",
+    "gsm8k_interaction.step",
+    "first_letter.step",
+    "arithmetic.step",
+    "frozenlake.step",
+    "rows.step[gsm8k]",
+    "rows.step[math]",
+    "rows.step[tool_agent]",
 ]
 MESSAGE_DOORS = [
-    "normalize_tool_calls", "split_reply(message)", "Toolbox.execute(call)", "sokoban.parse_tool_calls(message)",
-    "sokoban.step(message)", "gsm8k.step(message)", "gsm8k_tool.step(message)", "gsm8k_interaction.step(message)",
-    "first_letter.step(message)", "arithmetic.step(message)", "frozenlake.step(message)", "rows.step[gsm8k](message)",
-    "rows.step[math](message)", "rows.step[tool_agent](message)",
+    "normalize_tool_calls",
+    "split_reply(message)",
+    "Toolbox.execute(call)",
+    "sokoban.parse_tool_calls(message)",
+    "sokoban.step(message)",
+    "gsm8k.step(message)",
+    "gsm8k_tool.step(message)",
+    "gsm8k_interaction.step(message)",
+    "first_letter.step(message)",
+    "arithmetic.step(message)",
+    "frozenlake.step(message)",
+    "rows.step[gsm8k](message)",
+    "rows.step[math](message)",
+    "rows.step[tool_agent](message)",
 ]
 """Every door by name: ``TEXT_DOORS`` read a reply's text, ``MESSAGE_DOORS`` an assistant message dict."""
-ENV_DOORS = {"sokoban": "sokoban.step", "gsm8k": "gsm8k.step", "gsm8k_tool": "gsm8k_tool.step",
-             "gsm8k_interaction": "gsm8k_interaction.step", "first_letter": "first_letter.step",
-             "arithmetic": "arithmetic.step", "frozenlake": "frozenlake.step", "rows": "rows.step[gsm8k]",
-             "openenv": "openenv.action"}
+ENV_DOORS = {
+    "sokoban": "sokoban.step",
+    "gsm8k": "gsm8k.step",
+    "gsm8k_tool": "gsm8k_tool.step",
+    "gsm8k_interaction": "gsm8k_interaction.step",
+    "first_letter": "first_letter.step",
+    "arithmetic": "arithmetic.step",
+    "frozenlake": "frozenlake.step",
+    "rows": "rows.step[gsm8k]",
+    "openenv": "openenv.action",
+}
 """Each built-in env (``agentgym.envs`` entry points, families aside) and the door its step is
 fuzzed through (the Sokoban presets are ``sokoban`` with other sizes; ``openenv`` forwards the
 reply to a remote server, so what runs here is turning the reply into an action)."""
@@ -263,68 +499,111 @@ def build_doors(workdir: Path) -> dict[str, Door]:
     openenv = SimpleNamespace(agentgym_server=False, action_format="json", action_field="text")
 
     def tool_call(name: str, arguments: Any) -> dict[str, Any]:
-        return {"role": "assistant", "content": None,
-                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}]}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}],
+        }
 
     doors = [
         Door("parse_tool_calls", lambda _, t: parse_tool_calls(t)),
         Door("split_reply", lambda _, t: split_reply(t)),
         Door("server.assistant_reply", lambda _, t: assistant_reply(t, "stop", True)),
         Door("Toolbox.execute", lambda _, t: toolbox.execute(tool_call("calculator", t)["tool_calls"][0])),
-        Door("Toolbox.execute[expression]",
-             lambda _, t: toolbox.execute(tool_call("calculator", json.dumps({"expression": t}))["tool_calls"][0])),
+        Door(
+            "Toolbox.execute[expression]",
+            lambda _, t: toolbox.execute(tool_call("calculator", json.dumps({"expression": t}))["tool_calls"][0]),
+        ),
         Door("calculator", lambda _, t: calculate(t), allowed=(ToolError,)),
         Door("extract_strict", lambda _, t: extract_strict(t)),
         Door("extract_flexible", lambda _, t: extract_flexible(t)),
         Door("extract_boxed", lambda _, t: extract_boxed(t)),
         Door("parse_number", lambda _, t: parse_number(t)),
         Door("answers_match", lambda _, t: answers_match(t, "72")),
-        *(Door(f"compute_score[{m}]", lambda _, t, m=m: compute_score(t, "72", method=m))
-          for m in ("strict", "flexible", "boxed")),
+        *(
+            Door(f"compute_score[{m}]", lambda _, t, m=m: compute_score(t, "72", method=m))
+            for m in ("strict", "flexible", "boxed")
+        ),
         Door("math_score", lambda _, t: math_score(t, "\\frac{1}{2}")),
         Door("default_compute_score[gsm8k]", lambda _, t: default_compute_score("openai/gsm8k", t, "72")),
         Door("default_compute_score[math]", lambda _, t: default_compute_score("HuggingFaceH4/MATH-500", t, "1/2")),
-        Door("gateway.gsm8k_reward", lambda _, t: gsm8k_reward([{"role": "assistant", "content": t}],
-                                                               {"ground_truth": "72", "reward_kwargs": {"method": "flexible"}})),
+        Door(
+            "gateway.gsm8k_reward",
+            lambda _, t: gsm8k_reward(
+                [{"role": "assistant", "content": t}], {"ground_truth": "72", "reward_kwargs": {"method": "flexible"}}
+            ),
+        ),
         Door("sokoban.parse_answer", lambda _, t: sokoban.parse_answer(t, 5)),
         Door("sokoban.parse_tool_calls", lambda _, t: sokoban.parse_tool_calls(tool_call("move", t)["tool_calls"], 5)),
-        Door("Gsm8kInteraction.generate_response",
-             lambda iid, t: loop.run_until_complete(interaction.generate_response(iid, [{"role": "assistant", "content": t}])),
-             prepare=lambda: loop.run_until_complete(interaction.start_interaction(None, ground_truth="72"))),
+        Door(
+            "Gsm8kInteraction.generate_response",
+            lambda iid, t: loop.run_until_complete(
+                interaction.generate_response(iid, [{"role": "assistant", "content": t}])
+            ),
+            prepare=lambda: loop.run_until_complete(interaction.start_interaction(None, ground_truth="72")),
+        ),
         Door("openenv.action", lambda _, t: _invalid_ok(OpenEnvClientEnv._action, openenv, t)),
         Door("normalize_tool_calls", lambda _, m: normalize_tool_calls(m.get("tool_calls")), kind="message"),
         Door("split_reply(message)", lambda _, m: split_reply(m), kind="message"),
         Door("Toolbox.execute(call)", lambda _, m: [toolbox.execute(c) for c in _calls(m)[:8]], kind="message"),
-        Door("sokoban.parse_tool_calls(message)", lambda _, m: sokoban.parse_tool_calls(m.get("tool_calls"), 5),
-             kind="message"),
+        Door(
+            "sokoban.parse_tool_calls(message)",
+            lambda _, m: sokoban.parse_tool_calls(m.get("tool_calls"), 5),
+            kind="message",
+        ),
     ]
     envs: list[tuple[str, Any, Callable[[Any], Any]]] = [
         ("sokoban", agentgym.make("sokoban"), lambda env: env.reset(seed=0)),
         ("gsm8k", agentgym.make("gsm8k", data_files=str(gsm8k_file)), lambda env: env.reset(options={"index": 0})),
-        ("gsm8k_tool", agentgym.make("gsm8k_tool", data_files=str(gsm8k_file), tools=("calculator",)),
-         lambda env: env.reset(options={"index": 0})),
-        ("gsm8k_interaction", agentgym.make("gsm8k_interaction", data_files=str(gsm8k_file)),
-         lambda env: env.reset(options={"index": 0})),
+        (
+            "gsm8k_tool",
+            agentgym.make("gsm8k_tool", data_files=str(gsm8k_file), tools=("calculator",)),
+            lambda env: env.reset(options={"index": 0}),
+        ),
+        (
+            "gsm8k_interaction",
+            agentgym.make("gsm8k_interaction", data_files=str(gsm8k_file)),
+            lambda env: env.reset(options={"index": 0}),
+        ),
         ("first_letter", agentgym.make("first_letter"), lambda env: env.reset(seed=0)),
         ("arithmetic", agentgym.make("arithmetic"), lambda env: env.reset(seed=0)),
         ("frozenlake", agentgym.make("frozenlake"), lambda env: env.reset(seed=0)),
-        *((f"rows[{kind}]", agentgym.make("rows", data_files=str(rows_file), tools=("calculator",)),
-           lambda env, i=i: env.reset(options={"index": i})) for i, kind in enumerate(("gsm8k", "math", "tool_agent"))),
+        *(
+            (
+                f"rows[{kind}]",
+                agentgym.make("rows", data_files=str(rows_file), tools=("calculator",)),
+                lambda env, i=i: env.reset(options={"index": i}),
+            )
+            for i, kind in enumerate(("gsm8k", "math", "tool_agent"))
+        ),
     ]
     for name, env, reset in envs:
         step = name.replace("[", ".step[") if "[" in name else f"{name}.step"
         doors.append(Door(step, lambda env, t: env.step(t), prepare=lambda env=env, reset=reset: (reset(env), env)[1]))
-        doors.append(Door(f"{step}(message)", lambda env, m: env.step(m), prepare=lambda env=env, reset=reset:
-                          (reset(env), env)[1], kind="message"))
+        doors.append(
+            Door(
+                f"{step}(message)",
+                lambda env, m: env.step(m),
+                prepare=lambda env=env, reset=reset: (reset(env), env)[1],
+                kind="message",
+            )
+        )
     for name, arguments in (("sokoban.step(move)", "move"), ("gsm8k_tool.step(calculator)", "calculator")):
         env = next(e for n, e, _ in envs if name.startswith(n + "."))
         reset = next(r for n, _, r in envs if name.startswith(n + "."))
-        doors.append(Door(name, lambda env, t, a=arguments: env.step(tool_call(a, t)),
-                          prepare=lambda env=env, reset=reset: (reset(env), env)[1]))
+        doors.append(
+            Door(
+                name,
+                lambda env, t, a=arguments: env.step(tool_call(a, t)),
+                prepare=lambda env=env, reset=reset: (reset(env), env)[1],
+            )
+        )
     built = {door.name: door for door in doors}
     listed = {**dict.fromkeys(TEXT_DOORS, "text"), **dict.fromkeys(MESSAGE_DOORS, "message")}
     if {name: door.kind for name, door in built.items()} != listed:
-        raise RuntimeError(f"TEXT_DOORS / MESSAGE_DOORS differ from the doors built: {sorted(set(built) ^ set(listed))}")
+        raise RuntimeError(
+            f"TEXT_DOORS / MESSAGE_DOORS differ from the doors built: {sorted(set(built) ^ set(listed))}"
+        )
     return built
 
 
@@ -377,7 +656,10 @@ def _serve(conn: Any, workdir: str) -> None:
             outcome = ("returned", f"{type(exc).__name__}: {str(exc)[:200]}")
         except BaseException as exc:  # the finding: say what and where
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            outcome = ("raised", f"{type(exc).__name__}: {str(exc)[:200]} (at {Path(where.filename).name}:{where.lineno})")
+            outcome = (
+                "raised",
+                f"{type(exc).__name__}: {str(exc)[:200]} (at {Path(where.filename).name}:{where.lineno})",
+            )
         conn.send((*outcome, time.process_time() - cpu, time.perf_counter() - wall))
 
 
@@ -410,7 +692,9 @@ class Worker:
         self._conn.send((target, value, want_value))
         if not self._conn.poll(self.hang_s):
             self._kill()
-            return Outcome("hung", f"no answer within {self.hang_s:g} s; the worker was killed", self.hang_s, self.hang_s)
+            return Outcome(
+                "hung", f"no answer within {self.hang_s:g} s; the worker was killed", self.hang_s, self.hang_s
+            )
         try:
             return Outcome(*self._conn.recv())
         except EOFError:  # the worker died (the OOM killer, a crash in C)
@@ -489,8 +773,9 @@ def run_door(worker: Worker, door: str, values: Iterable[Any], worst: Worst, fai
             failures.append(problem)
 
 
-def run_generated(worker: Worker, door: str, strategy: Any, examples: int, seed: int, worst: Worst,
-                  failures: list[str]) -> None:
+def run_generated(
+    worker: Worker, door: str, strategy: Any, examples: int, seed: int, worst: Worst, failures: list[str]
+) -> None:
     """``examples`` inputs drawn by hypothesis (no shrinking: every failure is recorded as found)."""
     if examples < 1:
         return
@@ -498,8 +783,13 @@ def run_generated(worker: Worker, door: str, strategy: Any, examples: int, seed:
     from hypothesis import seed as with_seed
 
     @with_seed(seed)
-    @settings(max_examples=examples, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(strategy)
     def check(value: Any) -> None:
         run_door(worker, door, [value], worst, failures)
@@ -531,18 +821,29 @@ def main() -> int:
             run_door(worker, door, adversarial_texts() if text else adversarial_messages(), worst, failures)
             if text:  # half from the plain generator, half from hypothesis
                 run_door(worker, door, (random_text(rng) for _ in range(args.examples // 2)), worst, failures)
-            run_generated(worker, door, texts() if text else messages(), args.examples - text * (args.examples // 2),
-                          args.seed, worst, failures)
+            run_generated(
+                worker,
+                door,
+                texts() if text else messages(),
+                args.examples - text * (args.examples // 2),
+                args.seed,
+                worst,
+                failures,
+            )
             print(f"  {door}: {worst.calls} calls, worst {worst.cpu_s * 1e3:.2f} ms CPU", file=sys.stderr, flush=True)
     finally:
         worker.close()
     print(f"{'door':36} {'calls':>6} {'failed':>6} {'worst CPU ms':>13} {'worst wall ms':>14}  slowest input")
     for door, worst in sorted(stats.items(), key=lambda kv: -kv[1].cpu_s):
-        print(f"{door:36} {worst.calls:6d} {worst.failures:6d} {worst.cpu_s * 1e3:13.2f} {worst.wall_s * 1e3:14.2f}"
-              f"  {worst.input}")
+        print(
+            f"{door:36} {worst.calls:6d} {worst.failures:6d} {worst.cpu_s * 1e3:13.2f} {worst.wall_s * 1e3:14.2f}"
+            f"  {worst.input}"
+        )
     total = sum(w.calls for w in stats.values())
-    print(f"\n{total} calls on {len(stats)} doors in {time.perf_counter() - started:.0f} s; budget {BUDGET_S * 1e3:g} ms "
-          f"of CPU per call for inputs up to {MAX_INPUT_CHARS // 1024} KB; {len(failures)} failure(s)")
+    print(
+        f"\n{total} calls on {len(stats)} doors in {time.perf_counter() - started:.0f} s; budget {BUDGET_S * 1e3:g} ms "
+        f"of CPU per call for inputs up to {MAX_INPUT_CHARS // 1024} KB; {len(failures)} failure(s)"
+    )
     for problem in failures[:50]:
         print("FAIL", problem)
     return 1 if failures else 0

@@ -60,27 +60,108 @@ def nested(depth: int) -> Raw:
 
 
 HOSTILE: list[Any] = [
-    None, True, False, 0, -1, 1, 7, 2**31, 2**63, -(2**63) - 1, 10**30, Raw("9" * 5000), Raw("-" + "9" * 5000),
-    0.5, -0.0, 1e308, -1e308, 1e-320, Raw("1e999"), Raw("NaN"), Raw("Infinity"), Raw("-Infinity"),
-    "", "abc", "\u0000", "default", "tiny", Raw('"\\ud800"'), Raw('"a\\udfffb"'), "x" * 100_000, "é" * 5000,
-    "<tool_call>", "<|im_end|>", "{{ 7 * 7 }}", "{% for i in range(99999999) %}x{% endfor %}",
-    [], [None], [[]], [1, 2, 3], [-1], [10**30], list(range(3000)), ["a", 1], [""], ["stop"] * 100,
-    {}, {"a": 1}, {"type": "text", "text": 5}, nested(40), nested(100), nested(5000),
-    [{"type": "text", "text": None}], [{"type": "image_url", "image_url": {"url": "x"}}], [{"text": ["a"]}],
-    {"chat_template": "{{ 7 * 7 }}"}, {"tokenize": True}, {"enable_thinking": True},
-    {"include_usage": "yes"}, [{"type": "function", "function": {"name": 5}}],
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    7,
+    2**31,
+    2**63,
+    -(2**63) - 1,
+    10**30,
+    Raw("9" * 5000),
+    Raw("-" + "9" * 5000),
+    0.5,
+    -0.0,
+    1e308,
+    -1e308,
+    1e-320,
+    Raw("1e999"),
+    Raw("NaN"),
+    Raw("Infinity"),
+    Raw("-Infinity"),
+    "",
+    "abc",
+    "\u0000",
+    "default",
+    "tiny",
+    Raw('"\\ud800"'),
+    Raw('"a\\udfffb"'),
+    "x" * 100_000,
+    "é" * 5000,
+    "<tool_call>",
+    "<|im_end|>",
+    "{{ 7 * 7 }}",
+    "{% for i in range(99999999) %}x{% endfor %}",
+    [],
+    [None],
+    [[]],
+    [1, 2, 3],
+    [-1],
+    [10**30],
+    list(range(3000)),
+    ["a", 1],
+    [""],
+    ["stop"] * 100,
+    {},
+    {"a": 1},
+    {"type": "text", "text": 5},
+    nested(40),
+    nested(100),
+    nested(5000),
+    [{"type": "text", "text": None}],
+    [{"type": "image_url", "image_url": {"url": "x"}}],
+    [{"text": ["a"]}],
+    {"chat_template": "{{ 7 * 7 }}"},
+    {"tokenize": True},
+    {"enable_thinking": True},
+    {"include_usage": "yes"},
+    [{"type": "function", "function": {"name": 5}}],
 ]
 
-FIELDS = ["model", "n", "temperature", "top_p", "top_k", "min_tokens", "seed", "stop", "stop_token_ids", "ignore_eos",
-          "skip_special_tokens", "include_stop_str_in_output", "return_token_ids", "stream", "stream_options",
-          "presence_penalty", "frequency_penalty", "user", "max_tokens", "logprobs"]
-CHAT_FIELDS = ["messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens", "top_logprobs",
-               "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "response_format"]
+FIELDS = [
+    "model",
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_tokens",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "return_token_ids",
+    "stream",
+    "stream_options",
+    "presence_penalty",
+    "frequency_penalty",
+    "user",
+    "max_tokens",
+    "logprobs",
+]
+CHAT_FIELDS = [
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_completion_tokens",
+    "top_logprobs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "response_format",
+]
 TEXT_FIELDS = ["prompt", "echo"]
 MESSAGE_FIELDS = ["role", "content", "name", "tool_call_id", "tool_calls"]
 
-CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}],
-        "max_tokens": 4}
+CHAT = {
+    "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}],
+    "max_tokens": 4,
+}
 TEXT = {"prompt": "Once upon a time", "max_tokens": 4}
 TOKENS = {"prompt": [5, 6, 7, 8], "max_tokens": 4}
 
@@ -105,8 +186,10 @@ class Tally:
         cases = sum(self.statuses.values()) + len(self.no_answer)
         by_class = Counter(f"{s // 100}xx" for s in self.elements())
         ok = self.neighbours[200]
-        return (f"cases {cases} | 2xx {by_class['2xx']} | 4xx {by_class['4xx']} | 5xx {by_class['5xx']} | "
-                f"no answer {len(self.no_answer)} | neighbours ok {ok}/{sum(self.neighbours.values())}")
+        return (
+            f"cases {cases} | 2xx {by_class['2xx']} | 4xx {by_class['4xx']} | 5xx {by_class['5xx']} | "
+            f"no answer {len(self.no_answer)} | neighbours ok {ok}/{sum(self.neighbours.values())}"
+        )
 
     def elements(self) -> list[int]:
         return list(self.statuses.elements())
@@ -120,10 +203,14 @@ def make_case(rng: random.Random, admin_key: str, max_body_bytes: int) -> Case:
     json_headers = {"Content-Type": "application/json"}
     roll = rng.random()
     if roll < 0.12:  # the control routes
-        route = rng.choice(["/update_weights_from_disk", "/pause_generation", "/resume_generation",
-                            "/update_weights_from_tensor"])
-        body: Any = {"model_path": rng.choice(HOSTILE + ["/nonexistent", "/etc/passwd", "/dev/zero"])} \
-            if route == "/update_weights_from_disk" else {"mode": rng.choice(HOSTILE)}
+        route = rng.choice(
+            ["/update_weights_from_disk", "/pause_generation", "/resume_generation", "/update_weights_from_tensor"]
+        )
+        body: Any = (
+            {"model_path": rng.choice(HOSTILE + ["/nonexistent", "/etc/passwd", "/dev/zero"])}
+            if route == "/update_weights_from_disk"
+            else {"mode": rng.choice(HOSTILE)}
+        )
         how = rng.choice(["no key", "wrong key", "text/plain", "key"])
         headers = dict(json_headers)
         if how == "wrong key":
@@ -133,12 +220,20 @@ def make_case(rng: random.Random, admin_key: str, max_body_bytes: int) -> Case:
         elif how == "key":
             headers["Authorization"] = f"Bearer {admin_key}"
         if route == "/update_weights_from_tensor":
-            return Case(route, bytes(rng.randrange(256) for _ in range(rng.choice([0, 8, 300]))), headers,
-                        f"{route} garbage ({how})")
+            return Case(
+                route,
+                bytes(rng.randrange(256) for _ in range(rng.choice([0, 8, 300]))),
+                headers,
+                f"{route} garbage ({how})",
+            )
         return Case(route, dumps(body), headers, f"{route} {how}: {dumps(body)[:60]!r}")
-    route, base, fields = rng.choice([("/v1/chat/completions", CHAT, FIELDS + CHAT_FIELDS),
-                                      ("/v1/completions", TEXT, FIELDS + TEXT_FIELDS),
-                                      ("/v1/completions", TOKENS, FIELDS + TEXT_FIELDS)])
+    route, base, fields = rng.choice(
+        [
+            ("/v1/chat/completions", CHAT, FIELDS + CHAT_FIELDS),
+            ("/v1/completions", TEXT, FIELDS + TEXT_FIELDS),
+            ("/v1/completions", TOKENS, FIELDS + TEXT_FIELDS),
+        ]
+    )
     body = json.loads(json.dumps(base))
     if roll < 0.55:
         name = rng.choice(fields)
@@ -199,8 +294,15 @@ async def neighbours(http: httpx.AsyncClient, url: str, tally: Tally, stop: asyn
     await asyncio.gather(*(one(k) for k in range(workers)))
 
 
-async def fuzz(url: str, admin_key: str, cases: int = 1000, seed: int = 0, concurrency: int = 8,
-               max_body_bytes: int = 16 << 20, progress: bool = False) -> Tally:
+async def fuzz(
+    url: str,
+    admin_key: str,
+    cases: int = 1000,
+    seed: int = 0,
+    concurrency: int = 8,
+    max_body_bytes: int = 16 << 20,
+    progress: bool = False,
+) -> Tally:
     """Send ``cases`` fuzzed requests to the server at ``url``; returns what came back."""
     rng = random.Random(seed)
     tally = Tally()
@@ -223,8 +325,9 @@ async def fuzz(url: str, admin_key: str, cases: int = 1000, seed: int = 0, concu
                     if r.status_code >= 500:
                         tally.server_errors.append(f"{case.what} -> {r.status_code} {r.text[:300]}")
                     if case.route == "/pause_generation" and r.status_code == 200:
-                        await http.post(url + "/resume_generation", json={},
-                                        headers={"Authorization": f"Bearer {admin_key}"})
+                        await http.post(
+                            url + "/resume_generation", json={}, headers={"Authorization": f"Bearer {admin_key}"}
+                        )
                 except httpx.HTTPError as exc:
                     tally.no_answer.append(f"{case.what} -> {type(exc).__name__}: {exc}")
                 if bar is not None:

@@ -52,7 +52,7 @@ class Run:
     seed: int
     minutes: float
     ok: bool
-    start: dict = field(default_factory=dict)   # held_out.json's start row, by temperature
+    start: dict = field(default_factory=dict)  # held_out.json's start row, by temperature
     final: dict = field(default_factory=dict)
     run_dir: str = ""
 
@@ -69,8 +69,15 @@ class Run:
         return [turns[f"turn{k}/malformed"] for k in range(1, 100) if f"turn{k}/malformed" in turns]
 
 
-def run_once(env_name: str, seed: int, variant: str, overrides: list[str], base: Path, keep_cache: bool,
-             start_model: Path | None = None) -> Run:
+def run_once(
+    env_name: str,
+    seed: int,
+    variant: str,
+    overrides: list[str],
+    base: Path,
+    keep_cache: bool,
+    start_model: Path | None = None,
+) -> Run:
     """One ``agentgym train`` in a fresh run directory; ``start_model``: RL from this model (the full
     recipe's SFT model of the same seed) instead of running the warm start again."""
     run_dir = base / f"{variant.replace(' ', '_')}-seed{seed}" / "run"
@@ -79,8 +86,17 @@ def run_once(env_name: str, seed: int, variant: str, overrides: list[str], base:
     env = dict(os.environ)
     if not keep_cache:
         env["AGENTGYM_CACHE"] = str(run_dir.parent / "cache")
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", "--env", env_name, f"trainer.seed={seed}",
-           f"trainer.default_local_dir={run_dir}", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "train",
+        "--env",
+        env_name,
+        f"trainer.seed={seed}",
+        f"trainer.default_local_dir={run_dir}",
+        *overrides,
+    ]
     print(f"\n$ {' '.join(cmd)}", flush=True)
     started = time.perf_counter()
     code = subprocess.call(cmd, cwd=ROOT, env=env)
@@ -100,8 +116,11 @@ def pct(values: list[float]) -> str:
 
 
 def report(runs: list[Run]) -> str:
-    lines = ["| variant | seed | SFT greedy | RL - SFT greedy | RL - SFT sampled | malformed greedy, turns 1/2/3: "
-             "SFT -> RL | minutes |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | seed | SFT greedy | RL - SFT greedy | RL - SFT sampled | malformed greedy, turns 1/2/3: "
+        "SFT -> RL | minutes |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         if not r.ok:
             lines.append(f"| {r.variant} | {r.seed} | failed | | | | {r.minutes:.1f} |")
@@ -109,15 +128,19 @@ def report(runs: list[Run]) -> str:
         g, se = r.gain()
         sampled = next((t for t in r.start if t != "0.0"), None)
         s = f"{r.gain(sampled)[0]:+.3f}" if sampled and sampled in r.final else "-"
-        lines.append(f"| {r.variant} | {r.seed} | {r.start['0.0']['success']:.3f} | {g:+.3f} ({g / se if se else 0:.1f} SE)"
-                     f" | {s} | {pct(r.malformed(r.start))} -> {pct(r.malformed(r.final))} | {r.minutes:.1f} |")
+        lines.append(
+            f"| {r.variant} | {r.seed} | {r.start['0.0']['success']:.3f} | {g:+.3f} ({g / se if se else 0:.1f} SE)"
+            f" | {s} | {pct(r.malformed(r.start))} -> {pct(r.malformed(r.final))} | {r.minutes:.1f} |"
+        )
     lines.append("")
     for variant in dict.fromkeys(r.variant for r in runs):
         gains = [r.gain()[0] for r in runs if r.variant == variant and r.ok]
         if gains:
             spread = statistics.stdev(gains) / len(gains) ** 0.5 if len(gains) > 1 else 0.0
-            lines.append(f"{variant}: mean greedy gain {statistics.mean(gains):+.3f} ± {spread:.3f} over {len(gains)} "
-                         f"run(s) (range {min(gains):+.3f} .. {max(gains):+.3f})")
+            lines.append(
+                f"{variant}: mean greedy gain {statistics.mean(gains):+.3f} ± {spread:.3f} over {len(gains)} "
+                f"run(s) (range {min(gains):+.3f} .. {max(gains):+.3f})"
+            )
     return "\n".join(lines)
 
 
@@ -126,8 +149,13 @@ def main() -> int:
     parser.add_argument("--env", default="sokoban")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--ablate", action="store_true", help="also run each ABLATIONS variant per seed")
-    parser.add_argument("--ablate-seeds", type=int, nargs="+", default=None,
-                        help="run the ablations for these seeds only (default: every seed)")
+    parser.add_argument(
+        "--ablate-seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="run the ablations for these seeds only (default: every seed)",
+    )
     parser.add_argument("--run-dir", default=None, help="where the runs go (default: a new temporary directory)")
     parser.add_argument("--keep-cache", action="store_true", help="reuse the tiny model from ~/.cache/agentgym")
     parser.add_argument("--min-gain", type=float, default=0.03)
@@ -146,8 +174,17 @@ def main() -> int:
                     continue
                 sft = Path(full.run_dir) / "warm_start" / "sft" / "huggingface"
                 if full.ok and sft.is_dir():
-                    runs.append(run_once(args.env, full.seed, name, list(args.overrides) + extra, base, args.keep_cache,
-                                         start_model=sft))
+                    runs.append(
+                        run_once(
+                            args.env,
+                            full.seed,
+                            name,
+                            list(args.overrides) + extra,
+                            base,
+                            args.keep_cache,
+                            start_model=sft,
+                        )
+                    )
     text = report(runs)
     print(f"\n{text}\n({os.cpu_count()} CPUs; runs under {base})")
     (base / "learning.md").write_text(text + "\n")
@@ -155,12 +192,16 @@ def main() -> int:
     full = [r for r in runs if r.variant == "full recipe"]
     gains = [r.gain()[0] for r in full if r.ok]
     checks = {
-        f"every run's greedy gain >= {args.min_gain:+.2f}": bool(gains) and len(gains) == len(full)
+        f"every run's greedy gain >= {args.min_gain:+.2f}": bool(gains)
+        and len(gains) == len(full)
         and min(gains) >= args.min_gain,
         f"mean greedy gain >= {args.min_mean_gain:+.2f}": bool(gains) and statistics.mean(gains) >= args.min_mean_gain,
         f"malformed after RL <= SFT + {100 * args.max_malformed_rise:.0f} points at every turn": all(
             rl <= sft + args.max_malformed_rise + 1e-9
-            for r in full if r.ok for sft, rl in zip(r.malformed(r.start), r.malformed(r.final))),
+            for r in full
+            if r.ok
+            for sft, rl in zip(r.malformed(r.start), r.malformed(r.final))
+        ),
         f"every run <= {args.max_minutes:g} min": all(r.minutes <= args.max_minutes for r in full),
     }
     for name, held in checks.items():

@@ -29,16 +29,22 @@ from agentgym.trainer.forward import policy_forward, select_rows
 from agentgym.types import Trajectory, Turn
 
 
-def long_tail_batch(rows: int, seed: int, long_every: int, short: tuple[int, int], long: tuple[int, int]
-                    ) -> list[Trajectory]:
+def long_tail_batch(
+    rows: int, seed: int, long_every: int, short: tuple[int, int], long: tuple[int, int]
+) -> list[Trajectory]:
     rng = random.Random(seed)
     out = []
     for i in range(rows):
         prompt = [rng.randrange(3, 600) for _ in range(rng.randrange(20, 60))]
         low, high = long if i % long_every == 0 else short
         response = [rng.randrange(3, 600) for _ in range(rng.randrange(low, high))]
-        out.append(Trajectory(turns=[Turn(prompt_ids=prompt, response_ids=response, logprobs=[-6.0] * len(response))],
-                              outcome_reward=float(rng.random() < 0.5), group_id=f"g{i // 8}"))
+        out.append(
+            Trajectory(
+                turns=[Turn(prompt_ids=prompt, response_ids=response, logprobs=[-6.0] * len(response))],
+                outcome_reward=float(rng.random() < 0.5),
+                group_id=f"g{i // 8}",
+            )
+        )
     return out
 
 
@@ -66,8 +72,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    batch, _ = build_batch(long_tail_batch(args.rows, args.seed, args.long_every, (8, 48), (400, 700)),
-                           pad_token_id=0)
+    batch, _ = build_batch(long_tail_batch(args.rows, args.seed, args.long_every, (8, 48), (400, 700)), pad_token_id=0)
     tensors = batch.tensors
     lengths = tensors["attention_mask"].sum(-1)
     rows = list(range(len(batch)))
@@ -83,9 +88,11 @@ def main() -> None:
         torch.manual_seed(0)
         torch.set_num_threads(max(1, torch.get_num_threads()))
         model = load_causal_lm("tiny").train()
-    print(f"long-tail batch: {args.rows} rows, lengths {int(lengths.min())}..{int(lengths.max())} tokens "
-          f"(median {int(lengths.median())}), {int(lengths.sum())} real tokens; fixed micro-batches of "
-          f"{args.micro} rows, token budget {args.budget}")
+    print(
+        f"long-tail batch: {args.rows} rows, lengths {int(lengths.min())}..{int(lengths.max())} tokens "
+        f"(median {int(lengths.median())}), {int(lengths.sum())} real tokens; fixed micro-batches of "
+        f"{args.micro} rows, token budget {args.budget}"
+    )
     header = f"{'plan':<8} {'micro-batches':>13} {'computed tokens':>16} {'padding':>8} {'saved vs fixed':>15}"
     print(header + ("" if args.no_time else f" {'fwd+bwd s':>10}"))
     fixed_computed = None
@@ -93,8 +100,10 @@ def main() -> None:
         report = padding_report(rows, lengths, micros, packed)
         fixed_computed = fixed_computed or report["computed_tokens"]
         saved = 1 - report["computed_tokens"] / fixed_computed
-        line = (f"{name:<8} {int(report['micro_batches']):>13} {int(report['computed_tokens']):>16} "
-                f"{report['padding_frac']:>8.1%} {saved:>15.1%}")
+        line = (
+            f"{name:<8} {int(report['micro_batches']):>13} {int(report['computed_tokens']):>16} "
+            f"{report['padding_frac']:>8.1%} {saved:>15.1%}"
+        )
         if model is not None:
             line += f" {time_plan(model, tensors, micros, packed, args.repeats):>10.3f}"
         print(line, flush=True)

@@ -29,8 +29,12 @@ def evaluate(args: list[str], out: Path) -> tuple[dict[int, float], dict[str, fl
     from agentgym.rollout.storage import read_trajectories
 
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "agentgym.cli", "eval", *args, "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "agentgym.cli", "eval", *args, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"agentgym eval {' '.join(args)} failed:\n{done.stderr[-3000:]}")
@@ -58,16 +62,32 @@ def main() -> int:
     first, count = int(cfg.env.val_seed_start), int(cfg.held_out.num_tasks)
     seeds = list(range(first, first + count))
     print(f"run {run_dir}: {count} held-out tasks of {cfg.env.name} (seeds {first}..{first + count - 1})")
-    print(f"{'command':<34} {'T':>4} {'recorded':>9} {'measured':>9} {'agree':>9} {'seconds':>8}  malformed by turn "
-          "(recorded | measured)")
+    print(
+        f"{'command':<34} {'T':>4} {'recorded':>9} {'measured':>9} {'agree':>9} {'seconds':>8}  malformed by turn "
+        "(recorded | measured)"
+    )
     all_agree = True
     with tempfile.TemporaryDirectory() as tmp:
         for key, recorded in sorted(report["policies"]["after RL"].items(), key=lambda kv: float(kv[0])):
             t = float(key)
-            runs = [("eval --run", ["--run", str(run_dir), "--temperature", f"{t:g}"]),
-                    ("eval --model (env defaults)", ["--env", str(cfg.env.name), "--model", str(run_dir / "huggingface"),
-                                                     "--tasks", str(count), "--seed", str(first),
-                                                     "--temperature", f"{t:g}"])]
+            runs = [
+                ("eval --run", ["--run", str(run_dir), "--temperature", f"{t:g}"]),
+                (
+                    "eval --model (env defaults)",
+                    [
+                        "--env",
+                        str(cfg.env.name),
+                        "--model",
+                        str(run_dir / "huggingface"),
+                        "--tasks",
+                        str(count),
+                        "--seed",
+                        str(first),
+                        "--temperature",
+                        f"{t:g}",
+                    ],
+                ),
+            ]
             if t > 0 or options.no_contrast:
                 runs = runs[:1]
             for i, (name, args) in enumerate(runs):
@@ -77,8 +97,10 @@ def main() -> int:
                 if name == "eval --run":
                     all_agree &= agree == count
                 recorded_turns = {k: v for k, v in recorded.get("turns", {}).items() if k.endswith("/malformed")}
-                print(f"{name:<34} {t:>4g} {recorded['success']:>9.3f} {sum(measured) / count:>9.3f} "
-                      f"{agree:>4}/{count:<4} {seconds:>8.1f}  {shares(recorded_turns)} | {shares(malformed)}")
+                print(
+                    f"{name:<34} {t:>4g} {recorded['success']:>9.3f} {sum(measured) / count:>9.3f} "
+                    f"{agree:>4}/{count:<4} {seconds:>8.1f}  {shares(recorded_turns)} | {shares(malformed)}"
+                )
     return 0 if all_agree else 1
 
 

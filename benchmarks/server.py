@@ -64,10 +64,13 @@ async def server_tok_s(url: str, prompts: torch.Tensor, new_tokens: int) -> floa
     host, port = url.removeprefix("http://").rsplit(":", 1)
     requests = []
     for ids in prompts.tolist():
-        body = json.dumps({"prompt": ids, "max_tokens": new_tokens, "temperature": 1.0, "logprobs": 0,
-                           "ignore_eos": True}).encode()
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        body = json.dumps(
+            {"prompt": ids, "max_tokens": new_tokens, "temperature": 1.0, "logprobs": 0, "ignore_eos": True}
+        ).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         requests.append(head + body)
     connections = [await asyncio.open_connection(host, int(port)) for _ in requests]
 
@@ -105,13 +108,19 @@ def throughput(quick: bool) -> None:
     new_tokens, prompt_len, repeats = (64, 32, 5) if quick else (128, 32, 7)
     model = load_causal_lm("tiny")
     server = start_embedded_server("tiny", in_process=False, max_batch_size=32)
-    print(f"\n## generation throughput: tiny model, CPU fp32, prompts of {prompt_len} tokens, "
-          f"{new_tokens} new tokens each (best of {repeats}, interleaved)\n")
-    print("Wall-clock rates swing with whatever else runs on the machine; CPU seconds per 1,000 "
-          "generated tokens (server + client processes vs the generate process) measure the cost "
-          "itself.\n")
-    print("| concurrent | generate tok/s | server tok/s | ratio | generate CPU s/1k tok | "
-          "server+client CPU s/1k tok | CPU ratio |")
+    print(
+        f"\n## generation throughput: tiny model, CPU fp32, prompts of {prompt_len} tokens, "
+        f"{new_tokens} new tokens each (best of {repeats}, interleaved)\n"
+    )
+    print(
+        "Wall-clock rates swing with whatever else runs on the machine; CPU seconds per 1,000 "
+        "generated tokens (server + client processes vs the generate process) measure the cost "
+        "itself.\n"
+    )
+    print(
+        "| concurrent | generate tok/s | server tok/s | ratio | generate CPU s/1k tok | "
+        "server+client CPU s/1k tok | CPU ratio |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     try:
         gen = torch.Generator().manual_seed(0)
@@ -127,8 +136,11 @@ def throughput(quick: bool) -> None:
                 base, base_cpu = max(base, rate), min(base_cpu, cpu / tokens)
                 rate, cpu = server_run(server, prompts, new_tokens)
                 served, served_cpu = max(served, rate), min(served_cpu, cpu / tokens)
-            print(f"| {concurrency} | {base:,.0f} | {served:,.0f} | {served / base:.2f}x | {base_cpu:.3f} | "
-                  f"{served_cpu:.3f} | {base_cpu / served_cpu:.2f}x |", flush=True)
+            print(
+                f"| {concurrency} | {base:,.0f} | {served:,.0f} | {served / base:.2f}x | {base_cpu:.3f} | "
+                f"{served_cpu:.3f} | {base_cpu / served_cpu:.2f}x |",
+                flush=True,
+            )
     finally:
         server.stop()
 
@@ -141,9 +153,18 @@ def qwen05_shaped_dir() -> Path:
     if (target / "config.json").exists():
         return target
     print("building a Qwen2.5-0.5B-shaped random model (once; ~2 GB) ...", flush=True)
-    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
-                         max_position_embeddings=32768, rope_theta=1000000.0, eos_token_id=151645)
+    config = Qwen2Config(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        eos_token_id=151645,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     staging = target.with_name(target.name + ".tmp")
@@ -184,10 +205,12 @@ def push_times(name: str, model_dir: str, repeats: int, body: bool) -> None:
             log(f"{name}: update_weights {time.perf_counter() - start:.2f} s")
             if body:
                 start = time.perf_counter()
-                r = httpx.post(server.url + f"/update_weights_from_tensor?weight_version={version + 100}",
-                               content=safetensors_bytes(state), timeout=600,
-                               headers={"Authorization": f"Bearer {server.admin_key}",
-                                        "Content-Type": "application/octet-stream"})
+                r = httpx.post(
+                    server.url + f"/update_weights_from_tensor?weight_version={version + 100}",
+                    content=safetensors_bytes(state),
+                    timeout=600,
+                    headers={"Authorization": f"Bearer {server.admin_key}", "Content-Type": "application/octet-stream"},
+                )
                 r.raise_for_status()
                 best["body"] = min(best["body"], time.perf_counter() - start)
                 log(f"{name}: HTTP body {time.perf_counter() - start:.2f} s")
@@ -209,16 +232,20 @@ def push_times(name: str, model_dir: str, repeats: int, body: bool) -> None:
     def cell(key: str) -> str:
         return f"{best[key]:.3f} ({best[key] / base:.2f}x)" if best[key] < float("inf") else "-"
 
-    print(f"| {name} ({size_gb:.2f} GB) | {base:.3f} | {cell('push')} | {cell('body')} | {cell('direct')} |",
-          flush=True)
+    print(
+        f"| {name} ({size_gb:.2f} GB) | {base:.3f} | {cell('push')} | {cell('body')} | {cell('direct')} |", flush=True
+    )
 
 
 def weights(quick: bool, body_for_large: bool) -> None:
     repeats = 2 if quick else 3
-    print(f"\n## weight push into a running server (separate process), fp32, best of {repeats}; "
-          f"files in {push_dir()}\n")
-    print("| model | torch.save + torch.load (s) | update_weights via /dev/shm safetensors (s) | "
-          "safetensors HTTP body (s) | in-process handle (s) |")
+    print(
+        f"\n## weight push into a running server (separate process), fp32, best of {repeats}; files in {push_dir()}\n"
+    )
+    print(
+        "| model | torch.save + torch.load (s) | update_weights via /dev/shm safetensors (s) | "
+        "safetensors HTTP body (s) | in-process handle (s) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: |")
     push_times("tiny", "tiny", repeats * 3, body=True)
     push_times("Qwen2.5-0.5B shape", str(qwen05_shaped_dir()), repeats, body=body_for_large)
@@ -228,8 +255,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
     parser.add_argument("--only", choices=["throughput", "weights"], help="run one part")
-    parser.add_argument("--http-body-large", action="store_true",
-                        help="also time the 0.5B model as an HTTP body (slow: several copies of 2 GB)")
+    parser.add_argument(
+        "--http-body-large",
+        action="store_true",
+        help="also time the 0.5B model as an HTTP body (slow: several copies of 2 GB)",
+    )
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
     if args.only != "weights":

@@ -37,7 +37,10 @@ def main() -> int:
 
     torch.manual_seed(0)
     ids = torch.randint(100, 40000, (args.rows, args.length))
-    print(f"SmolLM2-135M-Instruct, CPU ({torch.get_num_threads()} threads), micro-batch {args.rows} x {args.length} tokens")
+    print(
+        f"SmolLM2-135M-Instruct, CPU ({torch.get_num_threads()} threads), micro-batch {args.rows} x "
+        f"{args.length} tokens"
+    )
     decode_rows = min(32, args.rows)
     print(f"{'dtype':<10} {'fwd+bwd s':>10} {f'decode step s (batch {decode_rows})':>26} {'max |logprob - fp32|':>22}")
     reference = None

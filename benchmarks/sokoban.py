@@ -51,7 +51,11 @@ def step_rate(name: str, replies: list, seconds: float) -> float:
 
 
 def tool_reply(direction: str) -> dict:
-    call = {"id": "c", "type": "function", "function": {"name": "move", "arguments": json.dumps({"direction": direction})}}
+    call = {
+        "id": "c",
+        "type": "function",
+        "function": {"name": "move", "arguments": json.dumps({"direction": direction})},
+    }
     return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 

@@ -73,8 +73,12 @@ def logprobs(ids: list[int]) -> list[float]:
 
 def http(status: int, body: bytes) -> bytes:
     reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}.get(status, b"Error")
-    return (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % (status, reason, len(body), body))
+    return b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        status,
+        reason,
+        len(body),
+        body,
+    )
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error") -> bytes:
@@ -83,17 +87,33 @@ def error(status: int, message: str, kind: str = "invalid_request_error") -> byt
 
 def completion(token_ids: list[int], token_logprobs: list[float], finish_reason: str, weight_version: int) -> bytes:
     """A ``/v1/completions`` answer in the embedded server's shape."""
-    return http(200, json.dumps({
-        "id": "cmpl-standin", "object": "text_completion", "model": "standin",
-        "choices": [{"index": 0, "text": "", "token_ids": token_ids, "finish_reason": finish_reason,
-                     "logprobs": {"token_logprobs": token_logprobs}}],
-        "weight_version": weight_version,
-    }, separators=(",", ":")).encode())
+    return http(
+        200,
+        json.dumps(
+            {
+                "id": "cmpl-standin",
+                "object": "text_completion",
+                "model": "standin",
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "",
+                        "token_ids": token_ids,
+                        "finish_reason": finish_reason,
+                        "logprobs": {"token_logprobs": token_logprobs},
+                    }
+                ],
+                "weight_version": weight_version,
+            },
+            separators=(",", ":"),
+        ).encode(),
+    )
 
 
 def streamed(token_ids: list[int], token_logprobs: list[float], finish_reason: str, weight_version: int) -> list[bytes]:
     """A streamed ``/v1/completions`` answer in the embedded server's shape, as the pieces written
     one after another: the head, one SSE event per token (the last with ``finish_reason``), the end."""
+
     def event(data: str) -> bytes:
         raw = f"data: {data}\n\n".encode()
         return b"%x\r\n%s\r\n" % (len(raw), raw)
@@ -101,16 +121,42 @@ def streamed(token_ids: list[int], token_logprobs: list[float], finish_reason: s
     pieces = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"]
     last = len(token_ids) - 1
     for i, (t, lp) in enumerate(zip(token_ids, token_logprobs)):
-        pieces.append(event(json.dumps({
-            "id": "cmpl-standin", "object": "text_completion", "model": "standin",
-            "choices": [{"index": 0, "text": "", "token_ids": [t], "logprobs": {"token_logprobs": [lp]},
-                         "finish_reason": finish_reason if i == last else None}],
-            "weight_version": weight_version}, separators=(",", ":"))))
+        pieces.append(
+            event(
+                json.dumps(
+                    {
+                        "id": "cmpl-standin",
+                        "object": "text_completion",
+                        "model": "standin",
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": "",
+                                "token_ids": [t],
+                                "logprobs": {"token_logprobs": [lp]},
+                                "finish_reason": finish_reason if i == last else None,
+                            }
+                        ],
+                        "weight_version": weight_version,
+                    },
+                    separators=(",", ":"),
+                )
+            )
+        )
     if not token_ids:
-        pieces.append(event(json.dumps({"id": "cmpl-standin", "object": "text_completion", "model": "standin",
-                                        "choices": [{"index": 0, "text": "", "token_ids": [],
-                                                     "finish_reason": finish_reason}],
-                                        "weight_version": weight_version})))
+        pieces.append(
+            event(
+                json.dumps(
+                    {
+                        "id": "cmpl-standin",
+                        "object": "text_completion",
+                        "model": "standin",
+                        "choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": finish_reason}],
+                        "weight_version": weight_version,
+                    }
+                )
+            )
+        )
     pieces[-1] += event("[DONE]") + b"0\r\n\r\n"
     return pieces
 
@@ -120,11 +166,22 @@ def prebuilt(weight_version: int, fixed_ids: list[int] | None = None, eos: int |
     answers = {
         b"GET /health": http(200, json.dumps({"status": "ok", "weight_version": weight_version}).encode()),
         b"GET /v1/models": http(200, b'{"object":"list","data":[{"id":"standin","object":"model"}]}'),
-        b"POST /v1/chat/completions": http(200, json.dumps({
-            "id": "chatcmpl-standin", "object": "chat.completion", "created": 0, "model": "standin",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": CHAT_REPLY}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26},
-        }, separators=(",", ":")).encode()),
+        b"POST /v1/chat/completions": http(
+            200,
+            json.dumps(
+                {
+                    "id": "chatcmpl-standin",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "standin",
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": CHAT_REPLY}, "finish_reason": "stop"}
+                    ],
+                    "usage": {"prompt_tokens": 20, "completion_tokens": 6, "total_tokens": 26},
+                },
+                separators=(",", ":"),
+            ).encode(),
+        ),
     }
     if fixed_ids is not None:
         finish = "stop" if fixed_ids and fixed_ids[-1] == eos else "length"
@@ -139,15 +196,37 @@ VLLM_PROMPT_TOKENS = 64  # about what the benchmark's chats render to
 def vllm_chat(ids: list[int]) -> bytes:
     """A vLLM chat answer with ``return_token_ids`` and ``logprobs`` on (the reply's token strings are
     placeholders: nothing reads them)."""
-    content = [{"token": f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in zip(ids, logprobs(ids))]
-    return http(200, json.dumps({
-        "id": "chatcmpl-standin", "object": "chat.completion", "created": 0, "model": "standin",
-        "prompt_token_ids": list(range(100, 100 + VLLM_PROMPT_TOKENS)),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": CHAT_REPLY}, "token_ids": ids,
-                     "logprobs": {"content": content}, "finish_reason": "stop", "stop_reason": None}],
-        "usage": {"prompt_tokens": VLLM_PROMPT_TOKENS, "completion_tokens": len(ids),
-                  "total_tokens": VLLM_PROMPT_TOKENS + len(ids)},
-    }, separators=(",", ":")).encode())
+    content = [
+        {"token": f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in zip(ids, logprobs(ids))
+    ]
+    return http(
+        200,
+        json.dumps(
+            {
+                "id": "chatcmpl-standin",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "standin",
+                "prompt_token_ids": list(range(100, 100 + VLLM_PROMPT_TOKENS)),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": CHAT_REPLY},
+                        "token_ids": ids,
+                        "logprobs": {"content": content},
+                        "finish_reason": "stop",
+                        "stop_reason": None,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": VLLM_PROMPT_TOKENS,
+                    "completion_tokens": len(ids),
+                    "total_tokens": VLLM_PROMPT_TOKENS + len(ids),
+                },
+            },
+            separators=(",", ":"),
+        ).encode(),
+    )
 
 
 _USER_BLOCK = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
@@ -210,9 +289,15 @@ class StandinProtocol(asyncio.Protocol):
     is streamed as the embedded server streams it (SSE over chunked encoding, one chunk per token
     with its id and logprob, then the finish, then ``[DONE]``), a token every ``token_delay_s``."""
 
-    def __init__(self, answers: dict[bytes, bytes], policy: Policy | None = None,
-                 record: list[dict[str, Any]] | None = None, weight_version: int = 0,
-                 delay_s: float = 0.0, token_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        answers: dict[bytes, bytes],
+        policy: Policy | None = None,
+        record: list[dict[str, Any]] | None = None,
+        weight_version: int = 0,
+        delay_s: float = 0.0,
+        token_delay_s: float = 0.0,
+    ) -> None:
         self.answers = answers
         self.policy = policy
         self.record = record
@@ -243,20 +328,20 @@ class StandinProtocol(asyncio.Protocol):
             at = lower.find(b"\r\ncontent-length:")
             if at >= 0:
                 line_end = lower.find(b"\r\n", at + 2)
-                length = int(lower[at + 17: line_end if line_end >= 0 else end])
+                length = int(lower[at + 17 : line_end if line_end >= 0 else end])
             total = end + 4 + length
             if len(buf) < total:
                 break
             key = b" ".join(head.split(b" ", 2)[:2]).split(b"?")[0]
             if self.policy is not None and key == b"POST /v1/completions":
-                out.append(self._generate(bytes(buf[end + 4:total])))
+                out.append(self._generate(bytes(buf[end + 4 : total])))
             else:
                 out.append(self.answers.get(key, _NOT_FOUND))
             del buf[:total]
             if self.delay_s and key.startswith(b"POST /v1/"):
                 delayed = True
             at = lower.find(b"\r\nconnection:")
-            if at >= 0 and lower[at + 13:].split(b"\r\n", 1)[0].strip() == b"close":
+            if at >= 0 and lower[at + 13 :].split(b"\r\n", 1)[0].strip() == b"close":
                 self.closing = True
                 break
         if not out:
@@ -303,8 +388,15 @@ class StandinProtocol(asyncio.Protocol):
             return error(result, f"the stand-in's policy answered {result}", "stand_in_error")
         token_ids, token_logprobs, finish_reason = list(result[0]), list(result[1]), result[2]
         if self.record is not None:
-            self.record.append({"request": request, "status": 200, "token_ids": token_ids,
-                                "logprobs": token_logprobs, "finish_reason": finish_reason})
+            self.record.append(
+                {
+                    "request": request,
+                    "status": 200,
+                    "token_ids": token_ids,
+                    "logprobs": token_logprobs,
+                    "finish_reason": finish_reason,
+                }
+            )
         if request.get("stream"):
             return streamed(token_ids, token_logprobs, finish_reason, self.weight_version)
         return completion(token_ids, token_logprobs, finish_reason, self.weight_version)
@@ -314,14 +406,25 @@ async def listen(host: str, port: int, protocol: Callable[[], asyncio.Protocol])
     return await asyncio.get_running_loop().create_server(protocol, host, port, reuse_address=True, backlog=4096)
 
 
-async def serve(host: str, port: int, mode: str = "echo", text: str = FIXED_TEXT, weight_version: int = 0,
-                delay_ms: float = 0.0, model: str = "tiny", token_delay_ms: float = 0.0) -> None:
+async def serve(
+    host: str,
+    port: int,
+    mode: str = "echo",
+    text: str = FIXED_TEXT,
+    weight_version: int = 0,
+    delay_ms: float = 0.0,
+    model: str = "tiny",
+    token_delay_ms: float = 0.0,
+) -> None:
     """Serves until cancelled; prints ``READY <port>`` once listening."""
     policy = BuiltinPolicy(mode, text, model)
     answers = prebuilt(weight_version, policy.fixed if mode == "fixed" else None, policy.eos)
     generate = None if mode == "fixed" else policy  # fixed: the prebuilt answer, the body unparsed
-    server = await listen(host, port, lambda: StandinProtocol(answers, generate, None, weight_version, delay_ms / 1e3,
-                                                                  token_delay_ms / 1e3))
+    server = await listen(
+        host,
+        port,
+        lambda: StandinProtocol(answers, generate, None, weight_version, delay_ms / 1e3, token_delay_ms / 1e3),
+    )
     print(f"READY {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
@@ -333,19 +436,41 @@ class StandinProcess(subprocess.Popen):
     url = ""
 
 
-def start_standin(port: int = 0, mode: str = "echo", version: int = 0, timeout: float = 30.0,
-                  delay_ms: float = 0.0, text: str = FIXED_TEXT, token_delay_ms: float = 0.0) -> StandinProcess:
+def start_standin(
+    port: int = 0,
+    mode: str = "echo",
+    version: int = 0,
+    timeout: float = 30.0,
+    delay_ms: float = 0.0,
+    text: str = FIXED_TEXT,
+    token_delay_ms: float = 0.0,
+) -> StandinProcess:
     """``python benchmarks/standin_server.py`` in a child process, returned once it listens (so it
     answers ``/health``); ``port`` 0: a free one, in ``.url``. ``version``: its weight version."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--port", str(port), "--mode", mode, "--text", text,
-           "--weight-version", str(version), "--delay-ms", str(delay_ms),
-           "--token-delay-ms", str(token_delay_ms)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--port",
+        str(port),
+        "--mode",
+        mode,
+        "--text",
+        text,
+        "--weight-version",
+        str(version),
+        "--delay-ms",
+        str(delay_ms),
+        "--token-delay-ms",
+        str(token_delay_ms),
+    ]
     proc = StandinProcess(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     deadline, line = time.monotonic() + timeout, b""
     while not line.endswith(b"\n"):
         left = deadline - time.monotonic()
-        chunk = os.read(proc.stdout.fileno(), 256) if left > 0 and select.select([proc.stdout], [], [], left)[0] else None
+        chunk = (
+            os.read(proc.stdout.fileno(), 256) if left > 0 and select.select([proc.stdout], [], [], left)[0] else None
+        )
         if not chunk:
             if chunk is None:
                 proc.kill()
@@ -364,8 +489,14 @@ class StandinServer:
     """The stand-in in a background thread of this process (for tests): ``start()`` returns its URL.
     ``policy`` (default: ``token_ids`` every time) and ``token_ids`` may be changed while it runs."""
 
-    def __init__(self, policy: Policy | None = None, token_ids: list[int] | None = None,
-                 weight_version: int = 1, delay_ms: float = 0.0, token_delay_ms: float = 0.0) -> None:
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        token_ids: list[int] | None = None,
+        weight_version: int = 1,
+        delay_ms: float = 0.0,
+        token_delay_ms: float = 0.0,
+    ) -> None:
         self.policy = policy
         self.token_ids = token_ids or []
         self.weight_version = weight_version
@@ -381,8 +512,14 @@ class StandinServer:
         answers = prebuilt(self.weight_version)
 
         def protocol() -> StandinProtocol:
-            return StandinProtocol(answers, self._policy, self.requests, self.weight_version, self.delay_ms / 1e3,
-                                   self.token_delay_ms / 1e3)
+            return StandinProtocol(
+                answers,
+                self._policy,
+                self.requests,
+                self.weight_version,
+                self.delay_ms / 1e3,
+                self.token_delay_ms / 1e3,
+            )
 
         def run() -> None:
             loop = self._loop = asyncio.new_event_loop()
@@ -424,8 +561,18 @@ def main(argv: list[str] | None = None) -> None:
     if str(ROOT) not in sys.path:
         sys.path.append(str(ROOT))  # agentgym, when it is not installed
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port, args.mode, args.text, args.weight_version, args.delay_ms, args.model,
-                          args.token_delay_ms))
+        asyncio.run(
+            serve(
+                args.host,
+                args.port,
+                args.mode,
+                args.text,
+                args.weight_version,
+                args.delay_ms,
+                args.model,
+                args.token_delay_ms,
+            )
+        )
 
 
 if __name__ == "__main__":
@@ -450,8 +597,9 @@ class EngineStandin:
     runs one in a child process (its timing then shares no interpreter with the caller's).
     """
 
-    def __init__(self, step_ms: float = 20.0, cap: int = 64, load_ms: float = 200.0, filler: int = 64,
-                 eos: int | None = None) -> None:
+    def __init__(
+        self, step_ms: float = 20.0, cap: int = 64, load_ms: float = 200.0, filler: int = 64, eos: int | None = None
+    ) -> None:
         self.step_s, self.cap, self.load_s = step_ms / 1e3, cap, load_ms / 1e3
         self.filler = filler
         if eos is None:
@@ -459,7 +607,9 @@ class EngineStandin:
 
             from agentgym.model import resolve_model_path
 
-            eos = Tokenizer.from_file(str(Path(resolve_model_path("tiny")) / "tokenizer.json")).token_to_id("<|im_end|>")
+            eos = Tokenizer.from_file(str(Path(resolve_model_path("tiny")) / "tokenizer.json")).token_to_id(
+                "<|im_end|>"
+            )
         self.eos = eos
         self.version = 0
         self.paused = False
@@ -526,8 +676,9 @@ class EngineStandin:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode().split("\r\n")
                 method, path = lines[0].split(" ")[:2]
-                length = next((int(line.split(":", 1)[1]) for line in lines[1:]
-                               if line.lower().startswith("content-length:")), 0)
+                length = next(
+                    (int(line.split(":", 1)[1]) for line in lines[1:] if line.lower().startswith("content-length:")), 0
+                )
                 body = json.loads(await reader.readexactly(length)) if length else {}
                 if method == "POST" and path == "/v1/completions":
                     answer = await self._generate(body)
@@ -576,11 +727,14 @@ def _serve_engine(step_ms: float, cap: int, load_ms: float) -> None:
     threading.Event().wait()
 
 
-def start_engine_standin(step_ms: float = 20.0, cap: int = 64, load_ms: float = 200.0,
-                         timeout: float = 60.0) -> StandinProcess:
+def start_engine_standin(
+    step_ms: float = 20.0, cap: int = 64, load_ms: float = 200.0, timeout: float = 60.0
+) -> StandinProcess:
     """An ``EngineStandin`` in a child process, returned (``.url``) once it listens."""
-    code = (f"import sys; sys.path[:0] = [{str(Path(__file__).resolve().parent)!r}, {str(ROOT)!r}]; "
-            f"from standin_server import _serve_engine; _serve_engine({step_ms}, {cap}, {load_ms})")
+    code = (
+        f"import sys; sys.path[:0] = [{str(Path(__file__).resolve().parent)!r}, {str(ROOT)!r}]; "
+        f"from standin_server import _serve_engine; _serve_engine({step_ms}, {cap}, {load_ms})"
+    )
     proc = StandinProcess([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)

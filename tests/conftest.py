@@ -1,6 +1,5 @@
 """Shared pytest setup. Keep it small: fixtures used by one file live in that file."""
 
-
 # ---- the stand-in policy server (rollout and gateway tests) --------------------------------------
 import pytest
 from bench_modules import standin_server as load_standin_module

@@ -50,10 +50,31 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 # SamplingParams' API fields (sampling_params.py); anything else is SamplingParams(**params)'s TypeError
 SAMPLING_FIELDS = {
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "custom_params", "stream_interval", "logit_bias", "sampling_seed",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "custom_params",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
 }
 PAUSE_MODES = ("abort", "retract", "in_place")
 EOS = 1
@@ -68,9 +89,14 @@ def logprob(j: int, token: int, loads: int) -> float:
 class SGLangStandin:
     """The app and its state; ``start()`` serves it in a thread and returns the URL."""
 
-    def __init__(self, model_path: str = "/models/tiny", served_model_name: str | None = None,
-                 context_length: int = 2048, eos_token_id: int = EOS,
-                 reply: Callable[[list[int]], list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str = "/models/tiny",
+        served_model_name: str | None = None,
+        context_length: int = 2048,
+        eos_token_id: int = EOS,
+        reply: Callable[[list[int]], list[int]] | None = None,
+    ) -> None:
         self.model_path = model_path
         self.served_model_name = served_model_name or model_path
         self.context_length = context_length
@@ -146,8 +172,13 @@ class SGLangStandin:
         if finish["type"] == "stop" and not params.get("no_stop_trim"):
             ids = out[:-1]
         meta: dict[str, Any] = {
-            "id": rid, "finish_reason": finish, "prompt_tokens": len(input_ids), "weight_version": self.weight_version,
-            "completion_tokens": len(out), "cached_tokens": 0, "e2e_latency": 0.0,
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(input_ids),
+            "weight_version": self.weight_version,
+            "completion_tokens": len(out),
+            "cached_tokens": 0,
+            "e2e_latency": 0.0,
         }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = logprobs
@@ -169,8 +200,10 @@ class SGLangStandin:
         state = self
 
         def error(message: str, status: int = 400) -> JSONResponse:
-            return JSONResponse({"object": "error", "message": message, "type": "Bad Request", "param": None,
-                                 "code": status}, status_code=status)
+            return JSONResponse(
+                {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": status},
+                status_code=status,
+            )
 
         async def body_of(request: Request, name: str) -> dict[str, Any]:
             raw = await request.body()
@@ -193,8 +226,13 @@ class SGLangStandin:
 
         @app.get("/get_model_info")
         async def model_info() -> dict[str, Any]:
-            return {"model_path": state.model_path, "tokenizer_path": state.model_path, "is_generation": True,
-                    "preferred_sampling_params": None, "weight_version": state.weight_version}
+            return {
+                "model_path": state.model_path,
+                "tokenizer_path": state.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": state.weight_version,
+            }
 
         @app.get("/get_weight_version")
         async def weight_version() -> dict[str, Any]:
@@ -202,9 +240,19 @@ class SGLangStandin:
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
-            return {"object": "list", "data": [{
-                "id": state.served_model_name, "object": "model", "created": 0, "owned_by": "sglang",
-                "root": state.model_path, "max_model_len": state.context_length}]}
+            return {
+                "object": "list",
+                "data": [
+                    {
+                        "id": state.served_model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "sglang",
+                        "root": state.model_path,
+                        "max_model_len": state.context_length,
+                    }
+                ],
+            }
 
         @app.api_route("/flush_cache", methods=["GET", "POST"])
         async def flush_cache() -> PlainTextResponse:
@@ -235,9 +283,15 @@ class SGLangStandin:
             finally:
                 state._inflight.discard(future)
             if future.done() and future.result() == "abort":
-                meta = {"id": rid, "finish_reason": {"type": "abort", "message": "Abort before prefill"},
-                        "prompt_tokens": len(body["input_ids"]), "completion_tokens": 0, "cached_tokens": 0,
-                        "weight_version": state.weight_version, "e2e_latency": 0.0}
+                meta = {
+                    "id": rid,
+                    "finish_reason": {"type": "abort", "message": "Abort before prefill"},
+                    "prompt_tokens": len(body["input_ids"]),
+                    "completion_tokens": 0,
+                    "cached_tokens": 0,
+                    "weight_version": state.weight_version,
+                    "e2e_latency": 0.0,
+                }
                 if body.get("return_logprob"):
                     meta["output_token_logprobs"] = []
                 return JSONResponse({"text": "", "output_ids": [], "meta_info": meta})
@@ -312,8 +366,13 @@ class SGLangStandin:
             if body.get("abort_all_requests"):
                 abort_inflight()
             state.weight_version = body["new_version"]
-            return JSONResponse({"success": True, "message": f"Weight version updated to {state.weight_version}",
-                                 "new_version": state.weight_version})
+            return JSONResponse(
+                {
+                    "success": True,
+                    "message": f"Weight version updated to {state.weight_version}",
+                    "new_version": state.weight_version,
+                }
+            )
 
         @app.post("/pause_generation")
         async def pause(request: Request) -> JSONResponse:

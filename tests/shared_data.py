@@ -11,8 +11,10 @@ _CANDIDATES = [
     Path(__file__).resolve().parents[2] / "shared",
     Path("/work/shared"),
 ]
-SHARED_DIR = next((p for p in _CANDIDATES if p is not None and (p / "data" / "gsm8k").is_dir()),
-                  Path(__file__).resolve().parents[2] / "shared")
+SHARED_DIR = next(
+    (p for p in _CANDIDATES if p is not None and (p / "data" / "gsm8k").is_dir()),
+    Path(__file__).resolve().parents[2] / "shared",
+)
 GSM8K_DIR = SHARED_DIR / "data" / "gsm8k"
 GSM8K_TEST = GSM8K_DIR / "test.jsonl"
 GSM8K_TRAIN = GSM8K_DIR / "train.jsonl"

@@ -63,10 +63,12 @@ def words_family(request, tmp_path, monkeypatch):
     info = tmp_path / "words_family-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: words-family\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(textwrap.dedent("""
+    (info / "entry_points.txt").write_text(
+        textwrap.dedent("""
         [agentgym.envs]
         words/* = words_family:FAMILY
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     ENVS.discover(force=True)
     yield request.param == "agentgym"
@@ -113,8 +115,10 @@ def test_a_member_of_a_missing_package_says_how_to_install_it(words_family):
 
 def test_envs_command_imports_no_ecosystem_package():
     """`agentgym envs` lists rg/, ta/ and vf/ without importing reasoning-gym, TextArena or verifiers."""
-    code = ("import sys; from agentgym import cli; cli.main(['envs']); "
-            "print('IMPORTED', [m for m in ('reasoning_gym', 'textarena', 'verifiers') if m in sys.modules])")
+    code = (
+        "import sys; from agentgym import cli; cli.main(['envs']); "
+        "print('IMPORTED', [m for m in ('reasoning_gym', 'textarena', 'verifiers') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "IMPORTED []" in out.stdout

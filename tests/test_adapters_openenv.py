@@ -61,8 +61,11 @@ def test_env_serve_command_serves_a_registered_env(tmp_path):
         port = s.getsockname()[1]
     script = os.path.join(os.path.dirname(sys.executable), "agentgym")
     command = [script] if os.path.exists(script) else [sys.executable, "-m", "agentgym.cli"]
-    proc = subprocess.Popen([*command, "env-serve", "--env", "sokoban-6x6-2", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*command, "env-serve", "--env", "sokoban-6x6-2", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -87,9 +90,15 @@ def test_env_serve_command_serves_a_registered_env(tmp_path):
 
 @pytest.mark.slow
 def test_two_step_train_on_a_served_env_is_token_exact(monkeypatch, tmp_path, sokoban_server):
-    trajs, calls = train_two_steps(monkeypatch, tmp_path, "openenv", f"+env.kwargs.base_url={sokoban_server}",
-                                   "data.max_response_length=96", "actor_rollout_ref.rollout.max_tokens_per_turn=16",
-                                   "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2")
+    trajs, calls = train_two_steps(
+        monkeypatch,
+        tmp_path,
+        "openenv",
+        f"+env.kwargs.base_url={sokoban_server}",
+        "data.max_response_length=96",
+        "actor_rollout_ref.rollout.max_tokens_per_turn=16",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+    )
     assert len(trajs) == 8 and all(t.env_id == "openenv" for t in trajs)
     assert_token_exact(trajs, calls)
 
@@ -127,6 +136,7 @@ def counter_server():
 
     class GuessEnv(Environment):
         SUPPORTS_CONCURRENT_SESSIONS = True
+
         def __init__(self):
             super().__init__()
             self._state = State(episode_id="e", step_count=0)

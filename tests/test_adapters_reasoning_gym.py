@@ -25,7 +25,12 @@ def test_reward_is_the_packages_own_score(task):
         entry = dataset[index]
         assert messages[-1] == {"role": "user", "content": entry["question"]} and info["index"] == index
         right, wrong = entry["answer"], entry["answer"] + "x"
-        for reply in (f"<answer>{right}</answer>", f"so: <answer>{wrong}</answer>", "no tags", f"<answer> {right} </answer>"):
+        for reply in (
+            f"<answer>{right}</answer>",
+            f"so: <answer>{wrong}</answer>",
+            "no tags",
+            f"<answer> {right} </answer>",
+        ):
             env.reset(options={"index": index})
             new, reward, terminated, truncated, step_info = env.step(reply)
             expected = dataset.score_answer(extract_answer(reply), entry)
@@ -56,7 +61,13 @@ def test_family_lists_the_packages_datasets_and_suggests_names():
 
 @pytest.mark.slow
 def test_two_step_train_is_token_exact(monkeypatch, tmp_path):
-    trajs, calls = train_two_steps(monkeypatch, tmp_path, "rg/basic_arithmetic", "+env.kwargs.size=16",
-                                   "data.max_response_length=16", "actor_rollout_ref.rollout.max_tokens_per_turn=16")
+    trajs, calls = train_two_steps(
+        monkeypatch,
+        tmp_path,
+        "rg/basic_arithmetic",
+        "+env.kwargs.size=16",
+        "data.max_response_length=16",
+        "actor_rollout_ref.rollout.max_tokens_per_turn=16",
+    )
     assert len(trajs) == 2 * 2 * 2 and all(t.env_id == "rg/basic_arithmetic" for t in trajs)
     assert_token_exact(trajs, calls)

@@ -115,9 +115,15 @@ async def test_self_play_gives_two_trajectories_with_opposite_rewards(standin_se
 def test_two_step_self_play_train_is_token_exact(monkeypatch, tmp_path):
     """The tiny random model's replies are illegal moves: player 0 forfeits before player 1 moves
     (a seat that never acted gives no trajectory), so each game is decided: outcome -1 for player 0."""
-    trajs, calls = train_two_steps(monkeypatch, tmp_path, "ta/TicTacToe-v0", "+env.kwargs.self_play=true",
-                                   "env.executor=inline", "data.max_response_length=512",
-                                   "actor_rollout_ref.rollout.max_tokens_per_turn=8")
+    trajs, calls = train_two_steps(
+        monkeypatch,
+        tmp_path,
+        "ta/TicTacToe-v0",
+        "+env.kwargs.self_play=true",
+        "env.executor=inline",
+        "data.max_response_length=512",
+        "actor_rollout_ref.rollout.max_tokens_per_turn=8",
+    )
     assert trajs and all(t.task["agent"] in ("player_0", "player_1") and t.status == "ok" for t in trajs)
     assert all(t.outcome_reward in (-1.0, 1.0) for t in trajs)
     assert_token_exact(trajs, calls)

@@ -40,12 +40,26 @@ def verifiers_own_reward(kind: str, index: int, replies: list) -> float:
 
         async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
             reply = next(script)
-            calls = [ToolCall(id=f"c{i}", name=name, arguments=json.dumps(args))
-                     for i, (name, args) in enumerate(reply.get("calls", []))] if isinstance(reply, dict) else []
+            calls = (
+                [
+                    ToolCall(id=f"c{i}", name=name, arguments=json.dumps(args))
+                    for i, (name, args) in enumerate(reply.get("calls", []))
+                ]
+                if isinstance(reply, dict)
+                else []
+            )
             text = reply.get("content", "") if isinstance(reply, dict) else reply
-            return Response(id="x", created=0, model=model, message=ResponseMessage(
-                content=text, tool_calls=calls or None, finish_reason="tool_calls" if calls else "stop",
-                is_truncated=False))
+            return Response(
+                id="x",
+                created=0,
+                model=model,
+                message=ResponseMessage(
+                    content=text,
+                    tool_calls=calls or None,
+                    finish_reason="tool_calls" if calls else "stop",
+                    is_truncated=False,
+                ),
+            )
 
         async def raise_from_native_response(self, response):
             return None
@@ -66,8 +80,10 @@ def verifiers_own_reward(kind: str, index: int, replies: list) -> float:
 def test_single_turn_reward_is_the_rubrics(reply):
     env = agentgym.make(ENV, kind="single")
     messages, info = env.reset(options={"index": 2})
-    assert messages == [{"role": "system", "content": "Add the numbers."},
-                        {"role": "user", "content": "What is 2 + 5? Answer in <answer></answer> tags."}]
+    assert messages == [
+        {"role": "system", "content": "Add the numbers."},
+        {"role": "user", "content": "What is 2 + 5? Answer in <answer></answer> tags."},
+    ]
     new, reward, terminated, truncated, info = env.step(reply)
     assert (new, reward, terminated, truncated) == ([], 0.0, True, False)
     assert info["outcome_reward"] == verifiers_own_reward("single", 2, [reply])
@@ -79,14 +95,22 @@ def test_tool_env_calls_the_tool_and_scores():
     _, info = env.reset(options={"index": 1})
     (tool,) = info["tools"]
     assert tool["function"]["name"] == "add" and tool["function"]["parameters"]["required"] == ["a", "b"]
-    call = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 3}'}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 3}'}}
+        ],
+    }
     new, _, terminated, _, _ = env.step(call)
     assert not terminated and new == [{"role": "tool", "content": "4", "tool_call_id": "call_0"}]
     _, _, terminated, _, info = env.step("It is 4")
     assert terminated and info["metrics"]["add_calls"] == 1.0
-    assert info["outcome_reward"] == verifiers_own_reward("tools", 1, [{"calls": [("add", {"a": 1, "b": 3})]},
-                                                                        "It is 4"]) == 1.0
+    assert (
+        info["outcome_reward"]
+        == verifiers_own_reward("tools", 1, [{"calls": [("add", {"a": 1, "b": 3})]}, "It is 4"])
+        == 1.0
+    )
 
 
 def test_multi_turn_env_responses_come_back_as_messages():
@@ -99,7 +123,8 @@ def test_multi_turn_env_responses_come_back_as_messages():
     _, _, terminated, _, info = env.step("<answer>10</answer>")
     assert terminated and info["outcome_reward"] == 1.0
     assert info["outcome_reward"] == verifiers_own_reward(
-        "multi", 3, ["<answer>5</answer>", "<answer>12</answer>", "<answer>10</answer>"])
+        "multi", 3, ["<answer>5</answer>", "<answer>12</answer>", "<answer>10</answer>"]
+    )
     env.reset(options={"index": 3})
     for guess in ("1", "2", "3"):  # max_turns=3 ends it unsolved
         _, _, terminated, _, info = env.step(f"<answer>{guess}</answer>")
@@ -108,8 +133,13 @@ def test_multi_turn_env_responses_come_back_as_messages():
 
 async def test_tool_calls_go_through_the_runners_tool_path(standin_server):
     """The model writes a Hermes <tool_call>; the runner turns it into tool_calls; verifiers runs the tool."""
-    replies = iter(['<tool_call>\n{"name": "add", "arguments": {"a": 0, "b": 1}}\n</tool_call><|im_end|>',
-                    "The sum is 1<|im_end|>"] * 4)
+    replies = iter(
+        [
+            '<tool_call>\n{"name": "add", "arguments": {"a": 0, "b": 1}}\n</tool_call><|im_end|>',
+            "The sum is 1<|im_end|>",
+        ]
+        * 4
+    )
 
     def policy(request):
         tokens = TOK.encode(next(replies), add_special_tokens=False)[: request["max_tokens"]]
@@ -129,7 +159,13 @@ async def test_tool_calls_go_through_the_runners_tool_path(standin_server):
 
 @pytest.mark.slow
 def test_two_step_train_is_token_exact(monkeypatch, tmp_path):
-    trajs, calls = train_two_steps(monkeypatch, tmp_path, ENV, "+env.kwargs.kind=single",
-                                   "data.max_response_length=16", "actor_rollout_ref.rollout.max_tokens_per_turn=16")
+    trajs, calls = train_two_steps(
+        monkeypatch,
+        tmp_path,
+        ENV,
+        "+env.kwargs.kind=single",
+        "data.max_response_length=16",
+        "actor_rollout_ref.rollout.max_tokens_per_turn=16",
+    )
     assert len(trajs) == 8 and all(t.env_id == ENV for t in trajs)
     assert_token_exact(trajs, calls)

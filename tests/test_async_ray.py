@@ -62,13 +62,43 @@ def two_nodes():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
     common = ["--num-cpus", "2", "--disable-usage-stats"]
     try:
-        subprocess.run([str(RAY), "start", "--head", "--port", str(port), "--temp-dir", temp,
-                        "--include-dashboard", "false", "--ray-client-server-port", str(_free_port()),
-                        "--resources", json.dumps({"agentgym_trainer_pool": 1}), *common],
-                       env=env, check=True, capture_output=True, timeout=120)
-        subprocess.run([str(RAY), "start", "--address", f"127.0.0.1:{port}",
-                        "--resources", json.dumps({"agentgym_rollout_pool": 1}), *common],
-                       env=env, check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                str(RAY),
+                "start",
+                "--head",
+                "--port",
+                str(port),
+                "--temp-dir",
+                temp,
+                "--include-dashboard",
+                "false",
+                "--ray-client-server-port",
+                str(_free_port()),
+                "--resources",
+                json.dumps({"agentgym_trainer_pool": 1}),
+                *common,
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [
+                str(RAY),
+                "start",
+                "--address",
+                f"127.0.0.1:{port}",
+                "--resources",
+                json.dumps({"agentgym_rollout_pool": 1}),
+                *common,
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         yield f"127.0.0.1:{port}"
     finally:
         _stop(temp)
@@ -92,12 +122,26 @@ def test_trainer_and_rollout_pools_on_their_own_nodes(two_nodes, tmp_path):
 
     trainer_node = _node_with(two_nodes, "agentgym_trainer_pool")
     rollout_node = _node_with(two_nodes, "agentgym_rollout_pool")
-    cfg = load_config(env="first_letter", config_name="async_ppo_trainer", overrides=[
-        f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.use_ray=true",
-        "trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        "trainer.val_before_train=false", "trainer.save_hf_model=false", f"ray_init.address={two_nodes}",
-        "async_training.trigger_parameter_sync_step=1", "async_training.checkpoint_engine.device_buffer_size_M=1",
-        "async_training.partial_rollout=true", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4"])
+    cfg = load_config(
+        env="first_letter",
+        config_name="async_ppo_trainer",
+        overrides=[
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[jsonl]",
+            "trainer.use_ray=true",
+            "trainer.total_training_steps=3",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.val_before_train=false",
+            "trainer.save_hf_model=false",
+            f"ray_init.address={two_nodes}",
+            "async_training.trigger_parameter_sync_step=1",
+            "async_training.checkpoint_engine.device_buffer_size_M=1",
+            "async_training.partial_rollout=true",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=4",
+        ],
+    )
     summary = train(cfg, show_progress=False)
     assert summary["steps"] == 3
     assert summary["placement"] == {"trainer": [trainer_node], "rollout": [rollout_node]}
@@ -122,11 +166,34 @@ def test_a_gateway_process_feeds_a_named_data_pool(two_nodes, tmp_path):
         pool = create_pool_actor("feed-test-pool", namespace="agentgym-test", group_size=2)
         port = _free_port()
         gateway = subprocess.Popen(
-            [sys.executable, "-m", "agentgym.cli", "gateway", "--server", server.url, "--port", str(port),
-             "--data-pool-name", "feed-test-pool", "--ray-address", two_nodes, "--ray-namespace", "agentgym-test",
-             "--prompt-length", "256", "--response-length", "128", "--admin-key", "feed-test-key"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "agentgym.cli",
+                "gateway",
+                "--server",
+                server.url,
+                "--port",
+                str(port),
+                "--data-pool-name",
+                "feed-test-pool",
+                "--ray-address",
+                two_nodes,
+                "--ray-namespace",
+                "agentgym-test",
+                "--prompt-length",
+                "256",
+                "--response-length",
+                "128",
+                "--admin-key",
+                "feed-test-key",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         url = f"http://127.0.0.1:{port}"
 
         async def sessions() -> None:
@@ -145,16 +212,18 @@ def test_a_gateway_process_feeds_a_named_data_pool(two_nodes, tmp_path):
             for _ in range(2):
                 info = await client.create_session(task={"question": "hi"}, group_id="g", sampling={"max_tokens": 8})
                 async with httpx.AsyncClient() as http:
-                    response = await http.post(info["base_url"] + "/chat/completions", json={
-                        "model": "tiny", "messages": [{"role": "user", "content": "say hi"}]},
-                        headers={"Authorization": f"Bearer {info['api_key']}"})
+                    response = await http.post(
+                        info["base_url"] + "/chat/completions",
+                        json={"model": "tiny", "messages": [{"role": "user", "content": "say hi"}]},
+                        headers={"Authorization": f"Bearer {info['api_key']}"},
+                    )
                     assert response.status_code == 200, response.text
                 await client.finish_session(info["id"], reward=1.0)
             await client.aclose()
 
         asyncio.run(sessions())
         assert ray.get(pool.ready.remote()) == ["g"]  # both sessions arrived: the group is complete
-        (info, trajectories), = ray.get(pool.take.remote(["g"]))
+        ((info, trajectories),) = ray.get(pool.take.remote(["g"]))
         assert len(trajectories) == 2 and all(t.outcome_reward == 1.0 and t.turns for t in trajectories)
     finally:
         if gateway is not None:

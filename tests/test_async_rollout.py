@@ -132,8 +132,13 @@ async def test_sampling_seed_makes_requests_reproducible(standin_server):
 
 
 def _traj(group: str, versions: list[int]) -> Trajectory:
-    turn = Turn(prompt_ids=[1], response_ids=[2] * len(versions), logprobs=[0.0] * len(versions),
-                weight_version=versions[0], token_versions=versions)
+    turn = Turn(
+        prompt_ids=[1],
+        response_ids=[2] * len(versions),
+        logprobs=[0.0] * len(versions),
+        weight_version=versions[0],
+        token_versions=versions,
+    )
     return Trajectory(turns=[turn], group_id=group)
 
 
@@ -148,9 +153,9 @@ async def test_data_pool_groups_order_bound_and_checkpoint():
     state = json.loads(json.dumps(pool.state_dict()))
     client = PoolClient(DataPool())
     await client.load_state_dict(state)
-    (info, trajs), = await client.take(["a"])
+    ((info, trajs),) = await client.take(["a"])
     assert info["ticket"] == 0 and info["task"] == {"seed": 0}
-    (_, trajs), = await client.take(["b"])
+    ((_, trajs),) = await client.take(["b"])
     assert [t.sampled_versions() for t in trajs] == [[0, 0], [0, 4]] and trajs[1].oldest_version() == 0
     assert (await client.stats())["ready"] == 0.0
     with pytest.raises(ValueError, match="one version per response token"):
@@ -210,6 +215,7 @@ def test_partial_rollout_pauses_servers_known_by_url_through_their_engines_route
         asyncio.run(servers.pause_abort())
         asyncio.run(servers.resume())
     vllm = [(u, "/pause", None, {"mode": "abort"}) for u in "ab"] + [(u, "/resume", None, None) for u in "ab"]
-    other = ([(u, "/pause_generation", {"mode": "abort"}, None) for u in "ab"]
-             + [(u, "/continue_generation", {}, None) for u in "ab"])
+    other = [(u, "/pause_generation", {"mode": "abort"}, None) for u in "ab"] + [
+        (u, "/continue_generation", {}, None) for u in "ab"
+    ]
     assert calls == [(f"http://{u}", p, j, q) for u, p, j, q in vllm + other + other]

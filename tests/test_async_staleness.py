@@ -27,15 +27,24 @@ def test_budget_and_bound_formulas():
 
 def test_select_batch_takes_completion_order_unless_a_deadline_needs_a_group():
     plan = StalenessPlan(2, 1, 1.0)  # A = 4, L = 1: a task admitted under v is due by update v + 2
-    groups = [{"group_id": f"g{i}", "ticket": i, "version": 0, "complete": i >= 1, "completed": 3 - i}
-              for i in range(4)]
+    groups = [
+        {"group_id": f"g{i}", "ticket": i, "version": 0, "complete": i >= 1, "completed": 3 - i} for i in range(4)
+    ]
     # update 1: completion order (g3, g2), g0 is still running but not due before update 2
     assert select_batch(groups, 1, plan, version=0, started=4).group_ids == ["g2", "g3"]
     left = [g for g in groups if g["group_id"] in ("g0", "g1")]
     # update 2: g0 and g1 are due now; g0 still runs, so the trainer waits although ...
-    choice = select_batch(left + [{"group_id": "g4", "ticket": 4, "version": 1, "complete": True,
-                                   "completed": 9}, {"group_id": "g5", "ticket": 5, "version": 1,
-                                                     "complete": True, "completed": 10}], 2, plan, 1, 6)
+    choice = select_batch(
+        left
+        + [
+            {"group_id": "g4", "ticket": 4, "version": 1, "complete": True, "completed": 9},
+            {"group_id": "g5", "ticket": 5, "version": 1, "complete": True, "completed": 10},
+        ],
+        2,
+        plan,
+        1,
+        6,
+    )
     assert choice.group_ids is None and choice.deadline_wait  # ... two other groups are complete
     left[0]["complete"], left[0]["completed"] = True, 11
     assert select_batch(left, 2, plan, version=1, started=6).group_ids == ["g0", "g1"]
@@ -76,20 +85,33 @@ class SimSource:
         for _ in range(length):
             await asyncio.sleep(self.tick)
             versions.append(self.server.version)
-        turn = Turn(prompt_ids=[1], response_ids=[2] * length, logprobs=[0.0] * length,
-                    weight_version=versions[0], token_versions=versions)
-        return [Trajectory(turns=[turn], task=dict(task), metrics={"length": float(length)})
-                for _ in range(self.n)]
+        turn = Turn(
+            prompt_ids=[1],
+            response_ids=[2] * length,
+            logprobs=[0.0] * length,
+            weight_version=versions[0],
+            token_versions=versions,
+        )
+        return [Trajectory(turns=[turn], task=dict(task), metrics={"length": float(length)}) for _ in range(self.n)]
 
 
-async def _simulate(plan: StalenessPlan, steps: int, partial: bool, lengths: list[int], rng: random.Random,
-                    require_batches: int = 1, checkpoint_engine: bool = False, max_queue: int | None = None):
+async def _simulate(
+    plan: StalenessPlan,
+    steps: int,
+    partial: bool,
+    lengths: list[int],
+    rng: random.Random,
+    require_batches: int = 1,
+    checkpoint_engine: bool = False,
+    max_queue: int | None = None,
+):
     server = SimServer()
     source = SimSource(server, rng, lengths, n=2, tick=0.0004)
     pool = PoolClient(DataPool(max_queue_size=max_queue))
     snapshot = (lambda: "weights") if checkpoint_engine else None
-    coordinator = AsyncCoordinator(source, pool, plan, server.push, partial_rollout=partial, snapshot=snapshot,
-                                   max_tasks_in_flight=16)
+    coordinator = AsyncCoordinator(
+        source, pool, plan, server.push, partial_rollout=partial, snapshot=snapshot, max_tasks_in_flight=16
+    )
     trained, lags, deadline_waits = [], [], 0
     step = 0
     try:
@@ -125,9 +147,18 @@ def test_lag_bound_exactly_once_and_no_length_bias_under_heavy_tails(seed):
     else:
         lengths = [24 if rng.random() < 0.1 else 3 for _ in range(64)]
     partial = bool(seed % 3)
-    trained, lags, deadline_waits, source, coordinator = asyncio.run(_simulate(
-        plan, steps, partial, lengths, rng, require_batches=rng.choice([1, 2]),
-        checkpoint_engine=rng.random() < 0.5, max_queue=rng.choice([None, 2 * b])))
+    trained, lags, deadline_waits, source, coordinator = asyncio.run(
+        _simulate(
+            plan,
+            steps,
+            partial,
+            lengths,
+            rng,
+            require_batches=rng.choice([1, 2]),
+            checkpoint_engine=rng.random() < 0.5,
+            max_queue=rng.choice([None, 2 * b]),
+        )
+    )
     assert max(lags) <= plan.max_lag, (lags, plan)
     indices = [index for index, _ in trained]
     assert sorted(indices) == list(range(steps * b))  # admitted = trained, each once
@@ -152,8 +183,9 @@ def test_max_queue_size_holds_admission_back_and_drops_nothing():
         server = SimServer()
         source = SimSource(server, random.Random(0), [1], n=1, tick=0.0)
         pool = DataPool(max_queue_size=2)
-        coordinator = AsyncCoordinator(source, PoolClient(pool), StalenessPlan(2, 1, 10.0, total_tasks=40),
-                                       server.push, max_tasks_in_flight=3)
+        coordinator = AsyncCoordinator(
+            source, PoolClient(pool), StalenessPlan(2, 1, 10.0, total_tasks=40), server.push, max_tasks_in_flight=3
+        )
         coordinator.start()
         await asyncio.sleep(0.1)  # the trainer takes nothing meanwhile: admission stops at the bound
         assert coordinator.started <= 2 + 3 and pool.ready_count() <= 2 + 3

@@ -14,15 +14,20 @@ from agentgym.trainer.config import load_config
 from agentgym.trainer.run import train
 
 OVERRIDES = [
-    "trainer.use_ray=false", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
+    "trainer.use_ray=false",
+    "trainer.logger=[jsonl]",
+    "trainer.val_before_train=false",
     "data.max_response_length=64",
-    "algorithm=ppo",                                  # critic and GAE: its state must resume too
-    "actor_rollout_ref.actor.use_kl_loss=true",       # and the reference policy
-    "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
+    "algorithm=ppo",  # critic and GAE: its state must resume too
+    "actor_rollout_ref.actor.use_kl_loss=true",  # and the reference policy
+    "data.train_batch_size=4",
+    "actor_rollout_ref.rollout.n=2",
     "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # two optimizer steps per epoch ...
-    "actor_rollout_ref.actor.ppo_epochs=2",           # ... and two epochs: AdamW state matters
-    "actor_rollout_ref.actor.shuffle=true", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.optim.warmup_style=cosine",
+    "actor_rollout_ref.actor.ppo_epochs=2",  # ... and two epochs: AdamW state matters
+    "actor_rollout_ref.actor.shuffle=true",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.actor.optim.lr=1e-3",
+    "actor_rollout_ref.actor.optim.warmup_style=cosine",
     "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
 ]
 
@@ -45,8 +50,15 @@ class _Source(FixedTrajectorySource):
 
 
 def _run(directory, steps: int, *extra: str, stop_at: int | None = None) -> list[dict]:
-    cfg = load_config(env="first_letter", overrides=[*OVERRIDES, f"trainer.default_local_dir={directory}",
-                                                     f"trainer.total_training_steps={steps}", *extra])
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            *OVERRIDES,
+            f"trainer.default_local_dir={directory}",
+            f"trainer.total_training_steps={steps}",
+            *extra,
+        ],
+    )
     train(cfg, source=_Source(stop_at), servers=False, show_progress=False)
     with open(directory / "metrics.jsonl") as f:
         return [json.loads(line) for line in f]
@@ -77,8 +89,13 @@ def test_final_model_loads_with_transformers_and_agentgym(tmp_path):
 
     from agentgym.model import load_causal_lm, load_tokenizer
 
-    _run(tmp_path, 1, "algorithm=grpo", "actor_rollout_ref.actor.use_kl_loss=false",
-         "actor_rollout_ref.actor.optim.lr_warmup_steps=-1")
+    _run(
+        tmp_path,
+        1,
+        "algorithm=grpo",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=-1",
+    )
     hf = tmp_path / "huggingface"
     model = AutoModelForCausalLM.from_pretrained(hf)
     tokenizer = AutoTokenizer.from_pretrained(hf)
@@ -86,7 +103,9 @@ def test_final_model_loads_with_transformers_and_agentgym(tmp_path):
     trained = torch.load(tmp_path / "global_step_1" / "actor" / "model.pt")
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, trained[name]), name
-    assert not torch.equal(model.state_dict()["model.norm.weight"], load_causal_lm("tiny").state_dict()["model.norm.weight"])
+    assert not torch.equal(
+        model.state_dict()["model.norm.weight"], load_causal_lm("tiny").state_dict()["model.norm.weight"]
+    )
     served = load_causal_lm(str(hf))  # what `agentgym serve --model DIR` loads
     ids = torch.tensor([[5, 6, 7]])
     assert torch.allclose(served(ids).logits, model(ids).logits)
@@ -133,11 +152,20 @@ def _actor(strategy: str, world_size: int, device: str = "cpu"):
     from agentgym.trainer.worker_group import WorkerGroup
     from agentgym.trainer.workers import PolicyWorker
 
-    cfg = load_config(env="first_letter", overrides=[
-        f"trainer.n_gpus_per_node={world_size}", f"trainer.use_ray={str(world_size > 1).lower()}",
-        f"trainer.device={device}", f"actor_rollout_ref.actor.strategy={strategy}", "trainer.cpu_threads_per_worker=1",
-        "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4"])
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            f"trainer.n_gpus_per_node={world_size}",
+            f"trainer.use_ray={str(world_size > 1).lower()}",
+            f"trainer.device={device}",
+            f"actor_rollout_ref.actor.strategy={strategy}",
+            "trainer.cpu_threads_per_worker=1",
+            "actor_rollout_ref.actor.optim.lr=1e-3",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=4",
+        ],
+    )
     group = WorkerGroup(PolicyWorker, OmegaConf.to_container(cfg, resolve=True), world_size, world_size > 1)
     group.call("init_model", 10, False)
     return group
@@ -149,8 +177,9 @@ def _step(group, seed: int) -> dict[str, torch.Tensor]:
     from agentgym.trainer.batch import build_batch, pad_for_workers, update_plan
 
     batch, _ = build_batch(make_trajectories(2, 4, seed=seed), pad_token_id=0)
-    batch["advantages"], _ = algos.compute_advantage("grpo", token_level_rewards=batch["token_level_scores"],
-                                                     response_mask=batch["response_mask"], index=batch.uid)
+    batch["advantages"], _ = algos.compute_advantage(
+        "grpo", token_level_rewards=batch["token_level_scores"], response_mask=batch["response_mask"], index=batch.uid
+    )
     rows = len(batch)
     batch, pads = pad_for_workers(batch, group.world_size, [2])
     plan = update_plan(batch["response_mask"], rows, pads, 2, 1, group.world_size)

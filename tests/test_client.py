@@ -60,6 +60,7 @@ async def test_least_outstanding_spreads_and_sessions_stick(servers):
         # weight updates reach every server
         state = {k: v for k, v in load_causal_lm("tiny").state_dict().items() if k != "lm_head.weight"}
         from agentgym.model.weights import save_for_push
+
         path = save_for_push(state)
         try:
             await client.update_weights_from_disk(str(path), 5)
@@ -136,8 +137,9 @@ async def test_connections_are_capped_and_reused():
         state["peak"] = max(state["peak"], state["now"])
         await asyncio.sleep(0.02)
         state["now"] -= 1
-        return JSONResponse({"choices": [{"token_ids": [5], "logprobs": {"token_logprobs": [-0.1]},
-                                          "finish_reason": "stop"}]})
+        return JSONResponse(
+            {"choices": [{"token_ids": [5], "logprobs": {"token_logprobs": [-0.1]}, "finish_reason": "stop"}]}
+        )
 
     stand_in = AppThread(app)
     try:
@@ -179,8 +181,16 @@ def vllm_like():
     def check(body: dict) -> JSONResponse | None:
         seen["models"].append(body.get("model"))
         if body.get("model") not in (None, served):
-            return JSONResponse({"error": {"message": f"The model `{body['model']}` does not exist.",
-                                           "type": "NotFoundError", "code": 404}}, status_code=404)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"The model `{body['model']}` does not exist.",
+                        "type": "NotFoundError",
+                        "code": 404,
+                    }
+                },
+                status_code=404,
+            )
         return None
 
     @app.get("/v1/models")
@@ -189,13 +199,22 @@ def vllm_like():
 
     @app.post("/v1/completions")
     async def completions(body: dict) -> JSONResponse:
-        return check(body) or JSONResponse({"choices": [{"token_ids": [7, 8], "finish_reason": "length",
-                                                         "logprobs": {"token_logprobs": [-0.5, -0.25]}}]})
+        return check(body) or JSONResponse(
+            {
+                "choices": [
+                    {"token_ids": [7, 8], "finish_reason": "length", "logprobs": {"token_logprobs": [-0.5, -0.25]}}
+                ]
+            }
+        )
 
     @app.post("/v1/chat/completions")
     async def chat(body: dict) -> JSONResponse:
-        return check(body) or JSONResponse({"model": served, "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
+        return check(body) or JSONResponse(
+            {
+                "model": served,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            }
+        )
 
     @app.post("/{route:path}")
     async def weights(route: str) -> JSONResponse:

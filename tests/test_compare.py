@@ -19,14 +19,26 @@ BLUE, RED = (0x1F, 0x77, 0xB4), (0xD6, 0x27, 0x28)  # the first two runs' colour
 
 
 def make_run(directory, final_greedy, start_greedy=(0, 0, 1, 0), val_seed_start=1_000_000, steps=30, slope=0.01):
-    cfg = load_config(env="sokoban", overrides=[f"trainer.default_local_dir={directory}", "held_out.num_tasks=4",
-                                                f"env.val_seed_start={val_seed_start}"])
+    cfg = load_config(
+        env="sokoban",
+        overrides=[
+            f"trainer.default_local_dir={directory}",
+            "held_out.num_tasks=4",
+            f"env.val_seed_start={val_seed_start}",
+        ],
+    )
     directory.mkdir(parents=True)
     (directory / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    rows = {"after SFT": {0.0: held_out.Score("after SFT", 0.0, [float(x) for x in start_greedy]),
-                          1.0: held_out.Score("after SFT", 1.0, [0.0, 0.0, 1.0, 0.0])},
-            "after RL": {0.0: held_out.Score("after RL", 0.0, [float(x) for x in final_greedy]),
-                         1.0: held_out.Score("after RL", 1.0, [1.0, 0.0, 0.0, 0.0])}}
+    rows = {
+        "after SFT": {
+            0.0: held_out.Score("after SFT", 0.0, [float(x) for x in start_greedy]),
+            1.0: held_out.Score("after SFT", 1.0, [0.0, 0.0, 1.0, 0.0]),
+        },
+        "after RL": {
+            0.0: held_out.Score("after RL", 0.0, [float(x) for x in final_greedy]),
+            1.0: held_out.Score("after RL", 1.0, [1.0, 0.0, 0.0, 0.0]),
+        },
+    }
     held_out.save(directory / "held_out.json", rows, None, {"table": ""})
     with open(directory / "metrics.jsonl", "w") as f:
         for step in range(1, steps + 1):
@@ -49,8 +61,19 @@ def test_compare_prints_the_table_with_paired_errors_and_draws_both_runs(tmp_pat
     make_run(tmp_path / "seed1" / "run", final_greedy=[1, 1, 1, 0], slope=0.02)
     make_run(tmp_path / "other" / "run", final_greedy=[1, 1, 1, 1], val_seed_start=2_000_000_000, slope=0.005)
     png = tmp_path / "compare.png"
-    assert main(["compare", str(tmp_path / "seed0" / "run"), str(tmp_path / "seed1" / "run"),
-                 str(tmp_path / "other" / "run"), "-o", str(png)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(tmp_path / "seed0" / "run"),
+                str(tmp_path / "seed1" / "run"),
+                str(tmp_path / "other" / "run"),
+                "-o",
+                str(png),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     lines = out.splitlines()
     row = next(line for line in lines if line.startswith("seed1/run") and "after RL" in line)

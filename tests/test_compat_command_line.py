@@ -35,9 +35,14 @@ def test_config_path_and_name_load_a_verl_recipe_with_a_defaults_list(tmp_path):
     (recipe / "gsm8k_multiturn_grpo.yaml").write_text(
         "hydra:\n  searchpath:\n    - file://verl/trainer/config\ndefaults:\n  - ppo_trainer\n  - _self_\n"
         "data:\n  max_prompt_length: 300\n  train_batch_size: 8\nactor_rollout_ref:\n  rollout:\n    name: hf\n"
-        "    multi_turn:\n      enable: true\n      max_assistant_turns: 5\n")
-    cfg, notes = loaded(None, ["data.train_batch_size=4", "algorithm.adv_estimator=grpo",
-                               "actor_rollout_ref.actor.ppo_mini_batch_size=2"], str(recipe), "gsm8k_multiturn_grpo")
+        "    multi_turn:\n      enable: true\n      max_assistant_turns: 5\n"
+    )
+    cfg, notes = loaded(
+        None,
+        ["data.train_batch_size=4", "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
+        str(recipe),
+        "gsm8k_multiturn_grpo",
+    )
     assert cfg.data.max_prompt_length == 300 and cfg.data.train_batch_size == 4  # the command line wins
     assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 5
     assert cfg.actor_rollout_ref.rollout.name == "embedded"
@@ -60,10 +65,14 @@ def test_agentgym_named_configs_and_verl_base_names_still_work():
 
 def test_plus_tilde_and_double_plus(tmp_path):
     mine = tmp_path / "mine.yaml"
-    mine.write_text("data:\n  train_batch_size: 2\n  max_prompt_length: 77\n"
-                    "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 2\n")
-    cfg, notes = loaded(str(mine), ["~data.max_prompt_length", "++trainer.note=x",
-                                    "+actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"])
+    mine.write_text(
+        "data:\n  train_batch_size: 2\n  max_prompt_length: 77\n"
+        "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 2\n"
+    )
+    cfg, notes = loaded(
+        str(mine),
+        ["~data.max_prompt_length", "++trainer.note=x", "+actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"],
+    )
     assert cfg.data.max_prompt_length == 512 and cfg.data.train_batch_size == 2  # ~ back to train.yaml's
     assert cfg.trainer.note == "x"
     text = "\n".join(notes)
@@ -75,10 +84,18 @@ def test_plus_tilde_and_double_plus(tmp_path):
 
 
 def test_chatlearn_launch_script_keys_are_translated_on_the_command_line():
-    cfg, notes = loaded(str(FIXTURES / "chatlearn_grpo_fsdp.yaml"), [
-        "runtime_args.sample_per_episode=16", "models.policy.num_inference_per_prompt=4",
-        "runtime_args.num_inference_per_prompt=4", "runtime_args.train_global_batch_size=16",
-        "models.policy_trainer.load=tiny", "models.policy_trainer.num_gpu=1", "trainer.logger=[console]"])
+    cfg, notes = loaded(
+        str(FIXTURES / "chatlearn_grpo_fsdp.yaml"),
+        [
+            "runtime_args.sample_per_episode=16",
+            "models.policy.num_inference_per_prompt=4",
+            "runtime_args.num_inference_per_prompt=4",
+            "runtime_args.train_global_batch_size=16",
+            "models.policy_trainer.load=tiny",
+            "models.policy_trainer.num_gpu=1",
+            "trainer.logger=[console]",
+        ],
+    )
     assert cfg.data.train_batch_size == 4 and cfg.actor_rollout_ref.rollout.n == 4  # 16 samples / 4 per prompt
     assert cfg.actor_rollout_ref.model.path == "tiny" and list(cfg.trainer.logger) == ["console"]
     assert "translated as `agentgym config --from chatlearn`" in notes[0]
@@ -94,8 +111,9 @@ def test_chatlearn_keys_alone_are_recognised():
 
 
 def test_roll_keys_on_the_command_line_go_into_the_roll_file():
-    cfg, _ = loaded(str(FIXTURES / "roll_agentic_sokoban.yaml"), ["pretrain=tiny", "max_steps=3",
-                                                                  "actor_rollout_ref.rollout.n=2"])
+    cfg, _ = loaded(
+        str(FIXTURES / "roll_agentic_sokoban.yaml"), ["pretrain=tiny", "max_steps=3", "actor_rollout_ref.rollout.n=2"]
+    )
     assert cfg.actor_rollout_ref.model.path == "tiny" and cfg.trainer.total_training_steps == 3
     assert cfg.actor_rollout_ref.rollout.n == 2  # agentgym's key, after the translation
 
@@ -104,9 +122,16 @@ def test_roll_keys_on_the_command_line_go_into_the_roll_file():
 
 
 def test_a_dumped_verl_config_loads_with_notes():
-    cfg, notes = loaded(str(FIXTURES / "verl_dumped_config.yaml"),
-                        ["actor_rollout_ref.model.path=tiny", "critic.model.path=tiny", "trainer.n_gpus_per_node=1",
-                         "trainer.project_name=mine", "actor_rollout_ref.actor.ppo_mini_batch_size=1"])
+    cfg, notes = loaded(
+        str(FIXTURES / "verl_dumped_config.yaml"),
+        [
+            "actor_rollout_ref.model.path=tiny",
+            "critic.model.path=tiny",
+            "trainer.n_gpus_per_node=1",
+            "trainer.project_name=mine",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        ],
+    )
     text = "\n".join(notes)
     assert cfg.actor_rollout_ref.rollout.name == "embedded" and "rollout.name=None" in text
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8 and "launch script" in text
@@ -136,8 +161,15 @@ def test_cuda_on_a_machine_without_one_is_refused_before_ray():
     with pytest.raises(ConfigError, match="no CUDA device.*trainer.device=auto"):
         check_device(cfg, devices=0)
     check_device(load_config(env="first_letter", overrides=["trainer.device=auto"], warn=False), devices=0)
-    many = load_config(env="first_letter", overrides=["trainer.n_gpus_per_node=8", "data.train_batch_size=8",
-                                                      "actor_rollout_ref.actor.ppo_mini_batch_size=8"], warn=False)
+    many = load_config(
+        env="first_letter",
+        overrides=[
+            "trainer.n_gpus_per_node=8",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        ],
+        warn=False,
+    )
     with pytest.raises(ConfigError, match="n_gpus_per_node=1"):
         check_device(many, devices=1)
     server = load_config(env="first_letter", overrides=["actor_rollout_ref.rollout.device=cuda"], warn=False)
@@ -159,8 +191,11 @@ def test_the_cli_fails_fast_on_cuda_without_one(tmp_path, capsys):
 def test_every_missing_optional_package_is_named_with_its_install_command(monkeypatch):
     from agentgym import preflight
 
-    cfg = load_config(env="first_letter", overrides=["trainer.logger=[console,wandb]",
-                                                     "actor_rollout_ref.model.lora_rank=8"], warn=False)
+    cfg = load_config(
+        env="first_letter",
+        overrides=["trainer.logger=[console,wandb]", "actor_rollout_ref.model.lora_rank=8"],
+        warn=False,
+    )
     monkeypatch.setattr(preflight, "_importable", lambda module: module not in ("wandb", "peft"))
     with pytest.raises(ConfigError) as raised:
         preflight.check_optional_packages(cfg)
@@ -176,8 +211,13 @@ def test_verls_gsm8k_interaction_class_is_the_builtin():
     from agentgym.interactions.config import build_interactions
     from agentgym.interactions.gsm8k import Gsm8kInteraction
 
-    built = build_interactions({"interaction": [{"name": "gsm8k", "config": {},
-                                                 "class_name": "verl.interactions.gsm8k_interaction.Gsm8kInteraction"}]})
+    built = build_interactions(
+        {
+            "interaction": [
+                {"name": "gsm8k", "config": {}, "class_name": "verl.interactions.gsm8k_interaction.Gsm8kInteraction"}
+            ]
+        }
+    )
     assert isinstance(built["gsm8k"], Gsm8kInteraction)
 
 
@@ -185,9 +225,14 @@ def test_rows_made_for_verl_tools_are_refused_not_trained_without_their_tools():
     from agentgym.preflight import check_tool_rows
 
     cfg = load_config(env="rows", warn=False)
-    row = {"prompt": [{"role": "user", "content": "q"}], "data_source": "openai/gsm8k",
-           "extra_info": {"need_tools_kwargs": True,
-                          "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "3"}}}}}
+    row = {
+        "prompt": [{"role": "user", "content": "q"}],
+        "data_source": "openai/gsm8k",
+        "extra_info": {
+            "need_tools_kwargs": True,
+            "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "3"}}},
+        },
+    }
     with pytest.raises(ConfigError, match="calc_gsm8k_reward.*--env gsm8k_tool"):
         check_tool_rows(cfg, [row])
     check_tool_rows(cfg, [{**row, "extra_info": {}}])

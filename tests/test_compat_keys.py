@@ -50,12 +50,15 @@ def test_rows_are_scored_by_their_data_source(tmp_path):
 
 
 def test_custom_reward_function_replaces_the_rule(tmp_path):
-    path = reward_file(tmp_path, """
+    path = reward_file(
+        tmp_path,
+        """
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             if "dict" in solution_str:
                 return {"score": 0.75, "acc": 1.0, "note": "text is dropped"}
             return 0.25 if extra_info["split"] == "train" and data_source == "openai/gsm8k" else -1.0
-    """)
+    """,
+    )
     data = write_jsonl(tmp_path / "t.jsonl", gsm8k_rows(2, 0, "train"))
     env = agentgym.make("rows", data_files=str(data), custom_reward_function={"path": str(path)})
     env.reset(options={"index": 0})
@@ -72,13 +75,20 @@ def test_a_data_source_without_a_rule_asks_for_a_reward_function(tmp_path):
 
     rows = [{**r, "data_source": "my/own"} for r in gsm8k_rows(4, 0, "train")]
     data = write_jsonl(tmp_path / "t.jsonl", rows)
-    cfg = load_config(overrides=[f"data.train_files={data}", "data.train_batch_size=4",
-                                 "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                                 f"trainer.default_local_dir={tmp_path / 'run'}"], warn=False)
+    cfg = load_config(
+        overrides=[
+            f"data.train_files={data}",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+        ],
+        warn=False,
+    )
     with pytest.raises(ConfigError, match="custom_reward_function.path"):
         preflight(cfg)
-    path = reward_file(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                                 "    return 1.0\n")
+    path = reward_file(
+        tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
     cfg.custom_reward_function.path = str(path)
     plan = preflight(cfg)
     assert cfg.env.name == "rows" and "my/own" in plan.env_chosen
@@ -88,13 +98,16 @@ def test_a_data_source_without_a_rule_asks_for_a_reward_function(tmp_path):
 def test_prime_scores_with_a_time_limit(tmp_path):
     from agentgym.preflight import rows_env_kwargs
 
-    path = reward_file(tmp_path, """
+    path = reward_file(
+        tmp_path,
+        """
         import time
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             if "slow" in solution_str:
                 time.sleep(30)
             return 1.0
-    """)
+    """,
+    )
     data = write_jsonl(tmp_path / "t.jsonl", gsm8k_rows(1, 0, "train"))
     env = agentgym.make("rows", data_files=str(data), custom_reward_function={"path": str(path)}, score_timeout=2.0)
     env.reset(options={"index": 0})
@@ -112,12 +125,19 @@ def test_dapo_punishes_overlong_responses():
     from agentgym.rewards import OverlongPenaltySource, reward_manager_source
     from agentgym.rollout.sources import FixedTrajectorySource
 
-    cfg = load_config(env="first_letter", overrides=[
-        "reward_model.reward_manager=dapo", "data.max_response_length=20",
-        "+reward_model.reward_kwargs.overlong_buffer_cfg={enable: true, len: 8, penalty_factor: 1.0, log: true}"],
-        warn=False)
-    trajs = [Trajectory(turns=[Turn(prompt_ids=[1, 2], response_ids=[5] * n, logprobs=[-1.0] * n)], outcome_reward=1.0)
-             for n in (10, 16, 20)]
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            "reward_model.reward_manager=dapo",
+            "data.max_response_length=20",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg={enable: true, len: 8, penalty_factor: 1.0, log: true}",
+        ],
+        warn=False,
+    )
+    trajs = [
+        Trajectory(turns=[Turn(prompt_ids=[1, 2], response_ids=[5] * n, logprobs=[-1.0] * n)], outcome_reward=1.0)
+        for n in (10, 16, 20)
+    ]
     source = reward_manager_source(cfg, FixedTrajectorySource([trajs]))
     assert isinstance(source, OverlongPenaltySource)
     out = asyncio.run(source.collect(1))
@@ -134,9 +154,17 @@ def prepare(tmp_path, rows, *overrides):
     from agentgym.preflight import preflight
 
     data = write_jsonl(tmp_path / "train.jsonl", rows)
-    cfg = load_config(overrides=[f"data.train_files={data}", "data.train_batch_size=1",
-                                 "actor_rollout_ref.actor.ppo_mini_batch_size=1", "data.max_prompt_length=150",
-                                 f"trainer.default_local_dir={tmp_path / 'run'}", *overrides], warn=False)
+    cfg = load_config(
+        overrides=[
+            f"data.train_files={data}",
+            "data.train_batch_size=1",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "data.max_prompt_length=150",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            *overrides,
+        ],
+        warn=False,
+    )
     return cfg, preflight(cfg)
 
 
@@ -147,10 +175,13 @@ def long_rows():
 
 
 def test_prompt_key_and_max_samples(tmp_path):
-    rows = [{"question_prompt": r["prompt"], **{k: v for k, v in r.items() if k != "prompt"}}
-            for r in gsm8k_rows(5, 0, "train")]
-    cfg, plan = prepare(tmp_path, rows, "data.prompt_key=question_prompt", "data.train_max_samples=3",
-                        "data.max_prompt_length=512")
+    rows = [
+        {"question_prompt": r["prompt"], **{k: v for k, v in r.items() if k != "prompt"}}
+        for r in gsm8k_rows(5, 0, "train")
+    ]
+    cfg, plan = prepare(
+        tmp_path, rows, "data.prompt_key=question_prompt", "data.train_max_samples=3", "data.max_prompt_length=512"
+    )
     assert plan.rows == 3 and cfg.env.name == "rows"
     env = agentgym.make("rows", data_files=cfg.data.train_files)
     assert env.num_tasks() == 3 and env.reset(options={"index": 0})[0] == rows[0]["question_prompt"]
@@ -187,15 +218,21 @@ def test_return_raw_chat_false_is_a_no_op_and_says_so(caplog):
 def test_do_sample_false_decodes_greedily():
     from agentgym.rollout.sources import EnvRolloutSource
 
-    cfg = load_config(env="first_letter", overrides=["actor_rollout_ref.rollout.do_sample=false",
-                                                     "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
-                                                     "actor_rollout_ref.rollout.val_kwargs.do_sample=true"],
-                      warn=False)
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            "actor_rollout_ref.rollout.do_sample=false",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        ],
+        warn=False,
+    )
     source = EnvRolloutSource(cfg, client=None, tokenizer="tiny")
     assert source.train_runner.config.temperature == 0.0
     assert source.val_runner.config.temperature == 0.7
-    default = load_config(env="first_letter", overrides=["actor_rollout_ref.rollout.val_kwargs.temperature=0.7"],
-                          warn=False)
+    default = load_config(
+        env="first_letter", overrides=["actor_rollout_ref.rollout.val_kwargs.temperature=0.7"], warn=False
+    )
     assert default.actor_rollout_ref.rollout.val_kwargs.temperature == 0.0  # veRL: val do_sample=false by default
 
 
@@ -205,10 +242,15 @@ def test_engine_keys_reach_the_vllm_and_sglang_command_lines(monkeypatch):
     from agentgym.server.engines import sglang_command, vllm_command
     from agentgym.trainer.weight_sync import RolloutServers
 
-    overrides = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=true",
-                 "actor_rollout_ref.rollout.max_num_seqs=32", "actor_rollout_ref.rollout.max_num_batched_tokens=4096",
-                 "actor_rollout_ref.rollout.enable_chunked_prefill=false", "actor_rollout_ref.rollout.dtype=float16",
-                 "actor_rollout_ref.rollout.engine_kwargs.vllm={swap_space: 4, disable_log_requests: true}"]
+    overrides = [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "actor_rollout_ref.rollout.max_num_seqs=32",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=4096",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+        "actor_rollout_ref.rollout.dtype=float16",
+        "actor_rollout_ref.rollout.engine_kwargs.vllm={swap_space: 4, disable_log_requests: true}",
+    ]
     cfg = load_config(env="first_letter", overrides=overrides, warn=False)
     kwargs = engine_server_kwargs(cfg)
     command = vllm_command("/m", **kwargs)
@@ -217,8 +259,16 @@ def test_engine_keys_reach_the_vllm_and_sglang_command_lines(monkeypatch):
         assert flag in command
     assert command[command.index("--max-num-seqs") + 1] == "32" and command[command.index("--swap-space") + 1] == "4"
     assert "--load-format" not in command  # veRL's dummy: agentgym's servers start from the model's weights
-    sglang = sglang_command("/m", **engine_server_kwargs(load_config(env="first_letter", overrides=[
-        "actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.enforce_eager=true"], warn=False)))
+    sglang = sglang_command(
+        "/m",
+        **engine_server_kwargs(
+            load_config(
+                env="first_letter",
+                overrides=["actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.enforce_eager=true"],
+                warn=False,
+            )
+        ),
+    )
     assert "--disable-cuda-graph" in sglang and sglang[sglang.index("--max-running-requests") + 1] == "256"
     seen = {}
 
@@ -243,13 +293,16 @@ def test_chat_template_kwargs_reach_the_template():
 
     tok = load_tokenizer("tiny")
     templated = type(tok).from_pretrained(tok.name_or_path)
-    templated.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
-                               "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and "
-                               "not enable_thinking %}<think></think>{% endif %}{% endif %}")
+    templated.chat_template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and "
+        "not enable_thinking %}<think></think>{% endif %}{% endif %}"
+    )
     messages = [{"role": "user", "content": "hi"}]
     plain = ChatTokenizer(templated).render(messages, add_generation_prompt=True)
     thinking_off = ChatTokenizer(templated, template_kwargs={"enable_thinking": False}).render(
-        messages, add_generation_prompt=True)
+        messages, add_generation_prompt=True
+    )
     assert plain == "<user>hi<assistant>" and thinking_off == "<user>hi<assistant><think></think>"
 
 
@@ -266,14 +319,31 @@ def test_max_user_turns_bounds_the_episode():
 def test_interaction_config_path_makes_interaction_episodes(tmp_path):
     from agentgym.preflight import preflight
 
-    rows = [{**r, "extra_info": {**r["extra_info"], "interaction_kwargs": {
-        "name": "gsm8k", "query": "q", "ground_truth": r["reward_model"]["ground_truth"]}}}
-        for r in gsm8k_rows(2, 0, "train")]
+    rows = [
+        {
+            **r,
+            "extra_info": {
+                **r["extra_info"],
+                "interaction_kwargs": {
+                    "name": "gsm8k",
+                    "query": "q",
+                    "ground_truth": r["reward_model"]["ground_truth"],
+                },
+            },
+        }
+        for r in gsm8k_rows(2, 0, "train")
+    ]
     data = write_jsonl(tmp_path / "t.jsonl", rows)
-    cfg = load_config(overrides=[f"data.train_files={data}", "data.train_batch_size=2",
-                                 "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                                 "actor_rollout_ref.rollout.multi_turn.interaction_config_path=configs/interaction/gsm8k.yaml",
-                                 f"trainer.default_local_dir={tmp_path / 'run'}"], warn=False)
+    cfg = load_config(
+        overrides=[
+            f"data.train_files={data}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.multi_turn.interaction_config_path=configs/interaction/gsm8k.yaml",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+        ],
+        warn=False,
+    )
     preflight(cfg)
     assert cfg.env.name == "gsm8k_interaction"
     env = agentgym.make(cfg.env.name, data_files=str(data), **OmegaConf.to_container(cfg.env.kwargs))
@@ -304,11 +374,23 @@ def test_tool_agent_rows_get_a_tool_loop(tmp_path):
 def small_run(gsm8k, run_dir, *extra):
     from agentgym.cli import main
 
-    return main(["train", f"data.train_files={gsm8k}/train.parquet", f"data.val_files={gsm8k}/test.parquet",
-                 "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                 "data.max_response_length=8", "trainer.use_ray=false", "trainer.total_training_steps=2",
-                 "trainer.val_before_train=false", "trainer.test_freq=-1", "data.val_batch_size=4",
-                 f"trainer.default_local_dir={run_dir}", *extra])
+    return main(
+        [
+            "train",
+            f"data.train_files={gsm8k}/train.parquet",
+            f"data.val_files={gsm8k}/test.parquet",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "data.max_response_length=8",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "data.val_batch_size=4",
+            f"trainer.default_local_dir={run_dir}",
+            *extra,
+        ]
+    )
 
 
 def metric_rows(run_dir):
@@ -323,8 +405,16 @@ def test_val_only_validates_and_stops(gsm8k, tmp_path):
 
 
 def test_critic_warmup_trains_only_the_critic_first(gsm8k, tmp_path):
-    assert small_run(gsm8k, tmp_path, "trainer.critic_warmup=2", "trainer.save_freq=1",
-                     "actor_rollout_ref.actor.checkpoint.save_contents=[model]") == 0
+    assert (
+        small_run(
+            gsm8k,
+            tmp_path,
+            "trainer.critic_warmup=2",
+            "trainer.save_freq=1",
+            "actor_rollout_ref.actor.checkpoint.save_contents=[model]",
+        )
+        == 0
+    )
     rows = [r for r in metric_rows(tmp_path) if "critic/vf_loss" in r]
     assert ["actor/pg_loss" in r for r in rows] == [False, True]
     first = torch.load(tmp_path / "global_step_1" / "actor" / "model.pt")
@@ -366,8 +456,12 @@ def test_token_sum_aggregation_sums_over_the_global_batch():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.float32)
     assert float(algos.agg_loss(loss, mask, "token-sum")) == 6.0
     assert float(algos.agg_loss(loss, mask, "token-sum", dp_size=2)) == 12.0  # ranks average: the global sum
-    assert load_config(env="first_letter", overrides=["actor_rollout_ref.actor.loss_agg_mode=token-sum"],
-                       warn=False).actor_rollout_ref.actor.loss_agg_mode == "token-sum"
+    assert (
+        load_config(
+            env="first_letter", overrides=["actor_rollout_ref.actor.loss_agg_mode=token-sum"], warn=False
+        ).actor_rollout_ref.actor.loss_agg_mode
+        == "token-sum"
+    )
 
 
 def test_gspo_says_which_aggregation_its_policy_loss_uses(caplog):

@@ -17,9 +17,22 @@ def generated(tmp_path_factory):
     root = tmp_path_factory.mktemp("offline")
     data = write_gsm8k_parquet(root / "data", train_rows=4, test_rows=3)
     out = root / "out.parquet"
-    assert main(["generate", f"data.path={data}/test.parquet", "data.n_samples=2", f"data.output_path={out}",
-                 "model.path=tiny", "rollout.response_length=8", "rollout.top_k=-1", "trainer.n_gpus_per_node=1",
-                 "ray_kwargs.ray_init.num_cpus=2"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                f"data.path={data}/test.parquet",
+                "data.n_samples=2",
+                f"data.output_path={out}",
+                "model.path=tiny",
+                "rollout.response_length=8",
+                "rollout.top_k=-1",
+                "trainer.n_gpus_per_node=1",
+                "ray_kwargs.ray_init.num_cpus=2",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -41,9 +54,11 @@ def test_eval_scores_each_data_source(generated, tmp_path, capsys):
     assert main(["eval", f"data.path={data}"]) == 2  # other/source has no built-in rule
     assert "custom_reward_function.path" in capsys.readouterr().err
     reward = tmp_path / "reward.py"
-    reward.write_text("from agentgym.envs.rewards import compute_score as gsm8k\n"
-                      "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return gsm8k(solution_str, ground_truth) if data_source == 'openai/gsm8k' else len(solution_str)\n")
+    reward.write_text(
+        "from agentgym.envs.rewards import compute_score as gsm8k\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return gsm8k(solution_str, ground_truth) if data_source == 'openai/gsm8k' else len(solution_str)\n"
+    )
     assert main(["eval", f"data.path={data}", f"custom_reward_function.path={reward}"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["test_score/other/source"] == 3.0
@@ -51,8 +66,18 @@ def test_eval_scores_each_data_source(generated, tmp_path, capsys):
 
 
 def test_generate_refuses_greedy_with_several_samples(tmp_path, capsys):
-    assert main(["generate", "data.path=x.parquet", f"data.output_path={tmp_path}/o.parquet",
-                 "rollout.do_sample=false", "data.n_samples=3"]) == 2
+    assert (
+        main(
+            [
+                "generate",
+                "data.path=x.parquet",
+                f"data.output_path={tmp_path}/o.parquet",
+                "rollout.do_sample=false",
+                "data.n_samples=3",
+            ]
+        )
+        == 2
+    )
     assert "set data.n_samples=1" in capsys.readouterr().err
 
 

@@ -27,9 +27,17 @@ def trajectories(groups: int, n: int, seed: int, long_every: int = 0) -> list[Tr
             turns = []
             for t in range(2):
                 delta = prompt if t == 0 else [rng.randrange(3, 600) for _ in range(rng.randrange(1, 4))]
-                response = [rng.randrange(3, 600) for _ in range(rng.randrange(20, 40) if longer else rng.randrange(1, 6))]
-                turns.append(Turn(prompt_ids=list(delta), response_ids=response, logprobs=[-6.0] * len(response),
-                                  reward=rng.choice([0.0, 0.5])))
+                response = [
+                    rng.randrange(3, 600) for _ in range(rng.randrange(20, 40) if longer else rng.randrange(1, 6))
+                ]
+                turns.append(
+                    Turn(
+                        prompt_ids=list(delta),
+                        response_ids=response,
+                        logprobs=[-6.0] * len(response),
+                        reward=rng.choice([0.0, 0.5]),
+                    )
+                )
             out.append(Trajectory(turns=turns, outcome_reward=rng.choice([0.0, 1.0]), group_id=f"g{g}"))
     return out
 
@@ -88,14 +96,24 @@ def _step(overrides: list[str]) -> dict[str, torch.Tensor]:
     from agentgym.trainer.worker_group import WorkerGroup
     from agentgym.trainer.workers import PolicyWorker
 
-    cfg = load_config(env="first_letter", overrides=[
-        "trainer.use_ray=false", "trainer.device=cpu", "actor_rollout_ref.actor.optim.lr=1e-3",
-        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.cpu_threads_per_worker=1", *overrides,
-    ], warn=False)
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            "trainer.use_ray=false",
+            "trainer.device=cpu",
+            "actor_rollout_ref.actor.optim.lr=1e-3",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=4",
+            "trainer.cpu_threads_per_worker=1",
+            *overrides,
+        ],
+        warn=False,
+    )
     batch, _ = build_batch(trajectories(2, 4, seed=6, long_every=3), pad_token_id=0)
     mask = batch["response_mask"]
-    adv, _ = algos.compute_advantage("grpo", token_level_rewards=batch["token_level_scores"], response_mask=mask,
-                                     index=batch.uid)
+    adv, _ = algos.compute_advantage(
+        "grpo", token_level_rewards=batch["token_level_scores"], response_mask=mask, index=batch.uid
+    )
     batch["advantages"] = adv
     plan = update_plan(mask, len(batch), [], 1, 1, 1)
     torch.manual_seed(0)
@@ -108,11 +126,17 @@ def _step(overrides: list[str]) -> dict[str, torch.Tensor]:
         group.shutdown()
 
 
-@pytest.mark.parametrize("mode", [
-    ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=120"],
-    ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=120",
-     "actor_rollout_ref.model.use_remove_padding=true"],
-])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=120"],
+        [
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=120",
+            "actor_rollout_ref.model.use_remove_padding=true",
+        ],
+    ],
+)
 def test_dynamic_micro_batches_and_packing_take_the_same_step(mode):
     reference = _step(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
     other = _step(mode)

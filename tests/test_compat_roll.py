@@ -39,8 +39,9 @@ def test_reward_norm_batch_group_running():
     groups = ["a", "a", "b", "b"]
     assert reward_norm(scores, groups, "batch", shift=True).tolist() == pytest.approx([-3.5, -1.5, 0.5, 4.5])
     per_group = reward_norm(scores, groups, "group").tolist()
-    assert per_group == pytest.approx([-1 / (2**0.5 + 1e-6) * 1, 1 / (2**0.5 + 1e-6), -2 / (8**0.5 + 1e-6),
-                                       2 / (8**0.5 + 1e-6)], rel=1e-5)
+    assert per_group == pytest.approx(
+        [-1 / (2**0.5 + 1e-6) * 1, 1 / (2**0.5 + 1e-6), -2 / (8**0.5 + 1e-6), 2 / (8**0.5 + 1e-6)], rel=1e-5
+    )
     moments = RunningMoments()
     reward_norm(torch.tensor([0.0, 2.0]), groups[:2], "running", running=moments)
     second = reward_norm(torch.tensor([4.0, 6.0]), groups[:2], "running", shift=True, running=moments)
@@ -51,8 +52,9 @@ def test_shaping_replaces_token_rewards_with_the_shaped_score_on_the_last_sample
     scores = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.0], [0.0, 2.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.float32)
     valid = torch.tensor([True, True, False])
-    out, metrics = algos.shape_rewards(scores, mask, ["g", "g", "h"], ["t"] * 3, method="mean", reward_clip=0.2,
-                                       valid=valid)
+    out, metrics = algos.shape_rewards(
+        scores, mask, ["g", "g", "h"], ["t"] * 3, method="mean", reward_clip=0.2, valid=valid
+    )
     assert out[0].tolist() == pytest.approx([0, 0.2, 0, 0]) and out[1].tolist() == pytest.approx([0, 0, -0.2, 0])
     assert out[2].abs().sum() == 0 and metrics["critic/reward_clip_frac"] == 1.0
     same, none = algos.shape_rewards(scores, mask, ["g"] * 3, ["t"] * 3)
@@ -82,15 +84,19 @@ def test_topr_sft_and_dual_clip_switch():
     adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
     mask = torch.ones(2, 3)
     scores = torch.tensor([1.0, 0.0])
-    loss, metrics = algos.compute_actor_loss(old, log_prob, adv, mask, loss_mode="topr", episode_scores=scores,
-                                             topr_negative_weight=2.0)
+    loss, metrics = algos.compute_actor_loss(
+        old, log_prob, adv, mask, loss_mode="topr", episode_scores=scores, topr_negative_weight=2.0
+    )
     loss.backward()
     # positive row: d/dlogp of -A*logp = -1 per token; negative row: -clip(ratio,0,1)=1 * A(-1) * 2 = +2; token-mean /6
-    assert log_prob.grad[0].tolist() == pytest.approx([-1 / 6] * 3) and log_prob.grad[1].tolist() == pytest.approx([2 / 6] * 3)
+    assert log_prob.grad[0].tolist() == pytest.approx([-1 / 6] * 3) and log_prob.grad[1].tolist() == pytest.approx(
+        [2 / 6] * 3
+    )
     assert metrics["actor/pg_clipfrac"] == pytest.approx(0.5)
     plain, _ = algos.compute_actor_loss(old, log_prob.detach(), adv, mask)
-    with_sft, sft_metrics = algos.compute_actor_loss(old, log_prob.detach(), adv, mask, sft_loss_coef=0.1,
-                                                     episode_scores=scores)
+    with_sft, sft_metrics = algos.compute_actor_loss(
+        old, log_prob.detach(), adv, mask, sft_loss_coef=0.1, episode_scores=scores
+    )
     assert sft_metrics["actor/sft_loss"] == pytest.approx(-0.5)  # -mean log_prob over the positive row
     assert float(with_sft - plain) == pytest.approx(0.1 * -0.5)
     big = torch.full((1, 1), 3.0)  # ratio e^3 ~ 20 with A < 0: the dual clip caps the loss at 3
@@ -113,15 +119,25 @@ def test_roll_agentic_sokoban_translates_and_runs_two_steps(tmp_path):
     assert tr.get("algorithm.adv_estimator") == "reinforce"
     assert tr.get("algorithm.reward_normalization") == {"grouping": "state", "method": "mean_std"}
     assert tr.get("env.custom_envs.LargerSokoban.kwargs.dim_room") == [8, 8]
-    assert tr.get("env.custom_envs.FrozenLake") == {"env": "frozenlake", "max_turns": 3, "kwargs": {
-        "max_steps": 3, "format_penalty": -0.01, "is_slippery": False}}
+    assert tr.get("env.custom_envs.FrozenLake") == {
+        "env": "frozenlake",
+        "max_turns": 3,
+        "kwargs": {"max_steps": 3, "format_penalty": -0.01, "is_slippery": False},
+    }
     assert tr.get("env.custom_envs.SokobanDifferentGridVocab.kwargs.grid_lookup")[5] == "A"
     path = tmp_path / "roll.yaml"
     path.write_text(tr.yaml())
-    cfg = load_config(config_file=path, overrides=["actor_rollout_ref.model.path=tiny", "trainer.use_ray=false",
-                                                   f"trainer.default_local_dir={tmp_path / 'run'}",
-                                                   "trainer.logger=[console]", "trainer.val_before_train=false"],
-                      warn=False)
+    cfg = load_config(
+        config_file=path,
+        overrides=[
+            "actor_rollout_ref.model.path=tiny",
+            "trainer.use_ray=false",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            "trainer.logger=[console]",
+            "trainer.val_before_train=false",
+        ],
+        warn=False,
+    )
     summary = train(cfg, show_progress=False)
     assert summary["steps"] == 2
     rows = [json.loads(line) for line in Path(summary["metrics_file"]).read_text().splitlines()]
@@ -136,15 +152,30 @@ def test_several_envs_by_tag_with_inductive_normalisation(tmp_path):
     from agentgym.trainer.config import load_config
     from agentgym.trainer.run import train
 
-    cfg = load_config(env="first_letter", overrides=[
-        "env.name=null", "+env.custom_envs.vowel={env: first_letter}",
-        "+env.custom_envs.xyz={env: first_letter, kwargs: {targets: xyz, description: x y or z}}",
-        "env.tags=[vowel,xyz]", "env.n_groups=[3,1]", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
-        "data.val_batch_size=2", "algorithm.reward_normalization.grouping=inductive",
-        "algorithm.reward_normalization.method=mean_std", "algorithm.adv_estimator=reinforce",
-        "trainer.use_ray=false", "trainer.total_training_steps=2", "trainer.val_before_train=false",
-        "trainer.test_freq=2", "trainer.save_freq=-1", f"trainer.default_local_dir={tmp_path}",
-        "trainer.logger=[jsonl]"], warn=False)
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            "env.name=null",
+            "+env.custom_envs.vowel={env: first_letter}",
+            "+env.custom_envs.xyz={env: first_letter, kwargs: {targets: xyz, description: x y or z}}",
+            "env.tags=[vowel,xyz]",
+            "env.n_groups=[3,1]",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=4",
+            "data.val_batch_size=2",
+            "algorithm.reward_normalization.grouping=inductive",
+            "algorithm.reward_normalization.method=mean_std",
+            "algorithm.adv_estimator=reinforce",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=2",
+            "trainer.save_freq=-1",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[jsonl]",
+        ],
+        warn=False,
+    )
     summary = train(cfg, show_progress=False)
     rows = [json.loads(line) for line in Path(summary["metrics_file"]).read_text().splitlines()]
     assert all("vowel/reward/mean" in r and "xyz/reward/mean" in r for r in rows)
@@ -163,8 +194,12 @@ def roll(data):
 
 
 def test_roll_lora_keys_train_adapters_instead_of_every_weight():
-    tr = roll({"actor_train": {"model_args": {"lora_target": "all-linear", "lora_rank": 32, "lora_alpha": 32}},
-               "actor_infer": {"model_args": {"lora_target": "q_proj,v_proj", "lora_rank": 32, "lora_alpha": 32}}})
+    tr = roll(
+        {
+            "actor_train": {"model_args": {"lora_target": "all-linear", "lora_rank": 32, "lora_alpha": 32}},
+            "actor_infer": {"model_args": {"lora_target": "q_proj,v_proj", "lora_rank": 32, "lora_alpha": 32}},
+        }
+    )
     assert tr.get("actor_rollout_ref.model.lora_rank") == 32 and tr.get("actor_rollout_ref.model.lora_alpha") == 32
     assert tr.get("actor_rollout_ref.model.target_modules") is None  # all-linear
     assert any("actor_infer.model_args.lora_target" in note for note in tr.notes)  # they differ: said
@@ -181,17 +216,32 @@ def test_the_turn_token_cap_is_the_smaller_one_and_a_conflict_is_reported():
 
 
 def test_roll_gigpo_keys():
-    tr = roll({"adv_estimator": "gigpo", "step_reward_weight": 0.5, "episode_reward_weight": 2.0,
-               "step_reward_gamma": 0.95, "reward_normalization": {"grouping": "traj_group_id", "method": "mean"}})
+    tr = roll(
+        {
+            "adv_estimator": "gigpo",
+            "step_reward_weight": 0.5,
+            "episode_reward_weight": 2.0,
+            "step_reward_gamma": 0.95,
+            "reward_normalization": {"grouping": "traj_group_id", "method": "mean"},
+        }
+    )
     assert tr.get("algorithm.adv_estimator") == "gigpo" and tr.get("algorithm.gamma") == 0.95
     assert tr.get("algorithm.gigpo") == {"step_advantage_w": 0.5, "episode_advantage_w": 2.0, "mode": "mean_norm"}
     assert tr.get("algorithm.reward_normalization") is None  # gigpo normalises within its own groups
 
 
 def test_env_config_keys_agentgym_cannot_honour_are_refused_not_dropped():
-    tr = roll({"train_env_manager": {"tags": ["S"]},
-               "custom_envs": {"S": {"env_type": "sokoban", "env_config": {"dim_room": [6, 6], "teleport": True,
-                                                                          "action_pattern": "<think>(.*?)</think>"}}}})
+    tr = roll(
+        {
+            "train_env_manager": {"tags": ["S"]},
+            "custom_envs": {
+                "S": {
+                    "env_type": "sokoban",
+                    "env_config": {"dim_room": [6, 6], "teleport": True, "action_pattern": "<think>(.*?)</think>"},
+                }
+            },
+        }
+    )
     refused = dict(tr.refused)
     assert "custom_envs.S.env_config.teleport" in refused
     assert "think" in dict(tr.dropped)["custom_envs.S.env_config.action_pattern"]
@@ -199,15 +249,19 @@ def test_env_config_keys_agentgym_cannot_honour_are_refused_not_dropped():
 
 
 def test_rolls_frozen_lake_default_is_slippery():
-    tr = roll({"train_env_manager": {"tags": ["F"]}, "custom_envs": {"F": {"env_type": "frozen_lake", "env_config": {}}}})
+    tr = roll(
+        {"train_env_manager": {"tags": ["F"]}, "custom_envs": {"F": {"env_type": "frozen_lake", "env_config": {}}}}
+    )
     assert tr.get("env.custom_envs.F.kwargs.is_slippery") is True
 
 
 def test_the_grid_vocab_sokoban_shows_rolls_symbols():
     from agentgym.envs.sokoban import SokobanEnv
 
-    env = SokobanEnv(grid_lookup={0: "W", 1: ".", 2: "G", 3: "C", 4: "B", 5: "A", 6: "@"},
-                     grid_vocab={"W": "wall", ".": "empty", "G": "target", "B": "box", "A": "player"})
+    env = SokobanEnv(
+        grid_lookup={0: "W", 1: ".", 2: "G", 3: "C", 4: "B", 5: "A", 6: "@"},
+        grid_vocab={"W": "wall", ".": "empty", "G": "target", "B": "box", "A": "player"},
+    )
     messages, info = env.reset(seed=3)
     board = messages[1]["content"].split("\n", 1)[1]
     assert set(board) <= set("W.GCBA@\n") and "A" in board and "#" not in board

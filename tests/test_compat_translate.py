@@ -29,14 +29,21 @@ def filled(name: str, tmp_path: Path, data: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("system,name", [("roll", "roll_agentic_sokoban.yaml"),
-                                         ("chatlearn", "chatlearn_grpo_fsdp.yaml"),
-                                         ("verl", "verl_ppo_config.yaml"), ("claw-r1", "claw_r1_async.yaml")])
+@pytest.mark.parametrize(
+    "system,name",
+    [
+        ("roll", "roll_agentic_sokoban.yaml"),
+        ("chatlearn", "chatlearn_grpo_fsdp.yaml"),
+        ("verl", "verl_ppo_config.yaml"),
+        ("claw-r1", "claw_r1_async.yaml"),
+    ],
+)
 def test_every_key_of_their_file_is_accounted_for(system, name):
     tr = translate_file(system, str(FIXTURES / name))
     data = load_their_yaml(str(FIXTURES / name))
-    accounted = ({m[0] for m in tr.mapped} | {d[0] for d in tr.dropped} | {r[0] for r in tr.refused}
-                 | {d[0] for d in tr.derived})
+    accounted = (
+        {m[0] for m in tr.mapped} | {d[0] for d in tr.dropped} | {r[0] for r in tr.refused} | {d[0] for d in tr.derived}
+    )
     for key in flatten(data):
         assert key in accounted or any(a.startswith(key + ".") or key.startswith(a + ".") for a in accounted), key
 

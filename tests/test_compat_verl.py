@@ -29,9 +29,16 @@ def gsm8k(tmp_path_factory):
 
 def small(command: list[str], run_dir, *extra: str) -> list[str]:
     """The quickstart shrunk to seconds: 8 prompts, 16-token answers, two steps, in-process."""
-    return with_overrides(command, "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                          "data.max_response_length=16", "trainer.total_training_steps=2", "trainer.use_ray=false",
-                          f"trainer.default_local_dir={run_dir}", *extra)
+    return with_overrides(
+        command,
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "data.max_response_length=16",
+        "trainer.total_training_steps=2",
+        "trainer.use_ray=false",
+        f"trainer.default_local_dir={run_dir}",
+        *extra,
+    )
 
 
 def metrics(run_dir) -> list[dict]:
@@ -64,8 +71,9 @@ def test_quickstart_runs_ppo_with_its_critic(gsm8k, tmp_path, capsys):
 
 def test_quickstart_with_grpo_runs_grpo_and_warns_about_the_critic_keys(gsm8k, tmp_path, caplog):
     caplog.set_level(logging.WARNING, "agentgym.config")
-    command = small(quickstart_command(gsm8k, TINY), tmp_path, "algorithm.adv_estimator=grpo",
-                    "actor_rollout_ref.rollout.n=2")
+    command = small(
+        quickstart_command(gsm8k, TINY), tmp_path, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2"
+    )
     assert main(["train", *command]) == 0
     warned = [r.getMessage() for r in caplog.records if "trains no critic" in r.getMessage()]
     assert len(warned) == 1 and "critic.model.path" in warned[0] and "critic.optim.lr" in warned[0]
@@ -83,9 +91,13 @@ def test_quickstart_as_written_on_ray_with_a_timeline(tmp_path):
     minutes on a shared 2-core CPU."""
     data = write_gsm8k_parquet(tmp_path / "data", train_rows=512)
     timeline = tmp_path / "timeline.json"
-    command = with_overrides(quickstart_command(data, TINY), "trainer.total_training_steps=2",
-                             "data.max_response_length=64",
-                             f"trainer.default_local_dir={tmp_path / 'run'}", f"ray_init.timeline_json_file={timeline}")
+    command = with_overrides(
+        quickstart_command(data, TINY),
+        "trainer.total_training_steps=2",
+        "data.max_response_length=64",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        f"ray_init.timeline_json_file={timeline}",
+    )
     assert main(["train", *command]) == 0
     rows = metrics(tmp_path / "run")
     assert [r["step"] for r in rows if "critic/vf_loss" in r] == [1, 2]
@@ -132,8 +144,11 @@ def test_agent_runs_are_named_after_the_agent():
 def test_rollout_log_prob_micro_batch_size_sets_the_old_log_prob_chunks(monkeypatch):
     from agentgym.trainer import workers
 
-    cfg = load_config(env="first_letter", overrides=["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
-                                                     "trainer.use_ray=false"], warn=False)
+    cfg = load_config(
+        env="first_letter",
+        overrides=["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3", "trainer.use_ray=false"],
+        warn=False,
+    )
     assert cfg.actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu == 3
     assert cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 3
     seen = []
@@ -162,8 +177,14 @@ def test_a_misplaced_key_names_where_it_belongs():
 
 def test_every_unknown_key_is_reported_at_once():
     with pytest.raises(ConfigError) as info:
-        load_config(overrides=["data.train_bach_size=8", "trainer.totl_epochs=3",
-                               "critic.model.lora_rank=8", "trainer.save_freq=2"])
+        load_config(
+            overrides=[
+                "data.train_bach_size=8",
+                "trainer.totl_epochs=3",
+                "critic.model.lora_rank=8",
+                "trainer.save_freq=2",
+            ]
+        )
     message = str(info.value)
     assert message.startswith("3 config keys cannot be used")
     assert "data.train_batch_size" in message and "trainer.total_epochs" in message
@@ -172,8 +193,14 @@ def test_every_unknown_key_is_reported_at_once():
 
 def test_verl_keys_with_no_effect_are_accepted_and_warned_once(caplog):
     caplog.set_level(logging.WARNING, "agentgym.config")
-    cfg = load_config(overrides=["actor_rollout_ref.actor.use_torch_compile=false", "trainer.balance_batch=true",
-                                 "ray_kwargs.ray_init.num_cpus=2", "+trainer.my_note=hi"])
+    cfg = load_config(
+        overrides=[
+            "actor_rollout_ref.actor.use_torch_compile=false",
+            "trainer.balance_batch=true",
+            "ray_kwargs.ray_init.num_cpus=2",
+            "+trainer.my_note=hi",
+        ]
+    )
     assert cfg.ray_init.num_cpus == 2  # veRL's newer name for ray_init.num_cpus
     messages = [r.getMessage() for r in caplog.records]
     ignored = [m for m in messages if "accepted with no effect" in m]
@@ -181,17 +208,20 @@ def test_verl_keys_with_no_effect_are_accepted_and_warned_once(caplog):
     assert any("+trainer.my_note: nothing in agentgym reads" in m for m in messages)
 
 
-@pytest.mark.parametrize("override,says", [
-    ("algorithm.kl_penalty=full", "low_var_kl"),
-    ("actor_rollout_ref.actor.kl_loss_type=k4", "not one of kl, k1"),
-    ("data.truncation=top", "error, left, right, middle"),
-    ("reward_model.reward_manager=batchy", "naive, dapo, prime"),
-    ("critic.loss_agg_mode=token_mean", "Did you mean 'token-mean'"),
-    ("actor_rollout_ref.actor.checkpoint.save_contents=[model,weights]", "hf_model"),
-    ("reward_model.enable=true", "reward_model.model.path"),
-    ("reward_model.combine=sum", "replace, add"),
-    ("reward_model.rollout.name=vllm", "judge.enable=true"),
-])
+@pytest.mark.parametrize(
+    "override,says",
+    [
+        ("algorithm.kl_penalty=full", "low_var_kl"),
+        ("actor_rollout_ref.actor.kl_loss_type=k4", "not one of kl, k1"),
+        ("data.truncation=top", "error, left, right, middle"),
+        ("reward_model.reward_manager=batchy", "naive, dapo, prime"),
+        ("critic.loss_agg_mode=token_mean", "Did you mean 'token-mean'"),
+        ("actor_rollout_ref.actor.checkpoint.save_contents=[model,weights]", "hf_model"),
+        ("reward_model.enable=true", "reward_model.model.path"),
+        ("reward_model.combine=sum", "replace, add"),
+        ("reward_model.rollout.name=vllm", "judge.enable=true"),
+    ],
+)
 def test_every_enum_is_checked_at_load(override, says):
     with pytest.raises(ConfigError, match=says):
         load_config(env="first_letter", overrides=[override])
@@ -202,9 +232,14 @@ def test_clip_ratio_with_both_bounds_set_has_no_effect_and_says_so(caplog):
     load_config(env="first_letter", overrides=["actor_rollout_ref.actor.clip_ratio=0.3"])
     assert any("clip_ratio=0.3: no effect" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    load_config(env="first_letter", overrides=["actor_rollout_ref.actor.clip_ratio=0.3",
-                                               "actor_rollout_ref.actor.clip_ratio_low=null",
-                                               "actor_rollout_ref.actor.clip_ratio_high=null"])
+    load_config(
+        env="first_letter",
+        overrides=[
+            "actor_rollout_ref.actor.clip_ratio=0.3",
+            "actor_rollout_ref.actor.clip_ratio_low=null",
+            "actor_rollout_ref.actor.clip_ratio_high=null",
+        ],
+    )
     assert not caplog.records
 
 
@@ -223,15 +258,34 @@ def no_servers(monkeypatch):
 
 
 def test_a_batch_larger_than_the_data_fails_before_any_work(gsm8k, capsys, no_servers):
-    assert main(["train", f"data.train_files={gsm8k}/train.parquet", "data.train_batch_size=256",
-                 "actor_rollout_ref.actor.ppo_mini_batch_size=64"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                f"data.train_files={gsm8k}/train.parquet",
+                "data.train_batch_size=256",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+            ]
+        )
+        == 2
+    )
     assert "data.train_batch_size=256 is larger than the 64 rows" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_vllm_without_vllm_names_what_works(gsm8k, capsys, no_servers):
-    assert main(["train", f"data.train_files={gsm8k}/train.parquet", "data.train_batch_size=8",
-                 "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.name=vllm"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                f"data.train_files={gsm8k}/train.parquet",
+                "data.train_batch_size=8",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                "actor_rollout_ref.rollout.name=vllm",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "actor_rollout_ref.rollout.name=embedded" in err and "--engine" not in err
 
@@ -240,9 +294,18 @@ def test_a_hub_name_without_hub_access_fails_at_once(gsm8k, capsys, monkeypatch,
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     started = time.perf_counter()
-    assert main(["train", f"data.train_files={gsm8k}/train.parquet", "data.train_batch_size=8",
-                 "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                 "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                f"data.train_files={gsm8k}/train.parquet",
+                "data.train_batch_size=8",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+            ]
+        )
+        == 2
+    )
     assert time.perf_counter() - started < 10
     err = capsys.readouterr().err
     assert "not in the Hugging Face cache" in err and "actor_rollout_ref.model.path=tiny" in err

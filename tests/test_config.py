@@ -16,10 +16,16 @@ def test_configs_dir_has_the_groups():
 
 
 def test_env_group_and_dotted_overrides():
-    cfg = load_config(env="sokoban", overrides=[
-        "data.train_batch_size=8", "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.optim.lr=1e-3",
-        "trainer.logger=[console,tensorboard]", "actor_rollout_ref.rollout.n=2",
-    ])
+    cfg = load_config(
+        env="sokoban",
+        overrides=[
+            "data.train_batch_size=8",
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.actor.optim.lr=1e-3",
+            "trainer.logger=[console,tensorboard]",
+            "actor_rollout_ref.rollout.n=2",
+        ],
+    )
     assert cfg.env.name == "sokoban" and cfg.env.kwargs.dim_room == [6, 6]
     assert cfg.data.train_batch_size == 8
     assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-3)  # "1e-3" is a float, not a string
@@ -78,15 +84,32 @@ def test_user_config_file(tmp_path):
 
 def test_batch_size_conflicts_name_the_numbers():
     with pytest.raises(ConfigError, match=r"data\.train_batch_size=6 is not a multiple of .*ppo_mini_batch_size=4"):
-        load_config(env="sokoban", overrides=["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4"])
+        load_config(
+            env="sokoban", overrides=["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+        )
     with pytest.raises(ConfigError, match=r"3 \* 3 = 9 trajectories does not split evenly over .* 2 workers"):
-        load_config(env="sokoban", overrides=[
-            "data.train_batch_size=3", "actor_rollout_ref.rollout.n=3", "trainer.n_gpus_per_node=2",
-            "trainer.use_ray=true"])
-    with pytest.raises(ConfigError, match=r"4 \* 4 / 2 = 8 trajectories, not a multiple of .*micro_batch_size_per_gpu=3"):
-        load_config(env="sokoban", overrides=[
-            "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
-            "trainer.use_ray=true", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4"])
+        load_config(
+            env="sokoban",
+            overrides=[
+                "data.train_batch_size=3",
+                "actor_rollout_ref.rollout.n=3",
+                "trainer.n_gpus_per_node=2",
+                "trainer.use_ray=true",
+            ],
+        )
+    with pytest.raises(
+        ConfigError, match=r"4 \* 4 / 2 = 8 trajectories, not a multiple of .*micro_batch_size_per_gpu=3"
+    ):
+        load_config(
+            env="sokoban",
+            overrides=[
+                "trainer.n_gpus_per_node=2",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+                "trainer.use_ray=true",
+                "data.train_batch_size=4",
+                "actor_rollout_ref.rollout.n=4",
+            ],
+        )
     with pytest.raises(ConfigError, match="larger than data.train_batch_size"):
         check_batch_sizes(2, 4, 4, 1, 1, "actor_rollout_ref.actor")
     check_batch_sizes(8, 4, 4, 8, 2, "actor_rollout_ref.actor")  # 4*4/2 = 8: fine

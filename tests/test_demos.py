@@ -42,6 +42,7 @@ def replay(record: dict) -> tuple[list[dict], dict]:
 
 # ---- the expert ------------------------------------------------------------------------------
 
+
 def test_has_expert_tells_envs_that_can_demonstrate():
     assert has_expert(SokobanEnv) and has_expert(SokobanEnv()) and has_expert(agentgym.make("sokoban-6x6-2"))
     assert has_expert(FirstLetterEnv) is False and has_expert(FirstLetterEnv()) is False
@@ -106,6 +107,7 @@ def test_current_level_follows_play():
 
 # ---- writing and replaying demos ---------------------------------------------------------------
 
+
 def test_sokoban_demos_replay_through_the_env_to_the_solved_state(tmp_path):
     path = tmp_path / "demos.jsonl"
     stats = write_demos("sokoban-6x6-2", n=40, path=path, seed=5, env_kwargs=SOKOBAN_KW, max_turns=3, progress=False)
@@ -128,8 +130,9 @@ def test_sokoban_demos_replay_through_the_env_to_the_solved_state(tmp_path):
 
 def test_keep_failures_writes_the_episodes_the_expert_could_not_finish(tmp_path):
     path = tmp_path / "d.jsonl"
-    stats = write_demos("sokoban-6x6-2", n=30, path=path, env_kwargs={"max_steps": 4}, keep_failures=True,
-                        progress=False)
+    stats = write_demos(
+        "sokoban-6x6-2", n=30, path=path, env_kwargs={"max_steps": 4}, keep_failures=True, progress=False
+    )
     demos = read_demos(path)
     assert len(demos) == 30 == stats.written and stats.solved < 30
     failed = [d for d in demos if not d["success"]]
@@ -169,9 +172,13 @@ async def test_demo_messages_are_what_the_rollout_runner_builds(tmp_path, standi
 
         standin_server.policy = policy
         async with PolicyClient(standin_server.url) as client:
-            runner = RolloutRunner("sokoban-6x6-2", client, "tiny",
-                                   RolloutConfig(max_turns=3, max_tokens=64, env_executor="inline"),
-                                   env_kwargs=SOKOBAN_KW)
+            runner = RolloutRunner(
+                "sokoban-6x6-2",
+                client,
+                "tiny",
+                RolloutConfig(max_turns=3, max_tokens=64, env_executor="inline"),
+                env_kwargs=SOKOBAN_KW,
+            )
             traj = (await runner.run([Task(seed=demo["seed"])])).trajectories[0]
             await runner.aclose()
         assert traj.status == "ok" and traj.metrics["success"] == 1.0
@@ -179,6 +186,7 @@ async def test_demo_messages_are_what_the_rollout_runner_builds(tmp_path, standi
 
 
 # ---- bad input ---------------------------------------------------------------------------------
+
 
 def test_bad_input_is_refused_with_the_fix(tmp_path):
     out = tmp_path / "d.jsonl"
@@ -212,10 +220,26 @@ def test_bad_input_is_refused_with_the_fix(tmp_path):
 
 # ---- the command line ----------------------------------------------------------------------------
 
+
 def test_demos_command_and_envs_column(tmp_path, capsys):
     out = tmp_path / "demos.jsonl"
-    code = cli_main(["demos", "--env", "sokoban-6x6-1", "--n", "12", "-o", str(out), "--seed", "100",
-                     "--env-arg", "offer_tools=false", "--max-turns", "3"])
+    code = cli_main(
+        [
+            "demos",
+            "--env",
+            "sokoban-6x6-1",
+            "--n",
+            "12",
+            "-o",
+            str(out),
+            "--seed",
+            "100",
+            "--env-arg",
+            "offer_tools=false",
+            "--max-turns",
+            "3",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert f"to {out}" in captured.out and "seeds 100..111" in captured.out

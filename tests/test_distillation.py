@@ -53,8 +53,18 @@ def full_forward_logprobs(traj: Trajectory) -> list[list[float]]:
 
 
 def settings(**kw) -> TeacherSettings:
-    base = {"path": "tiny", "server_urls": (), "backend": "vllm", "model": None, "tokenizer": None,
-            "micro_batch_size": 2, "concurrency": 4, "timeout": 10.0, "max_retries": 2, "use_ray": False}
+    base = {
+        "path": "tiny",
+        "server_urls": (),
+        "backend": "vllm",
+        "model": None,
+        "tokenizer": None,
+        "micro_batch_size": 2,
+        "concurrency": 4,
+        "timeout": 10.0,
+        "max_retries": 2,
+        "use_ray": False,
+    }
     return TeacherSettings(**{**base, **kw})
 
 
@@ -86,8 +96,11 @@ def test_the_config_names_the_teacher_it_needs():
     with pytest.raises(ConfigError, match="teacher.path=DIR .* or distillation.teacher.server_urls"):
         load_config(env="first_letter", overrides=["distillation.enable=true"], warn=False)
     with pytest.raises(ConfigError, match="needs distillation.teacher.tokenizer"):
-        load_config(env="first_letter", overrides=["distillation.enable=true",
-                                                   "distillation.teacher.server_urls=[http://x:1]"], warn=False)
+        load_config(
+            env="first_letter",
+            overrides=["distillation.enable=true", "distillation.teacher.server_urls=[http://x:1]"],
+            warn=False,
+        )
 
 
 class StandinTeacherServer:
@@ -142,7 +155,9 @@ def test_a_teacher_on_servers_gives_the_same_logprobs_and_retries_failures(backe
     server = StandinTeacherServer(fail_first=2)
     try:
         trajs = [episode(4), episode(5)]
-        scorer = TeacherScorer(settings(path=None, server_urls=(server.url,), backend=backend, tokenizer="tiny"), "tiny")
+        scorer = TeacherScorer(
+            settings(path=None, server_urls=(server.url,), backend=backend, tokenizer="tiny"), "tiny"
+        )
         counts = asyncio.run(scorer.score(trajs))
     finally:
         server.stop()
@@ -203,12 +218,26 @@ def test_a_trainer_step_learns_from_the_teacher_when_every_env_reward_is_equal(t
     for traj in trajs:
         for turn in traj.turns:
             turn.teacher_logprobs = [-1.0] * len(turn.response_ids)
-    cfg = load_config(env="first_letter", overrides=[
-        f"distillation.enable={str(enable).lower()}", "distillation.teacher.path=tiny", "distillation.env_coef=0",
-        "trainer.use_ray=false", "trainer.total_training_steps=1", "trainer.val_before_train=false",
-        "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.save_hf_model=false", "data.train_batch_size=2",
-        "actor_rollout_ref.rollout.n=2", f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]",
-        "data.max_response_length=64"], warn=False)
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            f"distillation.enable={str(enable).lower()}",
+            "distillation.teacher.path=tiny",
+            "distillation.env_coef=0",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.save_hf_model=false",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[jsonl]",
+            "data.max_response_length=64",
+        ],
+        warn=False,
+    )
     trainer = PPOTrainer(cfg, FixedTrajectorySource([trajs]), servers=None, show_progress=False)
     try:
         summary = trainer.fit()

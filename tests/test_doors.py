@@ -53,7 +53,13 @@ def test_a_fence_with_a_long_whitespace_run_parses_in_linear_time(worker: Any) -
 
     content, calls, errors = returned(worker, parse_tool_calls, "<tool_call>```" + " " * 3000 + "x</tool_call>")
     assert calls == [] and len(errors) == 1 and "invalid JSON" in errors[0]
-    fenced = "<tool_call>```json" + " " * 60_000 + '{"name": "calculator", "arguments": {}}' + "\n" * 4000 + "```</tool_call>"
+    fenced = (
+        "<tool_call>```json"
+        + " " * 60_000
+        + '{"name": "calculator", "arguments": {}}'
+        + "\n" * 4000
+        + "```</tool_call>"
+    )
     _, calls, errors = returned(worker, parse_tool_calls, fenced)
     assert [c["function"]["name"] for c in calls] == ["calculator"] and errors == []
 
@@ -106,8 +112,14 @@ def test_door_survives_generated_inputs(worker: Any, door: str) -> None:
     from hypothesis import HealthCheck, Phase, given, settings
 
     # derandomized: CI sees the same inputs every run; no shrinking: a hang would be rerun many times
-    @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(fuzz.texts() if door in fuzz.TEXT_DOORS else fuzz.messages())
     def check(value: Any) -> None:
         problem = fuzz.failure(door, value, fuzz.measure(worker, door, value))

@@ -40,9 +40,11 @@ def assert_faithful(model, prompt, seq):
 
 def run(engine, prompts, n=1, **params):
     """Submit every prompt at once; the first sequence of each request."""
+
     async def go():
-        requests = [engine.submit(p, GenerationParams(**{"max_tokens": 12, "ignore_eos": True, **params}), n=n)
-                    for p in prompts]
+        requests = [
+            engine.submit(p, GenerationParams(**{"max_tokens": 12, "ignore_eos": True, **params}), n=n) for p in prompts
+        ]
         return [await r.done for r in requests]
 
     return asyncio.run(go())
@@ -170,8 +172,11 @@ def test_a_weight_update_empties_the_prefix_cache(model, tok):
         prompt = list(range(7, 40))
         [[first]] = run(engine, [prompt])
         gen = torch.Generator().manual_seed(3)
-        new = {k: v + 0.1 * torch.randn(v.shape, generator=gen) for k, v in engine.model.state_dict().items()
-               if k != "lm_head.weight"}
+        new = {
+            k: v + 0.1 * torch.randn(v.shape, generator=gen)
+            for k, v in engine.model.state_dict().items()
+            if k != "lm_head.weight"
+        }
         assert engine.update_weights(new, 5).result(timeout=30) == 5
         nxt = prompt + first.output_ids
         [[second]] = run(engine, [nxt])

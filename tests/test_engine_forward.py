@@ -17,18 +17,34 @@ from agentgym.server import lean_forward
 from agentgym.server.engine import Engine
 from agentgym.server.sampling import GenerationParams
 
-SMALL = dict(vocab_size=640, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512, eos_token_id=631, pad_token_id=632)
+SMALL = dict(
+    vocab_size=640,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    eos_token_id=631,
+    pad_token_id=632,
+)
 
 
 def build(kind: str):
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     if kind == "llama":
-        config = LlamaConfig(**SMALL, attention_bias=True, rope_scaling={"rope_type": "llama3", "factor": 4.0,
-                                                                         "low_freq_factor": 1.0,
-                                                                         "high_freq_factor": 4.0,
-                                                                         "original_max_position_embeddings": 64})
+        config = LlamaConfig(
+            **SMALL,
+            attention_bias=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
     elif kind == "qwen3":
         config = Qwen3Config(**SMALL, head_dim=24)
     elif kind == "mistral":
@@ -36,8 +52,9 @@ def build(kind: str):
     elif kind == "qwen2-mixed":  # sliding-window layers below full ones (max_window_layers)
         config = Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=7, max_window_layers=2)
     elif kind == "gpt2":
-        config = GPT2Config(vocab_size=640, n_embd=64, n_layer=2, n_head=4, n_positions=512, eos_token_id=631,
-                            pad_token_id=632)
+        config = GPT2Config(
+            vocab_size=640, n_embd=64, n_layer=2, n_head=4, n_positions=512, eos_token_id=631, pad_token_id=632
+        )
     else:
         raise ValueError(kind)
     torch.manual_seed(0)
@@ -58,15 +75,16 @@ def teacher_forced(model, prompt, tokens):
 
 def generate(engine, prompts, **params):
     async def go():
-        reqs = [engine.submit(p, GenerationParams(**{"max_tokens": 16, "ignore_eos": True, **params}))
-                for p in prompts]
+        reqs = [engine.submit(p, GenerationParams(**{"max_tokens": 16, "ignore_eos": True, **params})) for p in prompts]
         return [(await r.done)[0] for r in reqs]
 
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("kind,lean", [("llama", True), ("qwen3", True), ("mistral", True), ("qwen2-mixed", True),
-                                       ("llama", False), ("gpt2", False)])
+@pytest.mark.parametrize(
+    "kind,lean",
+    [("llama", True), ("qwen3", True), ("mistral", True), ("qwen2-mixed", True), ("llama", False), ("gpt2", False)],
+)
 def test_engine_logprobs_equal_a_teacher_forced_forward(kind, lean):
     model = build(kind)
     assert lean_forward.supports(model) == (kind != "gpt2")

@@ -18,8 +18,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def run(engine, prompts, **params):
     async def go():
-        reqs = [engine.submit(p, GenerationParams(**{"max_tokens": 24, "ignore_eos": True, "seed": 5, **params}))
-                for p in prompts]
+        reqs = [
+            engine.submit(p, GenerationParams(**{"max_tokens": 24, "ignore_eos": True, "seed": 5, **params}))
+            for p in prompts
+        ]
         return [(await r.done)[0] for r in reqs]
 
     return asyncio.run(go())
@@ -31,8 +33,9 @@ def test_cuda_graph_decode_matches_eager_decode(dtype):
     prompts = [list(range(10, 10 + k)) for k in (3, 40, 17, 90, 5)]
     results = {}
     for graphs in (True, False):
-        engine = Engine(load_causal_lm("tiny", dtype=dtype, device="cuda"), tok, max_batch_size=8,
-                        cuda_graphs=graphs).start()
+        engine = Engine(
+            load_causal_lm("tiny", dtype=dtype, device="cuda"), tok, max_batch_size=8, cuda_graphs=graphs
+        ).start()
         try:
             first = run(engine, prompts)
             turns = [p + s.output_ids + [7] for p, s in zip(prompts, first)]

@@ -108,10 +108,12 @@ def test_stop_ends_the_whole_group_even_when_its_first_process_is_gone(fake_vllm
 @pytest.mark.parametrize("ending", ["exception", "sigterm"])
 def test_a_program_that_ends_takes_its_engines_with_it(fake_vllm, ending):
     """A program holding a started engine (the trainer, a script) fails, or is sent SIGTERM."""
-    program = (f"from agentgym.server.engines import start_engine_server\n"
-               f"handle = start_engine_server('vllm', {fake_vllm.model!r}, python={fake_vllm.python!r}, timeout=60)\n"
-               "print('up', flush=True)\n"
-               + ("raise RuntimeError('the run failed')\n" if ending == "exception" else "import time; time.sleep(120)\n"))
+    program = (
+        f"from agentgym.server.engines import start_engine_server\n"
+        f"handle = start_engine_server('vllm', {fake_vllm.model!r}, python={fake_vllm.python!r}, timeout=60)\n"
+        "print('up', flush=True)\n"
+        + ("raise RuntimeError('the run failed')\n" if ending == "exception" else "import time; time.sleep(120)\n")
+    )
     run = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert run.stdout.readline().strip() == "up", run.stderr.read()
@@ -128,8 +130,20 @@ def test_a_program_that_ends_takes_its_engines_with_it(fake_vllm, ending):
 
 def test_serve_goes_down_with_its_engine_and_refuses_a_busy_port(fake_vllm):
     port = free_port()
-    serve = [sys.executable, "-m", "agentgym.cli", "serve", "--engine", "vllm", "--model", fake_vllm.model,
-             "--port", str(port), "--dtype", "bfloat16"]
+    serve = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "serve",
+        "--engine",
+        "vllm",
+        "--model",
+        fake_vllm.model,
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+    ]
     env = {**os.environ, "AGENTGYM_VLLM_PYTHON": fake_vllm.python}
     first = subprocess.Popen(serve, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -34,15 +34,23 @@ def test_sample_rows_follows_each_rows_distribution():
     logits = probs.log().repeat(rows, 1)
     u = counter_uniforms(torch.tensor([seed_key(1)] * rows), torch.arange(rows))
     ones, zeros = torch.ones(rows), torch.zeros(rows, dtype=torch.long)
-    for kwargs, want in (({}, [0.5, 0.0, 0.3, 0.2]),
-                         ({"log_probs": torch.log_softmax(logits, -1)}, [0.5, 0.0, 0.3, 0.2]),
-                         ({"top_k": torch.full((rows,), 2)}, [0.625, 0.0, 0.375, 0.0]),
-                         ({"top_p": torch.full((rows,), 0.6)}, [0.625, 0.0, 0.375, 0.0]),
-                         ({"temperature": torch.full((rows,), 0.5)}, [0.5**2 / 0.38, 0.0, 0.09 / 0.38, 0.04 / 0.38])):
+    for kwargs, want in (
+        ({}, [0.5, 0.0, 0.3, 0.2]),
+        ({"log_probs": torch.log_softmax(logits, -1)}, [0.5, 0.0, 0.3, 0.2]),
+        ({"top_k": torch.full((rows,), 2)}, [0.625, 0.0, 0.375, 0.0]),
+        ({"top_p": torch.full((rows,), 0.6)}, [0.625, 0.0, 0.375, 0.0]),
+        ({"temperature": torch.full((rows,), 0.5)}, [0.5**2 / 0.38, 0.0, 0.09 / 0.38, 0.04 / 0.38]),
+    ):
         args = {"temperature": ones, "top_k": zeros, "top_p": ones, **kwargs}
-        tokens = sample_rows(logits, args["temperature"], args["top_k"], args["top_p"], u,
-                             any_filtered="top_k" in kwargs or "top_p" in kwargs,
-                             log_probs=kwargs.get("log_probs"))
+        tokens = sample_rows(
+            logits,
+            args["temperature"],
+            args["top_k"],
+            args["top_p"],
+            u,
+            any_filtered="top_k" in kwargs or "top_p" in kwargs,
+            log_probs=kwargs.get("log_probs"),
+        )
         got = (torch.bincount(tokens, minlength=4) / rows).tolist()
         assert got[1] == 0.0, "a token of probability 0 was sampled"
         assert got == pytest.approx(want, abs=0.015), kwargs.keys()
@@ -56,6 +64,7 @@ def test_engine_rows_sample_independently_and_greedy_rows_follow_the_argmax():
     model = load_causal_lm("tiny")
     engine = Engine(model, load_tokenizer("tiny"), max_batch_size=8).start()
     try:
+
         async def go():
             greedy = engine.submit([5, 6, 7], GenerationParams(max_tokens=10, temperature=0.0, ignore_eos=True))
             sampled = engine.submit([5, 6, 7], GenerationParams(max_tokens=10, ignore_eos=True), n=6)

@@ -42,20 +42,48 @@ def vllm_extension():
 
 
 def test_command_lines():
-    cmd = vllm_command("/m", port=8123, served_model_name="tiny", tensor_parallel_size=2,
-                       gpu_memory_utilization=0.5, max_model_len=2048, python="py")
+    cmd = vllm_command(
+        "/m",
+        port=8123,
+        served_model_name="tiny",
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.5,
+        max_model_len=2048,
+        python="py",
+    )
     assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     text = " ".join(cmd)
-    for part in ("--model /m", "--served-model-name tiny", "--port 8123", "--tensor-parallel-size 2",
-                 "--gpu-memory-utilization 0.5", "--max-model-len 2048", "--enable-auto-tool-choice",
-                 "--tool-call-parser hermes", "--worker-extension-cls agentgym_vllm_extension.VLLMWorkerWeights"):
+    for part in (
+        "--model /m",
+        "--served-model-name tiny",
+        "--port 8123",
+        "--tensor-parallel-size 2",
+        "--gpu-memory-utilization 0.5",
+        "--max-model-len 2048",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser hermes",
+        "--worker-extension-cls agentgym_vllm_extension.VLLMWorkerWeights",
+    ):
         assert part in text
-    cmd = sglang_command("/m", port=30001, tensor_parallel_size=4, gpu_memory_utilization=0.7,
-                         max_model_len=4096, python="py", extra_args=["--skip-server-warmup"])
+    cmd = sglang_command(
+        "/m",
+        port=30001,
+        tensor_parallel_size=4,
+        gpu_memory_utilization=0.7,
+        max_model_len=4096,
+        python="py",
+        extra_args=["--skip-server-warmup"],
+    )
     assert cmd[:3] == ["py", "-m", "sglang.launch_server"] and cmd[-1] == "--skip-server-warmup"
     text = " ".join(cmd)
-    for part in ("--model-path /m", "--port 30001", "--tp 4", "--mem-fraction-static 0.7",
-                 "--context-length 4096", "--tool-call-parser qwen25"):
+    for part in (
+        "--model-path /m",
+        "--port 30001",
+        "--tp 4",
+        "--mem-fraction-static 0.7",
+        "--context-length 4096",
+        "--tool-call-parser qwen25",
+    ):
         assert part in text
 
 
@@ -97,8 +125,12 @@ def test_vllm_adapter_pauses_loads_through_the_worker_extension_and_resumes(stan
         VLLMWeights().update_from_disk(stand_in.url, "/dev/shm/w", 4)
     finally:
         stand_in.missing.clear()
-    assert [p for p, _, _ in stand_in.calls] == ["/pause", "/collective_rpc", "/reset_prefix_cache",
-                                                 "/update_weight_version"]
+    assert [p for p, _, _ in stand_in.calls] == [
+        "/pause",
+        "/collective_rpc",
+        "/reset_prefix_cache",
+        "/update_weight_version",
+    ]
 
 
 def test_sglang_adapter_routes(stand_in, tmp_path):
@@ -113,20 +145,37 @@ def test_sglang_adapter_routes(stand_in, tmp_path):
     weights.resume(stand_in.url)
     weights.update_from_state_dict(stand_in.url, {"w": torch.ones(2)}, 5)
     paths = [p for p, _, _ in stand_in.calls]
-    assert paths == ["/update_weights_from_disk", "/update_weights_from_tensor", "/init_weights_update_group",
-                     "/update_weights_from_distributed", "/pause_generation", "/continue_generation",
-                     "/update_weights_from_disk"]
+    assert paths == [
+        "/update_weights_from_disk",
+        "/update_weights_from_tensor",
+        "/init_weights_update_group",
+        "/update_weights_from_distributed",
+        "/pause_generation",
+        "/continue_generation",
+        "/update_weights_from_disk",
+    ]
     bodies = [b for _, _, b in stand_in.calls]
     assert bodies[0] == {"model_path": "/ckpt", "weight_version": "1", "abort_all_requests": False}
-    assert bodies[1] == {"serialized_named_tensors": ["blob", "blob"], "load_format": None, "flush_cache": True,
-                         "weight_version": "2"}
-    assert bodies[2] == {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
-                         "group_name": "weight_update_group", "backend": "nccl"}
+    assert bodies[1] == {
+        "serialized_named_tensors": ["blob", "blob"],
+        "load_format": None,
+        "flush_cache": True,
+        "weight_version": "2",
+    }
+    assert bodies[2] == {
+        "master_address": "10.0.0.1",
+        "master_port": 29500,
+        "rank_offset": 1,
+        "world_size": 3,
+        "group_name": "weight_update_group",
+        "backend": "nccl",
+    }
     assert bodies[3]["names"] == ["w"] and bodies[3]["dtypes"] == ["bfloat16"] and bodies[3]["shapes"] == [[2]]
     pushed = bodies[6]["model_path"]
     assert bodies[6]["weight_version"] == "5" and not os.path.exists(pushed)  # written, loaded, removed
     # a single safetensors file (what the trainer writes) reaches SGLang as a model directory
     from agentgym.model.weights import save_for_push
+
     seen = {}
     weights._post = lambda url, path, body: seen.update(files=sorted(os.listdir(body["model_path"])))
     weights.update_from_disk(stand_in.url, str(save_for_push({"w": torch.ones(2)}, tmp_path / "p.safetensors")), 6)
@@ -137,8 +186,9 @@ def test_vllm_worker_extension_loads_a_pushed_file(tmp_path):
     from agentgym.model.weights import save_for_push
 
     received = {}
-    fake_model = SimpleNamespace(load_weights=lambda weights: received.update(dict(weights)),
-                                 parameters=lambda: iter([torch.zeros(1)]))
+    fake_model = SimpleNamespace(
+        load_weights=lambda weights: received.update(dict(weights)), parameters=lambda: iter([torch.zeros(1)])
+    )
     worker = vllm_extension().VLLMWorkerWeights()
     worker.model_runner = SimpleNamespace(model=fake_model, model_config=None)
     path = save_for_push({"a": torch.ones(3), "b": torch.zeros(2)}, tmp_path / "w.safetensors")
@@ -150,8 +200,9 @@ def test_vllm_worker_extension_loads_a_pushed_file(tmp_path):
     def reload_weights(weights_iterator=None, weights_path=None, is_checkpoint_format=True):
         reloaded.update(dict(weights_iterator))
 
-    worker.model_runner = SimpleNamespace(reload_weights=reload_weights, model_config=SimpleNamespace(
-        hf_config=SimpleNamespace(tie_word_embeddings=True)))
+    worker.model_runner = SimpleNamespace(
+        reload_weights=reload_weights, model_config=SimpleNamespace(hf_config=SimpleNamespace(tie_word_embeddings=True))
+    )
     path = save_for_push({"model.embed_tokens.weight": torch.ones(4, 2)}, tmp_path / "e.safetensors")
     worker.agentgym_load_weights(str(path))
     assert set(reloaded) == {"model.embed_tokens.weight", "lm_head.weight"}
@@ -159,8 +210,23 @@ def test_vllm_worker_extension_loads_a_pushed_file(tmp_path):
 
 # Imported by the worker processes of a vLLM that has none of agentgym's dependencies: only the
 # standard library, torch and vLLM may be imported (and not agentgym itself: its __init__ needs gymnasium).
-BLOCKED = ("agentgym", "gymnasium", "ray", "fastapi", "uvicorn", "transformers", "tokenizers", "safetensors",
-           "httpx", "omegaconf", "yaml", "numpy", "jinja2", "openai", "pydantic")
+BLOCKED = (
+    "agentgym",
+    "gymnasium",
+    "ray",
+    "fastapi",
+    "uvicorn",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "httpx",
+    "omegaconf",
+    "yaml",
+    "numpy",
+    "jinja2",
+    "openai",
+    "pydantic",
+)
 IMPORT_IN_VLLM_ENV = """
 import importlib.abc, sys
 BLOCKED = {blocked!r}
@@ -193,13 +259,21 @@ def test_vllm_extension_imports_nothing_but_the_standard_library_torch_and_vllm(
 
     command = vllm_command("/m", python=sys.executable)
     extension = command[command.index("--worker-extension-cls") + 1]
-    save_for_push({"w": torch.ones(3, dtype=torch.bfloat16), "b": torch.full((2,), 2.0)}, tmp_path / "model.safetensors")
+    save_for_push(
+        {"w": torch.ones(3, dtype=torch.bfloat16), "b": torch.full((2,), 2.0)}, tmp_path / "model.safetensors"
+    )
     (tmp_path / "config.json").write_text("{}")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(engine_environment("vllm"))
     script = IMPORT_IN_VLLM_ENV.format(blocked=BLOCKED, extension=extension)
-    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["count"] == 2 and result["sums"] == {"w": 3.0, "b": 4.0}
@@ -209,13 +283,20 @@ def test_vllm_extension_imports_nothing_but_the_standard_library_torch_and_vllm(
 
 def test_subprocess_handle_reports_the_log_tail_and_stops_the_group():
     url = f"http://127.0.0.1:{free_port()}"
-    dead = SubprocessServerHandle([sys.executable, "-c", "print('CUDA out of memory'); raise SystemExit(3)"],
-                                  url, "vllm", "m", VLLMWeights())
+    dead = SubprocessServerHandle(
+        [sys.executable, "-c", "print('CUDA out of memory'); raise SystemExit(3)"], url, "vllm", "m", VLLMWeights()
+    )
     with pytest.raises(RuntimeError, match="(?s)exited with code 3.*CUDA out of memory"):
         dead.wait_ready(timeout=30, interval=0.05)
     dead.stop()
-    slow = SubprocessServerHandle([sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"],
-                                  url, "sglang", "m", SGLangWeights(), grace=5)
+    slow = SubprocessServerHandle(
+        [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"],
+        url,
+        "sglang",
+        "m",
+        SGLangWeights(),
+        grace=5,
+    )
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="(?s)did not answer /health.*loading"):
         slow.wait_ready(timeout=1.0, interval=0.1)

@@ -103,22 +103,34 @@ async def test_process_executor_counts_each_failing_episode_once(standin_server)
     timed out too (10 failures counted for 4 failing episodes here). Calls now run on threads
     inside the worker: only the hung episode times out."""
     seeds = [11, RAISES, 15, HANGS, 21, ODD, 23]
-    result = await run(standin_server, FlakyEnv, seeds, env_executor="process", env_workers=2, env_timeout=1.5,
-                       max_concurrency=14)
+    result = await run(
+        standin_server, FlakyEnv, seeds, env_executor="process", env_workers=2, env_timeout=1.5, max_concurrency=14
+    )
     groups = by_seed(result)
     assert all("OddError: odd at turn 2" in t.failure for t in groups[ODD])
-    assert all("env.step raised: RuntimeError: env exploded" in t.failure for t in groups[RAISES]), [t.failure for t in result.trajectories]
+    assert all("env.step raised: RuntimeError: env exploded" in t.failure for t in groups[RAISES]), [
+        t.failure for t in result.trajectories
+    ]
     assert all("env.step timed out" in t.failure for t in groups[HANGS])
     for seed in (11, 15, 21, 23):
-        assert all(t.status == "ok" and t.num_turns == 3 and t.total_reward == 2.5 for t in groups[seed]), \
-            [t.failure for t in groups[seed]]
+        assert all(t.status == "ok" and t.num_turns == 3 and t.total_reward == 2.5 for t in groups[seed]), [
+            t.failure for t in groups[seed]
+        ]
     assert result.metrics["failed"] == 6 and len(result.trainable()) == 8
 
 
 @pytest.mark.slow
 async def test_a_dead_process_worker_fails_its_episodes_and_is_started_again(standin_server):
-    result = await run(standin_server, FlakyEnv, [11, DIES, 15, 21], n=1, env_executor="process", env_workers=1,
-                       env_timeout=5.0, max_concurrency=1)
+    result = await run(
+        standin_server,
+        FlakyEnv,
+        [11, DIES, 15, 21],
+        n=1,
+        env_executor="process",
+        env_workers=1,
+        env_timeout=5.0,
+        max_concurrency=1,
+    )
     groups = by_seed(result)
     (dead,) = groups[DIES]
     assert dead.status == "failed" and "WorkerCrashed" in dead.failure and "exit code 3" in dead.failure
@@ -128,8 +140,9 @@ async def test_a_dead_process_worker_fails_its_episodes_and_is_started_again(sta
 
 async def test_process_worker_start_up_is_not_an_env_call(standin_server):
     """The first call waits for the worker to start (imports: seconds) apart from env_timeout."""
-    result = await run(standin_server, "sokoban", [0], n=1, env_executor="process", env_workers=1,
-                       env_timeout=0.5, max_turns=1)
+    result = await run(
+        standin_server, "sokoban", [0], n=1, env_executor="process", env_workers=1, env_timeout=0.5, max_turns=1
+    )
     assert result.trajectories[0].status != "failed", result.trajectories[0].failure
 
 
@@ -155,8 +168,9 @@ async def test_workers_executor_is_token_exact(standin_server):
 
 @pytest.mark.slow
 async def test_a_dead_episode_worker_fails_exactly_its_episodes(standin_server):
-    result = await run(standin_server, FlakyEnv, [11, DIES, 15], n=1, env_executor="workers", env_workers=1,
-                       max_concurrency=1)
+    result = await run(
+        standin_server, FlakyEnv, [11, DIES, 15], n=1, env_executor="workers", env_workers=1, max_concurrency=1
+    )
     groups = by_seed(result)
     (dead,) = groups[DIES]
     assert dead.status == "failed" and "episode worker crashed" in dead.failure and "exit code 3" in dead.failure
@@ -166,8 +180,16 @@ async def test_a_dead_episode_worker_fails_exactly_its_episodes(standin_server):
 
 @pytest.mark.slow
 async def test_a_hung_step_times_out_inside_an_episode_worker(standin_server):
-    result = await run(standin_server, FlakyEnv, [11, HANGS, 15], n=2, env_executor="workers", env_workers=1,
-                       env_timeout=1.0, max_concurrency=6)
+    result = await run(
+        standin_server,
+        FlakyEnv,
+        [11, HANGS, 15],
+        n=2,
+        env_executor="workers",
+        env_workers=1,
+        env_timeout=1.0,
+        max_concurrency=6,
+    )
     groups = by_seed(result)
     assert all(t.status == "failed" and "timed out" in t.failure for t in groups[HANGS])
     assert all(t.status == "ok" for s in (11, 15) for t in groups[s])
@@ -218,21 +240,25 @@ async def test_openenv_executor_matches_inline(standin_server, env_server):
     url = env_server("sokoban")
     standin_server.token_ids = ids("<answer>Up</answer><|im_end|>")
     async with PolicyClient(standin_server.url) as client:
-        remote = RolloutRunner("sokoban", client, "tiny", RolloutConfig(n=2, max_turns=3, env_executor="openenv",
-                                                                        env_urls=[url]))
+        remote = RolloutRunner(
+            "sokoban", client, "tiny", RolloutConfig(n=2, max_turns=3, env_executor="openenv", env_urls=[url])
+        )
         local = RolloutRunner("sokoban", client, "tiny", RolloutConfig(n=2, max_turns=3, env_executor="inline"))
         a = await remote.run(tasks=2)
         b = await local.run(tasks=2)
         await remote.aclose()
     assert [t.token_ids() for t in a.trajectories] == [t.token_ids() for t in b.trajectories]
-    assert [[u.reward for u in t.turns] for t in a.trajectories] == [[u.reward for u in t.turns] for t in b.trajectories]
+    assert [[u.reward for u in t.turns] for t in a.trajectories] == [
+        [u.reward for u in t.turns] for t in b.trajectories
+    ]
     assert [t.status for t in a.trajectories] == [t.status for t in b.trajectories]
 
 
 async def test_openenv_executor_times_out_only_the_hung_episode(standin_server, env_server):
     url = env_server("flaky", factory=FlakyEnv)
-    result = await run(standin_server, FlakyEnv, [11, HANGS, RAISES], env_executor="openenv", env_urls=[url],
-                       env_timeout=1.0)
+    result = await run(
+        standin_server, FlakyEnv, [11, HANGS, RAISES], env_executor="openenv", env_urls=[url], env_timeout=1.0
+    )
     groups = by_seed(result)
     assert all("timed out" in t.failure for t in groups[HANGS])
     assert all("env exploded" in t.failure for t in groups[RAISES])

@@ -20,9 +20,14 @@ from agentgym.trainer.config import load_config
 from agentgym.trainer.training_record import FILE, read_training_record, write_training_record
 
 SEED = 1_000_000
-SETTINGS = ["held_out.enable=true", "held_out.num_tasks=3", "actor_rollout_ref.rollout.max_tokens_per_turn=12",
-            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2", "env.kwargs.max_steps=9",
-            "actor_rollout_ref.rollout.concurrency=4"]
+SETTINGS = [
+    "held_out.enable=true",
+    "held_out.num_tasks=3",
+    "actor_rollout_ref.rollout.max_tokens_per_turn=12",
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+    "env.kwargs.max_steps=9",
+    "actor_rollout_ref.rollout.concurrency=4",
+]
 
 
 def make_run(tmp_path, *overrides, model=True):
@@ -59,8 +64,24 @@ def test_eval_run_replays_the_held_out_scoring_token_for_token(tmp_path, monkeyp
     assert sorted(reference) == [SEED, SEED + 1, SEED + 2]
 
     out = tmp_path / "eval.jsonl"
-    assert main(["eval", "--run", str(run_dir), "--tasks", "3", "--seed", str(SEED), "--temperature", "0",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--run",
+                str(run_dir),
+                "--tasks",
+                "3",
+                "--seed",
+                str(SEED),
+                "--temperature",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     replayed = {t.seed: t for t in read_trajectories(out)}
     assert sorted(replayed) == sorted(reference)
@@ -78,18 +99,33 @@ def test_eval_run_replays_the_held_out_scoring_token_for_token(tmp_path, monkeyp
 
 
 def test_flags_and_env_args_win_over_the_run_and_every_setting_is_printed(tmp_path, capsys):
-    run_dir, _ = make_run(tmp_path, "data.apply_chat_template_kwargs={enable_thinking: false}",
-                          "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
-                          "actor_rollout_ref.rollout.val_kwargs.temperature=0.7", "actor_rollout_ref.rollout.device=cpu")
-    args = parse("eval", "--run", str(run_dir / "huggingface"), "--max-tokens", "5", "--env-arg", "max_steps=4",
-                 "--env-arg", "system_prompt=null")
+    run_dir, _ = make_run(
+        tmp_path,
+        "data.apply_chat_template_kwargs={enable_thinking: false}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
+        "actor_rollout_ref.rollout.device=cpu",
+    )
+    args = parse(
+        "eval",
+        "--run",
+        str(run_dir / "huggingface"),
+        "--max-tokens",
+        "5",
+        "--env-arg",
+        "max_steps=4",
+        "--env-arg",
+        "system_prompt=null",
+    )
     settle_rollout_args(args, "eval")
     assert args.model == str(run_dir / "huggingface") and args.env == "sokoban"
     assert args.max_tokens == 5 and args.max_turns == 2 and args.temperature == 0.7
     assert args.env_kwargs["max_steps"] == 4 and args.env_kwargs["system_prompt"] is None
     assert args.env_kwargs["dim_room"] == [6, 6] and args.env_kwargs["offer_tools"] is False
     assert args.seed == SEED and args.tasks == 3 and args.sampling_seed == 0
-    assert args.max_model_len == 1024 and args.chat_template_kwargs == {"enable_thinking": False} and args.device == "cpu"
+    assert (
+        args.max_model_len == 1024 and args.chat_template_kwargs == {"enable_thinking": False} and args.device == "cpu"
+    )
     err = capsys.readouterr().err
     assert "--env-arg max_steps, system_prompt over it" in err and "val_kwargs.temperature" in err
 
@@ -153,10 +189,29 @@ def test_a_model_dir_remembers_its_training_and_eval_warns_when_scored_otherwise
     assert "dim_room" not in err  # [6, 6] is sokoban's default too: not a difference
     assert f"agentgym eval --run {run_dir.resolve()}" in err
 
-    same = [f"--env-arg={a}" for a in ("system_prompt=", "max_steps=9", "offer_tools=false", "max_actions_per_turn=5",
-                                          "dim_room=[6,6]", "num_boxes=1")]
-    args = parse("eval", "--env", "sokoban", "--model", str(run_dir / "huggingface"), "--max-turns", "2",
-                 "--max-tokens", "12", *same)
+    same = [
+        f"--env-arg={a}"
+        for a in (
+            "system_prompt=",
+            "max_steps=9",
+            "offer_tools=false",
+            "max_actions_per_turn=5",
+            "dim_room=[6,6]",
+            "num_boxes=1",
+        )
+    ]
+    args = parse(
+        "eval",
+        "--env",
+        "sokoban",
+        "--model",
+        str(run_dir / "huggingface"),
+        "--max-turns",
+        "2",
+        "--max-tokens",
+        "12",
+        *same,
+    )
     settle_rollout_args(args, "eval")
     assert "warning" not in capsys.readouterr().err
     args = parse("eval", "--env", "gsm8k", "--model", str(run_dir / "huggingface"))

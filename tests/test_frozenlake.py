@@ -102,10 +102,15 @@ def test_on_slippery_ice_the_expert_beats_a_random_policy():
 
 
 def test_grid_lookup_and_vocab_change_the_symbols():
-    env = FrozenLakeEnv(grid_lookup={0: "A", 1: ".", 2: "W", 3: "G", 4: "x", 5: "y"},
-                        grid_vocab={"A": "you", ".": "ice", "W": "water", "G": "goal"})
+    env = FrozenLakeEnv(
+        grid_lookup={0: "A", 1: ".", 2: "W", 3: "G", 4: "x", 5: "y"},
+        grid_vocab={"A": "you", ".": "ice", "W": "water", "G": "goal"},
+    )
     messages, _ = env.reset(options={"desc": LAKE})
-    assert messages[1]["content"].startswith("A...\n.W.W") and "A: you, .: ice, W: water, G: goal" in messages[0]["content"]
+    assert (
+        messages[1]["content"].startswith("A...\n.W.W")
+        and "A: you, .: ice, W: water, G: goal" in messages[0]["content"]
+    )
 
 
 def test_presets_are_registered():
@@ -122,11 +127,26 @@ def test_train_env_frozenlake_runs_the_main_job_stages(tmp_path):
     from agentgym.cli import main
 
     run = tmp_path / "run"
-    code = main(["train", "--env", "frozenlake", f"trainer.default_local_dir={run}", "warm_start.demos=32",
-                 "warm_start.sft.trainer.total_training_steps=2", "trainer.total_training_steps=1",
-                 "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "held_out.num_tasks=4",
-                 "held_out.temperatures=[0.0]", "env.num_val_tasks=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
-                 "trainer.val_before_train=false", "trainer.logger=[jsonl]"])
+    code = main(
+        [
+            "train",
+            "--env",
+            "frozenlake",
+            f"trainer.default_local_dir={run}",
+            "warm_start.demos=32",
+            "warm_start.sft.trainer.total_training_steps=2",
+            "trainer.total_training_steps=1",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            "held_out.num_tasks=4",
+            "held_out.temperatures=[0.0]",
+            "env.num_val_tasks=2",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.val_before_train=false",
+            "trainer.logger=[jsonl]",
+        ]
+    )
     assert code == 0
     demos = (run / "warm_start" / "demos" / "demos.jsonl").read_text().splitlines()
     first = json.loads(demos[0])["messages"]

@@ -29,8 +29,19 @@ from agentgym.types import Trajectory
 
 bench = gateway_bench()
 
-TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
-    "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +121,15 @@ def test_multi_turn_tool_agent_records_one_token_exact_trajectory(gw, oracle, to
     assert traj.outcome_reward == 1.0 and traj.metrics["reward_fn_score"] == 1.0
     call = traj.messages[2]["tool_calls"][0]["function"]
     assert call["name"] == "calculator" and json.loads(call["arguments"]) == {"expression": "48 / 2 + 3"}
-    assert traj.messages[3] == {"role": "tool", "content": "27", "tool_call_id": traj.messages[2]["tool_calls"][0]["id"]}
+    assert traj.messages[3] == {
+        "role": "tool",
+        "content": "27",
+        "tool_call_id": traj.messages[2]["tool_calls"][0]["id"],
+    }
     # turn 2 read only the tool result: the closing newline, the tool block and the generation prompt
     assert tok.decode(traj.turns[1].prompt_ids) == (
-        "\n<|im_start|>user\n<tool_response>\n27\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        "\n<|im_start|>user\n<tool_response>\n27\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert all(t.weight_version == 3 for t in traj.turns)
     assert traj.metrics["template_mismatch"] == 0
     assert_sampled_by_server(traj, oracle)
@@ -127,8 +143,7 @@ def test_resent_history_is_merged_into_one_trajectory(gw, oracle):
     prompts = []
     for k in range(4):
         messages.append({"role": "user", "content": f"turn {k}"})
-        response = client.chat.completions.create(model="any", messages=messages,
-                                                  extra_body={"return_token_ids": True})
+        response = client.chat.completions.create(model="any", messages=messages, extra_body={"return_token_ids": True})
         prompts.append(response.model_extra["prompt_token_ids"])
         assert response.choices[0].message.content == f"echo: turn {k}"
         messages.append(as_message(response.choices[0].message))
@@ -152,7 +167,9 @@ def test_edited_history_starts_a_branch_of_its_own(gw, oracle, tok):
     messages.append(as_message(client.chat.completions.create(model="m", messages=messages).choices[0].message))
     # the agent rewrites its second message (a fork after the first reply) ...
     edited = messages[:2] + [{"role": "user", "content": "second, edited"}]
-    assert client.chat.completions.create(model="m", messages=edited).choices[0].message.content == "echo: second, edited"
+    assert (
+        client.chat.completions.create(model="m", messages=edited).choices[0].message.content == "echo: second, edited"
+    )
     # ... and edits the model's first reply (nothing of the recorded tokens can be reused)
     forged = [messages[0], {"role": "assistant", "content": "something else"}, {"role": "user", "content": "third"}]
     client.chat.completions.create(model="m", messages=forged)
@@ -198,8 +215,9 @@ def test_streaming_matches_the_plain_response(gw):
     info = new_session(gw)
     client = client_for(info)
     messages = [{"role": "user", "content": "CALC: 6 * 7"}]
-    stream = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True,
-                                            stream_options={"include_usage": True}, logprobs=True)
+    stream = client.chat.completions.create(
+        model="m", messages=messages, tools=TOOLS, stream=True, stream_options={"include_usage": True}, logprobs=True
+    )
     chunks = list(stream)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
@@ -208,9 +226,20 @@ def test_streaming_matches_the_plain_response(gw):
     assert calls[0].function.name == "calculator" and json.loads(calls[0].function.arguments) == {"expression": "6 * 7"}
     assert chunks[-1].usage.completion_tokens > 0
     # the streamed reply is the recorded one: re-sending it extends the same branch
-    messages += [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": calls[0].id, "type": "function", "function": {"name": "calculator", "arguments": calls[0].function.arguments}}]},
-        {"role": "tool", "tool_call_id": calls[0].id, "content": "42"}]
+    messages += [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": calls[0].id,
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": calls[0].function.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "42"},
+    ]
     final = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
     assert final.choices[0].message.content == "The tool says 42. #### 42"
     [traj] = finish(gw, info)
@@ -220,8 +249,9 @@ def test_streaming_matches_the_plain_response(gw):
 async def test_async_client_streaming_and_text_completions(gw, oracle):
     info = new_session(gw)
     async with openai.AsyncOpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0) as client:
-        stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                                      stream=True)
+        stream = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         assert text == "echo: hi"
         first = await client.completions.create(model="m", prompt="<|im_start|>user\nabc<|im_end|>\n", max_tokens=50)
@@ -245,16 +275,18 @@ async def test_async_client_streaming_and_text_completions(gw, oracle):
 def test_pinned_sampling_overrides_the_agent_and_stop_strings_cut(gw):
     info = new_session(gw, sampling={"max_tokens": 3})
     client = client_for(info)
-    response = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a long message"}],
-                                              max_tokens=100, logprobs=True)
+    response = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "a long message"}], max_tokens=100, logprobs=True
+    )
     assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == 3
     assert len(response.choices[0].logprobs.content) == 3
     [traj] = finish(gw, info)
     assert traj.status == "truncated" and len(traj.turns[0].response_ids) == 3
 
     info = new_session(gw)
-    response = client_for(info).chat.completions.create(model="m", messages=[{"role": "user", "content": "abc STOP def"}],
-                                                        stop=["STOP"])
+    response = client_for(info).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "abc STOP def"}], stop=["STOP"]
+    )
     assert response.choices[0].message.content == "echo: abc "
     assert "STOP" in finish(gw, info)[0].turns[0].response_text  # the model's context keeps what it sampled
 
@@ -268,19 +300,26 @@ def test_keys_are_per_session_and_errors_have_openai_shape(gw):
     assert err.value.body["code"] == "wrong_session"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=a["base_url"], api_key="sk-nope", max_retries=0).chat.completions.create(
-            model="m", messages=messages)
+            model="m", messages=messages
+        )
     gone = {**a, "base_url": a["base_url"].replace(a["id"], "nope")}
     with pytest.raises(openai.NotFoundError):
         client_for(gone).chat.completions.create(model="m", messages=messages)
-    r = httpx.post(a["base_url"] + "/chat/completions", content=b"{not json",
-                   headers={"Authorization": f"Bearer {a['api_key']}", "Content-Type": "application/json"})
+    r = httpx.post(
+        a["base_url"] + "/chat/completions",
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {a['api_key']}", "Content-Type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as err:
         client_for(a).chat.completions.create(model="m", messages=[{"role": "user", "content": "x " * 3000}])
     assert err.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError):
         client_for(a).chat.completions.create(model="m", messages=[{"role": "wizard", "content": "hi"}])
-    assert httpx.get(f"{gw.url}/sessions/{a['id']}", headers={"Authorization": f"Bearer {b['api_key']}"}).status_code == 403
+    assert (
+        httpx.get(f"{gw.url}/sessions/{a['id']}", headers={"Authorization": f"Bearer {b['api_key']}"}).status_code
+        == 403
+    )
     # a finished session takes no more calls; finishing again returns the same trajectories
     client_for(a).chat.completions.create(model="m", messages=messages)
     first = finish(gw, a)
@@ -297,8 +336,12 @@ def test_admin_key_guards_admin_endpoints(standin):
         assert httpx.post(handle.url + "/sessions", json={}).status_code == 401
         info = httpx.post(handle.url + "/sessions", json={}, headers={"Authorization": "Bearer sk-admin"}).json()
         assert httpx.get(f"{handle.url}/sessions/{info['id']}").status_code == 401
-        assert httpx.get(f"{handle.url}/sessions/{info['id']}",
-                         headers={"Authorization": f"Bearer {info['api_key']}"}).status_code == 200
+        assert (
+            httpx.get(
+                f"{handle.url}/sessions/{info['id']}", headers={"Authorization": f"Bearer {info['api_key']}"}
+            ).status_code
+            == 200
+        )
         assert httpx.post(handle.url + "/pause", json={}).status_code == 401
 
 
@@ -309,8 +352,12 @@ def test_rewards_posted_and_computed_are_summed(gw):
     r1 = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
     call = r1.choices[0].message.tool_calls[0]
     auth = {"Authorization": f"Bearer {info['api_key']}"}  # the agent posts with its own key
-    assert httpx.post(f"{gw.url}/sessions/{info['id']}/reward", json={"reward": 0.1, "kind": "turn"},
-                      headers=auth).status_code == 200
+    assert (
+        httpx.post(
+            f"{gw.url}/sessions/{info['id']}/reward", json={"reward": 0.1, "kind": "turn"}, headers=auth
+        ).status_code
+        == 200
+    )
     messages += [as_message(r1.choices[0].message), {"role": "tool", "tool_call_id": call.id, "content": "5"}]
     client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
     assert httpx.post(f"{gw.url}/sessions/{info['id']}/reward", json={"reward": 0.5}, headers=auth).status_code == 200
@@ -370,8 +417,10 @@ def test_a_new_tool_list_starts_a_fresh_branch(gw, tok):
     info = new_session(gw)
     client = client_for(info)
     messages = [{"role": "user", "content": "hi"}]
-    messages += [as_message(client.chat.completions.create(model="m", messages=messages).choices[0].message),
-                 {"role": "user", "content": "again"}]
+    messages += [
+        as_message(client.chat.completions.create(model="m", messages=messages).choices[0].message),
+        {"role": "user", "content": "again"},
+    ]
     client.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # the system prompt changed
     first, second = finish(gw, info)
     assert first.num_turns == 1 and second.num_turns == 1 and second.task["parent"] is None
@@ -415,10 +464,18 @@ def test_data_pool_completes_groups_when_every_session_finished():
 
 
 async def test_agent_source_runs_sync_and_async_agents_in_groups(gw, oracle):
-    tasks = [{"index": i, "question": f"CALC: {i} * 10", "ground_truth": str(i * 10), "reward_fn": "gsm8k"}
-             for i in range(3)]
-    source = AgentTrajectorySource("examples.gsm8k_agent:run", tasks, n=2, gateway=gw, tasks_per_step=2,
-                                   sampling={"temperature": 0.7}, concurrency=4)
+    tasks = [
+        {"index": i, "question": f"CALC: {i} * 10", "ground_truth": str(i * 10), "reward_fn": "gsm8k"} for i in range(3)
+    ]
+    source = AgentTrajectorySource(
+        "examples.gsm8k_agent:run",
+        tasks,
+        n=2,
+        gateway=gw,
+        tasks_per_step=2,
+        sampling={"temperature": 0.7},
+        concurrency=4,
+    )
     try:
         trajs = await source.collect(step=1)
         assert len(trajs) == 4 and len({t.group_id for t in trajs}) == 2
@@ -456,8 +513,9 @@ async def test_agent_source_runs_sync_and_async_agents_in_groups(gw, oracle):
 def test_agent_trajectories_build_the_same_training_batch_as_env_rollouts(gw):
     from agentgym.trainer.batch import build_batch
 
-    tasks = [{"index": i, "question": f"CALC: {i} + {i}", "ground_truth": str(2 * i), "reward_fn": "gsm8k"}
-             for i in range(2)]
+    tasks = [
+        {"index": i, "question": f"CALC: {i} + {i}", "ground_truth": str(2 * i), "reward_fn": "gsm8k"} for i in range(2)
+    ]
 
     async def collect() -> list[Trajectory]:
         source = AgentTrajectorySource("examples.gsm8k_agent:run", tasks, n=2, gateway=gw)
@@ -528,13 +586,25 @@ def test_trajectory_source_from_the_training_config(standin, tmp_path):
     from agentgym.trainer.config import load_config
 
     rows = [{"question": f"CALC: {i} * 3", "answer": f"so #### {3 * i}"} for i in range(4)]
-    rows.append({"prompt": [{"role": "user", "content": "CALC: 10 - 1"}], "data_source": "openai/gsm8k",
-                 "reward_model": {"ground_truth": "9"}})
+    rows.append(
+        {
+            "prompt": [{"role": "user", "content": "CALC: 10 - 1"}],
+            "data_source": "openai/gsm8k",
+            "reward_model": {"ground_truth": "9"},
+        }
+    )
     path = tmp_path / "train.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    cfg = load_config(overrides=[f"data.train_files={path}", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
-                                 "data.val_batch_size=1", "actor_rollout_ref.rollout.temperature=0.5"],
-                      agent="examples.gsm8k_agent:run")
+    cfg = load_config(
+        overrides=[
+            f"data.train_files={path}",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            "data.val_batch_size=1",
+            "actor_rollout_ref.rollout.temperature=0.5",
+        ],
+        agent="examples.gsm8k_agent:run",
+    )
 
     class Servers:  # what the trainer passes: RolloutServers' urls, backend and client
         urls, backend = [standin], "embedded"
@@ -560,7 +630,8 @@ def test_logprob_bytes_are_the_tokens_own_bytes(gw):
     bytes (not the UTF-8 of a replacement character), so together they spell the reply."""
     text = "héllo ✓ 日本"
     response = client_for(new_session(gw)).chat.completions.create(
-        model="m", messages=[{"role": "user", "content": text}], logprobs=True)
+        model="m", messages=[{"role": "user", "content": text}], logprobs=True
+    )
     content = response.choices[0].logprobs.content
     assert response.choices[0].message.content == f"echo: {text}"
     spelled = b"".join(bytes(c.bytes) for c in content).decode()

@@ -9,14 +9,24 @@ from agentgym.gateway.sessions import _json_equal, normalize_message, same_reply
 def test_deeply_nested_tool_arguments_compare_as_different_not_raise():
     assert _json_equal("[" * 5000, "x") is False
     assert _json_equal('{"a": 1}', '{"a":1}') is True
-    deep = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "[" * 5000}}]}
+    deep = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "[" * 5000}}],
+    }
     assert same_reply(normalize_message(deep), normalize_message(deep)) is True  # equal text: no parse needed
 
 
 def test_a_content_part_whose_text_is_not_a_string_adds_nothing():
-    message = {"role": "user", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "hi"},
-                                           {"type": "text", "text": None}, "stray"]}
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": 5},
+            {"type": "text", "text": "hi"},
+            {"type": "text", "text": None},
+            "stray",
+        ],
+    }
     assert normalize_message(message)["content"] == "hi"
 
 

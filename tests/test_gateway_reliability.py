@@ -1,5 +1,6 @@
 """The gateway under load and abuse: 1,000 concurrent agent sessions through ``agentgym gateway``
-(a child process; once as one process, once with ``--workers 2``) against the stand-in policy server (``benchmarks/standin_server.py``, another
+(a child process; once as one process, once with ``--workers 2``) against the stand-in policy server
+(``benchmarks/standin_server.py``, another
 child process), which is killed and restarted mid-run. No trajectory may be lost or mixed between
 sessions, and malformed requests must get OpenAI-style 4xx answers while the gateway stays up.
 """
@@ -26,8 +27,19 @@ bench = gateway_bench()
 SESSIONS = 1000
 OPENAI_EVERY = 10  # every 10th session talks through the openai client
 CLIENTS = 50  # client-side httpx pools (one pool of 1,000 connections costs more CPU than the gateway)
-TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
-    "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
 
 
 class _Chat:
@@ -36,24 +48,32 @@ class _Chat:
 
     def __init__(self, info: dict, http: httpx.AsyncClient, use_openai: bool) -> None:
         self.url, self.key, self.http = info["base_url"], info["api_key"], http
-        self.client = (openai.AsyncOpenAI(base_url=self.url, api_key=self.key, http_client=http, max_retries=3)
-                       if use_openai else None)
+        self.client = (
+            openai.AsyncOpenAI(base_url=self.url, api_key=self.key, http_client=http, max_retries=3)
+            if use_openai
+            else None
+        )
 
     async def __call__(self, messages: list[dict]) -> dict:
         if self.client is not None:
             r = await self.client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
             return r.choices[0].message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
-        r = await self.http.post(self.url + "/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS},
-                                 headers={"Authorization": f"Bearer {self.key}"})
+        r = await self.http.post(
+            self.url + "/chat/completions",
+            json={"model": "m", "messages": messages, "tools": TOOLS},
+            headers={"Authorization": f"Bearer {self.key}"},
+        )
         assert r.status_code == 200, r.text
         return r.json()["choices"][0]["message"]
 
 
-async def _agent(i: int, nonce: str, admin: GatewayClient, http: httpx.AsyncClient, progress: list[int]
-                 ) -> tuple[str, list[Trajectory]]:
+async def _agent(
+    i: int, nonce: str, admin: GatewayClient, http: httpx.AsyncClient, progress: list[int]
+) -> tuple[str, list[Trajectory]]:
     """Three model calls with its own unique content: echo, a tool call, the final answer."""
-    info = await admin.create_session(task={"reward_fn": "gsm8k", "ground_truth": str(i + 7), "nonce": nonce},
-                                      group_id=f"group-{i // 4}")
+    info = await admin.create_session(
+        task={"reward_fn": "gsm8k", "ground_truth": str(i + 7), "nonce": nonce}, group_id=f"group-{i // 4}"
+    )
     chat = _Chat(info, http, use_openai=i % OPENAI_EVERY == 0)
     messages = [{"role": "user", "content": f"session {i} nonce {nonce}"}]
     reply = await chat(messages)
@@ -77,13 +97,30 @@ async def _abuse(url: str, sid: str, key: str, stop: asyncio.Event) -> list[tupl
     async with httpx.AsyncClient(timeout=60) as http:
         while not stop.is_set():
             for what, request in (
-                ("malformed json", http.post(chat, content=b'{"messages": [', headers={**auth, "Content-Type": "application/json"})),
-                ("unknown session", http.post(f"{url}/sessions/{uuid.uuid4().hex}/v1/chat/completions",
-                                              json={"messages": [{"role": "user", "content": "x"}]}, headers=auth)),
-                ("wrong key", http.post(chat, json={"messages": [{"role": "user", "content": "x"}]},
-                                        headers={"Authorization": "Bearer sk-agentgym-forged"})),
-                ("oversized prompt", http.post(chat, json={"messages": [{"role": "user", "content": "word " * 6000}]},
-                                               headers=auth)),
+                (
+                    "malformed json",
+                    http.post(chat, content=b'{"messages": [', headers={**auth, "Content-Type": "application/json"}),
+                ),
+                (
+                    "unknown session",
+                    http.post(
+                        f"{url}/sessions/{uuid.uuid4().hex}/v1/chat/completions",
+                        json={"messages": [{"role": "user", "content": "x"}]},
+                        headers=auth,
+                    ),
+                ),
+                (
+                    "wrong key",
+                    http.post(
+                        chat,
+                        json={"messages": [{"role": "user", "content": "x"}]},
+                        headers={"Authorization": "Bearer sk-agentgym-forged"},
+                    ),
+                ),
+                (
+                    "oversized prompt",
+                    http.post(chat, json={"messages": [{"role": "user", "content": "word " * 6000}]}, headers=auth),
+                ),
                 ("no messages", http.post(chat, json={"model": "m"}, headers=auth)),
             ):
                 response = await request
@@ -104,10 +141,14 @@ async def test_1000_sessions_survive_a_server_restart_and_bad_requests(oracle, w
         gateway = bench.start_gateway_process(gateway_port, [standin_url], workers=workers)
         ready = time.monotonic()
         admin = GatewayClient(url, bench.ADMIN_KEY)
-        limits = httpx.Limits(max_connections=SESSIONS // CLIENTS + 10, max_keepalive_connections=SESSIONS // CLIENTS + 10)
+        limits = httpx.Limits(
+            max_connections=SESSIONS // CLIENTS + 10, max_keepalive_connections=SESSIONS // CLIENTS + 10
+        )
         tls = ssl.create_default_context()  # loaded once: each client would spend ~50 ms on its own
-        https = [httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0, connect=30.0), verify=tls)
-                 for _ in range(CLIENTS)]
+        https = [
+            httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0, connect=30.0), verify=tls)
+            for _ in range(CLIENTS)
+        ]
         nonces = [uuid.uuid4().hex[:12] for _ in range(SESSIONS)]
         progress = [0]
         async with contextlib.AsyncExitStack() as stack:
@@ -129,8 +170,9 @@ async def test_1000_sessions_survive_a_server_restart_and_bad_requests(oracle, w
 
             standin_box = [standin]
             restarter = asyncio.create_task(restart())
-            results = await asyncio.gather(*(_agent(i, nonces[i], admin, https[i % CLIENTS], progress)
-                                             for i in range(SESSIONS)))
+            results = await asyncio.gather(
+                *(_agent(i, nonces[i], admin, https[i % CLIENTS], progress) for i in range(SESSIONS))
+            )
             ran = time.monotonic() - ready
             downtime = await restarter
             standin = standin_box[0]
@@ -164,14 +206,23 @@ async def test_1000_sessions_survive_a_server_restart_and_bad_requests(oracle, w
     assert stats["finished"] == SESSIONS and stats["extend"] == 2 * SESSIONS
 
     # every bad request got an OpenAI-shaped 4xx, and each kind was tried while the load ran
-    expected = {"malformed json": 400, "unknown session": 404, "wrong key": 401, "oversized prompt": 400,
-                "no messages": 400}
+    expected = {
+        "malformed json": 400,
+        "unknown session": 404,
+        "wrong key": 401,
+        "oversized prompt": 400,
+        "no messages": 400,
+    }
     assert {what for what, _, _ in answers} == set(expected)
     for what, status, body in answers:
         assert status == expected[what], (what, status, body)
         assert set(body["error"]) >= {"message", "type", "code"} and body["error"]["message"]
-    assert any(body["error"]["code"] == "context_length_exceeded" for what, _, body in answers if what == "oversized prompt")
+    assert any(
+        body["error"]["code"] == "context_length_exceeded" for what, _, body in answers if what == "oversized prompt"
+    )
     elapsed = time.monotonic() - started
-    print(f"\n{SESSIONS} sessions, {3 * SESSIONS} model calls in {ran:.1f}s ({elapsed:.1f}s with start-up and checks, "
-          f"{ready - started:.1f}s to start); stand-in down {downtime:.2f}s; "
-          f"upstream retries {stats['upstream_retries']}; {len(answers)} bad requests answered")
+    print(
+        f"\n{SESSIONS} sessions, {3 * SESSIONS} model calls in {ran:.1f}s ({elapsed:.1f}s with start-up and checks, "
+        f"{ready - started:.1f}s to start); stand-in down {downtime:.2f}s; "
+        f"upstream retries {stats['upstream_retries']}; {len(answers)} bad requests answered"
+    )

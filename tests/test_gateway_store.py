@@ -42,17 +42,30 @@ def standin():
 
 
 def _chat(info: dict, text: str) -> dict:
-    r = httpx.post(info["base_url"] + "/chat/completions", headers={"Authorization": f"Bearer {info['api_key']}"},
-                   json={"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 24}, timeout=30)
+    r = httpx.post(
+        info["base_url"] + "/chat/completions",
+        headers={"Authorization": f"Bearer {info['api_key']}"},
+        json={"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 24},
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
 
 # ---- the archives themselves ------------------------------------------------------------------------
 def _record(i: int, group: str = "g") -> ArchivedSession:
-    return ArchivedSession(id=f"s{i}", key_hash="h", group_id=group, status="failed" if i % 5 == 0 else "finished",
-                           created=1000.0 + i, finished=2000.0 + i, metadata={"i": i}, summary={"requests": i},
-                           calls=[{"index": 0}], trajectories=json.dumps([{"turns": [], "i": i}]))
+    return ArchivedSession(
+        id=f"s{i}",
+        key_hash="h",
+        group_id=group,
+        status="failed" if i % 5 == 0 else "finished",
+        created=1000.0 + i,
+        finished=2000.0 + i,
+        metadata={"i": i},
+        summary={"requests": i},
+        calls=[{"index": 0}],
+        trajectories=json.dumps([{"turns": [], "i": i}]),
+    )
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
@@ -67,7 +80,10 @@ async def test_archive_keeps_lists_and_forgets(kind, tmp_path):
     assert [h["id"] for h in await archive.list(until=1002.0, offset=1)] == ["s1"]
     got = await archive.get("s7")
     assert got is not None and json.loads(got.trajectories) == [{"turns": [], "i": 7}] and got.calls == [{"index": 0}]
-    assert await archive.set_metadata("s7", {"note": "x"}) and (await archive.get("s7")).metadata == {"i": 7, "note": "x"}
+    assert await archive.set_metadata("s7", {"note": "x"}) and (await archive.get("s7")).metadata == {
+        "i": 7,
+        "note": "x",
+    }
     assert await archive.delete("s7") and await archive.get("s7") is None and not await archive.delete("s7")
     assert not await archive.set_metadata("nope", {})
     await archive.close()
@@ -93,14 +109,19 @@ def test_finished_sessions_survive_kill_9(standin, tmp_path):
     proc = bench.start_gateway_process(port, [standin], extra=store)
     finished: dict[str, dict] = {}
     try:
-        infos = [httpx.post(url + "/sessions", json={"group_id": f"g{i % 3}", "metadata": {"n": i}}, headers=ADMIN).json()
-                 for i in range(12)]
+        infos = [
+            httpx.post(url + "/sessions", json={"group_id": f"g{i % 3}", "metadata": {"n": i}}, headers=ADMIN).json()
+            for i in range(12)
+        ]
         for i, info in enumerate(infos):
             _chat(info, f"session {i} first")
             _chat(info, f"session {i} second")  # a fresh branch: each call sends only its own message
         for info in infos[:9]:  # the agents finish their sessions with their own keys; nobody collected them
-            r = httpx.post(f"{url}/sessions/{info['id']}/finish", json={"reward": 1.0},
-                           headers={"Authorization": f"Bearer {info['api_key']}"})
+            r = httpx.post(
+                f"{url}/sessions/{info['id']}/finish",
+                json={"reward": 1.0},
+                headers={"Authorization": f"Bearer {info['api_key']}"},
+            )
             assert r.status_code == 200, r.text
             finished[info["id"]] = r.json()
         r = httpx.post(f"{url}/sessions/{infos[0]['id']}/metadata", json={"metadata": {"checked": True}}, headers=ADMIN)
@@ -121,8 +142,10 @@ def test_finished_sessions_survive_kill_9(standin, tmp_path):
             assert [c["request"]["messages"][-1]["content"].split()[-1] for c in calls] == ["first", "second"]
             summary = httpx.get(f"{url}/sessions/{sid}", headers=ADMIN).json()
             assert summary["status"] == "finished" and len(summary["branches"]) == 2
-            assert summary["branches"][0]["turns"][0]["response_ids"] == before["trajectories"][0]["turns"][0][
-                "response_ids"]
+            assert (
+                summary["branches"][0]["turns"][0]["response_ids"]
+                == before["trajectories"][0]["turns"][0]["response_ids"]
+            )
         first = infos[0]["id"]
         assert httpx.get(f"{url}/sessions/{first}", headers=ADMIN).json()["metadata"] == {"n": 0, "checked": True}
         by_group = httpx.get(url + "/sessions", params={"group_id": "g1"}, headers=ADMIN).json()["sessions"]
@@ -130,10 +153,12 @@ def test_finished_sessions_survive_kill_9(standin, tmp_path):
         # the sessions that were open when it died are gone, and say so
         assert httpx.get(f"{url}/sessions/{infos[10]['id']}", headers=ADMIN).status_code == 404
         # an agent's key still opens its own finished session; another's does not
-        own = httpx.get(f"{url}/sessions/{infos[2]['id']}/calls",
-                        headers={"Authorization": f"Bearer {infos[2]['api_key']}"})
-        other = httpx.get(f"{url}/sessions/{infos[2]['id']}/calls",
-                          headers={"Authorization": f"Bearer {infos[3]['api_key']}"})
+        own = httpx.get(
+            f"{url}/sessions/{infos[2]['id']}/calls", headers={"Authorization": f"Bearer {infos[2]['api_key']}"}
+        )
+        other = httpx.get(
+            f"{url}/sessions/{infos[2]['id']}/calls", headers={"Authorization": f"Bearer {infos[3]['api_key']}"}
+        )
         assert own.status_code == 200 and other.status_code == 401
         assert httpx.delete(f"{url}/sessions/{first}", headers=ADMIN).json() == {"id": first, "deleted": True}
         assert httpx.get(f"{url}/sessions/{first}", headers=ADMIN).status_code == 404
@@ -177,7 +202,9 @@ def test_query_api_lists_annotates_records_and_deletes(standin):
         assert r.json() == {"id": c["id"], "metadata": {"seed": 7}}
         r = httpx.post(f"{gw.url}/sessions/{a['id']}/metadata", json={"metadata": {"label": "ok"}}, headers=admin)
         assert r.json()["metadata"] == {"task": 1, "label": "ok"}
-        assert httpx.post(f"{gw.url}/sessions/{a['id']}/metadata", json={"metadata": 3}, headers=admin).status_code == 400
+        assert (
+            httpx.post(f"{gw.url}/sessions/{a['id']}/metadata", json={"metadata": 3}, headers=admin).status_code == 400
+        )
 
         [call] = httpx.get(f"{gw.url}/sessions/{a['id']}/calls", headers=admin).json()["calls"]
         assert call["request"]["messages"] == [{"role": "user", "content": "hello there"}]
@@ -192,8 +219,11 @@ def test_query_api_lists_annotates_records_and_deletes(standin):
         assert own.json()["calls"] == [] and other.status_code in (401, 403)
 
         assert httpx.delete(f"{gw.url}/sessions/{c['id']}", headers=admin).json()["deleted"]
-        assert httpx.post(c["base_url"] + "/chat/completions", headers={"Authorization": f"Bearer {c['api_key']}"},
-                          json={"messages": [{"role": "user", "content": "x"}]}).status_code in (401, 404)
+        assert httpx.post(
+            c["base_url"] + "/chat/completions",
+            headers={"Authorization": f"Bearer {c['api_key']}"},
+            json={"messages": [{"role": "user", "content": "x"}]},
+        ).status_code in (401, 404)
         assert listed() == [a["id"], b["id"]]
 
 

@@ -21,8 +21,19 @@ from agentgym.gateway import start_gateway
 from agentgym.types import Trajectory
 
 TOKEN_MS = 60
-TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
-    "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +71,13 @@ def test_tokens_reach_the_agent_as_they_are_sampled_and_are_recorded_exactly(gw,
     client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
     start = time.perf_counter()
     arrivals, pieces = [], []
-    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a streamed answer"}],
-                                            max_tokens=10, stream=True, logprobs=True)
+    stream = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "a streamed answer"}],
+        max_tokens=10,
+        stream=True,
+        logprobs=True,
+    )
     finish = None
     for chunk in stream:
         choice = chunk.choices[0]
@@ -73,7 +89,7 @@ def test_tokens_reach_the_agent_as_they_are_sampled_and_are_recorded_exactly(gw,
     assert total >= 10 * TOKEN_MS / 1e3 * 0.9  # the generation itself takes ten tokens' time
     assert arrivals[0] < total / 2  # the first text came long before the generation ended
     assert len(arrivals) >= 5 and arrivals[-1] - arrivals[0] > 4 * TOKEN_MS / 1e3  # spread over it, not in a burst
-    assert "".join(pieces) == "echo: a streamed answer"[:len("".join(pieces))] and finish == "length"
+    assert "".join(pieces) == "echo: a streamed answer"[: len("".join(pieces))] and finish == "length"
     [traj] = _finish(gw, info)
     [turn] = traj.turns
     assert turn.response_ids == oracle.reply_ids(turn.prompt_ids)[:10]
@@ -82,8 +98,9 @@ def test_tokens_reach_the_agent_as_they_are_sampled_and_are_recorded_exactly(gw,
     # the same request unstreamed answers the same text
     info2 = _session(gw)
     plain = openai.OpenAI(base_url=info2["base_url"], api_key=info2["api_key"], max_retries=0)
-    whole = plain.chat.completions.create(model="m", messages=[{"role": "user", "content": "a streamed answer"}],
-                                          max_tokens=10)
+    whole = plain.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "a streamed answer"}], max_tokens=10
+    )
     assert whole.choices[0].message.content == "".join(pieces)
 
 
@@ -92,8 +109,7 @@ def test_a_streamed_tool_call_comes_whole_at_the_end_and_the_next_turn_extends_i
     client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
     messages = [{"role": "user", "content": "CALC: 6 * 7"}]
     content, calls, finish = "", [], None
-    for chunk in client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True,
-                                                max_tokens=64):
+    for chunk in client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True, max_tokens=64):
         delta = chunk.choices[0].delta if chunk.choices else None
         if delta is not None:
             content += delta.content or ""
@@ -102,12 +118,25 @@ def test_a_streamed_tool_call_comes_whole_at_the_end_and_the_next_turn_extends_i
     assert "<tool_call>" not in content and finish == "tool_calls"
     [call] = calls
     assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "6 * 7"}
-    messages += [{"role": "assistant", "content": content or None, "tool_calls": [
-                     {"id": call.id, "type": "function", "function": {"name": "calculator",
-                                                                      "arguments": call.function.arguments}}]},
-                 {"role": "tool", "tool_call_id": call.id, "content": "42"}]
-    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model="m", messages=messages, tools=TOOLS, stream=True, max_tokens=64) if c.choices)
+    messages += [
+        {
+            "role": "assistant",
+            "content": content or None,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": call.function.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": "42"},
+    ]
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True, max_tokens=64)
+        if c.choices
+    )
     assert text == "The tool says 42. #### 42"
     [traj] = _finish(gw, info)
     assert traj.num_turns == 2 and traj.metrics["branches"] == 1  # the second call extended the first
@@ -122,8 +151,11 @@ def test_a_streamed_text_completion_and_its_usage(gw, oracle):
     info = _session(gw)
     client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
     prompt = "<|im_start|>user\nplain text<|im_end|>\n<|im_start|>assistant\n"
-    chunks = list(client.completions.create(model="m", prompt=prompt, max_tokens=64, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="m", prompt=prompt, max_tokens=64, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     [traj] = _finish(gw, info)
     assert text == "echo: plain text" and chunks[-1].usage.completion_tokens == len(traj.turns[0].response_ids)
@@ -142,8 +174,11 @@ def test_an_agent_that_leaves_mid_stream_records_nothing_and_the_session_goes_on
     while gw.gateway.inflight and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gw.gateway.inflight == 0  # the generation was given up, not left running
-    r = httpx.post(info["base_url"] + "/chat/completions", headers=headers,
-                   json={"model": "m", "messages": [{"role": "user", "content": "again"}], "max_tokens": 5})
+    r = httpx.post(
+        info["base_url"] + "/chat/completions",
+        headers=headers,
+        json={"model": "m", "messages": [{"role": "user", "content": "again"}], "max_tokens": 5},
+    )
     assert r.status_code == 200
     [traj] = _finish(gw, info)
     assert traj.num_turns == 1 and traj.messages[0]["content"] == "again"
@@ -156,8 +191,11 @@ def test_a_server_that_refuses_is_an_http_error_not_a_broken_stream():
     try:
         with start_gateway([server.url], model="tiny", health_check_interval=0) as gw:
             info = _session(gw)
-            r = httpx.post(info["base_url"] + "/chat/completions", headers={"Authorization": f"Bearer {info['api_key']}"},
-                           json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True})
+            r = httpx.post(
+                info["base_url"] + "/chat/completions",
+                headers={"Authorization": f"Bearer {info['api_key']}"},
+                json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True},
+            )
             assert r.status_code == 400 and "refused" in r.json()["error"]["message"]
     finally:
         server.stop()
@@ -208,8 +246,10 @@ def test_servers_added_and_removed_while_sessions_run(oracle):
             assert not errors, errors
             assert len(a.requests) == served_by_a and len(b.requests) > 0  # nothing went to a after it left
             for info in infos:
-                [traj] = [Trajectory.from_dict(t) for t in admin.post(
-                    f"/sessions/{info['id']}/finish", json={}).json()["trajectories"]]
+                [traj] = [
+                    Trajectory.from_dict(t)
+                    for t in admin.post(f"/sessions/{info['id']}/finish", json={}).json()["trajectories"]
+                ]
                 assert traj.num_turns == 6  # no session lost a turn
                 context = []
                 for turn in traj.turns:

@@ -19,12 +19,19 @@ from agentgym.model import load_causal_lm
 from agentgym.server.launch import start_embedded_server
 from agentgym.types import Trajectory
 
-ARGS = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
-                                         "mode": {"enum": ["fast", "slow"]}},
-        "required": ["n", "mode"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "count", "parameters": ARGS}},
-         {"type": "function", "function": {"name": "stop", "parameters": {"type": "object", "properties": {},
-                                                                             "additionalProperties": False}}}]
+ARGS = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}, "mode": {"enum": ["fast", "slow"]}},
+    "required": ["n", "mode"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "count", "parameters": ARGS}},
+    {
+        "type": "function",
+        "function": {"name": "stop", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
+    },
+]
 MESSAGES = [{"role": "user", "content": "Count to three."}]
 
 
@@ -50,25 +57,34 @@ def session(gw, **body) -> tuple[dict, openai.OpenAI]:
 
 
 def finish(gw, info) -> list[Trajectory]:
-    r = httpx.post(f"{gw.url}/sessions/{info['id']}/finish", json={},
-                   headers={"Authorization": f"Bearer {gw.admin_key}"})
+    r = httpx.post(
+        f"{gw.url}/sessions/{info['id']}/finish", json={}, headers={"Authorization": f"Bearer {gw.admin_key}"}
+    )
     assert r.status_code == 200, r.text
     return [Trajectory.from_dict(t) for t in r.json()["trajectories"]]
 
 
 def test_forced_tool_calls_and_json_through_the_gateway(gw, server):
     info, client = session(gw)
-    r = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required",
-                                       max_tokens=200, seed=1)
+    r = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=200, seed=1
+    )
     message = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and message.tool_calls
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for call in message.tool_calls:
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
     named = client.chat.completions.create(
-        model="tiny", max_tokens=200, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "count"}},
-        messages=[*MESSAGES, message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id":
-                                                                      message.tool_calls[0].id, "content": "ok"}])
+        model="tiny",
+        max_tokens=200,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "count"}},
+        messages=[
+            *MESSAGES,
+            message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "ok"},
+        ],
+    )
     assert [c.function.name for c in named.choices[0].message.tool_calls] == ["count"]
     jsonschema.validate(json.loads(named.choices[0].message.tool_calls[0].function.arguments), ARGS)
     [traj] = finish(gw, info)
@@ -84,9 +100,13 @@ def test_forced_tool_calls_and_json_through_the_gateway(gw, server):
         context += turn.response_ids
 
     info, client = session(gw)
-    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=200, seed=2,
-                                       response_format={"type": "json_schema",
-                                                        "json_schema": {"name": "args", "schema": ARGS}})
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=200,
+        seed=2,
+        response_format={"type": "json_schema", "json_schema": {"name": "args", "schema": ARGS}},
+    )
     jsonschema.validate(json.loads(r.choices[0].message.content), ARGS)
     [traj] = finish(gw, info)
     assert traj.turns[0].shaped_by == ["grammar"]
@@ -95,18 +115,36 @@ def test_forced_tool_calls_and_json_through_the_gateway(gw, server):
 def test_penalties_and_logit_bias_reach_the_server(gw):
     info, client = session(gw, sampling={"temperature": 0.0})
     pinned, pinned_client = session(gw, sampling={"temperature": 0.0, "frequency_penalty": 2.0, "presence_penalty": 2})
-    forced = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, logit_bias={"88": 100},
-                                            extra_body={"ignore_eos": True, "return_token_ids": True})
+    forced = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=12,
+        logit_bias={"88": 100},
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     assert set(forced.choices[0].model_extra["token_ids"]) == {88}
-    plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "again"}],
-                                           max_tokens=16, extra_body={"return_token_ids": True})
-    penalized = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "again"}],
-                                               max_tokens=16, frequency_penalty=2.0, presence_penalty=2.0,
-                                               extra_body={"return_token_ids": True})
+    plain = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "again"}],
+        max_tokens=16,
+        extra_body={"return_token_ids": True},
+    )
+    penalized = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "again"}],
+        max_tokens=16,
+        frequency_penalty=2.0,
+        presence_penalty=2.0,
+        extra_body={"return_token_ids": True},
+    )
     ids = penalized.choices[0].model_extra["token_ids"]
     assert ids != plain.choices[0].model_extra["token_ids"]
-    again = pinned_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "again"}],
-                                                  max_tokens=16, extra_body={"return_token_ids": True})
+    again = pinned_client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "again"}],
+        max_tokens=16,
+        extra_body={"return_token_ids": True},
+    )
     assert again.choices[0].model_extra["token_ids"] == ids  # the session's pinned penalties, the same reply
     finish(gw, pinned)
     assert len(set(ids[:-1])) == len(ids[:-1])  # penalties this strong never repeat a token under greedy
@@ -117,17 +155,21 @@ def test_penalties_and_logit_bias_reach_the_server(gw):
 def test_top_logprobs_have_the_requested_length(gw):
     info, client = session(gw)
     for k in (1, 5):
-        r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, logprobs=True,
-                                           top_logprobs=k)
+        r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, logprobs=True, top_logprobs=k)
         content = r.choices[0].logprobs.content
         assert content and all(len(t.top_logprobs) == k for t in content)
         for t in content:  # sorted, best first, and the sampled token cannot beat the best alternative
             values = [a.logprob for a in t.top_logprobs]
             assert values == sorted(values, reverse=True) and t.logprob <= values[0] + 1e-6
-    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, logprobs=True,
-                                            top_logprobs=3, stream=True)
-    tops = [len(t.top_logprobs) for chunk in stream if chunk.choices and chunk.choices[0].logprobs
-            for t in chunk.choices[0].logprobs.content]
+    stream = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=8, logprobs=True, top_logprobs=3, stream=True
+    )
+    tops = [
+        len(t.top_logprobs)
+        for chunk in stream
+        if chunk.choices and chunk.choices[0].logprobs
+        for t in chunk.choices[0].logprobs.content
+    ]
     assert tops and set(tops) == {3}
     text = client.completions.create(model="tiny", prompt="Hello", max_tokens=6, logprobs=2)
     legacy = text.choices[0].logprobs
@@ -139,13 +181,20 @@ def test_top_logprobs_have_the_requested_length(gw):
 
 def test_bad_requests_are_400s_at_the_gateway(gw):
     info, client = session(gw)
-    for kw, param in (({"tool_choice": "required"}, "tool_choice"),
-                      ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-                       "tool_choice"),
-                      ({"response_format": {"type": "xml"}}, "response_format"),
-                      ({"temperature": 3.0}, "temperature"),
-                      ({"messages": [{"role": "user", "content": [
-                          {"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}]}]}, "messages")):
+    for kw, param in (
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"temperature": 3.0}, "temperature"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}]}
+                ]
+            },
+            "messages",
+        ),
+    ):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model="tiny", **{"messages": MESSAGES, "max_tokens": 4, **kw})
         assert err.value.body["param"] == param
@@ -166,8 +215,9 @@ def test_an_agent_that_times_out_leaves_no_turn(gw, server):
         impatient = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0, timeout=0.5)
         before = engine.stats["generated_tokens"]
         with pytest.raises(openai.APITimeoutError):
-            impatient.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3000,
-                                              extra_body={"ignore_eos": True})
+            impatient.chat.completions.create(
+                model="tiny", messages=MESSAGES, max_tokens=3000, extra_body={"ignore_eos": True}
+            )
         start = time.monotonic()
         while engine.batch.size and time.monotonic() - start < 2.0:
             time.sleep(0.01)
@@ -189,8 +239,9 @@ async def test_a_reply_is_recorded_only_once_sent():
     for agent_left in (False, True):
         done: list[str] = []
         sent: list[dict] = []
-        delivery = Delivery(b"{}", "application/json", lambda done=done: done.append("record"),
-                            lambda done=done: done.append("release"))
+        delivery = Delivery(
+            b"{}", "application/json", lambda done=done: done.append("record"), lambda done=done: done.append("release")
+        )
         gone = asyncio.get_running_loop().create_future()
         if agent_left:
             gone.set_result(None)
@@ -215,8 +266,14 @@ def test_the_vllm_request_carries_everything_and_the_embedded_server_reads_it(se
     from agentgym.server.tool_calls import parse_tool_calls
     from agentgym.types import SamplingParams
 
-    sampling = SamplingParams(max_tokens=200, structured=chat_constraint(TOOLS, "required", False, None),
-                              frequency_penalty=0.5, logit_bias={9: -2.0}, min_tokens=3, top_logprobs=2)
+    sampling = SamplingParams(
+        max_tokens=200,
+        structured=chat_constraint(TOOLS, "required", False, None),
+        frequency_penalty=0.5,
+        logit_bias={9: -2.0},
+        min_tokens=3,
+        top_logprobs=2,
+    )
     body = completions_payload([5, 6, 7], sampling, "vllm")
     assert json.loads(body["structured_outputs"]["structural_tag"])["type"] == "structural_tag"
     assert body["logit_bias"] == {"9": -2.0} and body["min_tokens"] == 3 and body["frequency_penalty"] == 0.5
@@ -230,11 +287,14 @@ def test_the_vllm_request_carries_everything_and_the_embedded_server_reads_it(se
 
 def test_n_samples_streamed_are_recorded_once_the_stream_ended(gw):
     info, client = session(gw)
-    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, n=2, stream=True,
-                                            tools=TOOLS, tool_choice="required")
-    finished = {c.choices[0].index: c.choices[0].finish_reason for c in stream if c.choices and
-                c.choices[0].finish_reason}
+    stream = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=8, n=2, stream=True, tools=TOOLS, tool_choice="required"
+    )
+    finished = {
+        c.choices[0].index: c.choices[0].finish_reason for c in stream if c.choices and c.choices[0].finish_reason
+    }
     assert set(finished) == {0, 1}
     trajectories = finish(gw, info)
-    assert len(trajectories) == 2 and all(t.num_turns == 1 and t.turns[0].shaped_by == ["grammar"]
-                                          for t in trajectories)
+    assert len(trajectories) == 2 and all(
+        t.num_turns == 1 and t.turns[0].shaped_by == ["grammar"] for t in trajectories
+    )

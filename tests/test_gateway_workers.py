@@ -74,8 +74,12 @@ def _chat(base_url: str, key: str, messages: list[dict]) -> str:
 
 
 def test_combine_sums_counts_and_ors_flags():
-    out = combine([{"sessions": 2, "paused": False, "weight_version": 3, "name": "a"},
-                   {"sessions": 5, "paused": True, "weight_version": 4, "name": "b"}])
+    out = combine(
+        [
+            {"sessions": 2, "paused": False, "weight_version": 3, "name": "a"},
+            {"sessions": 5, "paused": True, "weight_version": 4, "name": "b"},
+        ]
+    )
     assert out == {"sessions": 7, "paused": True, "weight_version": 4, "name": "a", "workers": 2}
     assert worker_of("w12-abc") == 12 and worker_of("0123abcd") is None and worker_of("wx-1") is None
 
@@ -139,8 +143,11 @@ def test_pause_holds_every_worker_until_resume(gateway):
     async def calls() -> list[float]:
         async def one(info: dict) -> float:
             async with httpx.AsyncClient(timeout=30) as http:
-                r = await http.post(info["base_url"] + "/chat/completions", json={
-                    "messages": [{"role": "user", "content": "wait"}]}, headers={"Authorization": f"Bearer {info['api_key']}"})
+                r = await http.post(
+                    info["base_url"] + "/chat/completions",
+                    json={"messages": [{"role": "user", "content": "wait"}]},
+                    headers={"Authorization": f"Bearer {info['api_key']}"},
+                )
                 assert r.status_code == 200, r.text
                 return time.monotonic()
 

@@ -43,8 +43,9 @@ async def test_embedded_engine_on_the_gpu_matches_the_trainers_logprobs(dtype):
         async with PolicyClient(server.url) as client:
             prompts = [list(range(5, 5 + k)) for k in (3, 17, 9, 30)]
             samples = await asyncio.gather(*(client.generate(p, SamplingParams(max_tokens=32)) for p in prompts))
-        worst = max(max_difference(s.logprobs, teacher_forced(reference, p, s.token_ids))
-                    for p, s in zip(prompts, samples))
+        worst = max(
+            max_difference(s.logprobs, teacher_forced(reference, p, s.token_ids)) for p, s in zip(prompts, samples)
+        )
         print(f"embedded {dtype} on {DEVICE}: max logprob difference {worst:.2e}", file=sys.stderr)
         assert worst < logprob_tolerance(dtype)
     finally:
@@ -78,8 +79,9 @@ def test_fsdp2_training_step_and_weight_push_into_a_server_on_the_same_gpu(tmp_p
 
         got = asyncio.run(sample())
         assert got.weight_version == 2
-        assert max_difference(got.logprobs, teacher_forced(trained, [7, 8, 9, 10], got.token_ids)) < \
-            logprob_tolerance("float32")
+        assert max_difference(got.logprobs, teacher_forced(trained, [7, 8, 9, 10], got.token_ids)) < logprob_tolerance(
+            "float32"
+        )
     finally:
         server.stop()
         group.shutdown()
@@ -123,17 +125,33 @@ def test_grpo_step_on_the_qwen2_5_0_5b_shape(tmp_path):
     from agentgym.trainer.run import train
 
     model = train_step_bench().big_model_dir()
-    cfg = load_config(env="first_letter", overrides=[
-        f"actor_rollout_ref.model.path={model}", f"trainer.device={DEVICE}", "trainer.use_ray=false",
-        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.max_tokens_per_turn=64",
-        "data.max_response_length=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "trainer.save_freq=-1", "trainer.save_hf_model=false", "trainer.logger=[jsonl]",
-        f"trainer.default_local_dir={tmp_path}"])
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            f"actor_rollout_ref.model.path={model}",
+            f"trainer.device={DEVICE}",
+            "trainer.use_ray=false",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.rollout.max_tokens_per_turn=64",
+            "data.max_response_length=64",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.save_hf_model=false",
+            "trainer.logger=[jsonl]",
+            f"trainer.default_local_dir={tmp_path}",
+        ],
+    )
     summary = train(cfg, show_progress=False)
     with open(summary["metrics_file"]) as f:
         rows = [json.loads(line) for line in f if "reward/mean" in line]
     assert len(rows) == 2 and all(r["actor/grad_norm"] == r["actor/grad_norm"] for r in rows)  # finite, not NaN
     assert [r["rollout/weight_version_lag"] for r in rows] == [0, 0]
-    print(f"0.5B-shape GRPO step on {DEVICE}: {rows[-1]['timing_s/step']:.2f} s "
-          f"(weight sync {rows[-1].get('timing_s/weight_sync', float('nan')):.2f} s)", file=sys.stderr)
+    print(
+        f"0.5B-shape GRPO step on {DEVICE}: {rows[-1]['timing_s/step']:.2f} s "
+        f"(weight sync {rows[-1].get('timing_s/weight_sync', float('nan')):.2f} s)",
+        file=sys.stderr,
+    )

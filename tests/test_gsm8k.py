@@ -129,12 +129,18 @@ def test_no_data_files_says_to_pass_them() -> None:
         Gsm8kEnv()
 
 
-@pytest.mark.parametrize(("row", "column"), [
-    ({"question": "q"}, "'answer'"),
-    ({"answer": "#### 1"}, "'question'"),
-    ({"prompt": [{"role": "user", "content": "q"}], "reward_model": {"style": "rule"}}, "'reward_model.ground_truth'"),
-    ({"prompt": [{"role": "user", "content": "q"}]}, "'reward_model.ground_truth'"),
-])
+@pytest.mark.parametrize(
+    ("row", "column"),
+    [
+        ({"question": "q"}, "'answer'"),
+        ({"answer": "#### 1"}, "'question'"),
+        (
+            {"prompt": [{"role": "user", "content": "q"}], "reward_model": {"style": "rule"}},
+            "'reward_model.ground_truth'",
+        ),
+        ({"prompt": [{"role": "user", "content": "q"}]}, "'reward_model.ground_truth'"),
+    ],
+)
 def test_missing_column_names_the_column_and_path(tmp_path: Path, row: dict, column: str) -> None:
     path = write_jsonl(tmp_path / "bad.jsonl", [{"question": "ok", "answer": "#### 1"}, row])
     with pytest.raises(DataError, match="missing column") as err:

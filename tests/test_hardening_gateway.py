@@ -46,8 +46,12 @@ def create(handle, **body) -> httpx.Response:
 
 
 def chat(info: dict, **body) -> httpx.Response:
-    return httpx.post(info["base_url"] + "/chat/completions", json={**CHAT, **body},
-                      headers={"Authorization": f"Bearer {info['api_key']}"}, timeout=120)
+    return httpx.post(
+        info["base_url"] + "/chat/completions",
+        json={**CHAT, **body},
+        headers={"Authorization": f"Bearer {info['api_key']}"},
+        timeout=120,
+    )
 
 
 def post(handle, path: str, raw: bytes) -> httpx.Response:
@@ -182,11 +186,20 @@ def played(gw):
     return info
 
 
-@pytest.mark.parametrize("raw", [b'{"reward": NaN}', b'{"reward": Infinity}', b'{"reward": -Infinity}',
-                                 b'{"reward": 1e999}', b'{"reward": 1' + b"0" * 400 + b"}",
-                                 b'{"reward": 1, "kind": "turn", "turn": 0.5}',
-                                 b'{"reward": 1, "kind": "turn", "turn": true}',
-                                 b'{"reward": 1, "branch": "0"}', b'{"reward": 1, "turn": -1, "kind": "turn"}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"reward": NaN}',
+        b'{"reward": Infinity}',
+        b'{"reward": -Infinity}',
+        b'{"reward": 1e999}',
+        b'{"reward": 1' + b"0" * 400 + b"}",
+        b'{"reward": 1, "kind": "turn", "turn": 0.5}',
+        b'{"reward": 1, "kind": "turn", "turn": true}',
+        b'{"reward": 1, "branch": "0"}',
+        b'{"reward": 1, "turn": -1, "kind": "turn"}',
+    ],
+)
 def test_rewards_must_be_finite_and_turns_integers(gw, played, raw):
     r = post(gw, f"/sessions/{played['id']}/reward", raw)
     assert r.status_code == 400, r.text
@@ -197,8 +210,10 @@ def test_rewards_must_be_finite_and_turns_integers(gw, played, raw):
 @pytest.mark.parametrize("raw", [b'{"reward": NaN}', b'{"reward": 1e999}', b'{"failure": 5}'])
 def test_finish_checks_its_reward_too(gw, played, raw):
     assert post(gw, f"/sessions/{played['id']}/finish", raw).status_code == 400
-    assert post(gw, f"/sessions/{played['id']}/finish", b'{"reward": 1.5}').json()["trajectories"][0][
-        "outcome_reward"] == 1.5
+    assert (
+        post(gw, f"/sessions/{played['id']}/finish", b'{"reward": 1.5}').json()["trajectories"][0]["outcome_reward"]
+        == 1.5
+    )
 
 
 def test_one_broken_session_never_blocks_the_others(gw):
@@ -236,10 +251,23 @@ def test_reward_functions_come_from_the_registry_or_an_allowlist(standin):
         assert create(handle, task=task).status_code == 200
 
 
-@pytest.mark.parametrize("sampling", [{"max_tokens": "abc"}, {"max_tokens": 0}, {"max_tokens": 2.5},
-                                      {"temperature": -1}, {"temperature": "hot"}, {"top_p": 0}, {"top_k": 10**30},
-                                      {"stop": [""]}, {"stop": [1]}, {"stop_token_ids": [10**9]}, {"seed": 2**70},
-                                      {"max_tokens": 5000}])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"max_tokens": "abc"},
+        {"max_tokens": 0},
+        {"max_tokens": 2.5},
+        {"temperature": -1},
+        {"temperature": "hot"},
+        {"top_p": 0},
+        {"top_k": 10**30},
+        {"stop": [""]},
+        {"stop": [1]},
+        {"stop_token_ids": [10**9]},
+        {"seed": 2**70},
+        {"max_tokens": 5000},
+    ],
+)
 def test_sampling_is_checked_when_the_session_is_created(gw, sampling):
     r = create(gw, sampling=sampling)
     assert r.status_code == 400, r.text

@@ -44,18 +44,29 @@ def assert_openai_4xx(r: httpx.Response) -> None:
 # ---- malformed requests -------------------------------------------------------------------------
 BAD_BODIES = {
     "5000-digit integer": ("/v1/completions", b'{"prompt": [1, 2], "max_tokens": ' + b"9" * 5000 + b"}"),
-    "deeply nested JSON": ("/v1/chat/completions",
-                           b'{"messages": [{"role": "user", "content": ' + b"[" * 50_000 + b"]" * 50_000 + b"}]}"),
-    "nested 200 deep": ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "tools": '
-                        + b"[" * 200 + b"]" * 200 + b"}"),
-    "top_k 1e30 as an integer": ("/v1/completions", b'{"prompt": [1, 2], "max_tokens": 4, "top_k": 1' + b"0" * 30 + b"}"),
-    "text part holding a number": ("/v1/chat/completions",
-                                   b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}'),
+    "deeply nested JSON": (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": ' + b"[" * 50_000 + b"]" * 50_000 + b"}]}",
+    ),
+    "nested 200 deep": (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "hi"}], "tools": ' + b"[" * 200 + b"]" * 200 + b"}",
+    ),
+    "top_k 1e30 as an integer": (
+        "/v1/completions",
+        b'{"prompt": [1, 2], "max_tokens": 4, "top_k": 1' + b"0" * 30 + b"}",
+    ),
+    "text part holding a number": (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+    ),
     "lone surrogate (completions)": ("/v1/completions", b'{"prompt": "a\\ud800b", "max_tokens": 2}'),
     "lone surrogate (chat)": ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\udfffb"}]}'),
     "NaN temperature": ("/v1/completions", b'{"prompt": [1, 2], "temperature": NaN}'),
-    "tool call that is a string": ("/v1/chat/completions",
-                                   b'{"messages": [{"role": "assistant", "content": "", "tool_calls": ["x"]}]}'),
+    "tool call that is a string": (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "assistant", "content": "", "tool_calls": ["x"]}]}',
+    ),
 }
 
 
@@ -120,8 +131,11 @@ def health_latencies_during(url: str, request: callable) -> tuple[list[float], h
 @pytest.fixture(scope="module")
 def open_server():
     """Limits opened up, so the slow paths are actually taken."""
-    handle = start_embedded_server("tiny", port=0, limits=ServerLimits(
-        max_prompt_chars=10**9, allow_client_chat_template=True, max_body_bytes=64 << 20))
+    handle = start_embedded_server(
+        "tiny",
+        port=0,
+        limits=ServerLimits(max_prompt_chars=10**9, allow_client_chat_template=True, max_body_bytes=64 << 20),
+    )
     yield handle
     handle.stop()
 
@@ -132,7 +146,8 @@ def test_health_answers_while_a_long_prompt_is_tokenized(open_server):
     body = {"prompt": "hello world " * 100_000, "max_tokens": 2}
     started = time.perf_counter()
     latencies, r = health_latencies_during(
-        open_server.url, lambda: httpx.post(open_server.url + "/v1/completions", json=body, timeout=300))
+        open_server.url, lambda: httpx.post(open_server.url + "/v1/completions", json=body, timeout=300)
+    )
     assert_health_stays_fast(latencies)
     assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
     assert time.perf_counter() - started > 0.5 and len(latencies) >= 3, "the request was too quick to tell"
@@ -140,10 +155,14 @@ def test_health_answers_while_a_long_prompt_is_tokenized(open_server):
 
 def test_health_answers_while_a_client_template_renders(open_server):
     template = "{% for i in range(100000) %}{% for j in range(8) %}x{% endfor %}{% endfor %}"
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-            "chat_template_kwargs": {"chat_template": template}}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "chat_template_kwargs": {"chat_template": template},
+    }
     latencies, r = health_latencies_during(
-        open_server.url, lambda: httpx.post(open_server.url + "/v1/chat/completions", json=body, timeout=300))
+        open_server.url, lambda: httpx.post(open_server.url + "/v1/chat/completions", json=body, timeout=300)
+    )
     assert_health_stays_fast(latencies)
     assert r.status_code == 400 and len(latencies) >= 3
 
@@ -151,8 +170,9 @@ def test_health_answers_while_a_client_template_renders(open_server):
 # ---- limits ------------------------------------------------------------------------------------------
 def test_a_10MB_prompt_is_refused_at_once(server):
     started = time.perf_counter()
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hello world " * 900_000, "max_tokens": 2},
-                   timeout=120)
+    r = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "hello world " * 900_000, "max_tokens": 2}, timeout=120
+    )
     assert_openai_4xx(r)
     assert "characters" in r.json()["error"]["message"]
     assert time.perf_counter() - started < 5.0
@@ -162,15 +182,19 @@ def test_a_body_over_the_limit_is_a_413():
     with start_embedded_server("tiny", port=0, limits=ServerLimits(max_body_bytes=100_000)) as small:
         r = httpx.post(small.url + "/v1/completions", json={"prompt": [1] * 50_000, "max_tokens": 2})
         assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
-        chunked = httpx.post(small.url + "/v1/completions", headers=JSON,
-                             content=iter([b'{"prompt": "', b"x" * 120_000, b'"}']))
+        chunked = httpx.post(
+            small.url + "/v1/completions", headers=JSON, content=iter([b'{"prompt": "', b"x" * 120_000, b'"}'])
+        )
         assert chunked.status_code == 413
         assert httpx.post(small.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}).status_code == 200
 
 
 def test_client_chat_templates_are_refused_unless_enabled(server):
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-            "chat_template_kwargs": {"chat_template": "{{ messages[0].content }}"}}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "chat_template_kwargs": {"chat_template": "{{ messages[0].content }}"},
+    }
     r = httpx.post(server.url + "/v1/chat/completions", json=body)
     assert_openai_4xx(r)
     assert "allow-client-chat-template" in r.json()["error"]["message"]
@@ -180,8 +204,12 @@ def test_client_chat_templates_are_refused_unless_enabled(server):
 
 
 # ---- control routes -------------------------------------------------------------------------------
-CONTROL = [("/pause_generation", {"mode": "wait"}), ("/resume_generation", {}), ("/continue_generation", {}),
-           ("/update_weights_from_disk", {"model_path": "/nonexistent"})]
+CONTROL = [
+    ("/pause_generation", {"mode": "wait"}),
+    ("/resume_generation", {}),
+    ("/continue_generation", {}),
+    ("/update_weights_from_disk", {"model_path": "/nonexistent"}),
+]
 
 
 @pytest.mark.parametrize("path,body", CONTROL)
@@ -190,8 +218,11 @@ def test_control_routes_need_the_admin_key_and_json(server, path, body):
     assert key
     assert httpx.post(server.url + path, json=body).status_code == 401
     assert httpx.post(server.url + path, json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    plain = httpx.post(server.url + path, content=json.dumps(body),
-                       headers={"Authorization": f"Bearer {key}", "Content-Type": "text/plain"})
+    plain = httpx.post(
+        server.url + path,
+        content=json.dumps(body),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "text/plain"},
+    )
     assert plain.status_code == 415
     allowed = httpx.post(server.url + path, json=body, headers={"Authorization": f"Bearer {key}"})
     assert allowed.status_code == (400 if "update" in path else 200)
@@ -199,8 +230,11 @@ def test_control_routes_need_the_admin_key_and_json(server, path, body):
 
 
 def test_a_weight_upload_needs_the_key(server):
-    r = httpx.post(server.url + "/update_weights_from_tensor", content=b"x" * 64,
-                   headers={"Content-Type": "application/octet-stream"})
+    r = httpx.post(
+        server.url + "/update_weights_from_tensor",
+        content=b"x" * 64,
+        headers={"Content-Type": "application/octet-stream"},
+    )
     assert r.status_code == 401
 
 

@@ -27,15 +27,27 @@ from agentgym.trainer import checkpoint
 from agentgym.trainer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["trainer.use_ray=false", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
-        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "data.max_response_length=16",
-        "trainer.save_hf_model=false"]
+FAST = [
+    "trainer.use_ray=false",
+    "trainer.logger=[jsonl]",
+    "trainer.val_before_train=false",
+    "data.train_batch_size=2",
+    "actor_rollout_ref.rollout.n=4",
+    "data.max_response_length=16",
+    "trainer.save_hf_model=false",
+]
 
 
 def run_python(code: str, timeout: float = 300, argv: list[str] = ()) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "RAY_AUTH_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ---- fail loudly -------------------------------------------------------------------------------------
@@ -43,22 +55,41 @@ def test_a_dead_policy_server_is_refused_before_the_run_with_exit_2(tmp_path, ca
     from agentgym.cli import main
 
     dead = f"http://127.0.0.1:{free_port()}"
-    code = main(["train", "--env", "first_letter", *FAST, f"trainer.default_local_dir={tmp_path}",
-                 "trainer.total_training_steps=3", f"actor_rollout_ref.rollout.server_urls=[{dead}]"])
+    code = main(
+        [
+            "train",
+            "--env",
+            "first_letter",
+            *FAST,
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.total_training_steps=3",
+            f"actor_rollout_ref.rollout.server_urls=[{dead}]",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     assert f"the policy server {dead}" in err and "does not answer" in err
 
 
-def test_a_policy_server_that_dies_after_the_check_stops_the_run_with_exit_1_and_names_it(tmp_path, capsys,
-                                                                                        monkeypatch):
+def test_a_policy_server_that_dies_after_the_check_stops_the_run_with_exit_1_and_names_it(
+    tmp_path, capsys, monkeypatch
+):
     from agentgym import preflight
     from agentgym.cli import main
 
     monkeypatch.setattr(preflight, "check_servers", lambda cfg: None)  # it answered then, it is gone now
     dead = f"http://127.0.0.1:{free_port()}"
-    code = main(["train", "--env", "first_letter", *FAST, f"trainer.default_local_dir={tmp_path}",
-                 "trainer.total_training_steps=3", f"actor_rollout_ref.rollout.server_urls=[{dead}]"])
+    code = main(
+        [
+            "train",
+            "--env",
+            "first_letter",
+            *FAST,
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.total_training_steps=3",
+            f"actor_rollout_ref.rollout.server_urls=[{dead}]",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1, err[-2000:]
     assert "8 of 8 episodes failed" in err and "max_failed_episode_frac" in err
@@ -91,10 +122,16 @@ def test_samples_of_lost_weights_are_refused_and_the_weights_pushed_again(tmp_pa
     from agentgym.trainer.weight_sync import RolloutServers
 
     with start_embedded_server("tiny") as server:
-        cfg = load_config(env="first_letter", overrides=[
-            *FAST, f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=3",
-            f"actor_rollout_ref.rollout.server_urls=[{server.url}]",
-            f"actor_rollout_ref.rollout.server_admin_key={server.admin_key}"])
+        cfg = load_config(
+            env="first_letter",
+            overrides=[
+                *FAST,
+                f"trainer.default_local_dir={tmp_path}",
+                "trainer.total_training_steps=3",
+                f"actor_rollout_ref.rollout.server_urls=[{server.url}]",
+                f"actor_rollout_ref.rollout.server_admin_key={server.admin_key}",
+            ],
+        )
         servers = RolloutServers(cfg)
         source = _RestartingSource(EnvRolloutSource(cfg, servers.client, load_tokenizer("tiny")), server, at=2)
         train(cfg, source=source, servers=servers, show_progress=False)
@@ -173,12 +210,16 @@ KILLED_RUN = """
 """
 
 
-@pytest.mark.parametrize("kill_after_save,kill_at_step,save_freq", [(2, 0, 1), (0, 4, 2)],
-                         ids=["killed between a checkpoint and its metrics line", "killed after the checkpoint's next step"])
+@pytest.mark.parametrize(
+    "kill_after_save,kill_at_step,save_freq",
+    [(2, 0, 1), (0, 4, 2)],
+    ids=["killed between a checkpoint and its metrics line", "killed after the checkpoint's next step"],
+)
 def test_kill_9_and_resume_neither_loses_nor_doubles_a_metrics_line(tmp_path, kill_after_save, kill_at_step, save_freq):
     steps = 4
-    killed = run_python(KILLED_RUN, 300, [str(tmp_path), str(steps), str(save_freq), str(kill_after_save),
-                                          str(kill_at_step)])
+    killed = run_python(
+        KILLED_RUN, 300, [str(tmp_path), str(steps), str(save_freq), str(kill_after_save), str(kill_at_step)]
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     resumed = run_python(KILLED_RUN, 300, [str(tmp_path), str(steps), str(save_freq), "0", "0"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -195,11 +236,25 @@ def test_the_push_directory_goes_when_the_trainer_is_terminated(tmp_path):
     with start_embedded_server("tiny") as server:  # a server given by URL: weights go through /dev/shm
         env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agentgym.cli", "train", "--env", "first_letter", *FAST,
-             f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=500",
-             f"actor_rollout_ref.rollout.server_urls=[{server.url}]",
-             f"actor_rollout_ref.rollout.server_admin_key={server.admin_key}"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "agentgym.cli",
+                "train",
+                "--env",
+                "first_letter",
+                *FAST,
+                f"trainer.default_local_dir={tmp_path}",
+                "trainer.total_training_steps=500",
+                f"actor_rollout_ref.rollout.server_urls=[{server.url}]",
+                f"actor_rollout_ref.rollout.server_admin_key={server.admin_key}",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 240
             while server.weight_version < 1:  # the first push has made the directory
@@ -341,8 +396,14 @@ async def test_the_process_executor_counts_each_failing_episode_once(standin_ser
     from agentgym.client import PolicyClient
 
     async with PolicyClient(standin_server.url) as client:
-        runner = RolloutRunner(HangingEnv, client, "tiny", RolloutConfig(
-            n=3, env_executor="process", env_workers=2, env_timeout=1.5, max_concurrency=12, max_tokens=4))
+        runner = RolloutRunner(
+            HangingEnv,
+            client,
+            "tiny",
+            RolloutConfig(
+                n=3, env_executor="process", env_workers=2, env_timeout=1.5, max_concurrency=12, max_tokens=4
+            ),
+        )
         try:
             result = await runner.run([Task(seed=s) for s in (11, HANGS, 13, 15, HANGS + 100, 19)])
         finally:

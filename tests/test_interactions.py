@@ -8,7 +8,7 @@ import re
 import textwrap
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -40,13 +40,15 @@ class VerlStyleInteraction(_VerlBaseStub):
         self._instance_dict: dict[str, dict] = {}
         self.finalized: list[str] = []
 
-    async def start_interaction(self, instance_id: Optional[str] = None, ground_truth: Optional[str] = None, **kwargs) -> str:  # noqa: UP045 - written as veRL writes it
+    async def start_interaction(self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs) -> str:  # noqa: UP045 - written as veRL writes it
         if instance_id is None:
             instance_id = str(uuid4())
         self._instance_dict[instance_id] = {"response": "", "ground_truth": ground_truth, "reward": 0.0}
         return instance_id
 
-    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]], **kwargs) -> tuple[bool, str, float, dict]:
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs
+    ) -> tuple[bool, str, float, dict]:
         content = ""
         for item in reversed(messages):
             if item.get("role") == "assistant":
@@ -91,14 +93,19 @@ def verl_interaction_rows(name: str = "verl_gsm8k") -> list[dict]:
     """Rows as veRL's gsm8k_multiturn_w_interaction.py writes them."""
     rows = []
     for i, (q, a) in enumerate([("What is 2 + 3?", "5"), ("What is 10 * 4?", "40")]):
-        rows.append({
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "system", "content": "You are a math expert."}, {"role": "user", "content": q}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": a},
-            "extra_info": {"split": "test", "index": i,
-                           "interaction_kwargs": {"name": name, "query": q, "ground_truth": a}},
-        })
+        rows.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "system", "content": "You are a math expert."}, {"role": "user", "content": q}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": a},
+                "extra_info": {
+                    "split": "test",
+                    "index": i,
+                    "interaction_kwargs": {"name": name, "query": q, "ground_truth": a},
+                },
+            }
+        )
     return rows
 
 
@@ -110,8 +117,11 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 @pytest.fixture()
 def verl_env(tmp_path: Path) -> tuple[InteractionEnv, VerlStyleInteraction]:
     interaction = VerlStyleInteraction({"name": "verl_gsm8k"})
-    env = InteractionEnv(data_files=write_jsonl(tmp_path / "rows.jsonl", verl_interaction_rows()),
-                         interactions={"verl_gsm8k": interaction}, max_turns=4)
+    env = InteractionEnv(
+        data_files=write_jsonl(tmp_path / "rows.jsonl", verl_interaction_rows()),
+        interactions={"verl_gsm8k": interaction},
+        max_turns=4,
+    )
     return env, interaction
 
 
@@ -121,7 +131,9 @@ def test_verl_style_interaction_runs_unchanged(verl_env: tuple[InteractionEnv, V
     messages, info = env.reset(options={"index": 1})
     assert [m["role"] for m in messages] == ["system", "user"] and info["interaction"] == "verl_gsm8k"
     new, reward, terminated, truncated, info = env.step("It is 14")
-    assert new == [{"role": "user", "content": "Your response is incorrect! You need to reflect on your answer and try again."}]
+    assert new == [
+        {"role": "user", "content": "Your response is incorrect! You need to reflect on your answer and try again."}
+    ]
     assert (reward, terminated, truncated) == (0.0, False, False)
     new, reward, terminated, truncated, info = env.step({"role": "assistant", "content": "10 * 4 = 40"})
     assert new[0]["content"] == "Your response is correct!"
@@ -132,7 +144,8 @@ def test_verl_style_interaction_runs_unchanged(verl_env: tuple[InteractionEnv, V
 
 def test_verl_style_class_loads_from_yaml_by_dotted_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module = tmp_path / "my_verl_interactions.py"
-    module.write_text(textwrap.dedent('''
+    module.write_text(
+        textwrap.dedent("""
         from uuid import uuid4
 
         class EchoInteraction:
@@ -155,14 +168,18 @@ def test_verl_style_class_loads_from_yaml_by_dotted_path(tmp_path: Path, monkeyp
 
             async def finalize_interaction(self, instance_id, **kwargs):
                 self._instance_dict.pop(instance_id)
-    '''))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     config = tmp_path / "interaction.yaml"
     config.write_text("interaction:\n  - class_name: my_verl_interactions.EchoInteraction\n    config: {bonus: 0.5}\n")
     loaded = load_interactions(config)
     assert list(loaded) == ["echo"] and loaded["echo"].config == {"bonus": 0.5, "name": "echo"}
-    env = InteractionEnv(data_files=write_jsonl(tmp_path / "rows.jsonl", verl_interaction_rows("echo")),
-                         interaction_config=config, success_threshold=0.5)
+    env = InteractionEnv(
+        data_files=write_jsonl(tmp_path / "rows.jsonl", verl_interaction_rows("echo")),
+        interaction_config=config,
+        success_threshold=0.5,
+    )
     env.reset(seed=0)
     assert env.step("hello")[0] == [{"role": "user", "content": "echo: hello"}]
     _, reward, terminated, _, info = env.step("please stop")
@@ -171,8 +188,9 @@ def test_verl_style_class_loads_from_yaml_by_dotted_path(tmp_path: Path, monkeyp
 
 def test_older_verl_base_signatures_work(tmp_path: Path) -> None:
     interaction = OldVerlBaseInteraction({})
-    env = InteractionEnv(data_files=write_jsonl(tmp_path / "rows.jsonl", verl_interaction_rows("old")),
-                         interactions={"old": interaction})
+    env = InteractionEnv(
+        data_files=write_jsonl(tmp_path / "rows.jsonl", verl_interaction_rows("old")), interactions={"old": interaction}
+    )
     env.reset(seed=0)
     assert env.step("a")[1:3] == (0.5, False)
     _, reward, terminated, _, info = env.step("b")
@@ -228,7 +246,9 @@ def test_gsm8k_interaction_directly_as_verl_calls_it() -> None:
         kwargs = {"name": "gsm8k", "query": "1+1?", "ground_truth": "2"}
         instance_id = await interaction.start_interaction("req-1", **kwargs)
         first = await interaction.generate_response(instance_id, [{"role": "assistant", "content": "#### 3"}], **kwargs)
-        second = await interaction.generate_response(instance_id, [{"role": "assistant", "content": "#### 2"}], **kwargs)
+        second = await interaction.generate_response(
+            instance_id, [{"role": "assistant", "content": "#### 2"}], **kwargs
+        )
         score = await interaction.calculate_score(instance_id)
         await interaction.finalize_interaction(instance_id)
         return first, second, score, interaction._instances
@@ -251,20 +271,25 @@ def test_base_interaction_defaults() -> None:
 def test_repo_yaml_and_registered_names(tmp_path: Path) -> None:
     loaded = load_interactions(REPO / "configs" / "interaction" / "gsm8k.yaml")
     assert isinstance(loaded["gsm8k"], Gsm8kInteraction) and loaded["gsm8k"].max_turns == 3
-    by_name = load_interactions({"interaction": [{"name": "feedback", "class_name": "gsm8k", "config": {"max_turns": 5}}]})
+    by_name = load_interactions(
+        {"interaction": [{"name": "feedback", "class_name": "gsm8k", "config": {"max_turns": 5}}]}
+    )
     assert isinstance(by_name["feedback"], Gsm8kInteraction) and by_name["feedback"].max_turns == 5
     assert by_name["feedback"].name == "feedback"
     assert "gsm8k" in agentgym.registered("interaction")
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    ({"interaction": [{"class_name": "nope"}]}, "neither a registered interaction"),
-    ({"interaction": [{"class_name": "no_such_module.Thing"}]}, "cannot import"),
-    ({"interaction": [{"class_name": "agentgym.interactions.gsm8k.Missing"}]}, "has no 'Missing'"),
-    ({"interaction": [{"class_name": "gsm8k"}, {"class_name": "gsm8k"}]}, "duplicate interaction name"),
-    ({"interaction": [{"name": "x"}]}, "needs a 'class_name'"),
-    ({"interactions": []}, "top-level 'interaction:'"),
-])
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"interaction": [{"class_name": "nope"}]}, "neither a registered interaction"),
+        ({"interaction": [{"class_name": "no_such_module.Thing"}]}, "cannot import"),
+        ({"interaction": [{"class_name": "agentgym.interactions.gsm8k.Missing"}]}, "has no 'Missing'"),
+        ({"interaction": [{"class_name": "gsm8k"}, {"class_name": "gsm8k"}]}, "duplicate interaction name"),
+        ({"interaction": [{"name": "x"}]}, "needs a 'class_name'"),
+        ({"interactions": []}, "top-level 'interaction:'"),
+    ],
+)
 def test_bad_interaction_configs(config: dict, message: str) -> None:
     with pytest.raises(InteractionConfigError, match=message):
         load_interactions(config)
@@ -300,7 +325,9 @@ async def test_step_inside_run_in_executor(verl_env: tuple[InteractionEnv, VerlS
     assert result[2] and result[4]["outcome_reward"] == 1.0
 
 
-async def test_step_called_synchronously_from_a_running_loop(verl_env: tuple[InteractionEnv, VerlStyleInteraction]) -> None:
+async def test_step_called_synchronously_from_a_running_loop(
+    verl_env: tuple[InteractionEnv, VerlStyleInteraction],
+) -> None:
     env, _ = verl_env
     env.reset(options={"index": 0})  # this thread runs an event loop right now
     assert env.step("5")[2]
@@ -343,7 +370,9 @@ def test_a_bad_return_value_names_the_class(tmp_path: Path) -> None:
             return "oops"
 
     interaction = Broken({})
-    env = InteractionEnv(data_files=write_jsonl(tmp_path / "r.jsonl", verl_interaction_rows("b")), interactions={"b": interaction})
+    env = InteractionEnv(
+        data_files=write_jsonl(tmp_path / "r.jsonl", verl_interaction_rows("b")), interactions={"b": interaction}
+    )
     env.reset(seed=0)
     with pytest.raises(TypeError, match="Broken.generate_response must return"):
         env.step("x")

@@ -75,14 +75,18 @@ class StandinJudge:
         if attempts:
             if any("CONFUSE" in text for _, text in attempts):
                 return 200, "They all look fine to me."
-            scores = [{"id": int(k), "explanation": "-", "score": 1.0 if reference in text else 0.2}
-                      for k, text in attempts]
+            scores = [
+                {"id": int(k), "explanation": "-", "score": 1.0 if reference in text else 0.2} for k, text in attempts
+            ]
             return 200, "```json\n" + json.dumps({"scores": scores}) + "\n```"
         response = prompt.split("# Response\n", 1)[1]
         if "CONFUSE" in response:
             return 200, "Hard to say, it depends."
-        return 200, f"The final answer {'matches' if reference in response else 'does not match'}.\nSCORE: " \
-                    f"{10 if reference in response else 2}"
+        return (
+            200,
+            f"The final answer {'matches' if reference in response else 'does not match'}.\nSCORE: "
+            f"{10 if reference in response else 2}",
+        )
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -98,16 +102,26 @@ def judge():
 
 def gsm8k_episode(reply: str, group: str = "q1", truth: str = "18", outcome: float = 0.0) -> Trajectory:
     """A GSM8K-like episode as env rollouts record it (the env's ground truth in ``task``)."""
-    messages = [{"role": "user", "content": "Janet has 16 eggs and buys 2 more. How many eggs? "
-                                            "Answer after '####'."}, {"role": "assistant", "content": reply}]
+    messages = [
+        {"role": "user", "content": "Janet has 16 eggs and buys 2 more. How many eggs? Answer after '####'."},
+        {"role": "assistant", "content": reply},
+    ]
     turn = Turn(prompt_ids=[1, 2, 3], response_ids=[4, 5], logprobs=[-0.5, -0.5], response_text=reply)
-    return Trajectory(turns=[turn], outcome_reward=outcome, group_id=group, messages=messages,
-                      task={"seed": 0, "ground_truth": truth}, data_source="openai/gsm8k")
+    return Trajectory(
+        turns=[turn],
+        outcome_reward=outcome,
+        group_id=group,
+        messages=messages,
+        task={"seed": 0, "ground_truth": truth},
+        data_source="openai/gsm8k",
+    )
 
 
 def scorer(server: StandinJudge, mode: str = "pointwise", cache=None, **kw) -> JudgeScorer:
-    return JudgeScorer(JudgeSettings(server.url, mode, timeout=kw.pop("timeout", 10.0), max_retries=kw.pop(
-        "max_retries", 3), **kw), cache)
+    return JudgeScorer(
+        JudgeSettings(server.url, mode, timeout=kw.pop("timeout", 10.0), max_retries=kw.pop("max_retries", 3), **kw),
+        cache,
+    )
 
 
 # ---- what the judge reads and answers ---------------------------------------------------------------
@@ -187,10 +201,14 @@ def test_scores_are_cached_by_content_so_a_resumed_run_pays_once(judge, tmp_path
 def test_as_the_outcome_reward_of_any_source(judge):
     """Around a trajectory source (env rollouts, gateway sessions alike): training episodes are judged,
     validation keeps the env's score, the step's counts reach the trainer."""
-    source = ScoredSource(FixedTrajectorySource([[gsm8k_episode("#### 18", outcome=1.0),
-                                                  gsm8k_episode("#### 2", outcome=0.0)]],
-                                                validation=[gsm8k_episode("#### 2", outcome=1.0)]),
-                          scorer(judge), "judge")
+    source = ScoredSource(
+        FixedTrajectorySource(
+            [[gsm8k_episode("#### 18", outcome=1.0), gsm8k_episode("#### 2", outcome=0.0)]],
+            validation=[gsm8k_episode("#### 2", outcome=1.0)],
+        ),
+        scorer(judge),
+        "judge",
+    )
     out = asyncio.run(source.collect(1))
     assert [t.outcome_reward for t in out] == [1.0, pytest.approx(0.2)]
     assert out[0].metrics["rule_reward"] == 1.0
@@ -202,8 +220,16 @@ def test_the_training_config_puts_the_judge_around_the_source(judge, tmp_path):
     from agentgym.trainer.config import load_config
     from agentgym.trainer.run import wrap_source
 
-    cfg = load_config(env="gsm8k", overrides=["judge.enable=true", f"judge.base_url={judge.url}", "judge.mode=group",
-                                              f"trainer.default_local_dir={tmp_path}"], warn=False)
+    cfg = load_config(
+        env="gsm8k",
+        overrides=[
+            "judge.enable=true",
+            f"judge.base_url={judge.url}",
+            "judge.mode=group",
+            f"trainer.default_local_dir={tmp_path}",
+        ],
+        warn=False,
+    )
     source = wrap_source(cfg, FixedTrajectorySource([[gsm8k_episode("#### 18"), gsm8k_episode("#### 1")]]))
     out = asyncio.run(source.collect(1))
     assert [t.outcome_reward for t in out] == [1.0, pytest.approx(0.2)] and len(judge.requests) == 1
@@ -232,12 +258,38 @@ def test_a_judge_on_an_agentgym_serve_endpoint_scores_a_gsm8k_eval(served_tiny, 
     if not GSM8K_TEST.is_file():
         pytest.skip(f"GSM8K test data not found at {GSM8K_TEST}")
     url = served_tiny.url
-    assert main(["eval", "--env", "gsm8k", "--server", url, "--env-arg", f"data_files={GSM8K_TEST}", "--tasks", "3",
-                 "-n", "2", "--max-tokens", "16", "--env-executor", "inline", "--judge-url", url,
-                 "--judge-mode", mode]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--env",
+                "gsm8k",
+                "--server",
+                url,
+                "--env-arg",
+                f"data_files={GSM8K_TEST}",
+                "--tasks",
+                "3",
+                "-n",
+                "2",
+                "--max-tokens",
+                "16",
+                "--env-executor",
+                "inline",
+                "--judge-url",
+                url,
+                "--judge-mode",
+                mode,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    found = re.search(rf"judge \({mode}, (\S+) at {re.escape(url)}/v1\): (\d+) of 6 episodes judged, unparsed answers "
-                      r"(\d+), failed requests 0", out)
+    found = re.search(
+        rf"judge \({mode}, (\S+) at {re.escape(url)}/v1\): (\d+) of 6 episodes judged, unparsed answers "
+        r"(\d+), failed requests 0",
+        out,
+    )
     assert found, out
     judged, unparsed = int(found.group(2)), int(found.group(3))
     assert judged + unparsed * (1 if mode == "pointwise" else 2) == 6

@@ -31,12 +31,51 @@ ALLOWED = {
     "gateway": {"types", "registry", "config", "model", "envs", "client", "rollout", "server"},
     "compat": {"config"},
     "rewards": {"types", "registry", "config", "model", "envs"},
-    "trainer": {"types", "registry", "config", "model", "envs", "interactions", "client", "server", "rollout",
-                "gateway", "compat", "rewards"},
-    "stages": {"types", "registry", "config", "model", "envs", "interactions", "client", "server", "rollout",
-               "gateway", "compat", "rewards", "trainer"},
-    "cli": {"types", "registry", "config", "model", "envs", "interactions", "client", "server", "rollout", "gateway",
-            "compat", "rewards", "trainer", "stages"},
+    "trainer": {
+        "types",
+        "registry",
+        "config",
+        "model",
+        "envs",
+        "interactions",
+        "client",
+        "server",
+        "rollout",
+        "gateway",
+        "compat",
+        "rewards",
+    },
+    "stages": {
+        "types",
+        "registry",
+        "config",
+        "model",
+        "envs",
+        "interactions",
+        "client",
+        "server",
+        "rollout",
+        "gateway",
+        "compat",
+        "rewards",
+        "trainer",
+    },
+    "cli": {
+        "types",
+        "registry",
+        "config",
+        "model",
+        "envs",
+        "interactions",
+        "client",
+        "server",
+        "rollout",
+        "gateway",
+        "compat",
+        "rewards",
+        "trainer",
+        "stages",
+    },
 }
 ALLOWED["progress"] = set()  # agentgym/progress.py (bars for terminals and logs): every part may import it
 for _name in ALLOWED:
@@ -69,8 +108,11 @@ def import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else [])) \
-                    if node.level else (node.module or "")
+                base = (
+                    ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+                    if node.level
+                    else (node.module or "")
+                )
                 targets = [base] + [f"{base}.{a.name}" for a in node.names]
             for target in targets:
                 while target and target not in files:
@@ -139,9 +181,12 @@ def test_no_import_cycles_between_modules_or_parts():
 
 
 def test_arrows_between_parts_point_the_documented_way():
-    wrong = sorted(f"{a} -> {b} (part {part(a)} may import only {sorted(ALLOWED.get(part(a), set()))})"
-                   for a, targets in import_graph().items() for b in targets
-                   if part(a) and part(b) and part(a) != part(b) and part(b) not in ALLOWED.get(part(a), set()))
+    wrong = sorted(
+        f"{a} -> {b} (part {part(a)} may import only {sorted(ALLOWED.get(part(a), set()))})"
+        for a, targets in import_graph().items()
+        for b in targets
+        if part(a) and part(b) and part(a) != part(b) and part(b) not in ALLOWED.get(part(a), set())
+    )
     assert wrong == []
 
 
@@ -151,26 +196,32 @@ def test_no_sub_package_imports_the_package_root():
 
 
 def test_no_file_has_outgrown_one_idea():
-    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT.parent)): n
+        for p in ROOT.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}, f"files over {MAX_LINES} lines: split them along their ideas"
 
 
-@pytest.mark.parametrize("old, new", [
-    ("agentgym.server.client", "agentgym.client"),
-    ("agentgym.server.gateway", "agentgym.gateway"),
-    ("agentgym.server.sessions", "agentgym.gateway.sessions"),
-    ("agentgym.rollout.agent_source", "agentgym.gateway.agent_source"),
-    ("agentgym.envs.interaction_env", "agentgym.interactions.env"),
-    ("agentgym.trainer.warm_start", "agentgym.stages.warm_start"),
-    ("agentgym.trainer.held_out", "agentgym.stages.held_out"),
-    ("agentgym.trainer.compat.verl", "agentgym.compat"),
-    ("agentgym.trainer.rewards", "agentgym.rewards"),
-    ("agentgym.trainer.sources", "agentgym.rollout.sources"),
-    ("agentgym.trainer.main", "agentgym.stages.train_command"),
-    ("agentgym.trainer.loggers", "agentgym.tracking"),
-    ("agentgym.trainer.preflight", "agentgym.preflight"),
-])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("agentgym.server.client", "agentgym.client"),
+        ("agentgym.server.gateway", "agentgym.gateway"),
+        ("agentgym.server.sessions", "agentgym.gateway.sessions"),
+        ("agentgym.rollout.agent_source", "agentgym.gateway.agent_source"),
+        ("agentgym.envs.interaction_env", "agentgym.interactions.env"),
+        ("agentgym.trainer.warm_start", "agentgym.stages.warm_start"),
+        ("agentgym.trainer.held_out", "agentgym.stages.held_out"),
+        ("agentgym.trainer.compat.verl", "agentgym.compat"),
+        ("agentgym.trainer.rewards", "agentgym.rewards"),
+        ("agentgym.trainer.sources", "agentgym.rollout.sources"),
+        ("agentgym.trainer.main", "agentgym.stages.train_command"),
+        ("agentgym.trainer.loggers", "agentgym.tracking"),
+        ("agentgym.trainer.preflight", "agentgym.preflight"),
+    ],
+)
 def test_a_moved_module_names_its_new_place(old, new):
     with pytest.raises(ImportError, match=new.replace(".", r"\.")):
         importlib.import_module(old)

@@ -13,8 +13,10 @@ import httpx
 import pytest
 import torch
 
-pytestmark = [pytest.mark.lora,
-              pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install 'agentgym[lora]'")]
+pytestmark = [
+    pytest.mark.lora,
+    pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install 'agentgym[lora]'"),
+]
 
 from agentgym.model import (  # noqa: E402
     load_causal_lm,
@@ -71,11 +73,18 @@ def test_the_pushed_payload_is_the_adapters_only():
     expected = layers * sum(rank * (i + o) for i, o in shapes) * 4
     pushed = sum(v.numel() * v.element_size() for v in payload.values())
     whole = sum(v.numel() * v.element_size() for v in full.values())
-    print(f"\nLoRA rank {rank} push: {pushed / 1024:.1f} KiB; full push: {whole / 1024:.1f} KiB "
-          f"({whole / pushed:.1f}x smaller)")
+    print(
+        f"\nLoRA rank {rank} push: {pushed / 1024:.1f} KiB; full push: {whole / 1024:.1f} KiB "
+        f"({whole / pushed:.1f}x smaller)"
+    )
     assert pushed == expected
-    assert set(payload) == {f"model.layers.{i}.{part}.{m}.lora_{x}.weight" for i in range(layers)
-                            for part, names in (("self_attn", ALL[:4]), ("mlp", ALL[4:])) for m in names for x in "AB"}
+    assert set(payload) == {
+        f"model.layers.{i}.{part}.{m}.lora_{x}.weight"
+        for i in range(layers)
+        for part, names in (("self_attn", ALL[:4]), ("mlp", ALL[4:]))
+        for m in names
+        for x in "AB"
+    }
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean-forward", "merged"])
@@ -93,7 +102,9 @@ def test_the_engine_serves_what_the_lora_model_computes(lean):
             expected = logprobs(model, PROMPT, seq.output_ids)
             assert max(abs(a - b) for a, b in zip(seq.logprobs, expected)) < 1e-4
             previous = logprobs(wrapped(targets=[*ALL, "lm_head"], seed=seed - 1), PROMPT, seq.output_ids)
-            assert max(abs(a - b) for a, b in zip(seq.logprobs, previous)) > 1e-2  # another adapter: the swap is visible
+            assert (
+                max(abs(a - b) for a, b in zip(seq.logprobs, previous)) > 1e-2
+            )  # another adapter: the swap is visible
         with torch.no_grad():  # the embeddings the head was tied to are untouched
             assert torch.equal(engine.model.model.embed_tokens.weight, load_causal_lm("tiny").model.embed_tokens.weight)
     finally:
@@ -121,8 +132,13 @@ def test_the_reference_is_the_base_with_adapters_off_and_exports(tmp_path):
             if "lora_B" in name:
                 p.normal_(0, 0.5)
     ids = torch.tensor([PROMPT + [7, 8, 9]])
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "prompt_lengths": torch.tensor([len(PROMPT)]),
-             "responses": torch.tensor([[7, 8, 9]]), "response_mask": torch.ones(1, 3)}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "prompt_lengths": torch.tensor([len(PROMPT)]),
+        "responses": torch.tensor([[7, 8, 9]]),
+        "response_mask": torch.ones(1, 3),
+    }
     ref = worker.compute_ref_log_prob(batch, [0])["ref_log_prob"][0].tolist()
     now = worker.compute_log_prob(batch, [0])["old_log_probs"][0].tolist()
     base = logprobs(load_causal_lm("tiny"), PROMPT, [7, 8, 9])
@@ -184,12 +200,22 @@ def test_a_lora_run_learns_first_letter(tmp_path):
     from agentgym.trainer.run import train
 
     targets = "[" + ",".join([*ALL, "lm_head"]) + "]"
-    cfg = load_config(env="first_letter", overrides=[
-        f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.seed=0",
-        "trainer.total_training_steps=15", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.use_ray=false",
-        "actor_rollout_ref.rollout.sampling_seed=1234",  # unseeded, a CI run fell short (0.26 -> 0.46)
-        "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
-        f"actor_rollout_ref.model.target_modules={targets}"])
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[jsonl]",
+            "trainer.seed=0",
+            "trainer.total_training_steps=15",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.use_ray=false",
+            "actor_rollout_ref.rollout.sampling_seed=1234",  # unseeded, a CI run fell short (0.26 -> 0.46)
+            "actor_rollout_ref.model.lora_rank=8",
+            "actor_rollout_ref.model.lora_alpha=16",
+            f"actor_rollout_ref.model.target_modules={targets}",
+        ],
+    )
     summary = train(cfg, show_progress=False)
     with open(summary["metrics_file"]) as f:
         rows = [json.loads(line) for line in f]
@@ -198,6 +224,8 @@ def test_a_lora_run_learns_first_letter(tmp_path):
     before, after = sum(rewards[:2]) / 2, sum(rewards[-3:]) / 3
     assert before < 0.4 and after - before > 0.25, rewards
     pushed = [r["weight_sync/mb"] for r in rows if "weight_sync/mb" in r]
-    full_mb = sum(v.numel() * 4 for k, v in load_causal_lm("tiny").state_dict().items() if k != "lm_head.weight") / 2**20
+    full_mb = (
+        sum(v.numel() * 4 for k, v in load_causal_lm("tiny").state_dict().items() if k != "lm_head.weight") / 2**20
+    )
     assert pushed and max(pushed) < full_mb / 2  # adapters only
     assert rows[-1]["training/rollout_probs_diff_mean"] < 1e-3  # the server applies what the trainer trains

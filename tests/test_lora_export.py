@@ -12,8 +12,10 @@ import shutil
 import pytest
 import torch
 
-pytestmark = [pytest.mark.lora,
-              pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install 'agentgym[lora]'")]
+pytestmark = [
+    pytest.mark.lora,
+    pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install 'agentgym[lora]'"),
+]
 
 from agentgym.model import (  # noqa: E402
     load_causal_lm,
@@ -60,8 +62,9 @@ def test_a_lora_checkpoint_exports_to_a_model_directory(tmp_path):
 
     model = trained_adapters(ALL)
     torch.save(model.state_dict(), tmp_path / "model.pt")  # a LoRA checkpoint holds the adapters only
-    cfg = load_config(env="sokoban", overrides=["actor_rollout_ref.model.lora_rank=8",
-                                                "actor_rollout_ref.model.lora_alpha=16"])
+    cfg = load_config(
+        env="sokoban", overrides=["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16"]
+    )
     export_checkpoint(tmp_path / "model.pt", cfg, tmp_path / "out", "tiny")
     with torch.no_grad():
         assert torch.allclose(load_causal_lm(str(tmp_path / "out"))(IDS).logits, model(IDS).logits, atol=1e-4)
@@ -86,16 +89,28 @@ def test_the_lora_main_job_ends_with_its_table_and_eval_run_reproduces_it(tmp_pa
 
     monkeypatch.setattr(RolloutRunner, "run", spy)
     run_dir = tmp_path / "run"
-    overrides = [f"trainer.default_local_dir={run_dir}", "warm_start.demos=40",
-                 "warm_start.sft.trainer.total_training_steps=3", "warm_start.sft.data.train_batch_size=8",
-                 "warm_start.sft.data.micro_batch_size_per_gpu=8", "trainer.total_training_steps=2",
-                 "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "held_out.num_tasks=4",
-                 "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=-1",
-                 "trainer.logger=[jsonl]", "actor_rollout_ref.rollout.max_tokens_per_turn=16",
-                 "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
-                 "actor_rollout_ref.model.target_modules=all-linear"]
-    args = argparse.Namespace(env="sokoban", agent=None, config=None, config_name=None, async_=False,
-                              overrides=overrides)
+    overrides = [
+        f"trainer.default_local_dir={run_dir}",
+        "warm_start.demos=40",
+        "warm_start.sft.trainer.total_training_steps=3",
+        "warm_start.sft.data.train_batch_size=8",
+        "warm_start.sft.data.micro_batch_size_per_gpu=8",
+        "trainer.total_training_steps=2",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=2",
+        "held_out.num_tasks=4",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=-1",
+        "trainer.logger=[jsonl]",
+        "actor_rollout_ref.rollout.max_tokens_per_turn=16",
+        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.model.lora_alpha=16",
+        "actor_rollout_ref.model.target_modules=all-linear",
+    ]
+    args = argparse.Namespace(
+        env="sokoban", agent=None, config=None, config_name=None, async_=False, overrides=overrides
+    )
     assert train_command(args) == 0
     out = capsys.readouterr().out
     assert "held-out: 4 tasks of sokoban" in out and "after RL - after SFT" in out
@@ -107,8 +122,24 @@ def test_the_lora_main_job_ends_with_its_table_and_eval_run_reproduces_it(tmp_pa
     assert record["model"]["lora"]["rank"] == 8 and record["env"]["eval_kwargs"]["max_steps"] == 15
 
     trajectories = tmp_path / "eval.jsonl"
-    assert main(["eval", "--run", str(run_dir), "--tasks", "4", "--seed", "1000000", "--temperature", "0",
-                 "--out", str(trajectories)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--run",
+                str(run_dir),
+                "--tasks",
+                "4",
+                "--seed",
+                "1000000",
+                "--temperature",
+                "0",
+                "--out",
+                str(trajectories),
+            ]
+        )
+        == 0
+    )
     greedy = json.loads((run_dir / "held_out.json").read_text())["policies"]["after RL"]["0.0"]["per_task"]
     replayed = {t.seed: t for t in read_trajectories(trajectories)}
     assert [float(bool(replayed[1_000_000 + i].metrics.get("success"))) for i in range(4)] == greedy

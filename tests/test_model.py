@@ -13,8 +13,13 @@ MESSAGES = [
     {
         "role": "assistant",
         "content": "Let me compute.",
-        "tool_calls": [{"id": "c1", "type": "function",
-                        "function": {"name": "calculator", "arguments": '{"expression": "48 / 2"}'}}],
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "48 / 2"}'},
+            }
+        ],
     },
     {"role": "tool", "tool_call_id": "c1", "content": "24"},
     {"role": "assistant", "content": "#### 24"},
@@ -37,8 +42,9 @@ def test_chat_template_is_prefix_preserving_and_masks_assistant_tokens():
     assert full.startswith(short)
     assert '<tool_call>\n{"name": "calculator", "arguments": {"expression": "48 / 2"}}\n</tool_call>' in full
     assert "<tool_response>\n24\n</tool_response>" in full
-    enc = tok.apply_chat_template(MESSAGES, tools=tools, tokenize=True, return_dict=True,
-                                  return_assistant_tokens_mask=True)
+    enc = tok.apply_chat_template(
+        MESSAGES, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     masked = [t for t, m in zip(enc["input_ids"], enc["assistant_masks"]) if m]
     assert tok.decode(masked).count("<|im_end|>") == 2
     assert "#### 24" in tok.decode(masked) and "Solve it" not in tok.decode(masked)

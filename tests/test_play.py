@@ -42,7 +42,7 @@ def solution(seed: int) -> list[str]:
 
 def test_solving_sokoban_shows_rewards_and_the_summary():
     moves = solution(0)
-    lines = [f"<answer>{' || '.join(moves[i:i + 5])}</answer>" for i in range(0, len(moves), 5)]
+    lines = [f"<answer>{' || '.join(moves[i : i + 5])}</answer>" for i in range(0, len(moves), 5)]
     status, transcript = run("sokoban", lines, seed=0)
     assert status == 0
     assert "== sokoban (seed 0)" in transcript and "[tool available] move" in transcript

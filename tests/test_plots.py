@@ -15,9 +15,17 @@ pytest.importorskip("matplotlib", reason="pip install matplotlib (the plot extra
 def write_run(directory, steps=6, resumed_twice=(4,)):
     lines = []
     for step in range(1, steps + 1):
-        row = {"step": step, "reward/mean": 0.1 * step, "success_rate": 0.05 * step, "turns/mean": 3.0 - 0.1 * step,
-               "actor/entropy": 2.0 - 0.2 * step, "actor/kl_loss": 0.0, "actor/ppo_kl": 0.01 * step,
-               "rollout/weight_version_lag": 0, "timing_s/step": 1.0}
+        row = {
+            "step": step,
+            "reward/mean": 0.1 * step,
+            "success_rate": 0.05 * step,
+            "turns/mean": 3.0 - 0.1 * step,
+            "actor/entropy": 2.0 - 0.2 * step,
+            "actor/kl_loss": 0.0,
+            "actor/ppo_kl": 0.01 * step,
+            "rollout/weight_version_lag": 0,
+            "timing_s/step": 1.0,
+        }
         if step % 3 == 0:
             row.update({"val/reward/mean": 0.2 * step, "val/success_rate": 0.1 * step})
         lines.append(json.dumps(row))
@@ -51,8 +59,10 @@ def test_a_rewritten_training_reward_is_told_apart_from_validation(tmp_path):
     the env's, which validation reports: the legend says which is which."""
     rows = [{**r, "reward/format_reward/mean": -0.1} for r in plots.read_metrics(write_run(tmp_path / "run"))]
     fig = plots.figure(rows, plots.choose_panels(rows))
-    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["train (reward trained on)",
-                                                                      "validation (env's reward)"]
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == [
+        "train (reward trained on)",
+        "validation (env's reward)",
+    ]
     assert [line.get_label() for line in fig.axes[1].get_lines()] == ["train", "validation"]
 
 

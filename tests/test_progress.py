@@ -17,7 +17,9 @@ def test_progress_in_a_log_file_is_a_line_every_few_percent_with_an_eta(capsys):
         bar.update(1)
     bar.close()
     lines = log.getvalue().splitlines()
-    assert len(lines) == 20 and lines[0].startswith("held-out:   5% 10/200 ep") and lines[-1].startswith("held-out: 100%")
+    assert (
+        len(lines) == 20 and lines[0].startswith("held-out:   5% 10/200 ep") and lines[-1].startswith("held-out: 100%")
+    )
     assert all("ETA" in line and "elapsed" in line for line in lines)
 
     progress = Progress(60)  # the trainer's line, to stderr (captured: not a terminal)

@@ -45,10 +45,12 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     info = tmp_path / "agentgym_echo_plugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PLUGIN_DIST}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(textwrap.dedent(f"""
+    (info / "entry_points.txt").write_text(
+        textwrap.dedent(f"""
         [agentgym.envs]
         {PLUGIN_ENV} = echo_plugin:EchoEnv
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     ENVS.discover(force=True)
     yield tmp_path

@@ -43,12 +43,17 @@ def episode(reply: str, content: str | None = None, outcome: float = 0.0, turn_r
     prompt_ids = tok(text, add_special_tokens=False)["input_ids"]
     reply_ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
     turn = Turn(prompt_ids=prompt_ids, response_ids=reply_ids, logprobs=[-1.0] * len(reply_ids), reward=turn_reward)
-    return Trajectory(turns=[turn], outcome_reward=outcome, group_id="g",
-                      messages=[*prompt, {"role": "assistant", "content": reply if content is None else content}])
+    return Trajectory(
+        turns=[turn],
+        outcome_reward=outcome,
+        group_id="g",
+        messages=[*prompt, {"role": "assistant", "content": reply if content is None else content}],
+    )
 
 
-def settings(path, input_tokenizer: str | None = "tiny", combine: str = "replace", micro: int = 2,
-             max_length: int | None = None) -> RewardModelSettings:
+def settings(
+    path, input_tokenizer: str | None = "tiny", combine: str = "replace", micro: int = 2, max_length: int | None = None
+) -> RewardModelSettings:
     return RewardModelSettings(str(path), input_tokenizer, micro, max_length, combine, use_ray=False)
 
 
@@ -58,9 +63,11 @@ def test_the_score_is_the_logit_at_the_last_valid_token(rm_dir):
     would skip back to the last non-pad token)."""
     tok = load_tokenizer(str(rm_dir))
     preferred = preferred_ids(tok, list("0123456789"))
-    rows = [tok("What is 3 + 4? 7", add_special_tokens=False)["input_ids"],
-            tok("no digits here at all", add_special_tokens=False)["input_ids"],
-            tok("77 7", add_special_tokens=False)["input_ids"] + [tok.pad_token_id] * 3]
+    rows = [
+        tok("What is 3 + 4? 7", add_special_tokens=False)["input_ids"],
+        tok("no digits here at all", add_special_tokens=False)["input_ids"],
+        tok("77 7", add_special_tokens=False)["input_ids"] + [tok.pad_token_id] * 3,
+    ]
     for micro in (1, 3):
         got = RewardModelWorker(str(rm_dir), micro).score(rows)
         assert got == pytest.approx([expected_score(r, preferred) for r in rows], abs=1e-4)
@@ -72,9 +79,18 @@ def test_a_reward_model_with_several_outputs_is_refused(tmp_path):
 
     from agentgym.config import ConfigError
 
-    AutoModelForSequenceClassification.from_config(Qwen2Config(
-        vocab_size=64, hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, num_labels=2, pad_token_id=0)).save_pretrained(tmp_path)
+    AutoModelForSequenceClassification.from_config(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            num_labels=2,
+            pad_token_id=0,
+        )
+    ).save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match="num_labels=1"):
         RewardModelWorker(str(tmp_path), 4)
 
@@ -116,8 +132,11 @@ def test_the_score_replaces_the_env_reward_as_in_verl_or_adds_to_it(rm_dir):
     episodes are not scored; counts add up over the rounds of a step."""
     ok, failed = episode("7", outcome=1.0, turn_reward=0.5), episode("7", outcome=1.0)
     failed.status = "failed"
-    source = ScoredSource(FixedTrajectorySource([[ok, failed]], validation=[episode("7", outcome=1.0)]),
-                          RewardModelScorer(settings(rm_dir, None)), "reward_model")
+    source = ScoredSource(
+        FixedTrajectorySource([[ok, failed]], validation=[episode("7", outcome=1.0)]),
+        RewardModelScorer(settings(rm_dir, None)),
+        "reward_model",
+    )
     out = asyncio.run(source.collect(1))
     score = out[0].metrics["model_score"]
     assert score > 0 and out[0].outcome_reward == score and out[0].turns[0].reward == 0.0
@@ -144,12 +163,31 @@ def test_training_on_arithmetic_follows_the_reward_model(rm_dir, tmp_path):
     from agentgym.cli import main
 
     run = tmp_path / "run"
-    assert main(["train", "--env", "arithmetic", "reward_model.enable=true", f"reward_model.model.path={rm_dir}",
-                 "warm_start.enable=false", "held_out.enable=false", "data.train_batch_size=8",
-                 "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.optim.lr=1e-2",
-                 "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "trainer.total_training_steps=8",
-                 "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.log_samples=64",
-                 f"trainer.default_local_dir={run}", "trainer.logger=[jsonl]", "trainer.seed=0"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--env",
+                "arithmetic",
+                "reward_model.enable=true",
+                f"reward_model.model.path={rm_dir}",
+                "warm_start.enable=false",
+                "held_out.enable=false",
+                "data.train_batch_size=8",
+                "actor_rollout_ref.rollout.n=8",
+                "actor_rollout_ref.actor.optim.lr=1e-2",
+                "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+                "trainer.total_training_steps=8",
+                "trainer.test_freq=-1",
+                "trainer.val_before_train=false",
+                "trainer.log_samples=64",
+                f"trainer.default_local_dir={run}",
+                "trainer.logger=[jsonl]",
+                "trainer.seed=0",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/rm_scored" in r]
     assert len(steps) == 8 and all(r["reward/rm_scored"] == 64 for r in steps)
@@ -174,6 +212,7 @@ def test_with_ray_the_reward_model_and_the_teacher_are_actors_of_their_own(rm_di
     if started:
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
+
         async def both(use_ray: bool) -> tuple[list[float], list[list[float]]]:
             trajs = [episode("7 1"), episode("no digits")]
             rm = RewardModelScorer(RewardModelSettings(str(rm_dir), "tiny", 2, None, "replace", use_ray))

@@ -28,18 +28,21 @@ def gsm8k_rows() -> list[dict]:
 
 
 # ---- extraction ----------------------------------------------------------------------------
-@pytest.mark.parametrize(("text", "expected"), [
-    ("so the answer is\n#### 72", "72"),
-    ("#### 1,000", "1000"),
-    ("#### $18", "18"),
-    ("####18.", "18"),
-    ("#### -3", "-3"),
-    ("#### 3.50", "3.50"),
-    ("#### 3/4", "3/4"),
-    ("first #### 5 then #### 7", "7"),  # the last match wins
-    ("the answer is 72", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so the answer is\n#### 72", "72"),
+        ("#### 1,000", "1000"),
+        ("#### $18", "18"),
+        ("####18.", "18"),
+        ("#### -3", "-3"),
+        ("#### 3.50", "3.50"),
+        ("#### 3/4", "3/4"),
+        ("first #### 5 then #### 7", "7"),  # the last match wins
+        ("the answer is 72", None),
+        ("", None),
+    ],
+)
 def test_extract_strict(text: str, expected: str | None) -> None:
     assert extract_strict(text) == expected
 
@@ -50,26 +53,32 @@ def test_strict_only_reads_the_last_300_characters() -> None:
     assert extract_strict(early + "#### 43") == "43"
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("She makes 9 * 2 = 18 dollars.", "18"),
-    ("The total is 1,250.", "1250"),
-    ("about -4.5 degrees", "-4.5"),
-    ("no numbers here.", None),
-    ("#### 72", "72"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("She makes 9 * 2 = 18 dollars.", "18"),
+        ("The total is 1,250.", "1250"),
+        ("about -4.5 degrees", "-4.5"),
+        ("no numbers here.", None),
+        ("#### 72", "72"),
+    ],
+)
 def test_extract_flexible(text: str, expected: str | None) -> None:
     assert extract_flexible(text) == expected
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    (r"so \boxed{72}.", "72"),
-    (r"\boxed{\frac{3}{4}}", r"\frac{3}{4}"),
-    (r"\boxed{1} then \boxed{ {2} }", "{2}"),
-    (r"\fbox{5}", "5"),
-    (r"\boxed 9", "9"),
-    (r"\boxed{unclosed", None),
-    ("no box", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"so \boxed{72}.", "72"),
+        (r"\boxed{\frac{3}{4}}", r"\frac{3}{4}"),
+        (r"\boxed{1} then \boxed{ {2} }", "{2}"),
+        (r"\fbox{5}", "5"),
+        (r"\boxed 9", "9"),
+        (r"\boxed{unclosed", None),
+        ("no box", None),
+    ],
+)
 def test_extract_boxed(text: str, expected: str | None) -> None:
     assert extract_boxed(text) == expected
 
@@ -86,10 +95,21 @@ def test_ground_truth_from_gsm8k_answer() -> None:
 
 
 # ---- equivalence ---------------------------------------------------------------------------
-@pytest.mark.parametrize(("a", "b"), [
-    ("72", "72.0"), ("72", "72.00"), ("1,000", "1000"), ("-3", "-3.0"), ("3/4", "0.75"),
-    (r"\frac{3}{4}", "0.75"), ("$18", "18"), ("18.", "18"), ("50%", "50"), (r"\text{yes}", "Yes"),
-])
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("72", "72.0"),
+        ("72", "72.00"),
+        ("1,000", "1000"),
+        ("-3", "-3.0"),
+        ("3/4", "0.75"),
+        (r"\frac{3}{4}", "0.75"),
+        ("$18", "18"),
+        ("18.", "18"),
+        ("50%", "50"),
+        (r"\text{yes}", "Yes"),
+    ],
+)
 def test_answers_match(a: str, b: str) -> None:
     assert answers_match(a, b)
     assert answers_match(b, a)

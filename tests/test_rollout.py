@@ -120,8 +120,10 @@ async def test_cut_off_reply_is_closed_by_the_delta(standin_server):
     assert third.prompt_ids[0] != IM_END and TOK.decode(third.prompt_ids).startswith("\n<|im_start|>user")
     assert traj.metrics["template_mismatch"] == 0.0
     # the whole sequence reads exactly like the chat template's rendering of the conversation
-    raw = [m if m["role"] != "assistant" else {"role": "assistant", "content": c}
-           for m, c in zip(traj.messages, _assistant_texts(traj))]
+    raw = [
+        m if m["role"] != "assistant" else {"role": "assistant", "content": c}
+        for m, c in zip(traj.messages, _assistant_texts(traj))
+    ]
     rendered = TOK.apply_chat_template(raw, tools=agentgym.make("sokoban").tools, tokenize=False)
     assert rendered.startswith(TOK.decode(traj.token_ids()))
 
@@ -137,13 +139,17 @@ def think_stripping_tokenizer():
     template = tok.chat_template
     marker = "{{- message['content'] or '' }}"
     assert template.count(marker) == 1
-    strip = ("{%- set content = message['content'] or '' %}"
-             "{%- if loop.index0 < ns.last_user and '</think>' in content %}"
-             "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
-             "{{- content }}")
-    prelude = ("{%- set ns = namespace(last_user=-1) %}"
-               "{%- for m in messages %}{%- if m['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}"
-               "{%- endif %}{%- endfor %}")
+    strip = (
+        "{%- set content = message['content'] or '' %}"
+        "{%- if loop.index0 < ns.last_user and '</think>' in content %}"
+        "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+        "{{- content }}"
+    )
+    prelude = (
+        "{%- set ns = namespace(last_user=-1) %}"
+        "{%- for m in messages %}{%- if m['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}"
+        "{%- endif %}{%- endfor %}"
+    )
     tok.chat_template = prelude + template.replace(marker, strip)
     return tok
 
@@ -265,7 +271,7 @@ async def test_server_error_after_retries_fails_only_the_affected_episodes(stand
 
     def policy(request):
         prompt = request["prompt"]
-        if any(prompt[i:i + len(poison)] == poison for i in range(len(prompt))):
+        if any(prompt[i : i + len(poison)] == poison for i in range(len(prompt))):
             return 503
         return fixed_policy(request)
 
@@ -334,8 +340,10 @@ async def test_slow_env_does_not_stall_the_others(standin_server):
     async with PolicyClient(standin_server.url) as client:
         runner = RolloutRunner(SlowEnv, client, "tiny", RolloutConfig(max_concurrency=8))
         start = time.perf_counter()
-        result = await runner.run([Task(seed=s) for s in range(8)],
-                                  on_trajectory=lambda t: done.setdefault(t.seed, time.perf_counter() - start))
+        result = await runner.run(
+            [Task(seed=s) for s in range(8)],
+            on_trajectory=lambda t: done.setdefault(t.seed, time.perf_counter() - start),
+        )
         await runner.aclose()
     assert all(t.status == "ok" for t in result.trajectories)
     assert done[0] >= 1.2
@@ -359,8 +367,7 @@ def test_summarize_per_source_and_pass_at_k():
     from agentgym.types import Trajectory, Turn
 
     def traj(group, source, ok):
-        t = Trajectory(turns=[Turn([1], [2], [-0.1])], group_id=group, data_source=source,
-                       outcome_reward=float(ok))
+        t = Trajectory(turns=[Turn([1], [2], [-0.1])], group_id=group, data_source=source, outcome_reward=float(ok))
         t.metrics.update(success=float(ok), sampled_tokens=1.0, tokens=2.0)
         return t
 
@@ -390,8 +397,9 @@ def test_runner_survives_many_concurrent_episodes():
             return TokenSample(list(reply), [-0.2] * len(reply), "stop", 7)
 
     async def main():
-        runner = RolloutRunner("sokoban", FakeClient(), "tiny",
-                               RolloutConfig(n=4, max_turns=5, env_executor="inline", max_concurrency=64))
+        runner = RolloutRunner(
+            "sokoban", FakeClient(), "tiny", RolloutConfig(n=4, max_turns=5, env_executor="inline", max_concurrency=64)
+        )
         return await runner.run(tasks=16)
 
     result = asyncio.run(main())

@@ -24,8 +24,25 @@ def ids(text: str) -> list[int]:
 def test_rollout_writes_trajectories_and_metrics(standin_server, tmp_path, capsys):
     standin_server.token_ids = ids("<answer>Up</answer><|im_end|>")
     out = tmp_path / "runs" / "x.jsonl"
-    code = main(["rollout", "--env", "sokoban", "--server", standin_server.url, "-n", "3", "--tasks", "2",
-                 "--max-turns", "2", "--out", str(out), "--env-executor", "inline"])
+    code = main(
+        [
+            "rollout",
+            "--env",
+            "sokoban",
+            "--server",
+            standin_server.url,
+            "-n",
+            "3",
+            "--tasks",
+            "2",
+            "--max-turns",
+            "2",
+            "--out",
+            str(out),
+            "--env-executor",
+            "inline",
+        ]
+    )
     assert code == 0
     trajs = read_trajectories(out)
     assert len(trajs) == 6 and len({t.group_id for t in trajs}) == 2
@@ -42,8 +59,23 @@ def test_eval_reports_success_and_pass_at_k_per_source(standin_server, tmp_path,
         first_answer = json.loads(f.readline())["answer"].split("####")[-1].strip()
     standin_server.token_ids = ids(f"So #### {first_answer}<|im_end|>")  # right for row 0 only
     out = tmp_path / "eval.parquet"
-    code = main(["eval", "--env", "gsm8k", "--server", standin_server.url, "--env-arg", f"data_files={GSM8K}",
-                 "--tasks", "2", "-n", "2", "--out", str(out)])
+    code = main(
+        [
+            "eval",
+            "--env",
+            "gsm8k",
+            "--server",
+            standin_server.url,
+            "--env-arg",
+            f"data_files={GSM8K}",
+            "--tasks",
+            "2",
+            "-n",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     table = capsys.readouterr().out.splitlines()
     header, row = table[0].split(), table[1].split()
@@ -110,8 +142,25 @@ async def test_real_embedded_server_sequences_are_token_exact(embedded_server):
 
 def test_cli_starts_its_own_embedded_server(tmp_path, capsys):
     out = tmp_path / "x.jsonl"
-    code = main(["rollout", "--env", "sokoban", "--model", "tiny", "-n", "2", "--tasks", "1", "--max-turns", "2",
-                 "--max-tokens", "8", "--out", str(out)])
+    code = main(
+        [
+            "rollout",
+            "--env",
+            "sokoban",
+            "--model",
+            "tiny",
+            "-n",
+            "2",
+            "--tasks",
+            "1",
+            "--max-turns",
+            "2",
+            "--max-tokens",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     assert len(read_trajectories(out)) == 2
     assert "server ready at" in capsys.readouterr().err
@@ -123,7 +172,11 @@ def test_env_arg_with_nothing_after_the_equals_sign_is_the_empty_string(capsys):
 
     assert parse_env_args(["system_prompt="]) == {"system_prompt": ""}
     assert parse_env_args(["system_prompt=''", 'b=""', "c=null", "d=[6,6]"]) == {
-        "system_prompt": "", "b": "", "c": None, "d": [6, 6]}
+        "system_prompt": "",
+        "b": "",
+        "c": None,
+        "d": [6, 6],
+    }
     with pytest.raises(ValueError, match="not YAML"):
         parse_env_args(["k=[1,"])
     empty, _ = make("sokoban", **parse_env_args(["system_prompt="])).reset(seed=1)

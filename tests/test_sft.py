@@ -29,8 +29,12 @@ def write_chats(path, count=64, env=None):
     with open(path, "w") as f:
         for i in range(count):
             a, b = i % 9 + 1, i % 7 + 2
-            msgs = [{"role": "user", "content": f"{a} + {b} = ?"}, {"role": "assistant", "content": str(a + b)},
-                    {"role": "user", "content": "Double it."}, {"role": "assistant", "content": str(2 * (a + b))}]
+            msgs = [
+                {"role": "user", "content": f"{a} + {b} = ?"},
+                {"role": "assistant", "content": str(a + b)},
+                {"role": "user", "content": "Double it."},
+                {"role": "assistant", "content": str(2 * (a + b))},
+            ]
             f.write(json.dumps({"messages": msgs, **({"env": env} if env else {})}) + "\n")
     return path
 
@@ -41,8 +45,7 @@ def test_the_mask_covers_exactly_the_assistant_tokens_of_every_turn():
     ids, mask = traj.token_ids(), traj.loss_mask()
     rendered = chat.render(CONVERSATION)
     assert chat.decode(ids) + "\n" == rendered  # the whole conversation, as the template writes it
-    trained = [chat.decode([t for t, m in zip(turn_ids, turn_mask) if m])
-               for turn_ids, turn_mask in [(ids, mask)]][0]
+    trained = [chat.decode([t for t, m in zip(turn_ids, turn_mask) if m]) for turn_ids, turn_mask in [(ids, mask)]][0]
     assert trained == "7<|im_end|>14<|im_end|>"
     assert len(traj.turns) == 2 and all(t.response_ids[-1] == chat.closing_id for t in traj.turns)
     # a rollout of the same conversation builds the same sequence: prompt, reply, delta, reply
@@ -59,12 +62,17 @@ def test_single_turn_prompt_and_response_keys(tmp_path):
     assert skipped == 0 and traj.turns[0].response_text == "4<|im_end|>"
 
 
-@pytest.mark.parametrize("row, message", [
-    ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant message"),
-    ({"messages": "not a list"}, "must hold a list of chat messages"),
-    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "env": "gsm8k"},
-     "demos --env sokoban"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant message"),
+        ({"messages": "not a list"}, "must hold a list of chat messages"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "env": "gsm8k"},
+            "demos --env sokoban",
+        ),
+    ],
+)
 def test_bad_data_is_refused_before_any_work(tmp_path, row, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(row) + "\n")
@@ -95,10 +103,19 @@ def test_sft_learns_and_rl_starts_from_its_weights(tmp_path):
     from agentgym.trainer.workers import PolicyWorker
 
     data = write_chats(tmp_path / "chats.jsonl", 64)
-    cfg = load_sft_config(overrides=[f"data.train_files={data}", f"data.val_files={data}", "data.val_batch_size=16",
-                                     "data.train_batch_size=16", "data.micro_batch_size_per_gpu=8",
-                                     "trainer.total_training_steps=12", "optim.lr=3e-3",
-                                     f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[jsonl]"])
+    cfg = load_sft_config(
+        overrides=[
+            f"data.train_files={data}",
+            f"data.val_files={data}",
+            "data.val_batch_size=16",
+            "data.train_batch_size=16",
+            "data.micro_batch_size_per_gpu=8",
+            "trainer.total_training_steps=12",
+            "optim.lr=3e-3",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            "trainer.logger=[jsonl]",
+        ]
+    )
     trainer = SFTTrainer(cfg, show_progress=False)
     trainer.init_workers()
     before = trainer.validate()["val/sft/loss"]
@@ -115,8 +132,13 @@ def test_sft_learns_and_rl_starts_from_its_weights(tmp_path):
     sft_model = trainer.actor.workers[0].actor.module
     with torch.no_grad():
         sft_lp, _ = policy_forward(sft_model.eval(), batch.tensors)
-    rl_config = {"trainer": {"device": "cpu", "seed": 0}, "actor_rollout_ref": {
-        "model": {"path": summary["hf_model"]}, "actor": {"strategy": "auto", "optim": {"lr": 1e-6}}}}
+    rl_config = {
+        "trainer": {"device": "cpu", "seed": 0},
+        "actor_rollout_ref": {
+            "model": {"path": summary["hf_model"]},
+            "actor": {"strategy": "auto", "optim": {"lr": 1e-6}},
+        },
+    }
     rl = WorkerGroup(PolicyWorker, rl_config, 1, False)
     rl.call("init_model", 1, False)
     with torch.no_grad():

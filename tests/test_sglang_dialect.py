@@ -67,9 +67,9 @@ async def test_weight_push_reaches_sglang_as_a_model_directory_and_versions_the_
     weights = SGLangWeights(model_dir=tmp_path / "model")
     state = {"model.norm.weight": torch.ones(4)}
     async with PolicyClient(sglang.url, backend="sglang", max_retries=0) as client:
-        weights.update_from_state_dict(sglang.url, state, 1)      # a state dict, through shared memory
+        weights.update_from_state_dict(sglang.url, state, 1)  # a state dict, through shared memory
         single = save_for_push(state, tmp_path / "pushed.safetensors")
-        weights.update_from_disk(sglang.url, str(single), 2)       # one file, as the trainer writes it
+        weights.update_from_disk(sglang.url, str(single), 2)  # one file, as the trainer writes it
         assert sglang.loads == 2 and sglang.weight_version == "2"
         sample = await client.generate([1, 2, 3], SamplingParams(max_tokens=3))
         assert sample.weight_version == 2 and sample.logprobs == [logprob(j, t, 2) for j, t in enumerate(REPLY[:3])]
@@ -134,11 +134,22 @@ async def test_structured_output_and_penalties_are_sent_in_sglangs_names(sglang)
 
     tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
     async with PolicyClient(sglang.url, backend="sglang", max_retries=0) as client:
-        await client.generate([1, 2], SamplingParams(
-            max_tokens=4, structured=chat_constraint(tools, "required", False, None), frequency_penalty=0.5,
-            presence_penalty=0.25, repetition_penalty=1.1, logit_bias={7: -3.0}, min_tokens=2, top_logprobs=2))
-        await client.generate([1, 2], SamplingParams(max_tokens=4, structured={"type": "json", "schema": {
-            "type": "object"}}))
+        await client.generate(
+            [1, 2],
+            SamplingParams(
+                max_tokens=4,
+                structured=chat_constraint(tools, "required", False, None),
+                frequency_penalty=0.5,
+                presence_penalty=0.25,
+                repetition_penalty=1.1,
+                logit_bias={7: -3.0},
+                min_tokens=2,
+                top_logprobs=2,
+            ),
+        )
+        await client.generate(
+            [1, 2], SamplingParams(max_tokens=4, structured={"type": "json", "schema": {"type": "object"}})
+        )
     tagged, schema = generations(sglang)[-2:]
     params = tagged["sampling_params"]
     tag = json.loads(params["structural_tag"])

@@ -31,8 +31,11 @@ def answer(moves: list[str]) -> str:
 
 def tool_call(direction, call_id: str = "call_1", as_dict: bool = False) -> dict:
     args = {"direction": direction}
-    return {"id": call_id, "type": "function",
-            "function": {"name": "move", "arguments": args if as_dict else json.dumps(args)}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "move", "arguments": args if as_dict else json.dumps(args)},
+    }
 
 
 def play_solution(env: SokobanEnv, moves: list[str]) -> tuple[float, bool, bool, dict]:
@@ -40,7 +43,7 @@ def play_solution(env: SokobanEnv, moves: list[str]) -> tuple[float, bool, bool,
     total, terminated, truncated, info = 0.0, False, False, {}
     n = env.max_actions_per_turn
     for i in range(0, len(moves), n):
-        _, reward, terminated, truncated, info = env.step(answer(moves[i:i + n]))
+        _, reward, terminated, truncated, info = env.step(answer(moves[i : i + n]))
         total += reward
         if terminated or truncated:
             break
@@ -49,8 +52,11 @@ def play_solution(env: SokobanEnv, moves: list[str]) -> tuple[float, bool, bool,
 
 # ---- Gymnasium ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("gym_id", ["agentgym/Sokoban-v0", "agentgym/Sokoban-6x6-2-v0",
-                                    "agentgym/Sokoban-8x8-2-v0", "agentgym/Sokoban-10x10-3-v0"])
+
+@pytest.mark.parametrize(
+    "gym_id",
+    ["agentgym/Sokoban-v0", "agentgym/Sokoban-6x6-2-v0", "agentgym/Sokoban-8x8-2-v0", "agentgym/Sokoban-10x10-3-v0"],
+)
 def test_check_env_passes_in_full(gym_id):
     """The whole of ``gymnasium.utils.env_checker.check_env`` applies and passes, warnings
     included (they are raised as errors here): space checks (custom text spaces), reset
@@ -64,16 +70,23 @@ def test_check_env_passes_in_full(gym_id):
 
 
 def test_gymnasium_make_works_right_after_import():
-    code = ("import agentgym, gymnasium; env = gymnasium.make('agentgym/Sokoban-v0'); "
-            "messages, info = env.reset(seed=0); print(messages[1]['content'])")
+    code = (
+        "import agentgym, gymnasium; env = gymnasium.make('agentgym/Sokoban-v0'); "
+        "messages, info = env.reset(seed=0); print(messages[1]['content'])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "Boxes: 1." in out.stdout and "P" in out.stdout
 
 
 def test_presets_are_env_specs_with_their_sizes():
-    for name, dims, boxes in [("sokoban", (6, 6), 1), ("sokoban-6x6-1", (6, 6), 1), ("sokoban-6x6-2", (6, 6), 2),
-                              ("sokoban-8x8-2", (8, 8), 2), ("sokoban-10x10-3", (10, 10), 3)]:
+    for name, dims, boxes in [
+        ("sokoban", (6, 6), 1),
+        ("sokoban-6x6-1", (6, 6), 1),
+        ("sokoban-6x6-2", (6, 6), 2),
+        ("sokoban-8x8-2", (8, 8), 2),
+        ("sokoban-10x10-3", (10, 10), 3),
+    ]:
         env = agentgym.make(name)
         env.reset(seed=1)
         assert (env.dim_room, env.num_boxes) == (dims, boxes)
@@ -84,9 +97,16 @@ def test_presets_are_env_specs_with_their_sizes():
 
 # ---- levels ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("dim_room", "num_boxes", "seeds"), [
-    ((6, 6), 1, 1000), ((6, 6), 2, 1000), ((8, 8), 2, 1000), ((10, 10), 3, 200),
-])
+
+@pytest.mark.parametrize(
+    ("dim_room", "num_boxes", "seeds"),
+    [
+        ((6, 6), 1, 1000),
+        ((6, 6), 2, 1000),
+        ((8, 8), 2, 1000),
+        ((10, 10), 3, 200),
+    ],
+)
 def test_generated_levels_are_solved_by_the_solver_and_by_playing(dim_room, num_boxes, seeds):
     env = SokobanEnv(dim_room=dim_room, num_boxes=num_boxes, max_steps=1000)
     for seed in range(seeds):
@@ -133,14 +153,19 @@ def test_solver_finds_none_for_a_stuck_box_and_handles_classic_symbols():
 def test_level_text_round_trips_and_bad_boards_are_refused():
     level = generate_level(random.Random(0), (8, 8), 2)
     assert Level.from_text(level.text()) == level
-    for bad, why in [("#####\n#P__#\n#####", "as many targets"), ("#####\n#XO_#\n#####", "exactly one player"),
-                     ("#####\n#PXO_\n#####", "edge"), ("#####\n#PXO#\n##Z##", "unknown symbol"),
-                     ("#######\n#PXO#X#\n#####O#\n#######", "out of the player's reach")]:
+    for bad, why in [
+        ("#####\n#P__#\n#####", "as many targets"),
+        ("#####\n#XO_#\n#####", "exactly one player"),
+        ("#####\n#PXO_\n#####", "edge"),
+        ("#####\n#PXO#\n##Z##", "unknown symbol"),
+        ("#######\n#PXO#X#\n#####O#\n#######", "out of the player's reach"),
+    ]:
         with pytest.raises(ValueError, match=why):
             Level.from_text(bad)
 
 
 # ---- rewards and episode end -------------------------------------------------------------
+
 
 def test_known_solution_gets_gym_sokoban_rewards():
     env = SokobanEnv()
@@ -153,8 +178,15 @@ def test_known_solution_gets_gym_sokoban_rewards():
     assert reward == pytest.approx(-0.2 + 1.0 + 10.0)  # two moves, box on target, solved; Left not run
     assert terminated and not truncated
     assert info["outcome_reward"] == 1.0 and info["success"] is True
-    assert info["metrics"] == {"boxes_on_target": 1, "num_boxes": 1, "actions": 3, "pushes": 2,
-                               "blocked_moves": 0, "format_errors": 0, "turns": 2}
+    assert info["metrics"] == {
+        "boxes_on_target": 1,
+        "num_boxes": 1,
+        "actions": 3,
+        "pushes": 2,
+        "blocked_moves": 0,
+        "format_errors": 0,
+        "turns": 2,
+    }
     assert messages[-1]["content"].endswith("Solved! Every box is on a target.")
     assert "#___P√#" in env.render()
     # Stepping a finished episode is harmless.
@@ -199,6 +231,7 @@ def test_step_before_reset_raises_reset_needed():
 
 # ---- parsing -----------------------------------------------------------------------------
 
+
 def test_answers_are_case_insensitive_numeric_and_take_the_last_tag():
     assert parse_answer("<ANSWER> up ||LEFT|| 3 || 4</Answer>", 5) == ([0, 2, 2, 3], None, False)
     assert parse_answer("think <answer>Up</answer> no, <answer>Down</answer>", 5) == ([1], None, False)
@@ -219,21 +252,42 @@ def test_too_many_moves_are_cut_and_reported():
 
 def _fuzz_replies(rng: random.Random) -> list:
     alphabet = "<>/|answerUpDownLeftRight{}[]\"': \n\t\\" + "√éü漢字😀\u200b\x00"
-    replies: list = [None, "", " ", 0, 3.5, ["Up"], ("Up",), b"<answer>Up</answer>", np.array([1, 2]),
-                     "x" * (1 << 20), "<answer>" * 50_000, "<answer>Up" + "||" * 500_000,
-                     "<answer><answer>Up</answer></answer>", "<answer></answer>", "<answer>||||</answer>",
-                     "<answer>Jump</answer>", "<answer>上</answer>", "<answer>Up || 😀</answer>",
-                     {"role": "assistant", "content": None}, {"content": [{"text": 5}]}, {"content": 42},
-                     {"tool_calls": "move up"}, {"tool_calls": [None]}, {"tool_calls": [{"function": None}]},
-                     {"tool_calls": [{"function": {"name": "jump", "arguments": "{}"}}]},
-                     {"tool_calls": [{"function": {"name": "move", "arguments": "{not json"}}]},
-                     {"tool_calls": [{"function": {"name": "move", "arguments": "[1, 2]"}}]},
-                     {"tool_calls": [{"function": {"name": "move", "arguments": json.dumps({"direction": 5})}}]},
-                     {"tool_calls": [{"function": {"name": "move", "arguments": json.dumps({"direction": []})}}]},
-                     {"tool_calls": [{"function": {"name": "move", "arguments": json.dumps({"direction": [[{}]]})}}]},
-                     {"tool_calls": [{"function": {"name": "move", "arguments": "x" * (1 << 20)}}]},
-                     {"tool_calls": [{"id": 7, "function": {"name": "move", "arguments": None}}]},
-                     {"tool_calls": np.array([1])}, {"tool_calls": {"a": 1}}]
+    replies: list = [
+        None,
+        "",
+        " ",
+        0,
+        3.5,
+        ["Up"],
+        ("Up",),
+        b"<answer>Up</answer>",
+        np.array([1, 2]),
+        "x" * (1 << 20),
+        "<answer>" * 50_000,
+        "<answer>Up" + "||" * 500_000,
+        "<answer><answer>Up</answer></answer>",
+        "<answer></answer>",
+        "<answer>||||</answer>",
+        "<answer>Jump</answer>",
+        "<answer>上</answer>",
+        "<answer>Up || 😀</answer>",
+        {"role": "assistant", "content": None},
+        {"content": [{"text": 5}]},
+        {"content": 42},
+        {"tool_calls": "move up"},
+        {"tool_calls": [None]},
+        {"tool_calls": [{"function": None}]},
+        {"tool_calls": [{"function": {"name": "jump", "arguments": "{}"}}]},
+        {"tool_calls": [{"function": {"name": "move", "arguments": "{not json"}}]},
+        {"tool_calls": [{"function": {"name": "move", "arguments": "[1, 2]"}}]},
+        {"tool_calls": [{"function": {"name": "move", "arguments": json.dumps({"direction": 5})}}]},
+        {"tool_calls": [{"function": {"name": "move", "arguments": json.dumps({"direction": []})}}]},
+        {"tool_calls": [{"function": {"name": "move", "arguments": json.dumps({"direction": [[{}]]})}}]},
+        {"tool_calls": [{"function": {"name": "move", "arguments": "x" * (1 << 20)}}]},
+        {"tool_calls": [{"id": 7, "function": {"name": "move", "arguments": None}}]},
+        {"tool_calls": np.array([1])},
+        {"tool_calls": {"a": 1}},
+    ]
     for _ in range(300):
         n = rng.choice([1, 5, 30, 200])
         text = "".join(rng.choice(alphabet) for _ in range(n))
@@ -264,6 +318,7 @@ def test_unreadable_reply_says_how_to_answer():
 
 
 # ---- the move tool -----------------------------------------------------------------------
+
 
 def test_move_tool_schema_is_offered():
     env = SokobanEnv()

@@ -15,21 +15,43 @@ def sample_trajectories() -> list[Trajectory]:
     call = {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": '{"e": "2+2"}'}}
     full = Trajectory(
         turns=[
-            Turn(prompt_ids=[1, 2, 3], response_ids=[4, 5], logprobs=[-0.125, -1.0e-9], reward=0.5,
-                 weight_version=3, finish_reason="stop", observation=[{"role": "user", "content": "héllo ∑"}],
-                 response_text="<tool_call>…</tool_call>"),
-            Turn(prompt_ids=[6], response_ids=[7], logprobs=[-2.718281828459045], reward=-0.1, weight_version=4,
-                 finish_reason="length", observation=[{"role": "tool", "tool_call_id": "call_0", "content": "4"}]),
+            Turn(
+                prompt_ids=[1, 2, 3],
+                response_ids=[4, 5],
+                logprobs=[-0.125, -1.0e-9],
+                reward=0.5,
+                weight_version=3,
+                finish_reason="stop",
+                observation=[{"role": "user", "content": "héllo ∑"}],
+                response_text="<tool_call>…</tool_call>",
+            ),
+            Turn(
+                prompt_ids=[6],
+                response_ids=[7],
+                logprobs=[-2.718281828459045],
+                reward=-0.1,
+                weight_version=4,
+                finish_reason="length",
+                observation=[{"role": "tool", "tool_call_id": "call_0", "content": "4"}],
+            ),
         ],
-        outcome_reward=1.0, env_id="gsm8k_tool", group_id="abc-0", seed=7, status="truncated",
+        outcome_reward=1.0,
+        env_id="gsm8k_tool",
+        group_id="abc-0",
+        seed=7,
+        status="truncated",
         data_source="openai/gsm8k",
-        messages=[{"role": "user", "content": "héllo ∑"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                  {"role": "tool", "tool_call_id": "call_0", "content": "4"}],
+        messages=[
+            {"role": "user", "content": "héllo ∑"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "4"},
+        ],
         metrics={"turns": 2.0, "template_mismatch": 0.0, "env/score": 1.0},
         task={"seed": 7, "index": 3, "sample": 1, "session": "abc-0/1"},
     )
-    failed = Trajectory(env_id="sokoban", group_id="abc-1", seed=None, status="failed",
-                        failure="env.step raised: RuntimeError: boom")
+    failed = Trajectory(
+        env_id="sokoban", group_id="abc-1", seed=None, status="failed", failure="env.step raised: RuntimeError: boom"
+    )
     empty_turn = Trajectory(turns=[Turn(prompt_ids=[9], response_ids=[], logprobs=[])], env_id="x")
     return [full, failed, empty_turn]
 

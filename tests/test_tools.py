@@ -85,8 +85,11 @@ def test_parse_hermes_calls() -> None:
     content, calls, errors = parse_tool_calls(text, id_prefix="c")
     assert content == "Let me compute." and errors == []
     assert [c["id"] for c in calls] == ["c0", "c1"]
-    assert calls[0] == {"id": "c0", "type": "function",
-                        "function": {"name": "calculator", "arguments": '{"expression": "2+2"}'}}
+    assert calls[0] == {
+        "id": "c0",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": '{"expression": "2+2"}'},
+    }
 
 
 def test_calls_inside_think_are_ignored() -> None:
@@ -97,12 +100,15 @@ def test_calls_inside_think_are_ignored() -> None:
     assert parse_tool_calls("<think>still thinking " + hermes("python", code="x"))[1] == []
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("<tool_call>{not json}</tool_call>", "invalid JSON"),
-    ('<tool_call>{"arguments": {}}</tool_call>', 'no "name"'),
-    ("<tool_call>[1, 2]</tool_call>", "expected a JSON object"),
-    ('<tool_call>{"name": "calculator"', "never closed"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<tool_call>{not json}</tool_call>", "invalid JSON"),
+        ('<tool_call>{"arguments": {}}</tool_call>', 'no "name"'),
+        ("<tool_call>[1, 2]</tool_call>", "expected a JSON object"),
+        ('<tool_call>{"name": "calculator"', "never closed"),
+    ],
+)
 def test_malformed_calls_become_errors(text: str, message: str) -> None:
     content, calls, errors = parse_tool_calls("before " + text)
     assert calls == [] and len(errors) == 1 and message in errors[0] and "<tool_call>" in errors[0]
@@ -113,15 +119,19 @@ def test_parse_is_lenient_where_models_are_sloppy() -> None:
     fenced = '<tool_call>\n```json\n{"name": "python", "parameters": {"code": "print(1)\nprint(2)"}}\n```\n</tool_call>'
     _, calls, errors = parse_tool_calls(fenced)
     assert not errors and json.loads(calls[0]["function"]["arguments"]) == {"code": "print(1)\nprint(2)"}
-    _, calls, _ = parse_tool_calls('<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"1\\"}"}</tool_call>')
+    _, calls, _ = parse_tool_calls(
+        '<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"1\\"}"}</tool_call>'
+    )
     assert calls[0]["function"]["arguments"] == '{"expression": "1"}'
     assert parse_tool_calls("plain answer #### 3") == ("plain answer #### 3", [], [])
 
 
 def test_native_tool_calls() -> None:
-    raw = [{"id": "abc", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}},
-           {"type": "function", "function": {"name": "python", "arguments": '{"code": "print(2)"}'}},
-           {"function": {}}]
+    raw = [
+        {"id": "abc", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}},
+        {"type": "function", "function": {"name": "python", "arguments": '{"code": "print(2)"}'}},
+        {"function": {}},
+    ]
     calls, errors = normalize_tool_calls(raw, id_prefix="n")
     assert [c["id"] for c in calls] == ["abc", "n1"] and len(errors) == 1
     assert calls[0]["function"]["arguments"] == '{"expression": "1+1"}'
@@ -130,19 +140,31 @@ def test_native_tool_calls() -> None:
 
 
 # ---- calculator ----------------------------------------------------------------------------
-@pytest.mark.parametrize(("expression", "result"), [
-    ("(16 - 3 - 4) * 2", "18"), ("6 / 3", "2"), ("1/3", "0.333333333333"), ("2^10", "1024"),
-    ("1,000 * 3", "3000"), ("sqrt(16) + abs(-2)", "6"), ("-2 ** 2", "-4"), ("7 // 2 + 7 % 2", "4"),
-])
+@pytest.mark.parametrize(
+    ("expression", "result"),
+    [
+        ("(16 - 3 - 4) * 2", "18"),
+        ("6 / 3", "2"),
+        ("1/3", "0.333333333333"),
+        ("2^10", "1024"),
+        ("1,000 * 3", "3000"),
+        ("sqrt(16) + abs(-2)", "6"),
+        ("-2 ** 2", "-4"),
+        ("7 // 2 + 7 % 2", "4"),
+    ],
+)
 def test_calculator(expression: str, result: str) -> None:
     assert calculate(expression) == result
 
 
-@pytest.mark.parametrize("expression", ["__import__('os').system('true')", "9**9**9**9", "10**400", "1/0", "2 +", "x + 1", "[1, 2]"])
+@pytest.mark.parametrize(
+    "expression", ["__import__('os').system('true')", "9**9**9**9", "10**400", "1/0", "2 +", "x + 1", "[1, 2]"]
+)
 def test_calculator_refuses_quickly(expression: str) -> None:
     start = time.perf_counter()
     result = Toolbox([CalculatorTool()]).execute(
-        {"id": "1", "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})}})
+        {"id": "1", "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})}}
+    )
     assert result.error == "tool_error" and result.text.startswith("Error:")
     assert time.perf_counter() - start < 0.5
 
@@ -168,19 +190,27 @@ def call(name: str, arguments: Any, call_id: str = "x") -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
 
 
-@pytest.mark.parametrize(("the_call", "kind", "says"), [
-    (call("nope", {}), "unknown_tool", "Available tools: calculator, crash, hang"),
-    (call("calculator", "{bad json"), "bad_arguments", "not valid JSON"),
-    (call("calculator", "[1]"), "bad_arguments", "must be a JSON object"),
-    (call("calculator", {}), "tool_error", '{"expression"'),
-    (call("crash", {}), "tool_error", "crash failed: RuntimeError: boom"),
-    (call("hang", {}), "timeout", "did not finish within 0.3 s"),
-])
+@pytest.mark.parametrize(
+    ("the_call", "kind", "says"),
+    [
+        (call("nope", {}), "unknown_tool", "Available tools: calculator, crash, hang"),
+        (call("calculator", "{bad json"), "bad_arguments", "not valid JSON"),
+        (call("calculator", "[1]"), "bad_arguments", "must be a JSON object"),
+        (call("calculator", {}), "tool_error", '{"expression"'),
+        (call("crash", {}), "tool_error", "crash failed: RuntimeError: boom"),
+        (call("hang", {}), "timeout", "did not finish within 0.3 s"),
+    ],
+)
 def test_toolbox_turns_failures_into_messages(the_call: dict, kind: str, says: str) -> None:
     box = Toolbox([CalculatorTool(), CrashTool(), HangTool()], call_timeout_s=0.3)
     result = box.execute(the_call)
     assert result.error == kind and says in result.text
-    assert result.message() == {"role": "tool", "tool_call_id": "x", "name": the_call["function"]["name"], "content": result.text}
+    assert result.message() == {
+        "role": "tool",
+        "tool_call_id": "x",
+        "name": the_call["function"]["name"],
+        "content": result.text,
+    }
 
 
 def test_toolbox_limits_and_truncation() -> None:
@@ -241,21 +271,38 @@ def test_python_runs_code(python_tool: PythonTool) -> None:
 
 # name, code, then (kind, what the message says) under the strong and the weak sandbox
 HOSTILE = [
-    ("infinite loop", "while True:\n    pass", ("timeout", "did not finish within"), ("timeout", "did not finish within")),
-    ("fork bomb", "import os\nwhile True:\n    os.fork()",
-     ("code_error", "Resource temporarily unavailable"), ("code_error", "starting processes is not allowed")),
+    (
+        "infinite loop",
+        "while True:\n    pass",
+        ("timeout", "did not finish within"),
+        ("timeout", "did not finish within"),
+    ),
+    (
+        "fork bomb",
+        "import os\nwhile True:\n    os.fork()",
+        ("code_error", "Resource temporarily unavailable"),
+        ("code_error", "starting processes is not allowed"),
+    ),
     ("10 GB allocation", "x = bytearray(10 * 2**30)", ("code_error", "MemoryError"), ("code_error", "MemoryError")),
-    ("network socket", "import socket\nsocket.socket().connect(('1.1.1.1', 80))",  # seccomp, else the netns
-     ("code_error", "Operation not permitted" if platform.machine() == "x86_64" else "Network is unreachable"),
-     ("code_error", "network access is not allowed")),
-    ("subprocess", "import subprocess\nsubprocess.run(['sleep', '100'])",
-     ("timeout", "did not finish within"), ("code_error", "starting processes is not allowed")),
+    (
+        "network socket",
+        "import socket\nsocket.socket().connect(('1.1.1.1', 80))",  # seccomp, else the netns
+        ("code_error", "Operation not permitted" if platform.machine() == "x86_64" else "Network is unreachable"),
+        ("code_error", "network access is not allowed"),
+    ),
+    (
+        "subprocess",
+        "import subprocess\nsubprocess.run(['sleep', '100'])",
+        ("timeout", "did not finish within"),
+        ("code_error", "starting processes is not allowed"),
+    ),
 ]
 
 
 @pytest.mark.parametrize(("name", "code", "strong", "weak"), HOSTILE, ids=[h[0] for h in HOSTILE])
-def test_python_survives_hostile_code(python_tool: PythonTool, name: str, code: str, strong: tuple[str, str],
-                                      weak: tuple[str, str]) -> None:
+def test_python_survives_hostile_code(
+    python_tool: PythonTool, name: str, code: str, strong: tuple[str, str], weak: tuple[str, str]
+) -> None:
     kind, says = strong if python_tool.mode == "strong" else weak
     result, seconds = run_tool(python_tool, code)
     assert result.error == kind and says in result.text, (name, result.text)
@@ -264,7 +311,9 @@ def test_python_survives_hostile_code(python_tool: PythonTool, name: str, code: 
 
 
 def test_weak_python_cannot_write_outside_its_scratch_directory(tmp_path: Path) -> None:
-    python_tool = PythonTool(timeout_s=TIMEOUT_S, memory_mb=512, isolate_network=False, use_cgroup=False, sandbox="weak")
+    python_tool = PythonTool(
+        timeout_s=TIMEOUT_S, memory_mb=512, isolate_network=False, use_cgroup=False, sandbox="weak"
+    )
     target = tmp_path / "escaped.txt"
     code = f"print(__import__('os').getcwd())\nopen({str(target)!r}, 'w').write('x')"
     result = python_tool.run(code)
@@ -272,7 +321,10 @@ def test_weak_python_cannot_write_outside_its_scratch_directory(tmp_path: Path) 
     assert not target.exists()
     scratch = result.stdout.strip()
     assert scratch and not os.path.exists(scratch)  # the scratch directory is gone
-    for code in (f"import os\nos.remove({str(tmp_path)!r})", f"import os\nos.symlink({str(target)!r}, 'l')\nopen('l', 'w')"):
+    for code in (
+        f"import os\nos.remove({str(tmp_path)!r})",
+        f"import os\nos.symlink({str(target)!r}, 'l')\nopen('l', 'w')",
+    ):
         assert "not allowed" in python_tool.run(code).stderr
     assert not target.exists() and no_children_left()
 
@@ -280,8 +332,10 @@ def test_weak_python_cannot_write_outside_its_scratch_directory(tmp_path: Path) 
 def test_strong_python_sees_a_private_fresh_tmp_and_a_read_only_system(tmp_path: Path) -> None:
     skip_without_strong()
     tool = PythonTool(timeout_s=TIMEOUT_S, sandbox="strong")
-    first = tool.run(f"import os\nprint(os.getcwd(), os.getuid())\nopen('notes.txt', 'w').write('x')\n"
-                     f"print(os.path.exists({str(tmp_path)!r}))")
+    first = tool.run(
+        f"import os\nprint(os.getcwd(), os.getuid())\nopen('notes.txt', 'w').write('x')\n"
+        f"print(os.path.exists({str(tmp_path)!r}))"
+    )
     cwd, uid, sees_host_tmp = first.stdout.split()
     assert first.ok and cwd == "/tmp" and sees_host_tmp == "False"
     assert uid != "0" or os.geteuid() != 0  # root here: nobody there
@@ -365,9 +419,13 @@ def test_cgroup_cleanup_kills_processes_that_left_the_session() -> None:
         pytest.skip("no writable pids cgroup here")
     cgroups, _ = process.make_run_cgroups(16, None)
     (cgroup,) = cgroups
-    proc = subprocess.Popen(["sh", "-c", "setsid sleep 30 & exec sleep 30"], start_new_session=True,
-                            preexec_fn=process.make_preexec({}, [cgroup.join]))
+    proc = subprocess.Popen(
+        ["sh", "-c", "setsid sleep 30 & exec sleep 30"],
+        start_new_session=True,
+        preexec_fn=process.make_preexec({}, [cgroup.join]),
+    )
     try:
+
         def escaped() -> list[int]:
             out = []
             for pid in cgroup.pids():
@@ -437,7 +495,8 @@ def test_sandbox_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch
 
 
 def test_without_bubblewrap_the_tool_refuses_loudly_unless_weak_is_chosen(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(bubblewrap, "_problem", [])  # probe again, on a PATH without bwrap
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv(MODE_ENV, raising=False)
@@ -459,15 +518,22 @@ def test_without_bubblewrap_the_tool_refuses_loudly_unless_weak_is_chosen(
 def tool_env() -> Gsm8kToolEnv:
     if not GSM8K_TEST.is_file():
         pytest.skip(f"GSM8K test data not found at {GSM8K_TEST}")
-    return agentgym.make("gsm8k_tool", data_files=GSM8K_TEST, tool_kwargs={"python": {"timeout_s": TIMEOUT_S}},
-                         max_turns=4, tool_reward=0.1)
+    return agentgym.make(
+        "gsm8k_tool",
+        data_files=GSM8K_TEST,
+        tool_kwargs={"python": {"timeout_s": TIMEOUT_S}},
+        max_turns=4,
+        tool_reward=0.1,
+    )
 
 
 def test_tool_env_calculator_then_answer(tool_env: Gsm8kToolEnv) -> None:
     messages, info = tool_env.reset(options={"index": 0})
     assert [t["function"]["name"] for t in info["tools"]] == ["calculator", "python"]
     assert messages[0]["role"] == "system" and messages[1]["role"] == "user"
-    new, reward, terminated, truncated, info = tool_env.step("Eggs left: " + hermes("calculator", expression="(16-3-4)*2"))
+    new, reward, terminated, truncated, info = tool_env.step(
+        "Eggs left: " + hermes("calculator", expression="(16-3-4)*2")
+    )
     assert new == [{"role": "tool", "tool_call_id": "call_1_0", "name": "calculator", "content": "18"}]
     assert (reward, terminated, truncated) == (0.1, False, False)
     new, reward, terminated, truncated, info = tool_env.step("She makes 18 dollars.\n#### 18")
@@ -478,8 +544,11 @@ def test_tool_env_calculator_then_answer(tool_env: Gsm8kToolEnv) -> None:
 
 def test_tool_env_native_calls_and_errors(tool_env: Gsm8kToolEnv) -> None:
     tool_env.reset(options={"index": 0})
-    native = {"role": "assistant", "content": None, "tool_calls": [
-        call("python", {"code": "print((16 - 3 - 4) * 2)"}, "py1"), call("weather", {}, "w1")]}
+    native = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call("python", {"code": "print((16 - 3 - 4) * 2)"}, "py1"), call("weather", {}, "w1")],
+    }
     new, reward, *_ = tool_env.step(native)
     assert [(m["tool_call_id"], m["content"][:12]) for m in new] == [("py1", "18"), ("w1", "Error: unkno")]
     assert reward == pytest.approx(0.1)
@@ -503,7 +572,7 @@ def test_tool_env_truncates_after_max_turns(tool_env: Gsm8kToolEnv) -> None:
 def test_tool_env_python_timeout_is_an_error_message(tool_env: Gsm8kToolEnv) -> None:
     tool_env.reset(options={"index": 0})
     start = time.perf_counter()
-    new, *_ , info = tool_env.step(hermes("python", code="while True: pass"))
+    new, *_, info = tool_env.step(hermes("python", code="while True: pass"))
     assert time.perf_counter() - start < TIMEOUT_S + 1.5
     assert "did not finish" in new[0]["content"] and info["turn_metrics"]["tool_errors/timeout"] == 1.0
     assert no_children_left()

@@ -34,10 +34,19 @@ def make_trajectories(groups: int, n: int, seed: int = 0, turns: int = 2) -> lis
             for t in range(turns):
                 prompt = first_prompt if t == 0 else [rng.randrange(3, 600) for _ in range(rng.randrange(1, 4))]
                 response = [rng.randrange(3, 600) for _ in range(rng.randrange(1, 6))]
-                traj_turns.append(Turn(prompt_ids=list(prompt), response_ids=response,
-                                       logprobs=[-6.4] * len(response), reward=rng.choice([0.0, 0.5])))
-            out.append(Trajectory(turns=traj_turns, outcome_reward=rng.choice([0.0, 1.0]), group_id=f"g{g}",
-                                  metrics={"success": 1.0}))
+                traj_turns.append(
+                    Turn(
+                        prompt_ids=list(prompt),
+                        response_ids=response,
+                        logprobs=[-6.4] * len(response),
+                        reward=rng.choice([0.0, 0.5]),
+                    )
+                )
+            out.append(
+                Trajectory(
+                    turns=traj_turns, outcome_reward=rng.choice([0.0, 1.0]), group_id=f"g{g}", metrics={"success": 1.0}
+                )
+            )
     return out
 
 
@@ -55,7 +64,8 @@ def test_build_batch_layout_and_turn_level_credit():
         expected = traj.token_rewards(0.5, 2.0)[start:]
         assert batch["token_level_scores"][i, :region].tolist() == pytest.approx(expected)
         assert float(batch["token_level_scores"][i].sum()) == pytest.approx(
-            0.5 * sum(t.reward for t in traj.turns) + 2.0 * traj.outcome_reward)
+            0.5 * sum(t.reward for t in traj.turns) + 2.0 * traj.outcome_reward
+        )
 
 
 def test_untrainable_trajectories_keep_a_row_but_no_mask():
@@ -140,16 +150,25 @@ def ray_session():
 
 
 def _update_once(world_size: int, use_ray: bool, strategy: str = "dp", tmp_path=None) -> dict[str, torch.Tensor]:
-    cfg = load_config(env="first_letter", overrides=[
-        f"trainer.n_gpus_per_node={world_size}", f"trainer.use_ray={str(use_ray).lower()}",
-        "trainer.device=cpu", f"actor_rollout_ref.actor.strategy={strategy}",
-        "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "trainer.cpu_threads_per_worker=1",
-    ])
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            f"trainer.n_gpus_per_node={world_size}",
+            f"trainer.use_ray={str(use_ray).lower()}",
+            "trainer.device=cpu",
+            f"actor_rollout_ref.actor.strategy={strategy}",
+            "actor_rollout_ref.actor.optim.lr=1e-3",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=4",
+            "trainer.cpu_threads_per_worker=1",
+        ],
+    )
     batch, _ = build_batch(make_trajectories(2, 4, seed=6), pad_token_id=0)
     mask = batch["response_mask"]
-    adv, _ = algos.compute_advantage("grpo", token_level_rewards=batch["token_level_scores"], response_mask=mask,
-                                     index=batch.uid)
+    adv, _ = algos.compute_advantage(
+        "grpo", token_level_rewards=batch["token_level_scores"], response_mask=mask, index=batch.uid
+    )
     batch["advantages"] = adv
     rows = len(batch)
     batch, pads = pad_for_workers(batch, world_size, [2])
@@ -163,7 +182,11 @@ def _update_once(world_size: int, use_ray: bool, strategy: str = "dp", tmp_path=
         state = group.call("full_state_dict")[0]
         if strategy == "fsdp2" and tmp_path is not None:  # checkpoints (one layout for all strategies), HF export
             group.call("save_checkpoint", str(tmp_path / "ckpt"))
-            assert sorted(p.name for p in (tmp_path / "ckpt" / "actor").iterdir()) == ["extra.pt", "model.pt", "optim.pt"]
+            assert sorted(p.name for p in (tmp_path / "ckpt" / "actor").iterdir()) == [
+                "extra.pt",
+                "model.pt",
+                "optim.pt",
+            ]
             assert _state_difference(torch.load(tmp_path / "ckpt" / "actor" / "model.pt"), state) == 0.0
             group.call("load_checkpoint", str(tmp_path / "ckpt"))
             group.call("save_hf", str(tmp_path / "hf"))
@@ -210,10 +233,17 @@ def test_grpo_learns_first_letter(tmp_path, ray_session):
     """
     from agentgym.trainer.run import train
 
-    cfg = load_config(env="first_letter", overrides=[
-        f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.seed=0",
-        "trainer.total_training_steps=15", "trainer.test_freq=-1", "trainer.save_freq=-1",
-    ])
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[jsonl]",
+            "trainer.seed=0",
+            "trainer.total_training_steps=15",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+        ],
+    )
     summary = train(cfg, show_progress=False)
     with open(summary["metrics_file"]) as f:
         rows = [json.loads(line) for line in f]
@@ -254,12 +284,18 @@ def test_weights_reach_a_server_given_by_url(tmp_path):
     from agentgym.trainer.run import train
 
     with start_embedded_server("tiny") as server:
-        cfg = load_config(env="first_letter", overrides=[
-            f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.use_ray=false",
-            "trainer.total_training_steps=2", "trainer.val_before_train=false",
-            f"actor_rollout_ref.rollout.server_urls=[{server.url}]",
-            f"actor_rollout_ref.rollout.server_admin_key={server.admin_key}",
-        ])
+        cfg = load_config(
+            env="first_letter",
+            overrides=[
+                f"trainer.default_local_dir={tmp_path}",
+                "trainer.logger=[jsonl]",
+                "trainer.use_ray=false",
+                "trainer.total_training_steps=2",
+                "trainer.val_before_train=false",
+                f"actor_rollout_ref.rollout.server_urls=[{server.url}]",
+                f"actor_rollout_ref.rollout.server_admin_key={server.admin_key}",
+            ],
+        )
         summary = train(cfg, show_progress=False)
         assert server.weight_version == 2
         trained = torch.load(tmp_path / "global_step_2" / "actor" / "model.pt")

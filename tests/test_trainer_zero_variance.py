@@ -65,8 +65,9 @@ def test_advantages_vanish_only_when_every_group_is_flat():
     assert not advantages_vanish(MIXED, "grpo")
     assert not advantages_vanish(GroupRewardSpread(), "grpo")  # no group at all
     # a trajectory alone in its group keeps its score as advantage under grpo
-    assert not advantages_vanish(GroupRewardSpread(groups=4, flat=4, singletons=1, low=0.0, high=0.0), "grpo",
-                                 torch.ones(2, 3), torch.ones(2, 3))
+    assert not advantages_vanish(
+        GroupRewardSpread(groups=4, flat=4, singletons=1, low=0.0, high=0.0), "grpo", torch.ones(2, 3), torch.ones(2, 3)
+    )
     # any other estimator: only when the advantages really are zero (gae's critic gives them spread)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     assert not advantages_vanish(FLAT, "gae", torch.tensor([[0.5, -0.2, 0.0], [0.1, 0.0, 0.0]]), mask)
@@ -77,9 +78,14 @@ def test_advantages_vanish_only_when_every_group_is_flat():
 def test_the_warning_says_what_happened_and_what_to_try():
     text = flat_rewards_warning(FLAT, 1, "tiny", "sokoban", 4, 1.0)
     assert text.startswith("step 1: all 4 groups got identical rewards (value -0.3 for every trajectory)")
-    for hint in ("advantage is zero", "tiny random model", "agentgym train --env first_letter",
-                 "actor_rollout_ref.model.path=", "actor_rollout_ref.rollout.n (now 4)",
-                 "actor_rollout_ref.rollout.temperature (now 1)"):
+    for hint in (
+        "advantage is zero",
+        "tiny random model",
+        "agentgym train --env first_letter",
+        "actor_rollout_ref.model.path=",
+        "actor_rollout_ref.rollout.n (now 4)",
+        "actor_rollout_ref.rollout.temperature (now 1)",
+    ):
         assert hint in text, hint
     spread = GroupRewardSpread(groups=2, flat=2, low=0.0, high=1.0)
     other = flat_rewards_warning(spread, 3, "Qwen/Qwen2.5-0.5B-Instruct", "first_letter", 8, 0.7)
@@ -92,8 +98,10 @@ def test_the_warning_says_what_happened_and_what_to_try():
 
 @pytest.fixture
 def trainer():
-    cfg = load_config(env="sokoban", overrides=["trainer.use_ray=false", "actor_rollout_ref.rollout.n=4",
-                                               "algorithm.adv_estimator=grpo"])  # the group-relative warning
+    cfg = load_config(
+        env="sokoban",
+        overrides=["trainer.use_ray=false", "actor_rollout_ref.rollout.n=4", "algorithm.adv_estimator=grpo"],
+    )  # the group-relative warning
     t = PPOTrainer(cfg, source=None, pad_token_id=0, show_progress=False)
     yield t
     t.loop.close()
@@ -137,12 +145,22 @@ def test_the_training_loop_checks_every_step(tmp_path, caplog, rewards, flat):
     from agentgym.rollout.sources import FixedTrajectorySource
     from agentgym.stages.train_command import summary_text
 
-    cfg = load_config(env="sokoban", overrides=[
-        f"trainer.default_local_dir={tmp_path}", "trainer.logger=[]", "trainer.use_ray=false",
-        "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "trainer.save_freq=-1", "trainer.save_hf_model=false", "actor_rollout_ref.rollout.n=2",
-        "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-    ])
+    cfg = load_config(
+        env="sokoban",
+        overrides=[
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[]",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.save_hf_model=false",
+            "actor_rollout_ref.rollout.n=2",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        ],
+    )
     trainer = PPOTrainer(cfg, FixedTrajectorySource([_trajectories(rewards)]), pad_token_id=0, show_progress=False)
     try:
         with caplog.at_level(logging.WARNING, logger="agentgym.trainer"):

@@ -23,10 +23,11 @@ from agentgym.types import Trajectory, Turn
 
 
 def episode(group: str, states: list[str], outcome: float, reply: int = 2, obs: int = 1) -> Trajectory:
-    turns = [Turn(prompt_ids=[9] * (3 if k == 0 else obs), response_ids=[5] * reply, logprobs=[0.0] * reply,
-                  state_key=s) for k, s in enumerate(states)]
-    return Trajectory(turns=turns, outcome_reward=outcome, group_id=group,
-                      metrics={"success": float(outcome > 0)})
+    turns = [
+        Turn(prompt_ids=[9] * (3 if k == 0 else obs), response_ids=[5] * reply, logprobs=[0.0] * reply, state_key=s)
+        for k, s in enumerate(states)
+    ]
+    return Trajectory(turns=turns, outcome_reward=outcome, group_id=group, metrics={"success": float(outcome > 0)})
 
 
 def example() -> list[Trajectory]:
@@ -36,8 +37,14 @@ def example() -> list[Trajectory]:
 def gigpo(trajs: list[Trajectory], **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     batch, _ = build_batch(trajs, pad_token_id=0)
     adv, _ = algos.compute_advantage(
-        "gigpo", token_level_rewards=batch["token_level_scores"], response_mask=batch["response_mask"],
-        index=batch.uid, turn_index=batch["turn_index"], step_keys=batch.step_keys, **kwargs)
+        "gigpo",
+        token_level_rewards=batch["token_level_scores"],
+        response_mask=batch["response_mask"],
+        index=batch.uid,
+        turn_index=batch["turn_index"],
+        step_keys=batch.step_keys,
+        **kwargs,
+    )
     return adv, batch["turn_index"]
 
 
@@ -86,8 +93,12 @@ def test_gigpo_without_the_episode_term_stops_blame_where_only_failures_go():
     # where GRPO would push it down with b's episode advantage
     adv, turns = gigpo(example(), episode_advantage_w=0.0)
     assert turn_values(adv, turns, 1)[2] == 0.0
-    grpo, _ = algos.compute_advantage("grpo", token_level_rewards=build_batch(example(), 0)[0]["token_level_scores"],
-                                      response_mask=build_batch(example(), 0)[0]["response_mask"], index=["g"] * 3)
+    grpo, _ = algos.compute_advantage(
+        "grpo",
+        token_level_rewards=build_batch(example(), 0)[0]["token_level_scores"],
+        response_mask=build_batch(example(), 0)[0]["response_mask"],
+        index=["g"] * 3,
+    )
     assert float(grpo[1][turns[1] == 2][0]) < -1.0
 
 
@@ -108,8 +119,7 @@ def test_gigpo_mean_norm_and_weights():
 
 
 def test_gigpo_groups_are_per_task_and_equal_scores_teach_nothing():
-    trajs = [episode("g", ["S0"], 1.0), episode("g", ["S0"], 1.0), episode("h", ["S0"], 0.0),
-             episode("h", ["S0"], 1.0)]
+    trajs = [episode("g", ["S0"], 1.0), episode("g", ["S0"], 1.0), episode("h", ["S0"], 0.0), episode("h", ["S0"], 1.0)]
     adv, turns = gigpo(trajs)
     assert (adv[0] == 0).all() and (adv[1] == 0).all()  # g: both solved
     assert turn_values(adv, turns, 3)[0] > 0 > turn_values(adv, turns, 2)[0]  # h's S0 is not g's S0
@@ -147,8 +157,9 @@ def group(name: str, outcomes: list[float]) -> list[Trajectory]:
 
 
 def test_dynamic_sampling_keeps_only_groups_with_a_spread_and_fills_the_step():
-    source = Rounds([group("a", [1, 1]) + group("b", [0, 1]), group("c", [0, 0]) + group("d", [1, 0]) +
-                     group("e", [0, 1])])
+    source = Rounds(
+        [group("a", [1, 1]) + group("b", [0, 1]), group("c", [0, 0]) + group("d", [1, 0]) + group("e", [0, 1])]
+    )
     ds = DynamicSamplingSource(source, train_batch_size=2, max_rounds=4)
     trajs = asyncio.run(ds.collect(1))
     assert sorted({t.group_id for t in trajs}) == ["b", "d"]  # e is past the batch: dropped, as DAPO does
@@ -205,12 +216,19 @@ def test_per_turn_metrics_count_episodes_cut_at_the_turn_limit():
     from agentgym.rollout.metrics import per_turn_metrics
 
     def t(well_formed: float, cut: float = 0.0, tokens: int = 2) -> Turn:
-        return Turn(prompt_ids=[1], response_ids=[5] * tokens, logprobs=[0.0] * tokens,
-                    metrics={"well_formed": well_formed, "moves": 1.0, "cut": cut})
+        return Turn(
+            prompt_ids=[1],
+            response_ids=[5] * tokens,
+            logprobs=[0.0] * tokens,
+            metrics={"well_formed": well_formed, "moves": 1.0, "cut": cut},
+        )
 
-    trajs = [Trajectory(turns=[t(1), t(0)], status="truncated"), Trajectory(turns=[t(1)]),
-             Trajectory(turns=[t(1), t(1, cut=1.0, tokens=6), t(0)], status="truncated"),
-             Trajectory(turns=[t(0)], status="failed")]
+    trajs = [
+        Trajectory(turns=[t(1), t(0)], status="truncated"),
+        Trajectory(turns=[t(1)]),
+        Trajectory(turns=[t(1), t(1, cut=1.0, tokens=6), t(0)], status="truncated"),
+        Trajectory(turns=[t(0)], status="failed"),
+    ]
     m = per_turn_metrics(trajs)
     assert m["turn1/reached"] == 1.0 and m["turn2/reached"] == pytest.approx(2 / 3)
     assert m["turn1/malformed"] == 0.0
@@ -239,25 +257,47 @@ def _train_one_step(tmp_path, overrides: list[str], batch: list[Trajectory]) -> 
     from agentgym.trainer.config import load_config
     from agentgym.trainer.run import train
 
-    cfg = load_config(env="sokoban", overrides=[
-        f"trainer.default_local_dir={tmp_path}", "trainer.logger=[]", "trainer.use_ray=false",
-        "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "trainer.save_freq=-1", "trainer.save_hf_model=false", "actor_rollout_ref.rollout.n=2",
-        "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "warm_start.enable=false", "held_out.enable=false", "algorithm.adv_estimator=grpo",
-        "algorithm.filter_groups.enable=false", "algorithm.turn_reward_from=null", *overrides])
+    cfg = load_config(
+        env="sokoban",
+        overrides=[
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[]",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.save_hf_model=false",
+            "actor_rollout_ref.rollout.n=2",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "warm_start.enable=false",
+            "held_out.enable=false",
+            "algorithm.adv_estimator=grpo",
+            "algorithm.filter_groups.enable=false",
+            "algorithm.turn_reward_from=null",
+            *overrides,
+        ],
+    )
     return train(cfg, source=FixedTrajectorySource([batch]), servers=False, show_progress=False)["metrics"]
 
 
 def _one_turn_groups() -> list[Trajectory]:
-    return [episode("flat", ["A"], 0.0), episode("flat", ["A"], 0.0), episode("g", ["S"], 1.0),
-            episode("g", ["S"], 0.0)]
+    return [
+        episode("flat", ["A"], 0.0),
+        episode("flat", ["A"], 0.0),
+        episode("g", ["S"], 1.0),
+        episode("g", ["S"], 0.0),
+    ]
 
 
 def test_the_trainer_drops_flat_groups_only_with_dynamic_sampling(tmp_path):
     off = _train_one_step(tmp_path / "off", [], _one_turn_groups())
-    on = _train_one_step(tmp_path / "on", ["algorithm.filter_groups.enable=true",
-                                           "algorithm.filter_groups.max_num_gen_batches=1"], _one_turn_groups())
+    on = _train_one_step(
+        tmp_path / "on",
+        ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=1"],
+        _one_turn_groups(),
+    )
     assert off["batch/zero_variance_group_frac"] == 0.5 and "sampling/rounds" not in off
     assert on["batch/zero_variance_group_frac"] == 0.0  # the flat group never reached the update
     assert on["sampling/groups_kept"] == 1 and on["sampling/flat_group_frac"] == 0.5 and on["episodes"] == 2
@@ -278,8 +318,13 @@ def test_a_turn_fact_replaces_the_env_reward_in_training_only():
     from agentgym.trainer.config import load_config
 
     def turn(reward: float, fact: float | None) -> Turn:
-        return Turn(prompt_ids=[1], response_ids=[2], logprobs=[0.0], reward=reward,
-                    metrics={} if fact is None else {"format_reward": fact})
+        return Turn(
+            prompt_ids=[1],
+            response_ids=[2],
+            logprobs=[0.0],
+            reward=reward,
+            metrics={} if fact is None else {"format_reward": fact},
+        )
 
     batch = [Trajectory(turns=[turn(-0.1, 0.0), turn(0.9, -1.0), turn(-0.1, None)], group_id="g")]
     cfg = load_config(env="sokoban", overrides=["algorithm.turn_reward_from=format_reward"])

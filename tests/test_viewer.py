@@ -21,11 +21,24 @@ def episodes(tok) -> list[Trajectory]:
     for i in range(6):
         prompt = tok.encode(f"<|im_start|>user\nplay level {i}<|im_end|>\n<|im_start|>assistant\n")
         reply = tok.encode(f"<answer>Up</answer> {'x' * i}<|im_end|>")
-        turn = Turn(prompt_ids=prompt, response_ids=reply, logprobs=[-0.1 * (k % 7) for k in range(len(reply))],
-                    reward=float(i) - 2.0, weight_version=i % 3)
-        out.append(Trajectory(turns=[turn], outcome_reward=1.0 if i % 2 else 0.0,
-                              env_id="sokoban" if i < 4 else "gsm8k", seed=100 + i, status="ok" if i != 5 else "failed",
-                              failure="env.step raised: boom" if i == 5 else None, metrics={"success": float(i % 2)}))
+        turn = Turn(
+            prompt_ids=prompt,
+            response_ids=reply,
+            logprobs=[-0.1 * (k % 7) for k in range(len(reply))],
+            reward=float(i) - 2.0,
+            weight_version=i % 3,
+        )
+        out.append(
+            Trajectory(
+                turns=[turn],
+                outcome_reward=1.0 if i % 2 else 0.0,
+                env_id="sokoban" if i < 4 else "gsm8k",
+                seed=100 + i,
+                status="ok" if i != 5 else "failed",
+                failure="env.step raised: boom" if i == 5 else None,
+                metrics={"success": float(i % 2)},
+            )
+        )
     return out
 
 
@@ -56,8 +69,9 @@ def test_samples_file_and_unknown_tokenizer_still_render(tmp_path):
     traj.turns[0].response_text = "<answer>Up</answer>"
     path = tmp_path / "samples.jsonl"
     path.write_text(json.dumps({"step": 3, "split": "val", **traj.to_dict()}) + "\nnot json\n")
-    data = json.loads(render(load_records(path), load_tokenizer("tiny")).split('type="application/json">')[1]
-                      .split("</script>")[0])
+    data = json.loads(
+        render(load_records(path), load_tokenizer("tiny")).split('type="application/json">')[1].split("</script>")[0]
+    )
     assert data[0]["step"] == 3 and data[0]["split"] == "val"
     assert data[0]["turns"][0]["text"] == "<answer>Up</answer>" and "gen" not in data[0]["turns"][0]
 
@@ -85,9 +99,17 @@ def test_the_page_in_a_headless_browser(tmp_path, trajectory_file):
     page_file = tmp_path / "view.html"
     assert main(["view", str(trajectory_file), "-o", str(page_file)]) == 0
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=browser_path, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
+        browser = p.chromium.launch(
+            executable_path=browser_path,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 800})
             errors: list[str] = []

@@ -39,8 +39,10 @@ MEMORY = "0.3" if torch.cuda.is_available() else "0.15"
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     if not engine_available("vllm", PYTHON):
-        pytest.skip("vllm is not importable (install it, or set AGENTGYM_VLLM_PYTHON to a Python that has it: "
-                    "README, 'Real vLLM on CPU')")
+        pytest.skip(
+            "vllm is not importable (install it, or set AGENTGYM_VLLM_PYTHON to a Python that has it: "
+            "README, 'Real vLLM on CPU')"
+        )
     return build_tiny_head64(tmp_path_factory.mktemp("vllm") / "tiny64")
 
 
@@ -72,9 +74,24 @@ def engine_group(port: int) -> int:
 def served(model_dir):
     """``agentgym serve --engine vllm`` (the command that failed when vLLM's workers imported agentgym)."""
     port = free_port()
-    command = [sys.executable, "-m", "agentgym.cli", "serve", "--engine", "vllm", "--model", str(model_dir),
-               "--port", str(port), "--max-model-len", "2048", "--gpu-memory-utilization", MEMORY,
-               "--engine-arg=--enforce-eager", "--engine-arg=--max-num-seqs=16"]
+    command = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "serve",
+        "--engine",
+        "vllm",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--max-model-len",
+        "2048",
+        "--gpu-memory-utilization",
+        MEMORY,
+        "--engine-arg=--enforce-eager",
+        "--engine-arg=--max-num-seqs=16",
+    ]
     env = {**os.environ, "AGENTGYM_VLLM_PYTHON": PYTHON}
     serve = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     started = time.monotonic()
@@ -84,8 +101,17 @@ def served(model_dir):
     else:
         pytest.fail(f"agentgym serve --engine vllm did not start:\n{serve.stderr.read()[-4000:]}")
     print(f"vLLM ready in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    yield type("Served", (), {"url": f"http://127.0.0.1:{port}", "port": port, "process": serve,
-                              "model": load_causal_lm(str(model_dir)), "model_dir": model_dir})
+    yield type(
+        "Served",
+        (),
+        {
+            "url": f"http://127.0.0.1:{port}",
+            "port": port,
+            "process": serve,
+            "model": load_causal_lm(str(model_dir)),
+            "model_dir": model_dir,
+        },
+    )
     if serve.poll() is None:
         serve.send_signal(signal.SIGTERM)
         serve.wait(120)
@@ -100,8 +126,11 @@ async def test_samples_are_named_versioned_and_match_the_trainers_logprobs(serve
         difference = max_difference(sample.logprobs, teacher_forced(served.model, prompt, sample.token_ids))
         print(f"float32 vLLM vs teacher-forced: max logprob difference {difference:.2e}", file=sys.stderr)
         assert difference < logprob_tolerance("float32")
-        chat = await client.chat_completion(messages=[{"role": "user", "content": "hi"}], max_tokens=4, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+        chat = await client.chat_completion(
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        )
         assert chat["choices"][0]["message"]["role"] == "assistant"
 
 
@@ -111,16 +140,21 @@ async def test_constraints_penalties_and_top_logprobs_reach_vllm(served):
     from agentgym.client.structured import chat_constraint
     from agentgym.server.tool_calls import parse_tool_calls
 
-    args = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
-            "required": ["n"], "additionalProperties": False}
+    args = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
     tools = [{"type": "function", "function": {"name": "pick", "parameters": args}}]
     async with PolicyClient(served.url, backend="vllm") as client:
         forced = chat_constraint(tools, "required", False, None)
         call = await client.generate([5, 6, 7], SamplingParams(max_tokens=64, structured=forced))
         _, calls, errors = parse_tool_calls(served_text(served, call.token_ids))
         assert len(calls) == 1 and not errors and 0 <= json.loads(calls[0]["function"]["arguments"])["n"] <= 9
-        answer = await client.generate([5, 6, 7], SamplingParams(max_tokens=64, structured={"type": "json",
-                                                                                           "schema": args}))
+        answer = await client.generate(
+            [5, 6, 7], SamplingParams(max_tokens=64, structured={"type": "json", "schema": args})
+        )
         assert 0 <= json.loads(served_text(served, answer.token_ids))["n"] <= 9
         biased = await client.generate([5, 6], SamplingParams(max_tokens=8, logit_bias={77: 100.0}, top_logprobs=2))
         assert set(biased.token_ids) == {77} and all(len(t) == 2 for t in biased.top_logprobs)
@@ -151,8 +185,13 @@ async def test_rollouts_through_vllm_are_token_exact(served, env_name):
             return sample
 
         client.generate = recorded
-        runner = RolloutRunner(env_name, client, str(served.model_dir),
-                               RolloutConfig(n=2, max_turns=3, max_tokens=24, max_concurrency=8), env_kwargs=kwargs)
+        runner = RolloutRunner(
+            env_name,
+            client,
+            str(served.model_dir),
+            RolloutConfig(n=2, max_turns=3, max_tokens=24, max_concurrency=8),
+            env_kwargs=kwargs,
+        )
         result = await runner.run(tasks=4)
         await runner.aclose()
     trajectories = result.trajectories
@@ -178,8 +217,9 @@ async def test_weight_pushes_land_and_samples_carry_their_version(served, tmp_pa
         for version, scale in ((1, 0.3), (2, 0.2)):
             new = {k: v + scale * torch.randn_like(v) for k, v in model.state_dict().items() if k != "lm_head.weight"}
             started = time.perf_counter()
-            await asyncio.to_thread(VLLMWeights(model_dir=served.model_dir).update_from_state_dict,
-                                    served.url, new, version)
+            await asyncio.to_thread(
+                VLLMWeights(model_dir=served.model_dir).update_from_state_dict, served.url, new, version
+            )
             print(f"weight push {version}: {time.perf_counter() - started:.2f} s", file=sys.stderr)
             old = {k: v.clone() for k, v in model.state_dict().items()}
             model.load_state_dict(new, strict=False)
@@ -243,11 +283,21 @@ def test_training_through_vllm_stays_on_policy(model_dir, tmp_path, monkeypatch)
     from agentgym.trainer.run import train
 
     monkeypatch.setenv("AGENTGYM_VLLM_PYTHON", PYTHON)
-    cfg = load_config(env="first_letter", overrides=[
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm",
-        f"actor_rollout_ref.rollout.gpu_memory_utilization={MEMORY}", "trainer.use_ray=false",
-        "trainer.total_training_steps=2", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
-        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", f"trainer.default_local_dir={tmp_path}"])
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.rollout.name=vllm",
+            f"actor_rollout_ref.rollout.gpu_memory_utilization={MEMORY}",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=2",
+            "trainer.logger=[jsonl]",
+            "trainer.val_before_train=false",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=4",
+            f"trainer.default_local_dir={tmp_path}",
+        ],
+    )
     summary = train(cfg, show_progress=False)
     with open(summary["metrics_file"]) as f:
         rows = [json.loads(line) for line in f]
@@ -274,14 +324,27 @@ def test_async_training_with_partial_rollout_through_vllm(model_dir, tmp_path, m
         return pause(self, url, mode)
 
     monkeypatch.setattr(Weights, "pause", recorded)
-    cfg = load_config(env="first_letter", config_name="async_ppo_trainer", overrides=[
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm",
-        f"actor_rollout_ref.rollout.gpu_memory_utilization={MEMORY}", "trainer.use_ray=false",
-        "trainer.total_training_steps=4", "trainer.logger=[jsonl]", "trainer.val_before_train=false",
-        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", f"trainer.default_local_dir={tmp_path}",
-        "async_training.partial_rollout=true", "async_training.trigger_parameter_sync_step=1",
-        "async_training.staleness_threshold=1.0", "data.max_response_length=512",
-        "actor_rollout_ref.rollout.max_tokens_per_turn=512"])  # long replies: pushes land mid-generation
+    cfg = load_config(
+        env="first_letter",
+        config_name="async_ppo_trainer",
+        overrides=[
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.rollout.name=vllm",
+            f"actor_rollout_ref.rollout.gpu_memory_utilization={MEMORY}",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=4",
+            "trainer.logger=[jsonl]",
+            "trainer.val_before_train=false",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=4",
+            f"trainer.default_local_dir={tmp_path}",
+            "async_training.partial_rollout=true",
+            "async_training.trigger_parameter_sync_step=1",
+            "async_training.staleness_threshold=1.0",
+            "data.max_response_length=512",
+            "actor_rollout_ref.rollout.max_tokens_per_turn=512",
+        ],
+    )  # long replies: pushes land mid-generation
     summary = train(cfg, show_progress=False)
     with open(summary["metrics_file"]) as f:
         rows = [json.loads(line) for line in f]

@@ -13,15 +13,32 @@ from agentgym.stages import held_out
 from agentgym.stages.train_command import train_command
 from agentgym.trainer.config import load_config
 
-SMALL = ["warm_start.demos=40", "warm_start.sft.trainer.total_training_steps=3", "warm_start.sft.data.train_batch_size=8",
-         "warm_start.sft.data.micro_batch_size_per_gpu=8", "trainer.total_training_steps=1", "data.train_batch_size=2",
-         "actor_rollout_ref.rollout.n=2", "held_out.num_tasks=4", "trainer.test_freq=-1", "trainer.val_before_train=false",
-         "trainer.save_freq=-1", "trainer.logger=[jsonl]", "actor_rollout_ref.rollout.max_tokens_per_turn=16"]
+SMALL = [
+    "warm_start.demos=40",
+    "warm_start.sft.trainer.total_training_steps=3",
+    "warm_start.sft.data.train_batch_size=8",
+    "warm_start.sft.data.micro_batch_size_per_gpu=8",
+    "trainer.total_training_steps=1",
+    "data.train_batch_size=2",
+    "actor_rollout_ref.rollout.n=2",
+    "held_out.num_tasks=4",
+    "trainer.test_freq=-1",
+    "trainer.val_before_train=false",
+    "trainer.save_freq=-1",
+    "trainer.logger=[jsonl]",
+    "actor_rollout_ref.rollout.max_tokens_per_turn=16",
+]
 
 
 def _train(run_dir, *overrides):
-    args = argparse.Namespace(env="sokoban", agent=None, config=None, config_name=None, async_=False,
-                              overrides=[f"trainer.default_local_dir={run_dir}", *SMALL, *overrides])
+    args = argparse.Namespace(
+        env="sokoban",
+        agent=None,
+        config=None,
+        config_name=None,
+        async_=False,
+        overrides=[f"trainer.default_local_dir={run_dir}", *SMALL, *overrides],
+    )
     return train_command(args)
 
 
@@ -64,8 +81,15 @@ def test_main_job_stages_run_in_order_and_are_cached(tmp_path, capsys):
     assert "warm start: SFT done" in captured.out
     assert "scores of the start model reused" not in captured.out  # a new start model is scored anew
     assert "continues RL from another start model" in captured.err and "resume_mode=disable" in captured.err
-    assert _train(tmp_path / "run", "warm_start.sft.optim.lr=1e-3", "trainer.total_training_steps=1",
-                  "trainer.resume_mode=disable") == 0
+    assert (
+        _train(
+            tmp_path / "run",
+            "warm_start.sft.optim.lr=1e-3",
+            "trainer.total_training_steps=1",
+            "trainer.resume_mode=disable",
+        )
+        == 0
+    )
     # the start scores were made for the new SFT model's files
     assert json.loads((run_dir / "held_out_start" / "stage.json").read_text())["key"] != start_stamp["key"]
 

@@ -51,8 +51,12 @@ def complete(url):
 def generate(engine):
     async def go():
         seq = (await engine.submit(PROMPT, GenerationParams(max_tokens=8, ignore_eos=True)).done)[0]
-        return {"token_ids": seq.output_ids, "logprobs": seq.logprobs, "cached": seq.cached_tokens,
-                "version": seq.weight_version}
+        return {
+            "token_ids": seq.output_ids,
+            "logprobs": seq.logprobs,
+            "cached": seq.cached_tokens,
+            "version": seq.weight_version,
+        }
 
     return asyncio.run(go())
 
@@ -87,8 +91,10 @@ def test_tensors_of_another_dtype_are_not_bound():
 
 def test_weight_sync_binds_once_then_only_moves_versions():
     trainer = load_causal_lm("tiny")
-    worker = SimpleNamespace(config={"actor_rollout_ref": {"hybrid_engine": True}},
-                             full_state_dict=lambda: {k: v.detach() for k, v in trainer.state_dict().items()})
+    worker = SimpleNamespace(
+        config={"actor_rollout_ref": {"hybrid_engine": True}},
+        full_state_dict=lambda: {k: v.detach() for k, v in trainer.state_dict().items()},
+    )
     actor = SimpleNamespace(use_ray=False, workers=[worker], call_rank0=lambda name: getattr(worker, name)())
     handle = EmbeddedServerHandle(Engine(load_causal_lm("tiny"), load_tokenizer("tiny"), max_batch_size=4).start())
 
@@ -159,9 +165,11 @@ def test_handles_open_the_same_memory_in_another_process(tmp_path):
     assert base.untyped_storage().is_shared()
     (tmp_path / "h.json").write_text(json.dumps(handles))
     expected = {k: v.float().tolist() for k, v in state.items()}
-    code = ("import json, sys; from agentgym.model.weights import open_handles; "
-            f"t = open_handles(json.load(open({str(tmp_path / 'h.json')!r}))); "
-            "print(json.dumps({k: v.float().tolist() for k, v in t.items()})); t['a'][0, 0] = -7")
+    code = (
+        "import json, sys; from agentgym.model.weights import open_handles; "
+        f"t = open_handles(json.load(open({str(tmp_path / 'h.json')!r}))); "
+        "print(json.dumps({k: v.float().tolist() for k, v in t.items()})); t['a'][0, 0] = -7"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
@@ -180,11 +188,16 @@ def test_the_receiver_outlives_the_sender_and_its_shm_manager(tmp_path):
     psutil = pytest.importorskip("psutil")
     handles_file = tmp_path / "h.json"
     sender = subprocess.Popen(
-        [sys.executable, "-c", "import json, time, torch; from agentgym.model.weights import share_handles; "
-         "t = torch.arange(1000.0); h = share_handles({'t': t}); "
-         f"open({str(tmp_path / 'tmp.json')!r}, 'w').write(json.dumps(h)); "
-         f"__import__('os').rename({str(tmp_path / 'tmp.json')!r}, {str(handles_file)!r}); time.sleep(120)"],
-        start_new_session=True)
+        [
+            sys.executable,
+            "-c",
+            "import json, time, torch; from agentgym.model.weights import share_handles; "
+            "t = torch.arange(1000.0); h = share_handles({'t': t}); "
+            f"open({str(tmp_path / 'tmp.json')!r}, 'w').write(json.dumps(h)); "
+            f"__import__('os').rename({str(tmp_path / 'tmp.json')!r}, {str(handles_file)!r}); time.sleep(120)",
+        ],
+        start_new_session=True,
+    )
     receiver = None
     try:
         for _ in range(600):
@@ -193,10 +206,18 @@ def test_the_receiver_outlives_the_sender_and_its_shm_manager(tmp_path):
             assert sender.poll() is None
             time.sleep(0.1)
         receiver = subprocess.Popen(
-            [sys.executable, "-c", "import gc, json, sys; from agentgym.model.weights import open_handles; "
-             f"t = open_handles(json.load(open({str(handles_file)!r}))); print(float(t['t'].sum()), flush=True); "
-             "sys.stdin.readline(); del t; gc.collect(); print('dropped', flush=True)"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-c",
+                "import gc, json, sys; from agentgym.model.weights import open_handles; "
+                f"t = open_handles(json.load(open({str(handles_file)!r}))); print(float(t['t'].sum()), flush=True); "
+                "sys.stdin.readline(); del t; gc.collect(); print('dropped', flush=True)",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert receiver.stdout.readline().strip() == str(float(sum(range(1000))))
         for child in psutil.Process(sender.pid).children(recursive=True):  # its shm manager (Ray kills those)
             child.kill()
@@ -248,14 +269,20 @@ def test_bucketed_pushes_load_all_at_once_at_the_last_bucket():
         parts = [dict(unique[i::4]) for i in range(4)]
         headers = {"Authorization": f"Bearer {handle.admin_key}", "Content-Type": "application/octet-stream"}
         for i, part in enumerate(parts[:-1]):
-            r = httpx.post(f"{handle.url}/update_weights_from_tensor?weight_version=9&bucket={i}&buckets={len(parts)}",
-                           content=save({k: v.contiguous() for k, v in part.items()}), headers=headers)
+            r = httpx.post(
+                f"{handle.url}/update_weights_from_tensor?weight_version=9&bucket={i}&buckets={len(parts)}",
+                content=save({k: v.contiguous() for k, v in part.items()}),
+                headers=headers,
+            )
             assert r.json()["success"] and "held" in r.json()["message"]
         assert handle.engine.weight_version == 0 and logprob_gap(original, complete(handle.url)) < 1e-4
         answer = EmbeddedWeights(admin_key=handle.admin_key).update_in_buckets(handle.url, state, 10, bucket_mb=1)
         assert answer["weight_version"] == 10 and logprob_gap(trainer, complete(handle.url)) < 1e-4
-        bad = httpx.post(f"{handle.url}/update_weights_from_tensor?weight_version=11&bucket=5&buckets=2",
-                         content=save({"x": torch.zeros(1)}), headers=headers)
+        bad = httpx.post(
+            f"{handle.url}/update_weights_from_tensor?weight_version=11&bucket=5&buckets=2",
+            content=save({"x": torch.zeros(1)}),
+            headers=headers,
+        )
         assert httpx.post(f"{handle.url}/update_weights_from_ipc", json={"tensors": {}}).status_code == 401
         assert bad.status_code == 400 and handle.engine.weight_version == 10
     finally:
@@ -275,9 +302,11 @@ def test_cuda_tensors_travel_as_ipc_handles(tmp_path):
     handles = share_handles(state)
     assert {h["kind"] for h in handles.values()} == {"cuda"}
     (tmp_path / "h.json").write_text(json.dumps(handles))
-    code = ("import json, torch; from agentgym.model.weights import open_handles; "
-            f"t = open_handles(json.load(open({str(tmp_path / 'h.json')!r}))); "
-            "print(json.dumps({k: float(v.float().sum()) for k, v in t.items()}))")
+    code = (
+        "import json, torch; from agentgym.model.weights import open_handles; "
+        f"t = open_handles(json.load(open({str(tmp_path / 'h.json')!r}))); "
+        "print(json.dumps({k: float(v.float().sum()) for k, v in t.items()}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     sums = json.loads(out.stdout)

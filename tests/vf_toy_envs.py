@@ -17,8 +17,14 @@ from datasets import Dataset
 
 
 def _rows(n: int) -> list[dict]:
-    return [{"question": f"What is {i} + {2 * i + 1}? Answer in <answer></answer> tags.",
-             "answer": str(3 * i + 1), "info": {"a": i, "b": 2 * i + 1}} for i in range(n)]
+    return [
+        {
+            "question": f"What is {i} + {2 * i + 1}? Answer in <answer></answer> tags.",
+            "answer": str(3 * i + 1),
+            "info": {"a": i, "b": 2 * i + 1},
+        }
+        for i in range(n)
+    ]
 
 
 def answer_of(text: str) -> str | None:
@@ -76,8 +82,7 @@ def load_environment(kind: str = "single", n: int = 8) -> vf.Environment:
         return vf.SingleTurnEnv(dataset=dataset, system_prompt="Add the numbers.", rubric=rubric)
     if kind == "tools":
         rubric = vf.Rubric(funcs=[contains_sum], weights=[1.0])
-        return vf.ToolEnv(dataset=dataset, tools=[add], max_turns=4, system_prompt="Use the add tool.",
-                          rubric=rubric)
+        return vf.ToolEnv(dataset=dataset, tools=[add], max_turns=4, system_prompt="Use the add tool.", rubric=rubric)
     if kind == "multi":
         rubric = vf.Rubric(funcs=[guessed], weights=[1.0])
         return GuessEnv(dataset=dataset, max_turns=3, system_prompt="Guess the sum.", rubric=rubric)

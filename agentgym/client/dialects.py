@@ -68,25 +68,34 @@ def completions_payload(prompt_ids: Sequence[int], s: SamplingParams, backend: s
 def _token_id(name: str) -> int:
     """``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``) -> the id."""
     if not name.startswith("token_id:"):
-        raise DialectError(f"a top_logprobs entry names {name!r}, not 'token_id:<id>' (the server ignored "
-                           "return_tokens_as_token_ids)")
+        raise DialectError(
+            f"a top_logprobs entry names {name!r}, not 'token_id:<id>' (the server ignored return_tokens_as_token_ids)"
+        )
     return int(name[9:])
 
 
-def completion_choice(choice: dict[str, Any], where: str, k: int = 0
-                      ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+def completion_choice(
+    choice: dict[str, Any], where: str, k: int = 0
+) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
     """``(token ids, logprobs, top logprobs)`` of one ``/v1/completions`` choice (or streamed chunk);
     the ``k`` best alternatives per token (vLLM adds the sampled token to them when it is not one)."""
     ids = choice.get("token_ids")
     if ids is None:
-        raise DialectError(f"{where} returned no token ids; a vLLM server must support return_token_ids "
-                           "(vLLM >= 0.10.2)")
+        raise DialectError(
+            f"{where} returned no token ids; a vLLM server must support return_token_ids (vLLM >= 0.10.2)"
+        )
     logprobs = choice.get("logprobs") or {}
     values = logprobs.get("token_logprobs") or []
     if len(values) != len(ids):
         raise DialectError(f"{where} returned {len(values)} logprobs for {len(ids)} tokens")
-    tops = [sorted(((_token_id(name), float(v)) for name, v in (alts or {}).items()), key=lambda a: -a[1])[:k]
-            for alts in (logprobs.get("top_logprobs") or [])] if k else []
+    tops = (
+        [
+            sorted(((_token_id(name), float(v)) for name, v in (alts or {}).items()), key=lambda a: -a[1])[:k]
+            for alts in (logprobs.get("top_logprobs") or [])
+        ]
+        if k
+        else []
+    )
     return list(ids), [float(x) for x in values], tops
 
 
@@ -122,8 +131,10 @@ def sglang_sample(body: dict[str, Any], where: str, default_version: int) -> Tok
     pairs = meta.get("output_token_logprobs") or []
     ids = body.get("output_ids") or [int(p[1]) for p in pairs]
     if len(ids) != len(pairs):
-        raise DialectError(f"{where} returned {len(pairs)} logprobs for {len(ids)} tokens (an SGLang "
-                           "that trims the stop token despite no_stop_trim?)")
+        raise DialectError(
+            f"{where} returned {len(pairs)} logprobs for {len(ids)} tokens (an SGLang "
+            "that trims the stop token despite no_stop_trim?)"
+        )
     finish = meta.get("finish_reason") or {}
     reason = finish.get("type", "stop") if isinstance(finish, dict) else str(finish)
     version = meta.get("weight_version")

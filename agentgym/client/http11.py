@@ -74,7 +74,9 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter
         if self.pieces is not None and waiter is not None and waiter.done() and not self.complete:
             if self.framed or exc is not None:
-                self.pieces.put_nowait(TransportError(f"the server closed the connection mid-answer{f': {exc}' if exc else ''}"))
+                self.pieces.put_nowait(
+                    TransportError(f"the server closed the connection mid-answer{f': {exc}' if exc else ''}")
+                )
             else:  # body delimited by the close
                 self.complete = True
                 self.pieces.put_nowait(None)
@@ -181,8 +183,15 @@ class Streamed:
 class ConnectionPool:
     """Keep-alive connections to one ``host:port``; see the module docstring."""
 
-    def __init__(self, host: str, port: int, limit: int = 1024, connect_timeout: float = 10.0,
-                 headers: Mapping[str, str] | None = None, prefix: str = "") -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        limit: int = 1024,
+        connect_timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        prefix: str = "",
+    ) -> None:
         self.host, self.port, self.prefix = host, port, prefix
         self.connect_timeout = connect_timeout
         self.limit = limit
@@ -197,21 +206,35 @@ class ConnectionPool:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(_Connection, self.host, self.port),
-                                             self.connect_timeout)
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(_Connection, self.host, self.port), self.connect_timeout
+            )
         except (OSError, asyncio.TimeoutError) as exc:
             raise TransportError(f"could not connect to {self.host}:{self.port}: {exc or 'timed out'}") from None
         self.opened += 1
         return conn
 
-    async def request(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
-                      content_type: str = "application/json") -> tuple[int, bytes]:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        timeout: float | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, bytes]:
         """Send one request; ``(status, body)`` of the answer. Raises ``TransportError``."""
         answer = await self.fetch(method, path, body, timeout, content_type)
         return answer.status, answer.body
 
-    async def fetch(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
-                    content_type: str = "application/json", headers: Mapping[str, str] | None = None) -> Answer:
+    async def fetch(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        timeout: float | None = None,
+        content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> Answer:
         """``request``, with extra request ``headers`` (a ``Host`` among them replaces the pool's); the
         whole ``Answer``, its headers included."""
         data = self._request_bytes(method, path, body, content_type, headers)
@@ -227,9 +250,15 @@ class ConnectionPool:
             return answer
 
     @contextlib.asynccontextmanager
-    async def stream(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
-                     content_type: str = "application/json", headers: Mapping[str, str] | None = None
-                     ) -> AsyncIterator[Streamed]:
+    async def stream(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        timeout: float | None = None,
+        content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[Streamed]:
         """``async with pool.stream(...) as answer``: the status and headers as soon as they come, the body
         by ``async for piece in answer``. Leaving the block early closes the connection (the server
         sees the client go); a fully read answer leaves it for reuse."""
@@ -249,12 +278,17 @@ class ConnectionPool:
             else:
                 conn.close()
 
-    def _request_bytes(self, method: str, path: str, body: bytes | None, content_type: str,
-                       headers: Mapping[str, str] | None) -> bytes:
+    def _request_bytes(
+        self, method: str, path: str, body: bytes | None, content_type: str, headers: Mapping[str, str] | None
+    ) -> bytes:
         head = f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1")
         if headers:
             lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-            head += (b"" if any(k.lower() == "host" for k in headers) else self._host) + self._head + lines.encode("latin-1")
+            head += (
+                (b"" if any(k.lower() == "host" for k in headers) else self._host)
+                + self._head
+                + lines.encode("latin-1")
+            )
         else:
             head += self._host + self._head
         if body is not None:

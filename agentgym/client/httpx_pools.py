@@ -34,8 +34,10 @@ class HTTPPools:
         self.slots = asyncio.Semaphore(limit)
         if "verify" not in client_options:
             client_options["verify"] = ssl_context()
-        self._options = {"limits": httpx.Limits(max_connections=self.size, max_keepalive_connections=self.size),
-                         **client_options}
+        self._options = {
+            "limits": httpx.Limits(max_connections=self.size, max_keepalive_connections=self.size),
+            **client_options,
+        }
 
     @contextlib.asynccontextmanager
     async def _client(self) -> AsyncIterator[httpx.AsyncClient]:
@@ -91,23 +93,32 @@ class HttpxTransport:
     def __init__(self, base: str, pools: HTTPPools) -> None:
         self.base, self.pools = base, pools
 
-    async def request(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
-                      headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, bytes]:
         headers = {**({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})}
         try:
-            response = await self.pools.request(method, self.base + path, content=body, headers=headers or None,
-                                                timeout=timeout)
+            response = await self.pools.request(
+                method, self.base + path, content=body, headers=headers or None, timeout=timeout
+            )
         except httpx.TransportError as exc:  # connect, read, write, pool, protocol errors
             raise TransportError(f"{type(exc).__name__}: {exc}") from exc
         return response.status_code, response.content
 
     @contextlib.asynccontextmanager
-    async def stream(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None
-                     ) -> AsyncIterator[HttpxStreamed]:
+    async def stream(
+        self, method: str, path: str, body: bytes | None = None, timeout: float | None = None
+    ) -> AsyncIterator[HttpxStreamed]:
         headers = {"Content-Type": "application/json"} if body is not None else None
         try:
-            async with self.pools.stream(method, self.base + path, content=body, headers=headers or None,
-                                         timeout=timeout) as response:
+            async with self.pools.stream(
+                method, self.base + path, content=body, headers=headers or None, timeout=timeout
+            ) as response:
                 yield HttpxStreamed(response)
         except httpx.TransportError as exc:
             raise TransportError(f"{type(exc).__name__}: {exc}") from exc

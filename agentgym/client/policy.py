@@ -176,9 +176,11 @@ class PolicyClient:
             if server is not None and server is not exclude and server.healthy and not server.removed:
                 self._sticky.move_to_end(session_id)
                 return server
-        candidates = [s for s in self.servers if s is not exclude and s.healthy] or [
-            s for s in self.servers if s is not exclude
-        ] or self.servers
+        candidates = (
+            [s for s in self.servers if s is not exclude and s.healthy]
+            or [s for s in self.servers if s is not exclude]
+            or self.servers
+        )
         least = min(s.outstanding for s in candidates)
         server = random.choice([s for s in candidates if s.outstanding == least])
         if session_id is not None:
@@ -197,7 +199,10 @@ class PolicyClient:
         url = url.rstrip("/")
         if any(s.url == url for s in self.servers):
             return False
-        self.servers = [*self.servers, _Server(url, transport_for(url, self.max_connections, self.pool_size, self.timeout))]
+        self.servers = [
+            *self.servers,
+            _Server(url, transport_for(url, self.max_connections, self.pool_size, self.timeout)),
+        ]
         return True
 
     async def remove_server(self, url: str, drain_timeout: float = 60.0) -> bool:
@@ -218,9 +223,15 @@ class PolicyClient:
         await server.transport.aclose()
         return True
 
-    async def _post(self, path: str, payload: dict[str, Any], session_id: str | None = None,
-                    server: _Server | None = None, admin: bool = False, name_model: bool = False
-                    ) -> tuple[_Server, dict[str, Any]]:
+    async def _post(
+        self,
+        path: str,
+        payload: dict[str, Any],
+        session_id: str | None = None,
+        server: _Server | None = None,
+        admin: bool = False,
+        name_model: bool = False,
+    ) -> tuple[_Server, dict[str, Any]]:
         """POST with least-outstanding routing and bounded retries on transport errors, 5xx and 429;
         ``admin``: a control call, sent with the admin key; ``name_model``: set the payload's ``model``
         to the name the chosen server serves."""
@@ -243,8 +254,9 @@ class PolicyClient:
                     answer = await target.transport.fetch("POST", path, body, timeout=self.timeout, headers=headers)
                     status, raw = answer.status, answer.body
                 else:
-                    status, raw = await target.transport.request("POST", path, body, timeout=self.timeout,
-                                                                 headers=headers)
+                    status, raw = await target.transport.request(
+                        "POST", path, body, timeout=self.timeout, headers=headers
+                    )
             except TransportError as exc:
                 last_error = str(exc)
                 last_status = None
@@ -254,12 +266,14 @@ class PolicyClient:
                     try:
                         return target, json.loads(raw)
                     except ValueError:
-                        raise PolicyServerError(f"{target.url}{path} answered {status} with a body that is not "
-                                                f"JSON: {raw[:200]!r}") from None
+                        raise PolicyServerError(
+                            f"{target.url}{path} answered {status} with a body that is not JSON: {raw[:200]!r}"
+                        ) from None
                 text = raw.decode("utf-8", "replace")
                 if status < 500 and status != 429:
-                    raise PolicyServerError(f"{target.url}{path} refused the request ({status}): {text[:500]}",
-                                            refused=status)
+                    raise PolicyServerError(
+                        f"{target.url}{path} refused the request ({status}): {text[:500]}", refused=status
+                    )
                 last_error = f"HTTP {status}: {text[:200]}"
                 last_status = status
             finally:
@@ -270,34 +284,43 @@ class PolicyClient:
             if attempt < self.max_retries:
                 await asyncio.sleep(min(self.backoff * 2**attempt, 5.0) * (0.5 + random.random()))
         where = server.url if server else ", ".join(s.url for s in self.servers)
-        hint = ("Check that the server is running and reachable (agentgym serve --model ... --port ...)."
-                if last_status is None else "The server is up but failing: see its log.")
+        hint = (
+            "Check that the server is running and reachable (agentgym serve --model ... --port ...)."
+            if last_status is None
+            else "The server is up but failing: see its log."
+        )
         raise PolicyServerError(
             f"policy server request {path} failed after {self.max_retries + 1} attempts ({where}): {last_error}. "
-            + hint, status=last_status)
+            + hint,
+            status=last_status,
+        )
 
     # ---- generation ----------------------------------------------------------------------
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None,
-                       session_id: str | None = None) -> TokenSample:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, session_id: str | None = None
+    ) -> TokenSample:
         """Sample one continuation of ``prompt_ids``; never re-tokenizes anything."""
         sampling = sampling or SamplingParams()
         if self.backend == "sglang":
             server, body = await self._post("/generate", sglang_payload(prompt_ids, sampling), session_id)
             return _read(sglang_sample, body, server.url, server.version)
-        server, body = await self._post("/v1/completions", completions_payload(prompt_ids, sampling, self.backend),
-                                        session_id, name_model=True)
+        server, body = await self._post(
+            "/v1/completions", completions_payload(prompt_ids, sampling, self.backend), session_id, name_model=True
+        )
         return self._parse_completions(body, server, sampling.top_logprobs)
 
-    async def generate_stream(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None,
-                              session_id: str | None = None) -> AsyncIterator[TokenDelta]:
+    async def generate_stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, session_id: str | None = None
+    ) -> AsyncIterator[TokenDelta]:
         """``generate``, streamed: ``TokenDelta``s as the server samples them, the last with the finish
         reason. Retried like ``generate`` until the first delta; a failure after that raises
         ``PolicyServerError``. Closing the iterator early closes the connection (the server stops)."""
         sampling = sampling or SamplingParams()
         if self.backend == "sglang":  # its /generate stream reports cumulative logprobs: not streamed here
             sample = await self.generate(prompt_ids, sampling, session_id)
-            yield TokenDelta(sample.token_ids, sample.logprobs, sample.finish_reason, sample.weight_version,
-                             sample.top_logprobs)
+            yield TokenDelta(
+                sample.token_ids, sample.logprobs, sample.finish_reason, sample.weight_version, sample.top_logprobs
+            )
             return
         path = "/v1/completions"
         payload = {**completions_payload(prompt_ids, sampling, self.backend), "stream": True}
@@ -322,8 +345,9 @@ class PolicyClient:
                         return
                     text = (await answer.read()).decode("utf-8", "replace")
                 if answer.status < 500 and answer.status != 429:
-                    raise PolicyServerError(f"{target.url}{path} refused the request ({answer.status}): {text[:500]}",
-                                            refused=answer.status)
+                    raise PolicyServerError(
+                        f"{target.url}{path} refused the request ({answer.status}): {text[:500]}", refused=answer.status
+                    )
                 last_error = f"HTTP {answer.status}: {text[:200]}"
                 last_status = answer.status
             except TransportError as exc:
@@ -338,11 +362,16 @@ class PolicyClient:
                 failed = target
             if attempt < self.max_retries:
                 await asyncio.sleep(min(self.backoff * 2**attempt, 5.0) * (0.5 + random.random()))
-        hint = ("Check that the server is running and reachable (agentgym serve --model ... --port ...)."
-                if last_status is None else "The server is up but failing: see its log.")
+        hint = (
+            "Check that the server is running and reachable (agentgym serve --model ... --port ...)."
+            if last_status is None
+            else "The server is up but failing: see its log."
+        )
         raise PolicyServerError(
             f"policy server request {path} (stream) failed after {self.max_retries + 1} attempts "
-            f"({', '.join(s.url for s in self.servers)}): {last_error}. {hint}", status=last_status)
+            f"({', '.join(s.url for s in self.servers)}): {last_error}. {hint}",
+            status=last_status,
+        )
 
     @staticmethod
     def _parse_delta(event: dict[str, Any], server: _Server, top_logprobs: int = 0) -> TokenDelta | None:
@@ -352,8 +381,9 @@ class PolicyClient:
         choice = choices[0]
         ids, logprobs, tops = _read(completion_choice, choice, f"{server.url} (a streamed chunk)", top_logprobs)
         version = event.get("weight_version", server.version)
-        return TokenDelta(ids, logprobs, choice.get("finish_reason"),
-                          int(version) if version is not None else server.version, tops)
+        return TokenDelta(
+            ids, logprobs, choice.get("finish_reason"), int(version) if version is not None else server.version, tops
+        )
 
     async def served_model(self, server: _Server) -> str | None:
         """The model name to send ``server``: ``self.model`` if given, else the first id in the
@@ -411,20 +441,23 @@ class PolicyClient:
 
             adapter = VLLMWeights()
             try:
-                await asyncio.gather(*(asyncio.to_thread(adapter.update_from_disk, s.url, model_path, version)
-                                       for s in self.servers))
+                await asyncio.gather(
+                    *(asyncio.to_thread(adapter.update_from_disk, s.url, model_path, version) for s in self.servers)
+                )
             except Exception as exc:
                 raise PolicyServerError(f"vLLM weight update from {model_path} failed: {exc}") from exc
         else:
             payload = {"model_path": model_path, "weight_version": str(version)}
-            await asyncio.gather(*(self._post("/update_weights_from_disk", payload, server=s, admin=True)
-                                   for s in self.servers))
+            await asyncio.gather(
+                *(self._post("/update_weights_from_disk", payload, server=s, admin=True) for s in self.servers)
+            )
         for s in self.servers:
             s.version = version
 
     async def max_model_len(self) -> int | None:
         """The smallest context (prompt + completion tokens) the servers report in ``GET /v1/models``
         (the embedded server and vLLM report ``max_model_len``); None if none says."""
+
         async def one(server: _Server) -> int | None:
             lengths = [c.get("max_model_len") for c in await self._model_cards(server)]
             return min((n for n in lengths if isinstance(n, int) and n > 0), default=None)
@@ -434,6 +467,7 @@ class PolicyClient:
 
     async def health(self) -> list[bool]:
         """Ask every server's ``/health``; one that fails is passed over for ``cooldown`` seconds."""
+
         async def one(server: _Server) -> bool:
             ok = await self._healthy(server.transport, 5.0)
             server.mark(ok, self.cooldown)
@@ -475,7 +509,7 @@ async def _sse_events(answer: Any) -> AsyncIterator[dict[str, Any]]:
             end = buffer.find(b"\n\n")
             if end < 0:
                 break
-            event, buffer = buffer[:end], buffer[end + 2:]
+            event, buffer = buffer[:end], buffer[end + 2 :]
             for line in event.split(b"\n"):
                 if line.startswith(b"data:"):
                     data = line[5:].strip()

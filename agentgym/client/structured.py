@@ -51,8 +51,9 @@ def tool_function(tool: Any, where: str) -> dict[str, Any]:
     "function": {...}}``), or a ``ConstraintError``."""
     function = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-        raise ConstraintError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
-                              "\"parameters\": {...}}}", "tools")
+        raise ConstraintError(
+            f'{where} must be {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}', "tools"
+        )
     parameters = function.get("parameters")
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
@@ -66,10 +67,12 @@ def named_tool(tool_choice: Any) -> str | None:
     if not isinstance(tool_choice, dict):
         return None
     function = tool_choice.get("function")
-    if tool_choice.get("type") != "function" or not isinstance(function, dict) or \
-            not isinstance(function.get("name"), str):
-        raise ConstraintError("a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
-                              "tool_choice")
+    if (
+        tool_choice.get("type") != "function"
+        or not isinstance(function, dict)
+        or not isinstance(function.get("name"), str)
+    ):
+        raise ConstraintError('a named tool_choice is {"type": "function", "function": {"name": ...}}', "tool_choice")
     return function["name"]
 
 
@@ -83,8 +86,10 @@ def check_tool_choice(tools: list[dict[str, Any]] | None, tool_choice: Any) -> N
     if name is not None:
         names = [tool_function(t, f"tools[{i}]")["name"] for i, t in enumerate(tools)]
         if name not in names:
-            raise ConstraintError(f"tool_choice names the function {name!r}, which is not in tools "
-                                  f"({', '.join(map(repr, names))})", "tool_choice")
+            raise ConstraintError(
+                f"tool_choice names the function {name!r}, which is not in tools ({', '.join(map(repr, names))})",
+                "tool_choice",
+            )
 
 
 def response_format_schema(response_format: Any) -> dict[str, Any] | None:
@@ -93,8 +98,9 @@ def response_format_schema(response_format: Any) -> dict[str, Any] | None:
         return None
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     if kind not in RESPONSE_FORMATS:
-        raise ConstraintError(f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}, got {kind!r}",
-                              "response_format")
+        raise ConstraintError(
+            f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}, got {kind!r}", "response_format"
+        )
     if kind == "text":
         return None
     if kind == "json_object":
@@ -102,8 +108,9 @@ def response_format_schema(response_format: Any) -> dict[str, Any] | None:
     spec = response_format.get("json_schema")
     schema = spec.get("schema") if isinstance(spec, dict) else None
     if not isinstance(spec, dict) or not isinstance(spec.get("name", ""), str):
-        raise ConstraintError("response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}",
-                              "response_format")
+        raise ConstraintError(
+            'response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}', "response_format"
+        )
     if schema is None:
         return dict(JSON_OBJECT_SCHEMA)
     if not isinstance(schema, (dict, bool)):
@@ -111,15 +118,17 @@ def response_format_schema(response_format: Any) -> dict[str, Any] | None:
     return schema if isinstance(schema, dict) else ({} if schema else {"not": {}})
 
 
-def chat_constraint(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool | None,
-                    response_format: Any) -> dict[str, Any] | None:
+def chat_constraint(
+    tools: list[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool | None, response_format: Any
+) -> dict[str, Any] | None:
     """The constraint a chat request asks for (None: free text), or a ``ConstraintError``."""
     check_tool_choice(tools, tool_choice)
     schema = response_format_schema(response_format)
     forced = tool_choice == "required" or isinstance(tool_choice, dict)
     if forced and schema is not None:
-        raise ConstraintError("response_format asks for JSON and tool_choice for a tool call; ask for one of them",
-                              "response_format")
+        raise ConstraintError(
+            "response_format asks for JSON and tool_choice for a tool call; ask for one of them", "response_format"
+        )
     if schema is not None:
         return {"type": "json", "schema": schema}
     if not forced:
@@ -134,12 +143,25 @@ def chat_constraint(tools: list[dict[str, Any]] | None, tool_choice: Any, parall
 # ---- for each backend ----------------------------------------------------------------------
 def structural_tag(constraint: dict[str, Any]) -> dict[str, Any]:
     """A ``tool_calls`` constraint in xgrammar's structural-tag format (vLLM, SGLang)."""
-    tags = [{"type": "tag", "begin": TOOL_CALL_BEGIN % json.dumps(t["name"], ensure_ascii=False),
-             "content": {"type": "json_schema", "json_schema": t["parameters"]}, "end": TOOL_CALL_END}
-            for t in constraint["tools"]]
-    return {"type": "structural_tag", "format": {
-        "type": "tags_with_separator", "tags": tags, "separator": TOOL_CALL_SEPARATOR, "at_least_one": True,
-        "stop_after_first": not constraint["parallel"]}}
+    tags = [
+        {
+            "type": "tag",
+            "begin": TOOL_CALL_BEGIN % json.dumps(t["name"], ensure_ascii=False),
+            "content": {"type": "json_schema", "json_schema": t["parameters"]},
+            "end": TOOL_CALL_END,
+        }
+        for t in constraint["tools"]
+    ]
+    return {
+        "type": "structural_tag",
+        "format": {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": TOOL_CALL_SEPARATOR,
+            "at_least_one": True,
+            "stop_after_first": not constraint["parallel"],
+        },
+    }
 
 
 def backend_fields(constraint: dict[str, Any] | None, backend: str) -> dict[str, Any]:
@@ -163,8 +185,7 @@ def backend_fields(constraint: dict[str, Any] | None, backend: str) -> dict[str,
 
 
 STRUCTURED_KEYS = ("json", "json_object", "structural_tag", "grammar", "regex", "choice")
-GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
-                 "guided_grammar": "grammar"}
+GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 """vLLM's older names for ``structured_outputs``' keys (before 0.10.2), still sent by some clients."""
 
 
@@ -178,8 +199,9 @@ def structured_outputs_constraint(structured: Any) -> dict[str, Any] | None:
         raise ConstraintError("structured_outputs must be an object", "structured_outputs")
     given = [k for k in STRUCTURED_KEYS if structured.get(k) not in (None, False)]
     if len(given) != 1:
-        raise ConstraintError(f"structured_outputs takes exactly one of {', '.join(STRUCTURED_KEYS)}",
-                              "structured_outputs")
+        raise ConstraintError(
+            f"structured_outputs takes exactly one of {', '.join(STRUCTURED_KEYS)}", "structured_outputs"
+        )
     key, value = given[0], structured[given[0]]
     if key in ("json", "json_object"):
         schema = JSON_OBJECT_SCHEMA if key == "json_object" else value
@@ -197,8 +219,9 @@ def structured_outputs_constraint(structured: Any) -> dict[str, Any] | None:
             try:
                 tag = json.loads(tag)
             except ValueError as exc:
-                raise ConstraintError(f"structured_outputs.structural_tag is not JSON: {exc}",
-                                      "structured_outputs") from None
+                raise ConstraintError(
+                    f"structured_outputs.structural_tag is not JSON: {exc}", "structured_outputs"
+                ) from None
         if not isinstance(tag, dict):
             raise ConstraintError("structured_outputs.structural_tag must be an object", "structured_outputs")
         return {"type": "structural_tag", "tag": tag}
@@ -223,12 +246,18 @@ def request_constraint(fields: dict[str, Any], chat: bool) -> dict[str, Any] | N
         structured = guided
     explicit = structured_outputs_constraint(structured)
     if chat:
-        implied = chat_constraint(fields.get("tools"), fields.get("tool_choice"), fields.get("parallel_tool_calls"),
-                                  fields.get("response_format"))
+        implied = chat_constraint(
+            fields.get("tools"),
+            fields.get("tool_choice"),
+            fields.get("parallel_tool_calls"),
+            fields.get("response_format"),
+        )
     else:
         schema = response_format_schema(fields.get("response_format"))
         implied = {"type": "json", "schema": schema} if schema is not None else None
     if explicit is not None and implied is not None:
-        raise ConstraintError("structured_outputs and response_format/tool_choice both constrain the reply; "
-                              "ask for one of them", "structured_outputs")
+        raise ConstraintError(
+            "structured_outputs and response_format/tool_choice both constrain the reply; ask for one of them",
+            "structured_outputs",
+        )
     return explicit or implied

@@ -45,15 +45,27 @@ class WeightUpdateError(RuntimeError):
 class _Weights:
     """Shared HTTP plumbing of the weight adapters."""
 
-    def __init__(self, model_dir: str | os.PathLike[str] | None = None, timeout: float = 1800.0,
-                 transport: httpx.BaseTransport | None = None, admin_key: str | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str] | None = None,
+        timeout: float = 1800.0,
+        transport: httpx.BaseTransport | None = None,
+        admin_key: str | None = None,
+    ) -> None:
         self.model_dir = Path(model_dir) if model_dir else None
         self.timeout = timeout
         self._transport = transport  # tests pass a stand-in app's transport
         self.admin_key = admin_key  # sent as Authorization: Bearer (agentgym's embedded server requires it)
 
-    def _post(self, url: str, path: str, json: Any = None, params: dict[str, Any] | None = None,
-              optional: bool = False, content: bytes | None = None) -> Any:
+    def _post(
+        self,
+        url: str,
+        path: str,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        optional: bool = False,
+        content: bytes | None = None,
+    ) -> Any:
         """POST and return the JSON body; ``optional``: a 404 (route missing in this version) returns None."""
         headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else None
         with httpx.Client(timeout=self.timeout, transport=self._transport, verify=ssl_context()) as client:
@@ -133,8 +145,9 @@ class EmbeddedWeights(_Weights):
     def update_from_shared(self, url: str, handles: dict[str, Any], version: int) -> Any:
         """``POST /update_weights_from_ipc`` with handles another process on this host made (a Ray
         worker's ``weight_handles``); None when the server has no such route."""
-        answer = self._post(url, "/update_weights_from_ipc", {"tensors": handles, "weight_version": version},
-                            optional=True)
+        answer = self._post(
+            url, "/update_weights_from_ipc", {"tensors": handles, "weight_version": version}, optional=True
+        )
         if answer is not None:
             record_weight_version(url, version)
         return answer
@@ -148,8 +161,12 @@ class EmbeddedWeights(_Weights):
         answer = None
         for i, part in enumerate(parts):
             size, pieces = safetensors_pieces({k: v.detach().to("cpu").contiguous() for k, v in part.items()})
-            answer = self._send(url, f"/update_weights_from_tensor?weight_version={version}&bucket={i}"
-                                f"&buckets={len(parts)}", size, pieces)
+            answer = self._send(
+                url,
+                f"/update_weights_from_tensor?weight_version={version}&bucket={i}&buckets={len(parts)}",
+                size,
+                pieces,
+            )
         record_weight_version(url, version)  # the server loads them once the last bucket is in
         return answer
 
@@ -164,8 +181,9 @@ class EmbeddedWeights(_Weights):
 
         target = urlparse(url)
         if target.scheme == "https":
-            conn: Any = http.client.HTTPSConnection(target.hostname, target.port, timeout=self.timeout,
-                                                    context=ssl_context())
+            conn: Any = http.client.HTTPSConnection(
+                target.hostname, target.port, timeout=self.timeout, context=ssl_context()
+            )
         else:
             conn = http.client.HTTPConnection(target.hostname, target.port, timeout=self.timeout)
         try:
@@ -208,8 +226,11 @@ class SGLangWeights(_Weights):
         """``path``: a model directory, or one safetensors file (SGLang loads directories only, so a
         file is linked into a temporary directory beside the served model's config files)."""
         if not Path(path).is_file():
-            result = self._post(url, "/update_weights_from_disk", {
-                "model_path": path, "weight_version": str(version), "abort_all_requests": abort_all_requests})
+            result = self._post(
+                url,
+                "/update_weights_from_disk",
+                {"model_path": path, "weight_version": str(version), "abort_all_requests": abort_all_requests},
+            )
             record_weight_version(url, version)
             return result
         from agentgym.model.weights import push_dir
@@ -222,9 +243,15 @@ class SGLangWeights(_Weights):
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
-    def update_from_tensors(self, url: str, named_tensors: dict[str, Any], version: int, tp_size: int = 1,
-                            serialize: Callable[[list[tuple[str, Any]]], str] | None = None,
-                            flush_cache: bool = True) -> Any:
+    def update_from_tensors(
+        self,
+        url: str,
+        named_tensors: dict[str, Any],
+        version: int,
+        tp_size: int = 1,
+        serialize: Callable[[list[tuple[str, Any]]], str] | None = None,
+        flush_cache: bool = True,
+    ) -> Any:
         """Same-host tensors; ``serialize`` defaults to SGLang's ``MultiprocessingSerializer``
         (CUDA tensors travel as IPC handles, so the server reads the trainer's GPU memory)."""
         if serialize is None:
@@ -234,28 +261,67 @@ class SGLangWeights(_Weights):
                 return MultiprocessingSerializer.serialize(items, output_str=True)
 
         payload = serialize(list(named_tensors.items()))
-        result = self._post(url, "/update_weights_from_tensor", {
-            "serialized_named_tensors": [payload] * tp_size, "load_format": None, "flush_cache": flush_cache,
-            "weight_version": str(version)})
+        result = self._post(
+            url,
+            "/update_weights_from_tensor",
+            {
+                "serialized_named_tensors": [payload] * tp_size,
+                "load_format": None,
+                "flush_cache": flush_cache,
+                "weight_version": str(version),
+            },
+        )
         record_weight_version(url, version)
         return result
 
-    def init_weights_update_group(self, url: str, master_address: str, master_port: int, rank_offset: int,
-                                  world_size: int, group_name: str = "weight_update_group",
-                                  backend: str = "nccl") -> Any:
+    def init_weights_update_group(
+        self,
+        url: str,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> Any:
         """Join the server's workers to a process group with the trainer (rank 0, the broadcaster)."""
-        return self._post(url, "/init_weights_update_group", {
-            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend})
+        return self._post(
+            url,
+            "/init_weights_update_group",
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": rank_offset,
+                "world_size": world_size,
+                "group_name": group_name,
+                "backend": backend,
+            },
+        )
 
-    def update_from_distributed(self, url: str, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                version: int, group_name: str = "weight_update_group",
-                                flush_cache: bool = True) -> Any:
+    def update_from_distributed(
+        self,
+        url: str,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        version: int,
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+    ) -> Any:
         """Announce the tensors the trainer is about to broadcast in ``group_name``; returns once
         they are loaded, so call it from a thread while broadcasting."""
-        result = self._post(url, "/update_weights_from_distributed", {
-            "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
-            "flush_cache": flush_cache, "weight_version": str(version)})
+        result = self._post(
+            url,
+            "/update_weights_from_distributed",
+            {
+                "names": names,
+                "dtypes": dtypes,
+                "shapes": shapes,
+                "group_name": group_name,
+                "flush_cache": flush_cache,
+                "weight_version": str(version),
+            },
+        )
         record_weight_version(url, version)
         return result
 

@@ -17,8 +17,16 @@ from typing import Any
 from agentgym.config import GROUPS, is_removal, parse_value
 
 CHATLEARN_ROOTS = ("runtime_args", "models")
-ROLL_MARKERS = ("custom_envs", "train_env_manager", "val_env_manager", "actor_train", "actor_infer", "pretrain",
-                "rollout_batch_size", "custom_env")
+ROLL_MARKERS = (
+    "custom_envs",
+    "train_env_manager",
+    "val_env_manager",
+    "actor_train",
+    "actor_infer",
+    "pretrain",
+    "rollout_batch_size",
+    "custom_env",
+)
 CLAW_ROLLOUT_KEYS = ("nnodes", "n_gpus_per_node")  # agentgym's own rollout-pool keys
 
 
@@ -26,8 +34,11 @@ def system_of(data: dict[str, Any]) -> str | None:
     """``chatlearn``, ``roll``, ``claw-r1`` or ``verl`` for a file in that system's shape (``verl``: a Hydra
     ``defaults`` list, as veRL's recipes have, or veRL's ``_target_`` classes, as its dumped configs have),
     None for agentgym's own shape."""
-    if any(k in data for k in CHATLEARN_ROOTS) and isinstance(data.get("models", {}), dict) and (
-            "runtime_args" in data or "policy_trainer" in (data.get("models") or {})):
+    if (
+        any(k in data for k in CHATLEARN_ROOTS)
+        and isinstance(data.get("models", {}), dict)
+        and ("runtime_args" in data or "policy_trainer" in (data.get("models") or {}))
+    ):
         return "chatlearn"
     if any(k in data for k in ROLL_MARKERS):
         return "roll"
@@ -62,8 +73,9 @@ def override_system(key: str, ours: Callable[[str], bool]) -> str | None:
     return None
 
 
-def split_overrides(overrides: Sequence[str], system: str | None, ours: Callable[[str], bool]
-                    ) -> tuple[str | None, list[str], list[str]]:
+def split_overrides(
+    overrides: Sequence[str], system: str | None, ours: Callable[[str], bool]
+) -> tuple[str | None, list[str], list[str]]:
     """``(system, theirs, agentgym's)``: with a file of another ``system`` every item agentgym does not know
     is theirs; without one, items under another system's roots make it theirs."""
     theirs: list[str] = []

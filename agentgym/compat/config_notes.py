@@ -15,8 +15,18 @@ from omegaconf import OmegaConf
 from agentgym.config import Composition
 
 AR = "actor_rollout_ref"
-ENGINE_KEYS = ("gpu_memory_utilization", "tensor_model_parallel_size", "dtype", "enforce_eager", "free_cache_engine",
-               "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "load_format", "engine_kwargs")
+ENGINE_KEYS = (
+    "gpu_memory_utilization",
+    "tensor_model_parallel_size",
+    "dtype",
+    "enforce_eager",
+    "free_cache_engine",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_chunked_prefill",
+    "load_format",
+    "engine_kwargs",
+)
 
 
 def _set(comp: Composition, prefix: str) -> list[str]:
@@ -33,8 +43,10 @@ def added_keys(comp: Composition) -> str | None:
     if not comp.added:
         return None
     keys = _listed(f"+{k}" for k in sorted(comp.added))
-    return (f"{keys}: nothing in agentgym reads {'this key' if len(comp.added) == 1 else 'these keys'} "
-            f"(kept in the run's config.yaml only); check the name against configs/train.yaml")
+    return (
+        f"{keys}: nothing in agentgym reads {'this key' if len(comp.added) == 1 else 'these keys'} "
+        f"(kept in the run's config.yaml only); check the name against configs/train.yaml"
+    )
 
 
 def ignored_keys(comp: Composition) -> str | None:
@@ -51,17 +63,21 @@ def critic_without_gae(comp: Composition) -> str | None:
     keys = [k for k in _set(comp, "critic.") if k != "critic.enable"]
     if not keys:
         return None
-    return (f"{_listed(keys)}: no effect, algorithm.adv_estimator={cfg.algorithm.adv_estimator} trains no critic "
-            f"(set algorithm.adv_estimator=gae for PPO with a critic)")
+    return (
+        f"{_listed(keys)}: no effect, algorithm.adv_estimator={cfg.algorithm.adv_estimator} trains no critic "
+        f"(set algorithm.adv_estimator=gae for PPO with a critic)"
+    )
 
 
 def clip_ratio_shadowed(comp: Composition) -> str | None:
     actor = comp.cfg.actor_rollout_ref.actor
     if f"{AR}.actor.clip_ratio" not in comp.explicit or actor.clip_ratio_low is None or actor.clip_ratio_high is None:
         return None
-    return (f"{AR}.actor.clip_ratio={actor.clip_ratio}: no effect while clip_ratio_low ({actor.clip_ratio_low}) and "
-            f"clip_ratio_high ({actor.clip_ratio_high}) are set, as in veRL; set those (or null them to follow "
-            f"clip_ratio)")
+    return (
+        f"{AR}.actor.clip_ratio={actor.clip_ratio}: no effect while clip_ratio_low ({actor.clip_ratio_low}) and "
+        f"clip_ratio_high ({actor.clip_ratio_high}) are set, as in veRL; set those (or null them to follow "
+        f"clip_ratio)"
+    )
 
 
 def engine_keys_for_embedded(comp: Composition) -> str | None:
@@ -71,8 +87,10 @@ def engine_keys_for_embedded(comp: Composition) -> str | None:
     keys = [k for k in comp.explicit if any(k.startswith(f"{AR}.rollout.{name}") for name in ENGINE_KEYS)]
     if not keys:
         return None
-    return (f"{_listed(sorted(keys))}: no effect, these go to vLLM / SGLang and "
-            f"{AR}.rollout.name=embedded (agentgym's own server)")
+    return (
+        f"{_listed(sorted(keys))}: no effect, these go to vLLM / SGLang and "
+        f"{AR}.rollout.name=embedded (agentgym's own server)"
+    )
 
 
 def kl_settings_unused(comp: Composition) -> str | None:
@@ -84,18 +102,22 @@ def kl_settings_unused(comp: Composition) -> str | None:
         out += [k for k in comp.explicit if k in (f"{AR}.actor.kl_loss_coef", f"{AR}.actor.kl_loss_type")]
     if not out:
         return None
-    return (f"{_listed(sorted(out))}: no effect, algorithm.use_kl_in_reward="
-            f"{str(cfg.algorithm.use_kl_in_reward).lower()} and {AR}.actor.use_kl_loss="
-            f"{str(cfg.actor_rollout_ref.actor.use_kl_loss).lower()}")
+    return (
+        f"{_listed(sorted(out))}: no effect, algorithm.use_kl_in_reward="
+        f"{str(cfg.algorithm.use_kl_in_reward).lower()} and {AR}.actor.use_kl_loss="
+        f"{str(cfg.actor_rollout_ref.actor.use_kl_loss).lower()}"
+    )
 
 
 def gspo_aggregation(comp: Composition) -> str | None:
     actor = comp.cfg.actor_rollout_ref.actor
     if actor.policy_loss.loss_mode != "gspo" or actor.loss_agg_mode == "seq-mean-token-mean":
         return None
-    return (f"policy_loss.loss_mode=gspo aggregates its policy loss seq-mean-token-mean whatever "
-            f"{AR}.actor.loss_agg_mode says (as veRL's compute_policy_loss_gspo does); loss_agg_mode="
-            f"{actor.loss_agg_mode} applies to the entropy and KL terms only")
+    return (
+        f"policy_loss.loss_mode=gspo aggregates its policy loss seq-mean-token-mean whatever "
+        f"{AR}.actor.loss_agg_mode says (as veRL's compute_policy_loss_gspo does); loss_agg_mode="
+        f"{actor.loss_agg_mode} applies to the entropy and KL terms only"
+    )
 
 
 def greedy_temperature(comp: Composition) -> str | None:
@@ -109,9 +131,11 @@ def greedy_temperature(comp: Composition) -> str | None:
 
 
 def micro_batch_with_dynamic_bsz(comp: Composition) -> str | None:
-    out = [f"{s}.ppo_micro_batch_size_per_gpu" for s, on in ((f"{AR}.actor", comp.cfg.actor_rollout_ref.actor),
-                                                           ("critic", comp.cfg.critic))
-           if on.use_dynamic_bsz and f"{s}.ppo_micro_batch_size_per_gpu" in comp.explicit]
+    out = [
+        f"{s}.ppo_micro_batch_size_per_gpu"
+        for s, on in ((f"{AR}.actor", comp.cfg.actor_rollout_ref.actor), ("critic", comp.cfg.critic))
+        if on.use_dynamic_bsz and f"{s}.ppo_micro_batch_size_per_gpu" in comp.explicit
+    ]
     if not out:
         return None
     return f"{_listed(out)}: no effect, use_dynamic_bsz=true cuts micro-batches by ppo_max_token_len_per_gpu"
@@ -120,8 +144,10 @@ def micro_batch_with_dynamic_bsz(comp: Composition) -> str | None:
 def raw_chat(comp: Composition) -> str | None:
     if comp.cfg.data.return_raw_chat:
         return None
-    return ("data.return_raw_chat=false: no effect, agentgym always renders prompts from the chat messages "
-            "(what veRL's multi-turn rollout needs it for)")
+    return (
+        "data.return_raw_chat=false: no effect, agentgym always renders prompts from the chat messages "
+        "(what veRL's multi-turn rollout needs it for)"
+    )
 
 
 def critic_warmup_without_critic(comp: Composition) -> str | None:
@@ -132,21 +158,30 @@ def critic_warmup_without_critic(comp: Composition) -> str | None:
 
 
 def offload_without_gpu(comp: Composition) -> str | None:
-    keys = [k for k in comp.explicit if k.endswith(("param_offload", "optimizer_offload"))
-            and OmegaConf.select(comp.cfg, k)]
+    keys = [
+        k for k in comp.explicit if k.endswith(("param_offload", "optimizer_offload")) and OmegaConf.select(comp.cfg, k)
+    ]
     if not keys:
         return None
     import torch
 
     if comp.cfg.trainer.device == "cuda" or (comp.cfg.trainer.device == "auto" and torch.cuda.is_available()):
         return None
-    return (f"{_listed(sorted(keys))}: no effect without a GPU (the weights and optimizer are already in CPU "
-            f"memory)")
+    return f"{_listed(sorted(keys))}: no effect without a GPU (the weights and optimizer are already in CPU memory)"
 
 
 CHECKS: list[Callable[[Composition], str | None]] = [
-    added_keys, ignored_keys, critic_without_gae, clip_ratio_shadowed, engine_keys_for_embedded, kl_settings_unused,
-    gspo_aggregation, greedy_temperature, micro_batch_with_dynamic_bsz, raw_chat, critic_warmup_without_critic,
+    added_keys,
+    ignored_keys,
+    critic_without_gae,
+    clip_ratio_shadowed,
+    engine_keys_for_embedded,
+    kl_settings_unused,
+    gspo_aggregation,
+    greedy_temperature,
+    micro_batch_with_dynamic_bsz,
+    raw_chat,
+    critic_warmup_without_critic,
     offload_without_gpu,
 ]
 

@@ -40,35 +40,56 @@ def verl_tables() -> str:
     base = read_yaml(config_dir() / "train.yaml")
     base.pop("defaults", None)
     ours = flatten(base)
-    shared = [(f"`{k}`", _value(v), _value(ours.get(k)), DEFAULT_EXCEPTIONS.get(k, "same as veRL"))
-              for k, v in VERL_DEFAULTS.items()]
-    rules = [(f"`{r.pattern}`", {"alias": f"alias of `{r.reason}`" if r.reason else "alias (same key under ray_init)",
-                                 "ignore": "no effect" if r.unless is None or not isinstance(r.unless, tuple)
-                                 else f"no effect at {', '.join(_value(u) for u in r.unless)}, refused otherwise",
-                                 "refuse": "refused"}[r.action], r.reason if r.action != "alias" else "")
-             for r in VERL_RULES]
+    shared = [
+        (f"`{k}`", _value(v), _value(ours.get(k)), DEFAULT_EXCEPTIONS.get(k, "same as veRL"))
+        for k, v in VERL_DEFAULTS.items()
+    ]
+    rules = [
+        (
+            f"`{r.pattern}`",
+            {
+                "alias": f"alias of `{r.reason}`" if r.reason else "alias (same key under ray_init)",
+                "ignore": "no effect"
+                if r.unless is None or not isinstance(r.unless, tuple)
+                else f"no effect at {', '.join(_value(u) for u in r.unless)}, refused otherwise",
+                "refuse": "refused",
+            }[r.action],
+            r.reason if r.action != "alias" else "",
+        )
+        for r in VERL_RULES
+    ]
     from agentgym.compat.verl import VERL_VALUES
     from agentgym.compat.verl_sft import SFT_RULES
 
-    values = [(f"`{key}`", _value(theirs), _value(ours), why) for key, table_ in VERL_VALUES.items()
-              for theirs, (ours, why) in table_.items() if theirs != "None"]
-    return "\n\n".join([
-        "## veRL keys agentgym shares, with their defaults\n\n"
-        + table(("key", "veRL default", "agentgym default", "why they differ"), shared),
-        "## veRL keys agentgym does not have\n\nThe first rule that matches a key applies (`*` matches any part of "
-        "a key).\n\n" + table(("veRL key", "here", "why / what to use"), rules),
-        "## veRL values agentgym spells another way\n\nRead as agentgym's, each with a note when the config "
-        "loads.\n\n" + table(("key", "veRL value", "agentgym value", "why"), values),
-        "## `agentgym sft`: veRL's sft_trainer keys agentgym does not have\n\nThe keys both have are in "
-        "`configs/sft.yaml` under veRL's names.\n\n" + table(("veRL key", "here", "why / what to use"),
-                                                               [_rule_row(r) for r in SFT_RULES]),
-    ])
+    values = [
+        (f"`{key}`", _value(theirs), _value(ours), why)
+        for key, table_ in VERL_VALUES.items()
+        for theirs, (ours, why) in table_.items()
+        if theirs != "None"
+    ]
+    return "\n\n".join(
+        [
+            "## veRL keys agentgym shares, with their defaults\n\n"
+            + table(("key", "veRL default", "agentgym default", "why they differ"), shared),
+            "## veRL keys agentgym does not have\n\nThe first rule that matches a key applies (`*` matches any part of "
+            "a key).\n\n" + table(("veRL key", "here", "why / what to use"), rules),
+            "## veRL values agentgym spells another way\n\nRead as agentgym's, each with a note when the config "
+            "loads.\n\n" + table(("key", "veRL value", "agentgym value", "why"), values),
+            "## `agentgym sft`: veRL's sft_trainer keys agentgym does not have\n\nThe keys both have are in "
+            "`configs/sft.yaml` under veRL's names.\n\n"
+            + table(("veRL key", "here", "why / what to use"), [_rule_row(r) for r in SFT_RULES]),
+        ]
+    )
 
 
 def _rule_row(r: object) -> tuple[str, str, str]:
-    here = {"alias": f"alias of `{r.reason}`", "refuse": "refused",
-            "ignore": "no effect" if not isinstance(r.unless, tuple)
-            else f"no effect at {', '.join(_value(u) for u in r.unless)}, refused otherwise"}[r.action]
+    here = {
+        "alias": f"alias of `{r.reason}`",
+        "refuse": "refused",
+        "ignore": "no effect"
+        if not isinstance(r.unless, tuple)
+        else f"no effect at {', '.join(_value(u) for u in r.unless)}, refused otherwise",
+    }[r.action]
     return (f"`{r.pattern}`", here, r.reason if r.action != "alias" else "")
 
 
@@ -79,8 +100,10 @@ def translator_table(keymaps: Sequence[object]) -> str:
         if row.kind == "ignore" and isinstance(row.unless, tuple):
             target = f"no effect at {', '.join(_value(u) for u in row.unless)}, refused otherwise"
         rows.append((f"`{row.pattern}`", target, row.note))
-    return ("## Key by key\n\nThe first row that matches a key applies (`*` matches any part of a key); a key "
-            "no row matches is reported as not honoured.\n\n" + table(("their key", "agentgym", "notes"), rows))
+    return (
+        "## Key by key\n\nThe first row that matches a key applies (`*` matches any part of a key); a key "
+        "no row matches is reported as not honoured.\n\n" + table(("their key", "agentgym", "notes"), rows)
+    )
 
 
 def roll_tables() -> str:
@@ -98,12 +121,17 @@ def chatlearn_tables() -> str:
 def claw_r1_tables() -> str:
     from agentgym.compat.systems import CLAW_KEYS
 
-    return (translator_table(CLAW_KEYS) + "\n\nEvery other key is a veRL key: see "
-            "[coming from veRL](coming_from_verl.md).")
+    return (
+        translator_table(CLAW_KEYS) + "\n\nEvery other key is a veRL key: see [coming from veRL](coming_from_verl.md)."
+    )
 
 
-PAGES = {"coming_from_verl.md": verl_tables, "coming_from_roll.md": roll_tables,
-         "coming_from_chatlearn.md": chatlearn_tables, "coming_from_claw_r1.md": claw_r1_tables}
+PAGES = {
+    "coming_from_verl.md": verl_tables,
+    "coming_from_roll.md": roll_tables,
+    "coming_from_chatlearn.md": chatlearn_tables,
+    "coming_from_claw_r1.md": claw_r1_tables,
+}
 
 
 def rendered(name: str, current: str) -> str:

@@ -43,8 +43,12 @@ def extra_flags(options: dict[str, Any]) -> list[str]:
 
 
 def vllm_flags(rollout: DictConfig) -> list[str]:
-    flags = ["--max-num-seqs", str(rollout.max_num_seqs), "--max-num-batched-tokens",
-             str(rollout.max_num_batched_tokens)]
+    flags = [
+        "--max-num-seqs",
+        str(rollout.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(rollout.max_num_batched_tokens),
+    ]
     flags.append("--enable-chunked-prefill" if rollout.enable_chunked_prefill else "--no-enable-chunked-prefill")
     if rollout.enforce_eager:
         flags.append("--enforce-eager")

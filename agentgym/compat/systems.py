@@ -73,16 +73,21 @@ def _verl_values(tr: Translation) -> None:
         tr.notes.append(f"{key}={theirs}: {why}")
     if tr.get("trainer.device") == "cuda":
         tr.set("trainer.device", "auto", "trainer.device")
-        tr.notes.append("trainer.device=cuda (veRL's default) -> auto: the GPU when there is one, else the CPU "
-                        "(set trainer.device=cuda to insist on a GPU)")
+        tr.notes.append(
+            "trainer.device=cuda (veRL's default) -> auto: the GPU when there is one, else the CPU "
+            "(set trainer.device=cuda to insist on a GPU)"
+        )
 
 
 CLAW_KEYS: list[KeyMap] = [
     KeyMap("async_training.*", kind="derived", note="agentgym's async_training.* keys (docs/async_training.md)"),
     KeyMap("rollout.nnodes", kind="derived", note="the rollout pool's nodes"),
     KeyMap("rollout.n_gpus_per_node", kind="derived", note="the rollout pool's devices per node"),
-    KeyMap("rollout.*", kind="ignore", note="Claw-R1's other rollout-pool settings: agentgym's servers are "
-                                            f"{AR}.rollout.num_servers / server_urls"),
+    KeyMap(
+        "rollout.*",
+        kind="ignore",
+        note=f"Claw-R1's other rollout-pool settings: agentgym's servers are {AR}.rollout.num_servers / server_urls",
+    ),
     KeyMap(f"{AR}.rollout.agent.default_agent_flow", kind="derived", note="what produces the trajectories"),
     KeyMap(f"{AR}.rollout.agent.agent_flow_config_path", kind="derived", note="named agent flows (_target_)"),
     KeyMap(f"{AR}.rollout.agent.*", kind="ignore", note="agent-flow workers: agentgym's gateway runs agents"),
@@ -127,10 +132,18 @@ CHATLEARN_KEYS: list[KeyMap] = [
     KeyMap(f"{RT}.eval_data_path", "data.val_files"),
     KeyMap(f"{RT}.data_checkpoint_path", kind="ignore", note="the data order is saved in the checkpoints"),
     KeyMap(f"{RT}.num_episode", "trainer.total_training_steps"),
-    KeyMap(f"{RT}.sample_per_episode", "data.train_batch_size", kind="derived",
-           note="samples per episode / num_inference_per_prompt"),
-    KeyMap(f"{RT}.train_global_batch_size", f"{AR}.actor.ppo_mini_batch_size", kind="derived",
-           note="samples per optimizer step / num_inference_per_prompt"),
+    KeyMap(
+        f"{RT}.sample_per_episode",
+        "data.train_batch_size",
+        kind="derived",
+        note="samples per episode / num_inference_per_prompt",
+    ),
+    KeyMap(
+        f"{RT}.train_global_batch_size",
+        f"{AR}.actor.ppo_mini_batch_size",
+        kind="derived",
+        note="samples per optimizer step / num_inference_per_prompt",
+    ),
     KeyMap(f"{RT}.train_micro_batch_size", f"{AR}.actor.ppo_micro_batch_size_per_gpu"),
     KeyMap(f"{RT}.num_inference_per_prompt", f"{AR}.rollout.n"),
     KeyMap(f"{RT}.save_episode_interval", "trainer.save_freq"),
@@ -139,28 +152,51 @@ CHATLEARN_KEYS: list[KeyMap] = [
     KeyMap(f"{RT}.data_shuffle", "data.shuffle"),
     KeyMap(f"{RT}.data_rerank", kind="ignore", note="rows are taken in a seeded shuffled order"),
     KeyMap(f"{RT}.max_replay_episode", kind="ignore", note="no replay buffer: each step trains on its own rollouts"),
-    KeyMap(f"{RT}.train_backend", kind="ignore", note="agentgym trains with FSDP2 on GPUs, data parallel on CPU",
-           unless=("fsdp",)),
-    KeyMap(f"{RT}.rollout_backend", f"{AR}.rollout.name", kind="derived",
-           note="vllm / sglang (the embedded server where that engine is not installed)"),
-    KeyMap(f"{RT}.use_partial_rollout", kind="ignore", note="partial rollouts need asynchronous training",
-           unless=(False,)),
+    KeyMap(
+        f"{RT}.train_backend",
+        kind="ignore",
+        note="agentgym trains with FSDP2 on GPUs, data parallel on CPU",
+        unless=("fsdp",),
+    ),
+    KeyMap(
+        f"{RT}.rollout_backend",
+        f"{AR}.rollout.name",
+        kind="derived",
+        note="vllm / sglang (the embedded server where that engine is not installed)",
+    ),
+    KeyMap(
+        f"{RT}.use_partial_rollout", kind="ignore", note="partial rollouts need asynchronous training", unless=(False,)
+    ),
     KeyMap(f"{RT}.colocation", kind="ignore", note="agentgym places its workers itself"),
-    KeyMap(f"{RT}.log_args_dict.enable_wandb", "trainer.logger",
-           convert=lambda on: ["console", "jsonl", "wandb"] if on else ["console", "jsonl"]),
+    KeyMap(
+        f"{RT}.log_args_dict.enable_wandb",
+        "trainer.logger",
+        convert=lambda on: ["console", "jsonl", "wandb"] if on else ["console", "jsonl"],
+    ),
     KeyMap(f"{RT}.log_args_dict.wandb_project", "trainer.project_name"),
     KeyMap(f"{RT}.log_args_dict.*", kind="ignore", note="logs are in the run directory; wandb reads its environment"),
     KeyMap(f"{PT}.free_gpu_memory.offload_weights", f"{AR}.actor.fsdp_config.param_offload"),
     KeyMap(f"{PT}.free_gpu_memory.offload_optimizer_states", f"{AR}.actor.fsdp_config.optimizer_offload"),
-    KeyMap(f"{PT}.free_gpu_memory.free_grad_buffers", kind="ignore",
-           note="Megatron's gradient buffers: FSDP2 frees gradients after each step"),
+    KeyMap(
+        f"{PT}.free_gpu_memory.free_grad_buffers",
+        kind="ignore",
+        note="Megatron's gradient buffers: FSDP2 frees gradients after each step",
+    ),
     KeyMap(f"{PT}.optimizer.lr", f"{AR}.actor.optim.lr"),
     KeyMap(f"{PT}.optimizer.clip_grad", f"{AR}.actor.grad_clip"),
     KeyMap(f"{PT}.optimizer.*", kind="ignore", note="AdamW with agentgym's defaults (actor.optim.*)"),
-    KeyMap(f"{PT}.packing", f"{AR}.model.use_remove_padding", kind="derived",
-           note="rows packed into token-budget micro-batches (with actor.use_dynamic_bsz)"),
-    KeyMap(f"{PT}.max_token_in_packing", f"{AR}.actor.ppo_max_token_len_per_gpu", kind="derived",
-           note="the token budget of a packed micro-batch (when packing)"),
+    KeyMap(
+        f"{PT}.packing",
+        f"{AR}.model.use_remove_padding",
+        kind="derived",
+        note="rows packed into token-budget micro-batches (with actor.use_dynamic_bsz)",
+    ),
+    KeyMap(
+        f"{PT}.max_token_in_packing",
+        f"{AR}.actor.ppo_max_token_len_per_gpu",
+        kind="derived",
+        note="the token budget of a packed micro-batch (when packing)",
+    ),
     KeyMap(f"{PT}.load", f"{AR}.model.path"),
     KeyMap(f"{PT}.gradient_checkpointing", f"{AR}.model.enable_gradient_checkpointing"),
     KeyMap(f"{PT}.pos_clip_ratio", f"{AR}.actor.clip_ratio_high"),
@@ -180,22 +216,31 @@ CHATLEARN_KEYS: list[KeyMap] = [
     KeyMap(f"{PO}.temperature", f"{AR}.rollout.temperature"),
     KeyMap(f"{PO}.top_p", f"{AR}.rollout.top_p"),
     KeyMap(f"{PO}.top_k", f"{AR}.rollout.top_k"),
-    KeyMap(f"{PO}.eval_temperature", f"{AR}.rollout.val_kwargs.temperature", kind="derived",
-           note="> 0 also sets val_kwargs.do_sample=true"),
+    KeyMap(
+        f"{PO}.eval_temperature",
+        f"{AR}.rollout.val_kwargs.temperature",
+        kind="derived",
+        note="> 0 also sets val_kwargs.do_sample=true",
+    ),
     KeyMap(f"{PO}.eval_top_p", f"{AR}.rollout.val_kwargs.top_p"),
     KeyMap(f"{PO}.eval_top_k", f"{AR}.rollout.val_kwargs.top_k"),
     KeyMap(f"{PO}.enable_thinking", "data.apply_chat_template_kwargs.enable_thinking"),
     KeyMap(f"{PO}.vllm_prompt_key", "data.prompt_key"),
     KeyMap(f"{PO}.vllm_input_ids_key", kind="ignore", note="prompts are rendered by the rollout"),
-    KeyMap(f"{PO}.enable_stage_resume", kind="ignore", note="a run resumes from its latest checkpoint",
-           unless=(False,)),
+    KeyMap(
+        f"{PO}.enable_stage_resume", kind="ignore", note="a run resumes from its latest checkpoint", unless=(False,)
+    ),
     KeyMap("models.*.load", kind="ignore", note="every role uses actor_rollout_ref.model.path"),
     KeyMap("models.*.free_gpu_memory.*", kind="ignore", note=ENGINE_NOTE),
     KeyMap("models.reward.*", kind="ignore", note="rule rewards by data_source (or custom_reward_function)"),
     KeyMap("models.partial_rollout_manager.*", kind="ignore", note="partial rollouts need asynchronous training"),
     KeyMap("models.rollout_manager.*", kind="ignore", note="the rollout is agentgym's runner"),
-    KeyMap("models.*", kind="ignore", note="placement and kernel settings (GPUs per role, FSDP size, meta init, "
-                                           "grouped GEMM, generation batch): agentgym's own"),
+    KeyMap(
+        "models.*",
+        kind="ignore",
+        note="placement and kernel settings (GPUs per role, FSDP size, meta init, "
+        "grouped GEMM, generation batch): agentgym's own",
+    ),
 ]
 
 
@@ -209,8 +254,10 @@ def _derive_chatlearn(tr: Translation, data: dict[str, Any]) -> None:
         tasks = tr.get("data.train_batch_size", 1)
         mini = max(1, int(global_batch) // n)
         if tasks % mini or mini > tasks:
-            tr.notes.append(f"train_global_batch_size is {mini} prompts, which does not divide "
-                            f"data.train_batch_size={tasks}: one optimizer step per training step instead")
+            tr.notes.append(
+                f"train_global_batch_size is {mini} prompts, which does not divide "
+                f"data.train_batch_size={tasks}: one optimizer step per training step instead"
+            )
             mini = tasks
         tr.set(f"{AR}.actor.ppo_mini_batch_size", mini, f"{RT}.train_global_batch_size")
     if lookup(data, f"{PT}.packing"):

@@ -81,8 +81,10 @@ class Translation:
         return node
 
     def yaml(self) -> str:
-        header = (f"# agentgym config translated from a {self.system} config by `agentgym config --from "
-                  f"{self.system}`.\n# Run: agentgym train --config THIS_FILE [overrides]\n")
+        header = (
+            f"# agentgym config translated from a {self.system} config by `agentgym config --from "
+            f"{self.system}`.\n# Run: agentgym train --config THIS_FILE [overrides]\n"
+        )
         return header + yaml.safe_dump(self.config, sort_keys=False, default_flow_style=None)
 
     def summary(self) -> str:
@@ -95,8 +97,10 @@ class Translation:
         return "\n".join(lines)
 
     def report(self) -> str:
-        lines = [f"{self.system} -> agentgym: {len(self.mapped)} setting(s) mapped, {len(self.dropped)} with no "
-                 f"effect, {len(self.refused)} not honoured"]
+        lines = [
+            f"{self.system} -> agentgym: {len(self.mapped)} setting(s) mapped, {len(self.dropped)} with no "
+            f"effect, {len(self.refused)} not honoured"
+        ]
         if self.mapped:
             lines.append("mapped:")
             width = max(len(m[0]) for m in self.mapped)
@@ -188,9 +192,13 @@ def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def translate(system: str, data: dict[str, Any], table: Sequence[KeyMap],
-              derive: Callable[[Translation, dict[str, Any]], None] | None = None,
-              skip: Sequence[str] = ()) -> Translation:
+def translate(
+    system: str,
+    data: dict[str, Any],
+    table: Sequence[KeyMap],
+    derive: Callable[[Translation, dict[str, Any]], None] | None = None,
+    skip: Sequence[str] = (),
+) -> Translation:
     """Walk every leaf of ``data`` through ``table`` (see the module docstring). ``skip``: key
     prefixes whose leaves ``derive`` accounts for itself (env tables)."""
     tr = Translation(system)
@@ -224,7 +232,9 @@ def engine_or_embedded(tr: Translation, engine: str | None, source: str) -> None
         tr.set("actor_rollout_ref.rollout.name", engine, source)
     elif engine in ("vllm", "sglang"):
         tr.set("actor_rollout_ref.rollout.name", "embedded", source)
-        tr.notes.append(f"{engine} is not installed here: the config uses agentgym's embedded server; on a GPU "
-                        f"machine with {engine}, set actor_rollout_ref.rollout.name={engine}")
+        tr.notes.append(
+            f"{engine} is not installed here: the config uses agentgym's embedded server; on a GPU "
+            f"machine with {engine}, set actor_rollout_ref.rollout.name={engine}"
+        )
     elif engine:
         tr.refused.append((source, f"{engine!r}: agentgym's rollout engines are embedded, vllm and sglang"))

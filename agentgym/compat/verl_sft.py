@@ -28,15 +28,23 @@ SFT_RULES: list[Rule] = [
     Rule("optim.optimizer_impl", "ignore", "torch.optim.AdamW"),
     Rule("optim.eps", "ignore", "AdamW's eps is 1e-8", (1e-8,)),
     Rule("optim.override_optimizer_config", "ignore", "optimizer overrides are not applied", (None, {})),
-    Rule("data.multiturn.enable_thinking_key", "ignore",
-         "a per-row thinking switch is not read: set data.apply_chat_template_kwargs.enable_thinking for all rows",
-         ("enable_thinking",)),
+    Rule(
+        "data.multiturn.enable_thinking_key",
+        "ignore",
+        "a per-row thinking switch is not read: set data.apply_chat_template_kwargs.enable_thinking for all rows",
+        ("enable_thinking",),
+    ),
     Rule("data.balance_dp_token", "ignore", PERF),
     Rule("data.use_shm", "ignore", PERF),
-    Rule("data.chat_template", "ignore", "set the chat template in the model directory's tokenizer_config.json",
-         (None,)),
-    Rule("data.custom_cls.*", "ignore", "custom dataset classes are not loaded: write rows with messages or "
-         "prompt/response columns", (None,)),
+    Rule(
+        "data.chat_template", "ignore", "set the chat template in the model directory's tokenizer_config.json", (None,)
+    ),
+    Rule(
+        "data.custom_cls.*",
+        "ignore",
+        "custom dataset classes are not loaded: write rows with messages or prompt/response columns",
+        (None,),
+    ),
     Rule("data.tokenizer", "ignore", "the tokenizer is the model's", (None,)),
     Rule("data.pad_mode", "ignore", "rows are padded per micro-batch"),
     Rule("data.ignore_input_ids_mismatch", "ignore", "tokens are rendered by the chat template, never re-tokenized"),
@@ -47,14 +55,21 @@ SFT_RULES: list[Rule] = [
     Rule("model.use_liger", "ignore", PERF),
     Rule("model.override_config", "ignore", "model config overrides are not applied", (None, {})),
     Rule("model.tokenizer_path", "ignore", "the tokenizer is read from the model path", (None,)),
-    Rule("ulysses_sequence_parallel_size", "ignore",
-         "no sequence parallelism: each conversation is on one rank; the trained result is the same"),
+    Rule(
+        "ulysses_sequence_parallel_size",
+        "ignore",
+        "no sequence parallelism: each conversation is on one rank; the trained result is the same",
+    ),
     Rule("use_remove_padding", "ignore", "rows are padded per micro-batch; the trained result is the same"),
     Rule("trainer.default_hdfs_dir", "ignore", "HDFS upload is not supported: copy the run dir", (None,)),
     Rule("trainer.max_ckpt_to_keep", "ignore", "checkpoints are kept: delete old global_step_N directories", (None,)),
     Rule("trainer.checkpoint.*", "ignore", "checkpoints hold the model, the optimizer and the data position"),
-    Rule("trainer.resume_mode", "ignore", "a run resumes from its latest checkpoint in trainer.default_local_dir "
-         "(start afresh in a new directory)", ("auto",)),
+    Rule(
+        "trainer.resume_mode",
+        "ignore",
+        "a run resumes from its latest checkpoint in trainer.default_local_dir (start afresh in a new directory)",
+        ("auto",),
+    ),
     Rule("trainer.resume_from_path", "ignore", "a run resumes from its own latest checkpoint", (None,)),
 ]
 

@@ -14,5 +14,5 @@ def last_answer(text: str) -> str | None:
     unclosed tags costs no more than any other (the regex's ``findall`` is quadratic there)."""
     answer, pos = None, 0
     while (opened := _OPEN_RE.search(text, pos)) and (closed := _CLOSE_RE.search(text, opened.end())):
-        answer, pos = text[opened.end():closed.start()], closed.end()
+        answer, pos = text[opened.end() : closed.start()], closed.end()
     return answer

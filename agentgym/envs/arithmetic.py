@@ -4,7 +4,8 @@ One turn. The seed draws ``operands`` numbers of up to ``digits`` digits and a s
 difference of them ("What is 47 + 38 - 12?"); the reply is scored like GSM8K: the last
 number after ``####`` must equal the result (the outcome reward is 1, else 0; with
 ``format_score``, as veRL's GSM8K score, a wrong number after ``####`` earns that much, and
-``success`` stays the right answer only). Reasoning before the ``####`` is allowed. The expert answers ``#### 73`` (``agentgym demos``); a
+``success`` stays the right answer only). Reasoning before the ``####`` is allowed. The expert answers ``#### 73``
+(``agentgym demos``); a
 random policy answers a uniform number in the result's range.
 
     env = agentgym.make("arithmetic", digits=2, operands=3)
@@ -32,8 +33,15 @@ class ArithmeticEnv(TextEnv):
 
     max_turns = 1
 
-    def __init__(self, digits: int = 2, operands: int = 2, subtract: bool = True, system_prompt: str | None = None,
-                 format_score: float = 0.0, render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        digits: int = 2,
+        operands: int = 2,
+        subtract: bool = True,
+        system_prompt: str | None = None,
+        format_score: float = 0.0,
+        render_mode: str | None = None,
+    ) -> None:
         super().__init__(render_mode=render_mode)
         if digits < 1 or operands < 2:
             raise ValueError("digits must be at least 1 and operands at least 2")
@@ -43,11 +51,13 @@ class ArithmeticEnv(TextEnv):
         self._answer: int | None = None
         self._reply = ""
 
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """The problem drawn from ``seed``: one user message (after the system prompt, if any)."""
         super().reset(seed=seed)
         rng = random.Random(seed)
-        top = 10 ** self.digits - 1
+        top = 10**self.digits - 1
         numbers = [rng.randint(0, top) for _ in range(self.operands)]
         signs = ["+"] + [rng.choice("+-") if self.subtract else "+" for _ in numbers[1:]]
         self._answer = sum(n if s == "+" else -n for s, n in zip(signs, numbers, strict=True))
@@ -66,8 +76,12 @@ class ArithmeticEnv(TextEnv):
         found = _ANSWER_RE.findall(self._reply[-1024:])
         success = bool(found) and int(found[-1]) == self._answer
         outcome = 1.0 if success else self.format_score if found else 0.0
-        info = {"outcome_reward": outcome, "success": success, "answer": self._answer,
-                "metrics": {"formatted": float(bool(found))}}
+        info = {
+            "outcome_reward": outcome,
+            "success": success,
+            "answer": self._answer,
+            "metrics": {"formatted": float(bool(found))},
+        }
         self._answer = None
         return [], 0.0, True, False, info
 
@@ -75,7 +89,7 @@ class ArithmeticEnv(TextEnv):
         return None if self._answer is None else f"#### {self._answer}"
 
     def random_action(self, rng: random.Random) -> str:
-        reach = self.operands * (10 ** self.digits - 1)
+        reach = self.operands * (10**self.digits - 1)
         return f"#### {rng.randint(-reach if self.subtract else 0, reach)}"
 
     def render(self) -> str | None:

@@ -75,8 +75,10 @@ class ReplySpace(spaces.Space):
     def contains(self, x: Any) -> bool:
         if isinstance(x, str):
             return len(x) <= self.max_length
-        return isinstance(x, dict) and x.get("role", "assistant") == "assistant" and (
-            isinstance(x.get("content"), (str, type(None))) or "tool_calls" in x
+        return (
+            isinstance(x, dict)
+            and x.get("role", "assistant") == "assistant"
+            and (isinstance(x.get("content"), (str, type(None))) or "tool_calls" in x)
         )
 
     def __eq__(self, other: Any) -> bool:
@@ -87,8 +89,10 @@ class ReplySpace(spaces.Space):
 
 
 def is_message(m: Any) -> bool:
-    return isinstance(m, dict) and m.get("role") in ROLES and (
-        isinstance(m.get("content"), (str, type(None))) or "tool_calls" in m
+    return (
+        isinstance(m, dict)
+        and m.get("role") in ROLES
+        and (isinstance(m.get("content"), (str, type(None))) or "tool_calls" in m)
     )
 
 

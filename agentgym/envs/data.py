@@ -57,8 +57,10 @@ def resolve_data_files(data_files: str | Path | Sequence[str | Path] | None, spl
     ``<split>.parquet`` / ``<split>.jsonl`` / ``<split>.json``.
     """
     if data_files is None or (isinstance(data_files, (list, tuple)) and not data_files):
-        raise DataError("no data files given: pass data_files= (a .jsonl/.parquet file, a list of them, "
-                        "or a directory holding <split>.jsonl / <split>.parquet)")
+        raise DataError(
+            "no data files given: pass data_files= (a .jsonl/.parquet file, a list of them, "
+            "or a directory holding <split>.jsonl / <split>.parquet)"
+        )
     paths = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
     out: list[Path] = []
     for raw in paths:
@@ -66,8 +68,10 @@ def resolve_data_files(data_files: str | Path | Sequence[str | Path] | None, spl
         if path.is_dir():
             found = [path / f"{split}{suffix}" for suffix in SUFFIXES if (path / f"{split}{suffix}").is_file()]
             if not found:
-                raise DataError(f"data directory {path} has no {split}.parquet, {split}.jsonl or {split}.json "
-                                f"(split={split!r}); pass a file or another split")
+                raise DataError(
+                    f"data directory {path} has no {split}.parquet, {split}.jsonl or {split}.json "
+                    f"(split={split!r}); pass a file or another split"
+                )
             out.append(found[0])
         elif path.is_file():
             out.append(path)
@@ -104,8 +108,10 @@ def json_rows(path: Path) -> list[tuple[str, Any]]:
         try:
             out.append((f"line {lineno}", json.loads(line)))
         except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); a data file holds a JSON list of rows or "
-                            f"one JSON object per line") from None
+            raise DataError(
+                f"{path}:{lineno}: not valid JSON ({exc.msg}); a data file holds a JSON list of rows or "
+                f"one JSON object per line"
+            ) from None
     return out
 
 
@@ -113,8 +119,9 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError(f"reading {path} needs pyarrow: pip install 'agentgym[parquet]' (or pyarrow), "
-                        "or convert the file to .jsonl") from None
+        raise DataError(
+            f"reading {path} needs pyarrow: pip install 'agentgym[parquet]' (or pyarrow), or convert the file to .jsonl"
+        ) from None
     return pq.read_table(path).to_pylist()
 
 
@@ -199,7 +206,9 @@ def choose_index(num_tasks: int, seed: int | None, options: dict[str, Any] | Non
     if options and options.get("index") is not None:
         index = int(options["index"])
         if not 0 <= index < num_tasks:
-            raise IndexError(f"options['index']={index} is out of range: the dataset has {num_tasks} rows (0..{num_tasks - 1})")
+            raise IndexError(
+                f"options['index']={index} is out of range: the dataset has {num_tasks} rows (0..{num_tasks - 1})"
+            )
         return index
     if seed is not None:
         return int(seed) % num_tasks

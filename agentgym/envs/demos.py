@@ -91,11 +91,15 @@ def build_env(env: str | Any, env_kwargs: dict[str, Any] | None = None) -> tuple
         try:
             instance = make(env, **(env_kwargs or {}))
         except (TypeError, ValueError, OSError) as exc:
-            raise DemoError(f"could not build env {env!r} with {env_kwargs or {}}: {type(exc).__name__}: {exc}") from exc
+            raise DemoError(
+                f"could not build env {env!r} with {env_kwargs or {}}: {type(exc).__name__}: {exc}"
+            ) from exc
         name = env
     else:
         if env_kwargs:
-            raise DemoError("env_kwargs are only used with a registered env name; pass the instance built as you want it")
+            raise DemoError(
+                "env_kwargs are only used with a registered env name; pass the instance built as you want it"
+            )
         instance = env
         name = getattr(env, "spec_name", None) or type(env).__name__
     if has_expert(instance) is False:
@@ -131,8 +135,17 @@ def play_expert(env: Any, seed: int | None, index: int | None = None, max_turns:
             outcome = float(info.get("outcome_reward", 0.0) or 0.0)
             success = bool(info.get("success", outcome > 0))
             break
-    return {"seed": seed, "index": index, "messages": messages, "tools": tools, "turn_rewards": turn_rewards,
-            "outcome_reward": outcome, "success": success, "turns": len(turn_rewards), "status": status}
+    return {
+        "seed": seed,
+        "index": index,
+        "messages": messages,
+        "tools": tools,
+        "turn_rewards": turn_rewards,
+        "outcome_reward": outcome,
+        "success": success,
+        "turns": len(turn_rewards),
+        "status": status,
+    }
 
 
 def _assistant(action: Any) -> Message:
@@ -143,9 +156,16 @@ def _assistant(action: Any) -> Message:
     raise DemoError(f"expert_action() returned a {type(action).__name__}; it must return text or a message dict")
 
 
-def write_demos(env: str | Any, n: int, path: str | os.PathLike[str], seed: int = 0,
-                env_kwargs: dict[str, Any] | None = None, max_turns: int | None = None,
-                keep_failures: bool = False, progress: bool = True) -> DemoStats:
+def write_demos(
+    env: str | Any,
+    n: int,
+    path: str | os.PathLike[str],
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    max_turns: int | None = None,
+    keep_failures: bool = False,
+    progress: bool = True,
+) -> DemoStats:
     """Play ``n`` expert episodes (tasks ``seed .. seed + n - 1``) and write them to ``path``
     (JSONL, one episode a line). ``env``: a registered name (built with ``env_kwargs``) or a
     TextEnv instance. ``max_turns``: the rollout's turn limit (default the env's ``max_turns``);
@@ -188,15 +208,18 @@ def write_demos(env: str | Any, n: int, path: str | os.PathLike[str], seed: int 
     return DemoStats(episodes=n, written=written, solved=solved, path=str(target))
 
 
-def read_demos(path: str | os.PathLike[str], env: str | None = None,
-               env_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def read_demos(
+    path: str | os.PathLike[str], env: str | None = None, env_kwargs: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """The demonstrations in ``path``, checked: every line has messages with an assistant turn,
     and when ``env`` (and ``env_kwargs``) are given, they were written for that env with those
     arguments. Raises ``DemoError`` naming the fix."""
     source = Path(path)
     if not source.is_file():
-        raise DemoError(f"no demonstrations file at {str(path)!r}: write one with "
-                        f"agentgym demos --env {env or 'ENV'} --n N -o {path}")
+        raise DemoError(
+            f"no demonstrations file at {str(path)!r}: write one with "
+            f"agentgym demos --env {env or 'ENV'} --n N -o {path}"
+        )
     records = []
     with source.open() as f:
         for lineno, line in enumerate(f, 1):
@@ -209,16 +232,21 @@ def read_demos(path: str | os.PathLike[str], env: str | None = None,
                 raise DemoError(f"{where}: not a JSON line ({exc})") from None
             messages = record.get("messages") if isinstance(record, dict) else None
             if not isinstance(messages, list) or not any(
-                    isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+                isinstance(m, dict) and m.get("role") == "assistant" for m in messages
+            ):
                 raise DemoError(f"{where}: no assistant turn in 'messages': nothing to learn from")
             if env is not None and record.get("env") != env:
-                raise DemoError(f"{where}: a demonstration of env {record.get('env')!r}, not {env!r}; write demos "
-                                f"for this env with: agentgym demos --env {env} --n N -o FILE")
+                raise DemoError(
+                    f"{where}: a demonstration of env {record.get('env')!r}, not {env!r}; write demos "
+                    f"for this env with: agentgym demos --env {env} --n N -o FILE"
+                )
             if env_kwargs is not None:
                 differ = _differing(record.get("env_kwargs") or {}, env_kwargs)
                 if differ:
-                    raise DemoError(f"{where}: written with other env arguments ({differ}); write new demos with the "
-                                    "same arguments the policy is trained with (--env-arg KEY=VALUE)")
+                    raise DemoError(
+                        f"{where}: written with other env arguments ({differ}); write new demos with the "
+                        "same arguments the policy is trained with (--env-arg KEY=VALUE)"
+                    )
             records.append(record)
     if not records:
         raise DemoError(f"{path} holds no demonstrations")
@@ -228,11 +256,13 @@ def read_demos(path: str | os.PathLike[str], env: str | None = None,
 def _differing(written: dict[str, Any], wanted: dict[str, Any]) -> str:
     keys = sorted(set(written) | set(wanted))
     plain = json.loads(json.dumps(wanted))  # tuples as lists, as they were written
-    return ", ".join(f"{k}: {written.get(k)!r} in the file, {plain.get(k)!r} wanted"
-                     for k in keys if written.get(k) != plain.get(k))
+    return ", ".join(
+        f"{k}: {written.get(k)!r} in the file, {plain.get(k)!r} wanted" for k in keys if written.get(k) != plain.get(k)
+    )
 
 
 # ---- the command line ----------------------------------------------------------------------------
+
 
 def demos_command(args: argparse.Namespace) -> int:
     """``agentgym demos --env NAME --n N -o FILE [--seed S] [--env-arg K=V ...] [--max-turns T]
@@ -244,16 +274,27 @@ def demos_command(args: argparse.Namespace) -> int:
             env_kwargs = parse_env_args(getattr(args, "env_arg", None))
         except ValueError as exc:
             raise DemoError(str(exc)) from None
-        stats = write_demos(args.env, args.n, args.out, seed=args.seed, env_kwargs=env_kwargs,
-                            max_turns=getattr(args, "max_turns", None),
-                            keep_failures=getattr(args, "keep_failures", False))
+        stats = write_demos(
+            args.env,
+            args.n,
+            args.out,
+            seed=args.seed,
+            env_kwargs=env_kwargs,
+            max_turns=getattr(args, "max_turns", None),
+            keep_failures=getattr(args, "keep_failures", False),
+        )
     except (DemoError, UnknownNameError) as exc:
         print(f"agentgym demos: error: {exc}", file=sys.stderr)
         return 2
-    line = (f"wrote {stats.written} demonstrations of {args.env} to {stats.path} "
-            f"(seeds {args.seed}..{args.seed + args.n - 1}; the expert solved {stats.solved} of {stats.episodes})")
+    line = (
+        f"wrote {stats.written} demonstrations of {args.env} to {stats.path} "
+        f"(seeds {args.seed}..{args.seed + args.n - 1}; the expert solved {stats.solved} of {stats.episodes})"
+    )
     print(line)
     if stats.left_out:
-        print(f"{stats.left_out} unsolved episodes were left out (--keep-failures keeps them); when the turn or "
-              f"step budget is too small for the expert, raise --max-turns or the env's max_steps", file=sys.stderr)
+        print(
+            f"{stats.left_out} unsolved episodes were left out (--keep-failures keeps them); when the turn or "
+            f"step budget is too small for the expert, raise --max-turns or the env's max_steps",
+            file=sys.stderr,
+        )
     return 0 if stats.written else 1

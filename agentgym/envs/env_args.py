@@ -28,6 +28,8 @@ def parse_env_args(pairs: Sequence[str] | None) -> dict[str, Any]:
         try:
             out[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            raise ValueError(f"--env-arg {pair!r}: the value is not YAML ({exc.__class__.__name__}); quote a plain "
-                             f"string for YAML, e.g. --env-arg \"{key.strip()}='{value}'\"") from None
+            raise ValueError(
+                f"--env-arg {pair!r}: the value is not YAML ({exc.__class__.__name__}); quote a plain "
+                f"string for YAML, e.g. --env-arg \"{key.strip()}='{value}'\""
+            ) from None
     return out

@@ -30,7 +30,9 @@ class FirstLetterEnv(TextEnv):
 
     max_turns = 1
 
-    def __init__(self, targets: str = "aeiouAEIOU", description: str = "a vowel", render_mode: str | None = None) -> None:
+    def __init__(
+        self, targets: str = "aeiouAEIOU", description: str = "a vowel", render_mode: str | None = None
+    ) -> None:
         super().__init__(render_mode=render_mode)
         if not targets:
             raise ValueError("targets must name at least one character")
@@ -39,7 +41,9 @@ class FirstLetterEnv(TextEnv):
         self._prompt: str | None = None
         self._reply = ""
 
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """One user message asking for a word that starts with a target letter (wording from the seed)."""
         super().reset(seed=seed)
         self._prompt = PROMPTS[int(self.np_random.integers(len(PROMPTS)))].format(what=self.description)
@@ -54,8 +58,12 @@ class FirstLetterEnv(TextEnv):
         first = self._reply.lstrip()[:1]
         success = bool(first) and first in self.targets
         self._prompt = None
-        info = {"outcome_reward": float(success), "success": success, "first_char": first,
-                "metrics": {"hit": float(success)}}
+        info = {
+            "outcome_reward": float(success),
+            "success": success,
+            "first_char": first,
+            "metrics": {"hit": float(success)},
+        }
         return [], 0.0, True, False, info
 
     def render(self) -> str | None:

@@ -47,8 +47,10 @@ ACTIONS = ("Left", "Down", "Right", "Up")
 GRID_LOOKUP = {"player": "P", "frozen": "_", "hole": "O", "goal": "G", "player_in_hole": "X", "player_on_goal": "√"}
 _ROLL_CELLS = ("player", "frozen", "hole", "goal", "player_in_hole", "player_on_goal")  # ROLL's grid_lookup keys 0..5
 GRID_VOCAB = {"P": "player", "_": "empty", "O": "hole", "G": "goal", "X": "player in hole", "√": "player on goal"}
-INSTRUCTION = ("You are solving the FrozenLake puzzle. Avoid the holes and go to the goal. "
-               "{slippery}The answer must be one of action in a turn, format is <answer>Right</answer>")
+INSTRUCTION = (
+    "You are solving the FrozenLake puzzle. Avoid the holes and go to the goal. "
+    "{slippery}The answer must be one of action in a turn, format is <answer>Right</answer>"
+)
 SLIPPERY = "You may move to the unintended direction due to the slippery ice. "
 MAX_REPLY_CHARS = 8192
 
@@ -106,8 +108,9 @@ def goal_values(lake: GymFrozenLake, gamma: float = 0.99, sweeps: int = 500) -> 
         delta = 0.0
         for s in range(states):
             for a in range(4):
-                q[s][a] = sum(prob * (reward + (0.0 if done else gamma * value[nxt]))
-                              for prob, nxt, reward, done in lake.P[s][a])
+                q[s][a] = sum(
+                    prob * (reward + (0.0 if done else gamma * value[nxt])) for prob, nxt, reward, done in lake.P[s][a]
+                )
             best = max(q[s])
             delta = max(delta, abs(best - value[s]))
             value[s] = best
@@ -145,18 +148,29 @@ class FrozenLakeEnv(TextEnv):
     ``size``, ``p`` (the chance a cell is frozen), ``is_slippery``, ``map_seed`` (one fixed lake) and
     ``max_steps`` shape the task; ``max_actions_per_turn`` moves per reply; ``format_penalty`` for an
     unreadable reply. ROLL's options: ``grid_lookup`` (ROLL's cell ids 0..5 -> symbols),
-    ``grid_vocab`` (symbol -> meaning, or ``[symbol, meaning]`` pairs: the legend in the prompt), ``env_instruction`` (the rules
+    ``grid_vocab`` (symbol -> meaning, or ``[symbol, meaning]`` pairs: the legend in the prompt), ``env_instruction``
+    (the rules
     text); ``system_prompt`` replaces the whole system message. Presets: ``frozenlake-4x4``,
     ``frozenlake-4x4-slippery``, ``frozenlake-8x8``, ``frozenlake-8x8-slippery``.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
 
-    def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = False, max_steps: int = 20,
-                 max_actions_per_turn: int = 1, format_penalty: float = 0.0, map_seed: int | None = None,
-                 grid_lookup: dict[Any, str] | None = None, grid_vocab: Any = None,
-                 env_instruction: str | None = None, system_prompt: str | None = None,
-                 render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        size: int = 4,
+        p: float = 0.8,
+        is_slippery: bool = False,
+        max_steps: int = 20,
+        max_actions_per_turn: int = 1,
+        format_penalty: float = 0.0,
+        map_seed: int | None = None,
+        grid_lookup: dict[Any, str] | None = None,
+        grid_vocab: Any = None,
+        env_instruction: str | None = None,
+        system_prompt: str | None = None,
+        render_mode: str | None = None,
+    ) -> None:
         super().__init__(render_mode=render_mode)
         if max_steps < 1 or max_actions_per_turn < 1:
             raise ValueError("max_steps and max_actions_per_turn must be at least 1")
@@ -172,19 +186,28 @@ class FrozenLakeEnv(TextEnv):
                     raise ValueError(f"grid_lookup keys are ROLL's cell ids 0..5, got {key!r}")
                 self.symbols[_ROLL_CELLS[index]] = str(symbol)
         self.vocab = legend_pairs(grid_vocab) or [(self.symbols[c], GRID_VOCAB[GRID_LOOKUP[c]]) for c in _ROLL_CELLS]
-        instruction = env_instruction if env_instruction is not None else INSTRUCTION.format(
-            slippery=SLIPPERY if self.is_slippery else "")
+        instruction = (
+            env_instruction
+            if env_instruction is not None
+            else INSTRUCTION.format(slippery=SLIPPERY if self.is_slippery else "")
+        )
         legend = ", ".join(f"{k}: {v}" for k, v in self.vocab)
         moves = f"at most {self.max_actions_per_turn} separated by ||" if self.max_actions_per_turn > 1 else "one"
-        self._system = system_prompt if system_prompt is not None else (
-            f"{instruction}\nThe meaning of each symbol in the state is:\n{legend}\n"
-            f"Your available actions are:\n{', '.join(ACTIONS)} ({moves} per answer)")
+        self._system = (
+            system_prompt
+            if system_prompt is not None
+            else (
+                f"{instruction}\nThe meaning of each symbol in the state is:\n{legend}\n"
+                f"Your available actions are:\n{', '.join(ACTIONS)} ({moves} per answer)"
+            )
+        )
         self.lake: GymFrozenLake | None = None
         self._q: list[list[float]] | None = None
 
     # ---- gymnasium API -------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """A new lake (or ``options["desc"]``: gymnasium's rows of S/F/H/G). Returns ``([system, user],
         info)``: the rules, then the board; ``info`` has ``state_key`` (the board)."""
         super().reset(seed=seed)
@@ -199,8 +222,10 @@ class FrozenLakeEnv(TextEnv):
         self._done = self._truncated = False
         board = self.render()
         user = f"{board}\nYou have {self.max_steps} actions left."
-        return ([{"role": "system", "content": self._system}, {"role": "user", "content": user}],
-                {"state_key": board, "level": board})
+        return (
+            [{"role": "system", "content": self._system}, {"role": "user", "content": user}],
+            {"state_key": board, "level": board},
+        )
 
     def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Play one reply's moves in order (stopping on the goal, in a hole or out of steps). Returns the
@@ -208,8 +233,13 @@ class FrozenLakeEnv(TextEnv):
         if self.lake is None:
             raise ResetNeeded("call reset() before step()")
         if self._done or self._truncated:
-            return ([{"role": "user", "content": "The episode is over; call reset() to play again."}], 0.0,
-                    self._done, self._truncated, self._final_info())
+            return (
+                [{"role": "user", "content": "The episode is over; call reset() to play again."}],
+                0.0,
+                self._done,
+                self._truncated,
+                self._final_info(),
+            )
         self._turns += 1
         text = reply_text(action) if isinstance(action, (str, dict)) else ""
         moves, error = parse_moves(text, self.max_actions_per_turn)
@@ -241,8 +271,12 @@ class FrozenLakeEnv(TextEnv):
             notes.append("No actions left. The episode is over.")
         board = self.render()
         content = " ".join(notes) + f"\n{board}\nYou have {self.max_steps - self._steps} actions left."
-        info: dict[str, Any] = {"format_error": error is not None, "moves": len(moves), "state_key": board,
-                                "metrics": self._metrics()}
+        info: dict[str, Any] = {
+            "format_error": error is not None,
+            "moves": len(moves),
+            "state_key": board,
+            "metrics": self._metrics(),
+        }
         if self._done or self._truncated:
             info.update(self._final_info())
         return [{"role": "user", "content": content}], reward, self._done, self._truncated, info
@@ -277,7 +311,7 @@ class FrozenLakeEnv(TextEnv):
             path = shortest_path(rows, state)
             if not path:
                 return None
-            moves = path[:self.max_actions_per_turn]
+            moves = path[: self.max_actions_per_turn]
         else:
             if self._q is None:
                 self._q = goal_values(self.lake)
@@ -302,15 +336,23 @@ class FrozenLakeEnv(TextEnv):
         return {"outcome_reward": 1.0 if success else 0.0, "success": success, "metrics": self._metrics()}
 
     def _metrics(self) -> dict[str, Any]:
-        return {"actions": self._steps - self._format_errors, "effective_actions": self._effective,
-                "format_errors": self._format_errors, "turns": self._turns,
-                "in_hole": float(self._cell() == "H"), "on_goal": float(self._cell() == "G")}
+        return {
+            "actions": self._steps - self._format_errors,
+            "effective_actions": self._effective,
+            "format_errors": self._format_errors,
+            "turns": self._turns,
+            "in_hole": float(self._cell() == "H"),
+            "on_goal": float(self._cell() == "G"),
+        }
 
 
 def _preset(name: str, size: int, slippery: bool) -> EnvSpec:
-    return EnvSpec(name=name, entry_point=FrozenLakeEnv,
-                   kwargs={"size": size, "is_slippery": slippery, "max_steps": 20 if size <= 4 else 50},
-                   description=f"FrozenLake {size}x{size}, {'slippery' if slippery else 'non-slippery'} ice")
+    return EnvSpec(
+        name=name,
+        entry_point=FrozenLakeEnv,
+        kwargs={"size": size, "is_slippery": slippery, "max_steps": 20 if size <= 4 else 50},
+        description=f"FrozenLake {size}x{size}, {'slippery' if slippery else 'non-slippery'} ice",
+    )
 
 
 FROZENLAKE_4X4 = _preset("frozenlake-4x4", 4, False)

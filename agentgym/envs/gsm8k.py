@@ -92,7 +92,9 @@ class Gsm8kEnv(TextEnv):
     def num_tasks(self) -> int:
         return len(self.tasks)
 
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """Pick a row (``options={"index": i}``, else ``seed % num_tasks()``, else at random) and
         return its prompt. ``info``: ``index``, ``data_source``, ``split``."""
         super().reset(seed=seed)

@@ -62,9 +62,12 @@ class Gsm8kToolEnv(TextEnv):
         self.method, self.format_score, self.score = method, format_score, score
         self.system_prompt = system_prompt
         kwargs = tool_kwargs or {}
-        self.toolbox = Toolbox([make_tool(name, **dict(kwargs.get(name, {}))) for name in tools],
-                               max_calls_per_turn=max_calls_per_turn, max_calls_per_episode=max_calls_per_episode,
-                               max_output_chars=max_output_chars)
+        self.toolbox = Toolbox(
+            [make_tool(name, **dict(kwargs.get(name, {}))) for name in tools],
+            max_calls_per_turn=max_calls_per_turn,
+            max_calls_per_episode=max_calls_per_episode,
+            max_output_chars=max_output_chars,
+        )
         self.tools = self.toolbox.schemas  # type: ignore[misc]  # per instance, per the TextEnv contract
         self.tasks = load_tasks(data_files, split, gsm8k_task)
         self.task: Task | None = None
@@ -76,7 +79,9 @@ class Gsm8kToolEnv(TextEnv):
     def num_tasks(self) -> int:
         return len(self.tasks)
 
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """Pick a row (``options={"index": i}``, else ``seed % num_tasks()``, else at random).
         ``info``: ``tools`` (schemas), ``index``, ``data_source``, ``split``."""
         super().reset(seed=seed)
@@ -124,8 +129,14 @@ class Gsm8kToolEnv(TextEnv):
         for r in self._results:
             if r.name:
                 metrics[f"tool_calls/{r.name}"] = metrics.get(f"tool_calls/{r.name}", 0.0) + 1.0
-        return {**self._info(), "outcome_reward": outcome, "success": answers_match(answer, self.task.ground_truth),
-                "answer": answer, "ground_truth": self.task.ground_truth, "metrics": metrics}
+        return {
+            **self._info(),
+            "outcome_reward": outcome,
+            "success": answers_match(answer, self.task.ground_truth),
+            "answer": answer,
+            "ground_truth": self.task.ground_truth,
+            "metrics": metrics,
+        }
 
     def _info(self) -> dict[str, Any]:
         assert self.task is not None
@@ -138,6 +149,8 @@ class Gsm8kToolEnv(TextEnv):
     def render(self) -> str | None:
         lines = []
         for m in self._messages:
-            calls = "".join(f"\n  -> {c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls", []))
+            calls = "".join(
+                f"\n  -> {c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls", [])
+            )
             lines.append(f"[{m['role']}] {m.get('content') or ''}{calls}")
         return "\n".join(lines) or None

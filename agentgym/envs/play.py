@@ -3,7 +3,8 @@
 You are the policy: each line you type is the assistant's reply. A line starting with
 ``{`` is read as a JSON message dict, so tool calls can be typed::
 
-    {"tool_calls": [{"id": "1", "type": "function", "function": {"name": "move", "arguments": "{\\"direction\\": \\"up\\"}"}}]}
+    {"tool_calls": [{"id": "1", "type": "function", "function": {"name": "move", "arguments": "{\\"direction\\":
+    \\"up\\"}"}}]}
 
 ``quit`` (or end of input) stops; the episode summary is printed either way.
 """
@@ -18,8 +19,13 @@ from typing import Any, TextIO
 QUIT_WORDS = frozenset({"quit", "exit", ":q"})
 
 
-def play(env_name: str, seed: int | None = None, env_kwargs: dict[str, Any] | None = None,
-         input_fn: Callable[[str], str] = input, output: TextIO | None = None) -> int:
+def play(
+    env_name: str,
+    seed: int | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    input_fn: Callable[[str], str] = input,
+    output: TextIO | None = None,
+) -> int:
     """Run one interactive episode of ``env_name``; returns the exit status (0, or 2 when
     the env cannot be built). ``input_fn`` reads one reply per call (``EOFError`` ends the
     game) and everything shown goes to ``output`` (default: ``sys.stdout`` at call time)."""
@@ -89,8 +95,15 @@ def _show(messages: list[dict[str, Any]], say: Callable[[str], None]) -> None:
         say(str(message.get("content") or ""))
 
 
-def _summary(say: Callable[[str], None], turns: int, total: float, terminated: bool, truncated: bool,
-             done: bool, info: dict[str, Any]) -> None:
+def _summary(
+    say: Callable[[str], None],
+    turns: int,
+    total: float,
+    terminated: bool,
+    truncated: bool,
+    done: bool,
+    info: dict[str, Any],
+) -> None:
     status = "terminated" if terminated else "truncated" if truncated else "stopped before the end"
     say("=== episode summary")
     say(f"turns: {turns}")

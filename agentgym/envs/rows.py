@@ -40,8 +40,10 @@ def rows_task(row: dict[str, Any], where: str) -> Task:
     task = verl_task(row, where)
     agent = row.get("agent_name") or "single_turn_agent"
     if agent not in AGENT_LOOPS:
-        raise DataError(f"{where}: agent_name={agent!r} is not one of {', '.join(AGENT_LOOPS)} (agentgym's rows env "
-                        f"runs veRL's single-turn and tool agent loops; other agents: agentgym train --agent)")
+        raise DataError(
+            f"{where}: agent_name={agent!r} is not one of {', '.join(AGENT_LOOPS)} (agentgym's rows env "
+            f"runs veRL's single-turn and tool agent loops; other agents: agentgym train --agent)"
+        )
     task.extra_info = {**task.extra_info, "agent_name": agent}
     return task
 
@@ -95,7 +97,8 @@ class RowsEnv(TextEnv):
         render_mode: str | None = None,
     ) -> None:
         """``custom_reward_function``: ``{"path": FILE, "name": FUNCTION}`` (veRL's keys); without one
-        every row's data source must have a built-in rule. ``score_timeout``: seconds per score, in a worker process (0 after).
+        every row's data source must have a built-in rule. ``score_timeout``: seconds per score, in a worker process
+        (0 after).
         ``tools`` / ``max_turns``: for rows whose ``agent_name`` is ``tool_agent``."""
         super().__init__(render_mode=render_mode)
         crf = dict(custom_reward_function or {})
@@ -109,7 +112,8 @@ class RowsEnv(TextEnv):
             if missing:
                 raise UnknownDataSource(
                     f"no built-in reward for data_source {', '.join(repr(m) for m in missing)} in {data_files}: pass "
-                    f"custom_reward_function={{'path': FILE, 'name': 'compute_score'}} (veRL's signature)")
+                    f"custom_reward_function={{'path': FILE, 'name': 'compute_score'}} (veRL's signature)"
+                )
         else:
             self.reward.function()  # fail now on a bad path or name
         self.tool_names = list(tools)
@@ -127,7 +131,9 @@ class RowsEnv(TextEnv):
     def _tool_loop(self) -> bool:
         return self.task is not None and self.task.extra_info.get("agent_name") == "tool_agent"
 
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """Pick a row (``options={"index": i}``, else ``seed % num_tasks()``) and return its prompt;
         ``info["tools"]`` holds the tool schemas for ``tool_agent`` rows."""
         super().reset(seed=seed)
@@ -180,13 +186,22 @@ class RowsEnv(TextEnv):
         metrics.update({"score": score, **extra})
         if self._results:
             metrics.update(call_metrics(self._results))
-        return {**self._info(), "outcome_reward": score, "success": score > 0, "ground_truth": task.ground_truth,
-                "metrics": metrics}
+        return {
+            **self._info(),
+            "outcome_reward": score,
+            "success": score > 0,
+            "ground_truth": task.ground_truth,
+            "metrics": metrics,
+        }
 
     def _info(self) -> dict[str, Any]:
         assert self.task is not None
-        return {"index": self.task.index, "data_source": self.task.data_source, "split": self.split,
-                "agent_name": self.task.extra_info.get("agent_name", "single_turn_agent")}
+        return {
+            "index": self.task.index,
+            "data_source": self.task.data_source,
+            "split": self.split,
+            "agent_name": self.task.extra_info.get("agent_name", "single_turn_agent"),
+        }
 
     def close(self) -> None:
         if self.toolbox is not None:

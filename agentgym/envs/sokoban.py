@@ -75,12 +75,15 @@ _PUSHED = tuple(f"{d} (push)" for d in DIRECTIONS)
 _BLOCKED = tuple(f"{d} (blocked)" for d in DIRECTIONS)
 
 # Board text -> one byte per character, for the fixed and the moving parts of the board.
-_WALL_BYTES = str.maketrans({"#": "\x01", "\n": "\x01", "_": "\x00", "O": "\x00", "X": "\x00",
-                             "√": "\x00", "P": "\x00", "S": "\x00"})
-_TARGET_BYTES = str.maketrans({"#": "\x00", "\n": "\x00", "_": "\x00", "O": "\x01", "X": "\x00",
-                               "√": "\x01", "P": "\x00", "S": "\x01"})
-_BOX_BYTES = str.maketrans({"#": "\x00", "\n": "\x00", "_": "\x00", "O": "\x00", "X": "\x01",
-                            "√": "\x01", "P": "\x00", "S": "\x00"})
+_WALL_BYTES = str.maketrans(
+    {"#": "\x01", "\n": "\x01", "_": "\x00", "O": "\x00", "X": "\x00", "√": "\x00", "P": "\x00", "S": "\x00"}
+)
+_TARGET_BYTES = str.maketrans(
+    {"#": "\x00", "\n": "\x00", "_": "\x00", "O": "\x01", "X": "\x00", "√": "\x01", "P": "\x00", "S": "\x01"}
+)
+_BOX_BYTES = str.maketrans(
+    {"#": "\x00", "\n": "\x00", "_": "\x00", "O": "\x00", "X": "\x01", "√": "\x01", "P": "\x00", "S": "\x00"}
+)
 
 
 def legend_pairs(grid_vocab: Any) -> list[tuple[str, str]]:
@@ -160,7 +163,7 @@ def parse_tool_calls(calls: Any, max_moves: int) -> tuple[list[int], str | None,
         if isinstance(direction, str):
             words.append(direction)
         elif isinstance(direction, list) and direction:
-            words.extend(direction[:max_moves + 1])
+            words.extend(direction[: max_moves + 1])
         else:
             return [], f'tool call {n}: expected {{"direction": "up"}} or a list of directions', False
         if len(words) > max_moves:
@@ -194,7 +197,8 @@ class SokobanEnv(TextEnv):
 
     ``dim_room`` is (rows, cols) including the wall ring; ``num_boxes`` boxes; ``max_steps``
     moves per episode (an unreadable reply counts as one); ``search_depth`` (pulls per path)
-    and ``max_search_nodes`` (states per room) bound the reverse-play generator. The plain ``sokoban`` env is 6x6 with one box, the size
+    and ``max_search_nodes`` (states per room) bound the reverse-play generator. The plain ``sokoban`` env is 6x6
+    with one box, the size
     small models learn on; presets ``sokoban-6x6-2``, ``sokoban-8x8-2`` and
     ``sokoban-10x10-3`` are harder. ``reset(options={"level": Level or text})`` plays a
     given board instead of a generated one. ``offer_tools`` offers the ``move`` tool in
@@ -208,14 +212,26 @@ class SokobanEnv(TextEnv):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
     tools: ClassVar[list[dict[str, Any]]] = [move_tool()]
 
-    def __init__(self, dim_room: tuple[int, int] | list[int] = (6, 6), num_boxes: int = 1,
-                 max_steps: int = 100, search_depth: int = 100, max_actions_per_turn: int = 5,
-                 penalty_for_step: float = -0.1, reward_box_on_target: float = 1.0,
-                 penalty_box_off_target: float = -1.0, reward_finished: float = 10.0,
-                 format_penalty: float = -0.1, max_search_nodes: int | None = None,
-                 offer_tools: bool = True, system_prompt: str | None = None, strict_format: bool = False,
-                 grid_lookup: dict[Any, str] | None = None, grid_vocab: Any = None,
-                 render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        dim_room: tuple[int, int] | list[int] = (6, 6),
+        num_boxes: int = 1,
+        max_steps: int = 100,
+        search_depth: int = 100,
+        max_actions_per_turn: int = 5,
+        penalty_for_step: float = -0.1,
+        reward_box_on_target: float = 1.0,
+        penalty_box_off_target: float = -1.0,
+        reward_finished: float = 10.0,
+        format_penalty: float = -0.1,
+        max_search_nodes: int | None = None,
+        offer_tools: bool = True,
+        system_prompt: str | None = None,
+        strict_format: bool = False,
+        grid_lookup: dict[Any, str] | None = None,
+        grid_vocab: Any = None,
+        render_mode: str | None = None,
+    ) -> None:
         super().__init__(render_mode=render_mode)
         height, width = (int(x) for x in dim_room)
         if max_steps < 1 or max_actions_per_turn < 1:
@@ -244,14 +260,16 @@ class SokobanEnv(TextEnv):
         prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
         if system_prompt is None and (grid_lookup or grid_vocab):
             vocab = legend_pairs(grid_vocab) or list(zip(symbols, CELL_MEANINGS))
-            prompt = GRID_PROMPT.replace("{legend}", ", ".join(f"{k}: {v}" for k, v in vocab).replace("{", "{{")
-                                         .replace("}", "}}"))
+            prompt = GRID_PROMPT.replace(
+                "{legend}", ", ".join(f"{k}: {v}" for k, v in vocab).replace("{", "{{").replace("}", "}}")
+            )
         self._system = prompt.format(max_moves=self.max_actions_per_turn)
         self._plans: dict[tuple[int, tuple[int, ...]], list[str]] = {}
 
     # ---- gymnasium API -------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None,
-              options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """Start an episode on a new level (or ``options["level"]``).
 
         Returns ``([system, user], info)``: the rules, then the board. ``info`` has
@@ -261,8 +279,9 @@ class SokobanEnv(TextEnv):
         super().reset(seed=seed)
         level = (options or {}).get("level")
         if level is None:
-            level = generate_level(self.task_rng(), self.dim_room, self.num_boxes, self.search_depth,
-                                   self.max_search_nodes)
+            level = generate_level(
+                self.task_rng(), self.dim_room, self.num_boxes, self.search_depth, self.max_search_nodes
+            )
         elif isinstance(level, str):
             level = Level.from_text(level)
         elif not isinstance(level, Level):
@@ -284,8 +303,13 @@ class SokobanEnv(TextEnv):
         if self._chars is None:
             raise ResetNeeded("call reset() before step()")
         if self._terminated or self._truncated:
-            return ([{"role": "user", "content": "The episode is over; call reset() to play again."}],
-                    0.0, self._terminated, self._truncated, self._final_info())
+            return (
+                [{"role": "user", "content": "The episode is over; call reset() to play again."}],
+                0.0,
+                self._terminated,
+                self._truncated,
+                self._final_info(),
+            )
         self._turns += 1
         calls = action.get("tool_calls") if isinstance(action, dict) else None
         lone_answer = False
@@ -297,8 +321,13 @@ class SokobanEnv(TextEnv):
             moves, error, cut = parse_answer(text, self.max_actions_per_turn)
             lone_answer = is_lone_answer(text)
             if self.strict_format and error is None and not (lone_answer and not cut):
-                moves, error = [], (f"write exactly one <answer>...</answer> of at most {self.max_actions_per_turn} "
-                                    "moves and nothing after it")
+                moves, error = (
+                    [],
+                    (
+                        f"write exactly one <answer>...</answer> of at most {self.max_actions_per_turn} "
+                        "moves and nothing after it"
+                    ),
+                )
         else:
             moves, error, cut = [], f"a reply is text or a message dict, not {type(action).__name__}", False
         well_formed = error is None and not cut and lone_answer
@@ -313,10 +342,15 @@ class SokobanEnv(TextEnv):
             text += "\nSolved! Every box is on a target."
         elif truncated:
             text += "\nNo moves left. The episode is over."
-        info: dict[str, Any] = {"format_error": error is not None, "well_formed": well_formed,
-                                "format_reward": 0.0 if well_formed else -1.0,
-                                "moves": len(moves), "boxes_on_target": self._on_target,
-                                "state_key": "".join(self._chars or ()), "metrics": self._episode_metrics()}
+        info: dict[str, Any] = {
+            "format_error": error is not None,
+            "well_formed": well_formed,
+            "format_reward": 0.0 if well_formed else -1.0,
+            "moves": len(moves),
+            "boxes_on_target": self._on_target,
+            "state_key": "".join(self._chars or ()),
+            "metrics": self._episode_metrics(),
+        }
         if terminated or truncated:
             info.update(self._final_info())
         return _reply_messages(calls, text, error is None), reward, terminated, truncated, info
@@ -351,7 +385,7 @@ class SokobanEnv(TextEnv):
                 return None
             self._plans = _plan_suffixes(level, moves)
             plan = self._plans[key]
-        return "<answer>" + " || ".join(plan[:self.max_actions_per_turn]) + "</answer>"
+        return "<answer>" + " || ".join(plan[: self.max_actions_per_turn]) + "</answer>"
 
     def random_action(self, rng: random.Random) -> str:
         """A random policy's reply: ``max_actions_per_turn`` moves drawn uniformly (the held-out
@@ -364,8 +398,9 @@ class SokobanEnv(TextEnv):
             raise ResetNeeded("call reset() before current_level()")
         level, stride = self.level, self.level.width + 1
         boxes = tuple(sorted(i - i // stride for i, b in enumerate(self._box) if b))
-        return Level(level.height, level.width, level.walls, level.targets, boxes,
-                     self._player - self._player // stride)
+        return Level(
+            level.height, level.width, level.walls, level.targets, boxes, self._player - self._player // stride
+        )
 
     # ---- internals -----------------------------------------------------------------------
     def _load(self, level: Level) -> None:
@@ -433,9 +468,11 @@ class SokobanEnv(TextEnv):
         self._player, self._on_target, self._steps = p, on, steps
         self._board = board = "".join(chars)
         head = f"Only the first {self.max_actions_per_turn} moves were used. " if cut else ""
-        return reward, (f"{head}Moves: {', '.join(notes) or 'none'}. Reward: {reward:+g}. "
-                        f"Boxes on targets: {on}/{self._num_boxes}. Moves left: {self.max_steps - steps}.\n"
-                        f"{self._shown(board)}")
+        return reward, (
+            f"{head}Moves: {', '.join(notes) or 'none'}. Reward: {reward:+g}. "
+            f"Boxes on targets: {on}/{self._num_boxes}. Moves left: {self.max_steps - steps}.\n"
+            f"{self._shown(board)}"
+        )
 
     def _reject(self, error: str) -> tuple[float, str]:
         self._format_errors += 1
@@ -478,7 +515,7 @@ def _plan_suffixes(level: Level, moves: list[str]) -> dict[tuple[int, tuple[int,
             boxes.remove(to)
             boxes.add(to + off)
         player = to
-        plans[(player, tuple(sorted(boxes)))] = moves[i + 1:]
+        plans[(player, tuple(sorted(boxes)))] = moves[i + 1 :]
     return plans
 
 
@@ -508,8 +545,12 @@ def _call_id(call: Any) -> str:
 
 
 def _preset(name: str, rows: int, cols: int, boxes: int) -> EnvSpec:
-    return EnvSpec(name=name, entry_point=SokobanEnv, kwargs={"dim_room": (rows, cols), "num_boxes": boxes},
-                   description=f"Sokoban {rows}x{cols}, {boxes} box{'es' if boxes > 1 else ''}")
+    return EnvSpec(
+        name=name,
+        entry_point=SokobanEnv,
+        kwargs={"dim_room": (rows, cols), "num_boxes": boxes},
+        description=f"Sokoban {rows}x{cols}, {boxes} box{'es' if boxes > 1 else ''}",
+    )
 
 
 SOKOBAN_6X6_1 = _preset("sokoban-6x6-1", 6, 6, 1)

@@ -36,8 +36,20 @@ _WALK_DIRECTIONS = ((1, 0), (0, 1), (-1, 0), (0, -1))
 
 # Input symbols: ours, plus the classic XSB ones so published levels load as they are.
 _SYMBOLS = {
-    "#": "#", "_": "_", "O": "O", "X": "X", "√": "√", "P": "P", "S": "S",
-    " ": "_", "-": "_", ".": "O", "$": "X", "*": "√", "@": "P", "+": "S",
+    "#": "#",
+    "_": "_",
+    "O": "O",
+    "X": "X",
+    "√": "√",
+    "P": "P",
+    "S": "S",
+    " ": "_",
+    "-": "_",
+    ".": "O",
+    "$": "X",
+    "*": "√",
+    "@": "P",
+    "+": "S",
 }
 
 
@@ -69,7 +81,7 @@ class Level:
             grid[cell] = "√" if grid[cell] == "O" else "X"
         grid[self.player] = "S" if grid[self.player] == "O" else "P"
         w = self.width
-        return "\n".join("".join(grid[r * w:(r + 1) * w]) for r in range(self.height))
+        return "\n".join("".join(grid[r * w : (r + 1) * w]) for r in range(self.height))
 
     @classmethod
     def from_text(cls, text: str) -> Level:
@@ -100,15 +112,17 @@ class Level:
         if len(players) != 1:
             raise ValueError(f"a board needs exactly one player (P or S), found {len(players)}")
         if not boxes or len(boxes) != len(targets):
-            raise ValueError(f"a board needs as many targets as boxes (at least one): "
-                             f"{len(boxes)} boxes, {len(targets)} targets")
+            raise ValueError(
+                f"a board needs as many targets as boxes (at least one): {len(boxes)} boxes, {len(targets)} targets"
+            )
         height, player = len(rows), players[0]
         area = _walkable(height, width, walls, player)
         for what, cells in (("box", boxes), ("target", targets)):
             for cell in cells:
                 if cell not in area:
-                    raise ValueError(f"the {what} at row {cell // width}, column {cell % width} "
-                                     "is out of the player's reach")
+                    raise ValueError(
+                        f"the {what} at row {cell // width}, column {cell % width} is out of the player's reach"
+                    )
         # Whatever the player cannot reach is wall: the board is then closed by construction.
         walls = set(range(height * width)) - area
         return cls(height, width, frozenset(walls), tuple(targets), tuple(boxes), player)
@@ -122,8 +136,9 @@ def _walkable(height: int, width: int, walls: set[int], player: int) -> set[int]
         cell = todo.pop()
         r, c = divmod(cell, width)
         if r in (0, height - 1) or c in (0, width - 1):
-            raise ValueError(f"the player can walk to the edge of the board (row {r}, column {c}): "
-                             "surround the floor with walls")
+            raise ValueError(
+                f"the player can walk to the edge of the board (row {r}, column {c}): surround the floor with walls"
+            )
         for nxt in (cell - width, cell + width, cell - 1, cell + 1):
             if nxt not in seen and nxt not in walls:
                 seen.add(nxt)
@@ -133,10 +148,17 @@ def _walkable(height: int, width: int, walls: set[int], player: int) -> set[int]
 
 # ---- generation ------------------------------------------------------------------------
 
-def generate_level(rng: random.Random, dim_room: tuple[int, int] = (6, 6), num_boxes: int = 1,
-                   search_depth: int = 100, max_search_nodes: int | None = None,
-                   p_change_directions: float = 0.35, num_steps: int | None = None,
-                   max_tries: int = 200) -> Level:
+
+def generate_level(
+    rng: random.Random,
+    dim_room: tuple[int, int] = (6, 6),
+    num_boxes: int = 1,
+    search_depth: int = 100,
+    max_search_nodes: int | None = None,
+    p_change_directions: float = 0.35,
+    num_steps: int | None = None,
+    max_tries: int = 200,
+) -> Level:
     """A solvable level drawn from ``rng`` (same rng state, same level).
 
     ``dim_room`` is ``(rows, cols)`` including the wall ring; ``search_depth`` bounds the
@@ -168,8 +190,7 @@ def generate_level(rng: random.Random, dim_room: tuple[int, int] = (6, 6), num_b
     )
 
 
-def room_topology(rng: random.Random, height: int, width: int, p_change_directions: float,
-                  num_steps: int) -> int:
+def room_topology(rng: random.Random, height: int, width: int, p_change_directions: float, num_steps: int) -> int:
     """gym-sokoban's room carving: a random walk stamping small floor masks. Returns the
     floor as a bit mask over flat cells (bit ``row * width + col``), outer ring all wall."""
     floor = bytearray(height * width)
@@ -195,8 +216,9 @@ def room_topology(rng: random.Random, height: int, width: int, p_change_directio
     return mask
 
 
-def reverse_play(floor: int, width: int, targets: tuple[int, ...], player: int, search_depth: int,
-                 max_nodes: int, rng: random.Random) -> tuple[int, tuple[int, ...], int]:
+def reverse_play(
+    floor: int, width: int, targets: tuple[int, ...], player: int, search_depth: int, max_nodes: int, rng: random.Random
+) -> tuple[int, tuple[int, ...], int]:
     """Pull boxes off their targets by a depth-first search over reverse moves.
 
     Boxes start on ``targets`` (box ``i`` belongs to ``targets[i]``). Returns the best
@@ -242,14 +264,23 @@ def reverse_play(floor: int, width: int, targets: tuple[int, ...], player: int, 
             for off in offsets:
                 stand = b + off  # the player stands here, pulls, and steps back to stand + off
                 if region >> stand & 1 and free >> (stand + off) & 1:
-                    children.append((stand + off, boxes[:i] + (stand,) + boxes[i + 1:],
-                                     box_mask ^ (1 << b) ^ (1 << stand), i, swaps + (i != last), depth + 1))
+                    children.append(
+                        (
+                            stand + off,
+                            boxes[:i] + (stand,) + boxes[i + 1 :],
+                            box_mask ^ (1 << b) ^ (1 << stand),
+                            i,
+                            swaps + (i != last),
+                            depth + 1,
+                        )
+                    )
         rng.shuffle(children)
         stack.extend(children)
     return best
 
 
 # ---- solving ---------------------------------------------------------------------------
+
 
 def _floor_mask(level: Level) -> int:
     """Every cell that is not a wall, one bit per cell."""

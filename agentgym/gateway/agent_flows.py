@@ -92,5 +92,7 @@ def resolve_agent_flow(cfg: Any, agent: str | None = None) -> Any:
     if ":" in str(name):
         return resolve_target(str(name))
     known = [ENV_FLOW, *flows]
-    raise ConfigError(f"actor_rollout_ref.rollout.agent.default_agent_flow={name!r} is not one of {', '.join(known)} "
-                      f"(flows come from agent_flow_config_path), nor a package.module:function")
+    raise ConfigError(
+        f"actor_rollout_ref.rollout.agent.default_agent_flow={name!r} is not one of {', '.join(known)} "
+        f"(flows come from agent_flow_config_path), nor a package.module:function"
+    )

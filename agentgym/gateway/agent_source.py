@@ -73,8 +73,9 @@ def load_agent(spec: str | AgentFn) -> AgentFn:
     except ImportError as exc:
         raise ValueError(f"could not import the agent module {module_name!r}: {exc}") from None
     except AttributeError:
-        raise ValueError(f"module {module_name!r} has no {attr!r}; the agent is a function "
-                         "run(base_url, api_key, task)") from None
+        raise ValueError(
+            f"module {module_name!r} has no {attr!r}; the agent is a function run(base_url, api_key, task)"
+        ) from None
     if not callable(obj):
         raise ValueError(f"{spec!r} is not callable")
     return obj
@@ -89,11 +90,18 @@ def load_agent_tasks(data_files: Any, split: str = "train", reward_fn: str | Non
     from agentgym.envs.gsm8k import gsm8k_task
 
     out = []
-    for task in load_tasks(data_files, split, lambda row, where: (verl_task if is_verl_row(row) else gsm8k_task)(row, where)):
+    for task in load_tasks(
+        data_files, split, lambda row, where: (verl_task if is_verl_row(row) else gsm8k_task)(row, where)
+    ):
         users = [m.get("content") or "" for m in task.prompt if m.get("role") == "user"]
-        item = {"index": task.index, "question": task.extra_info.get("question") or (users[-1] if users else ""),
-                "prompt": task.prompt, "ground_truth": task.ground_truth, "data_source": task.data_source,
-                "extra_info": task.extra_info}
+        item = {
+            "index": task.index,
+            "question": task.extra_info.get("question") or (users[-1] if users else ""),
+            "prompt": task.prompt,
+            "ground_truth": task.ground_truth,
+            "data_source": task.data_source,
+            "extra_info": task.extra_info,
+        }
         if reward_fn is not None:
             item["reward_fn"] = reward_fn
         out.append(item)
@@ -117,13 +125,29 @@ class AgentTrajectorySource:
     report it with each sample); or use ``weight_update(version)`` around each weight push.
     """
 
-    def __init__(self, agent: str | AgentFn, tasks: Iterable[dict[str, Any]], n: int = 1, gateway: Any = None, *,
-                 tasks_per_step: int | None = None, sampling: dict[str, Any] | None = None, concurrency: int = 64,
-                 agent_timeout: float | None = None, admin_key: str | None = None, shuffle: bool = True,
-                 seed: int = 0, first_step: int = 1, val_tasks: Iterable[dict[str, Any]] | None = None, val_n: int = 1,
-                 val_sampling: dict[str, Any] | None = None, hidden_keys: Sequence[str] = HIDDEN_KEYS,
-                 branches: Literal["all", "active"] = "all", close_gateway: bool = False,
-                 weight_version: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        agent: str | AgentFn,
+        tasks: Iterable[dict[str, Any]],
+        n: int = 1,
+        gateway: Any = None,
+        *,
+        tasks_per_step: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        concurrency: int = 64,
+        agent_timeout: float | None = None,
+        admin_key: str | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        first_step: int = 1,
+        val_tasks: Iterable[dict[str, Any]] | None = None,
+        val_n: int = 1,
+        val_sampling: dict[str, Any] | None = None,
+        hidden_keys: Sequence[str] = HIDDEN_KEYS,
+        branches: Literal["all", "active"] = "all",
+        close_gateway: bool = False,
+        weight_version: Callable[[], int] | None = None,
+    ) -> None:
         if gateway is None:
             raise ValueError("AgentTrajectorySource needs a gateway: start_gateway(...), a GatewayClient or a URL")
         if n < 1:
@@ -132,15 +156,18 @@ class AgentTrajectorySource:
             raise ValueError(f"branches must be 'all' or 'active', got {branches!r}")
         self.agent = load_agent(agent)
         self.is_async = inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(
-            type(self.agent).__call__)
+            type(self.agent).__call__
+        )
         self.tasks = list(tasks)
         if not self.tasks:
             raise ValueError("AgentTrajectorySource needs at least one task")
         self.n = n
         self.tasks_per_step = tasks_per_step or len(self.tasks)
         if self.tasks_per_step > len(self.tasks):
-            raise ValueError(f"{len(self.tasks)} tasks are fewer than the {self.tasks_per_step} a step takes; "
-                             "lower the tasks per step (data.train_batch_size) or give more tasks")
+            raise ValueError(
+                f"{len(self.tasks)} tasks are fewer than the {self.tasks_per_step} a step takes; "
+                "lower the tasks per step (data.train_batch_size) or give more tasks"
+            )
         self.steps_per_epoch = len(self.tasks) // self.tasks_per_step
         self.sampling = dict(sampling or {})
         self.val_tasks = list(val_tasks) if val_tasks is not None else self.tasks[:16]
@@ -163,7 +190,9 @@ class AgentTrajectorySource:
         self.weight_version = weight_version
         self._told_version: int | None = None
         self.pool = DataPool()
-        self._threads = None if self.is_async else ThreadPoolExecutor(self.concurrency, thread_name_prefix="agentgym-agent")
+        self._threads = (
+            None if self.is_async else ThreadPoolExecutor(self.concurrency, thread_name_prefix="agentgym-agent")
+        )
         self.last_metrics: dict[str, float] = {}
         self._orders: dict[int, list[int]] = {}
 
@@ -205,8 +234,13 @@ class AgentTrajectorySource:
         await self._sync_version()
         return await self.run(self.val_tasks, n=self.val_n, sampling=self.val_sampling)
 
-    async def run(self, tasks: Sequence[dict[str, Any]], n: int | None = None, sampling: dict[str, Any] | None = None,
-                  step: int | None = None) -> list[Trajectory]:
+    async def run(
+        self,
+        tasks: Sequence[dict[str, Any]],
+        n: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        step: int | None = None,
+    ) -> list[Trajectory]:
         """Run ``n`` sessions per task (e.g. a validation pass with its own ``n`` and ``sampling``);
         returns every trajectory, failed ones included, complete groups in task order."""
         n = n or self.n
@@ -220,8 +254,9 @@ class AgentTrajectorySource:
             self.pool.open_group(group_id, n)
             groups.append((group_id, task))
         try:
-            outcomes = await asyncio.gather(*(self._session(task, group_id, sampling, semaphore)
-                                              for group_id, task in groups for _ in range(n)))
+            outcomes = await asyncio.gather(
+                *(self._session(task, group_id, sampling, semaphore) for group_id, task in groups for _ in range(n))
+            )
             trajectories = [t for group_id, _ in groups for t in self.pool.pop(group_id)]
         finally:
             for group_id, _ in groups:
@@ -230,19 +265,27 @@ class AgentTrajectorySource:
             trajectories = [t for t in trajectories if t.metrics.get("active_branch", 1.0)]
         elapsed = time.perf_counter() - start
         metrics = summarize(trajectories)
-        metrics.update({
-            "agent/sessions": float(len(outcomes)),
-            "agent/failed_sessions": float(sum(1 for o in outcomes if o is not None)),
-            "agent/extra_branches": float(sum(max(0.0, t.metrics.get("branches", 1.0) - 1.0) for t in trajectories
-                                              if t.metrics.get("active_branch"))),
-            "time/rollout_s": elapsed,
-            "throughput/episodes_per_s": len(outcomes) / elapsed if elapsed else 0.0,
-        })
+        metrics.update(
+            {
+                "agent/sessions": float(len(outcomes)),
+                "agent/failed_sessions": float(sum(1 for o in outcomes if o is not None)),
+                "agent/extra_branches": float(
+                    sum(
+                        max(0.0, t.metrics.get("branches", 1.0) - 1.0)
+                        for t in trajectories
+                        if t.metrics.get("active_branch")
+                    )
+                ),
+                "time/rollout_s": elapsed,
+                "throughput/episodes_per_s": len(outcomes) / elapsed if elapsed else 0.0,
+            }
+        )
         self.last_metrics = metrics
         return trajectories
 
-    async def _session(self, task: dict[str, Any], group_id: str, sampling: dict[str, Any],
-                       semaphore: asyncio.Semaphore) -> str | None:
+    async def _session(
+        self, task: dict[str, Any], group_id: str, sampling: dict[str, Any], semaphore: asyncio.Semaphore
+    ) -> str | None:
         """One agent run in its own session; returns the failure (None when the agent returned)."""
         async with semaphore:
             info = await self.client.create_session(task=task, group_id=group_id, sampling=sampling)
@@ -250,8 +293,9 @@ class AgentTrajectorySource:
             failure: str | None = None
             reward: float | None = None
             try:
-                result = await asyncio.wait_for(self._call(info["base_url"], info["api_key"], visible),
-                                                self.agent_timeout)
+                result = await asyncio.wait_for(
+                    self._call(info["base_url"], info["api_key"], visible), self.agent_timeout
+                )
                 reward = self._reward_of(result, task)
             except asyncio.TimeoutError:
                 failure = f"the agent ran past agent_timeout={self.agent_timeout}s"
@@ -270,18 +314,25 @@ class AgentTrajectorySource:
         named = task_reward_fn(task)
         if not getattr(self, "_said_reward", False):
             self._said_reward = True
-            log.warning("agent sessions are rewarded by %s plus the agent's return value when it is a float",
-                        f"the tasks' reward function ({named})" if named else "the reward function each task names")
+            log.warning(
+                "agent sessions are rewarded by %s plus the agent's return value when it is a float",
+                f"the tasks' reward function ({named})" if named else "the reward function each task names",
+            )
         if isinstance(result, numbers.Real) and not isinstance(result, numbers.Integral):
             return float(result)
         if result is not None:
-            self._warn_once(type(result).__name__,
-                            f"the agent returned {result!r} ({type(result).__name__}): not taken as its reward (only "
-                            f"a float is; an int is likely a count, e.g. of turns). Return float(reward) to post it")
+            self._warn_once(
+                type(result).__name__,
+                f"the agent returned {result!r} ({type(result).__name__}): not taken as its reward (only "
+                f"a float is; an int is likely a count, e.g. of turns). Return float(reward) to post it",
+            )
         elif not named:
-            self._warn_once("none", "the agent returned nothing and its task names no reward_fn: the session's "
-                                    "reward is 0. Return a float, or give the tasks a reward_fn (veRL rows' "
-                                    "data_source picks one)")
+            self._warn_once(
+                "none",
+                "the agent returned nothing and its task names no reward_fn: the session's "
+                "reward is 0. Return a float, or give the tasks a reward_fn (veRL rows' "
+                "data_source picks one)",
+            )
         return None
 
     def _warn_once(self, kind: str, message: str) -> None:
@@ -317,8 +368,9 @@ class AgentTrajectorySource:
         self._async_steps = int(state.get("async_steps", 0))
 
     # ---- weights and shutdown -------------------------------------------------------------
-    def weight_update(self, weight_version: int | None = None, drain_timeout: float = 60.0
-                      ) -> AbstractAsyncContextManager[None]:
+    def weight_update(
+        self, weight_version: int | None = None, drain_timeout: float = 60.0
+    ) -> AbstractAsyncContextManager[None]:
         """``async with source.weight_update(version): <push weights>``: the gateway holds model calls
         (in-flight ones finish first, up to ``drain_timeout``) and lets them go afterwards."""
         return self.client.weight_update(weight_version, drain_timeout)
@@ -336,9 +388,11 @@ def agent_failure(exc: BaseException) -> str:
     """Why an agent run failed, from what it raised; a 401 from the gateway says what to fix."""
     status = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
     if status == 401 or type(exc).__name__ == "AuthenticationError":
-        return (f"the gateway refused the agent's API key (401 {type(exc).__name__}: {exc}): the agent must call "
-                f"the model with the api_key it is given, agent(base_url, api_key, task) -> "
-                f"OpenAI(base_url=base_url, api_key=api_key), not OPENAI_API_KEY or a key of its own")
+        return (
+            f"the gateway refused the agent's API key (401 {type(exc).__name__}: {exc}): the agent must call "
+            f"the model with the api_key it is given, agent(base_url, api_key, task) -> "
+            f"OpenAI(base_url=base_url, api_key=api_key), not OPENAI_API_KEY or a key of its own"
+        )
     return f"the agent raised {type(exc).__name__}: {exc}"
 
 
@@ -363,25 +417,48 @@ def trajectory_source(cfg: Any, agent: str, servers: Any) -> Any:
         return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
     if not data.train_files:
-        raise ValueError("agentgym train --agent needs tasks for the agent: set data.train_files=<.jsonl/.parquet, "
-                         "veRL-format or raw GSM8K rows>")
+        raise ValueError(
+            "agentgym train --agent needs tasks for the agent: set data.train_files=<.jsonl/.parquet, "
+            "veRL-format or raw GSM8K rows>"
+        )
     tasks = load_agent_tasks(files(data.train_files), "train")
     val_tasks = load_agent_tasks(files(data.val_files), "test") if data.val_files else tasks
-    pinned = {"temperature": float(rollout.temperature), "top_p": float(rollout.top_p), "top_k": int(rollout.top_k),
-              "max_tokens": int(rollout.max_tokens_per_turn or data.max_response_length)}
+    pinned = {
+        "temperature": float(rollout.temperature),
+        "top_p": float(rollout.top_p),
+        "top_k": int(rollout.top_k),
+        "max_tokens": int(rollout.max_tokens_per_turn or data.max_response_length),
+    }
     val = rollout.val_kwargs
-    handle = start_gateway(list(servers.urls), model=str(cfg.actor_rollout_ref.model.path), backend=str(servers.backend),
-                           server_model=getattr(servers.client, "model", None),
-                           max_model_len=int(data.max_prompt_length + data.max_response_length))
+    handle = start_gateway(
+        list(servers.urls),
+        model=str(cfg.actor_rollout_ref.model.path),
+        backend=str(servers.backend),
+        server_model=getattr(servers.client, "model", None),
+        max_model_len=int(data.max_prompt_length + data.max_response_length),
+    )
     try:
         return AgentTrajectorySource(
-            agent, tasks, n=int(rollout.n), gateway=handle, close_gateway=True,
-            tasks_per_step=int(data.train_batch_size), sampling=pinned, concurrency=int(rollout.concurrency),
-            shuffle=bool(data.shuffle), seed=int(cfg.trainer.seed),
-            val_tasks=val_tasks[:int(data.val_batch_size or 16)], val_n=int(val.n),
-            val_sampling={**pinned, "temperature": float(val.temperature), "top_p": float(val.top_p),
-                          "top_k": int(val.top_k)},
-            weight_version=lambda: _servers_version(servers))
+            agent,
+            tasks,
+            n=int(rollout.n),
+            gateway=handle,
+            close_gateway=True,
+            tasks_per_step=int(data.train_batch_size),
+            sampling=pinned,
+            concurrency=int(rollout.concurrency),
+            shuffle=bool(data.shuffle),
+            seed=int(cfg.trainer.seed),
+            val_tasks=val_tasks[: int(data.val_batch_size or 16)],
+            val_n=int(val.n),
+            val_sampling={
+                **pinned,
+                "temperature": float(val.temperature),
+                "top_p": float(val.top_p),
+                "top_k": int(val.top_k),
+            },
+            weight_version=lambda: _servers_version(servers),
+        )
     except BaseException:
         handle.stop()
         raise

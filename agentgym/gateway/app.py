@@ -104,8 +104,9 @@ def build_app(gateway: Gateway) -> GatewayApp:
             limit, offset = int(q.get("limit") or 100), int(q.get("offset") or 0)
         except ValueError:
             raise APIError(400, "since/until are Unix times in seconds; limit/offset are integers") from None
-        return await gw.list_sessions(q.get("group_id"), status, since, until, max(0, min(limit, 10_000)),
-                                      max(0, offset))
+        return await gw.list_sessions(
+            q.get("group_id"), status, since, until, max(0, min(limit, 10_000)), max(0, offset)
+        )
 
     @app.get("/sessions/{sid}")
     async def get(sid: str, request: Request) -> dict[str, Any]:
@@ -127,7 +128,7 @@ def build_app(gateway: Gateway) -> GatewayApp:
         target = await gw.find(sid, request)
         data = (await body(request)).get("metadata")
         if not isinstance(data, dict):
-            raise APIError(400, "post {\"metadata\": {...}}: its keys are merged into the session's", param="metadata")
+            raise APIError(400, 'post {"metadata": {...}}: its keys are merged into the session\'s', param="metadata")
         return await gw.set_metadata(target, data)
 
     @app.post("/sessions/{sid}/reward")
@@ -136,8 +137,9 @@ def build_app(gateway: Gateway) -> GatewayApp:
         data = await body(request)
         value, kind = data.get("reward"), data.get("kind", "final")
         if not isinstance(value, (int, float)) or isinstance(value, bool) or kind not in ("final", "turn"):
-            raise APIError(400, "post {\"reward\": <number>, \"kind\": \"final\" | \"turn\"} (optional \"turn\", \"branch\")",
-                           param="reward")
+            raise APIError(
+                400, 'post {"reward": <number>, "kind": "final" | "turn"} (optional "turn", "branch")', param="reward"
+            )
         value = check_number(value)
         turn, branch = check_index(data.get("turn"), "turn"), check_index(data.get("branch"), "branch")
         try:
@@ -188,16 +190,21 @@ def build_app(gateway: Gateway) -> GatewayApp:
     @app.get("/sessions/{sid}/v1/models")
     async def models(sid: str, request: Request) -> dict[str, Any]:
         gw.session_for(sid, request)
-        return ModelList(data=[ModelCard(id=gw.model_name, root=gw.model_name, max_model_len=gw.max_model_len)]).model_dump()
+        return ModelList(
+            data=[ModelCard(id=gw.model_name, root=gw.model_name, max_model_len=gw.max_model_len)]
+        ).model_dump()
 
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST"])
     async def root_v1(rest: str, request: Request) -> dict[str, Any]:
         """An OpenAI client pointed at the gateway's root: say how to get a session's base_url."""
-        raise APIError(404, f"the gateway has no /v1/{rest} of its own: every agent talks to its own session. "
-                       f"Create one first: POST {str(request.base_url).rstrip('/')}/sessions (body "
-                       f'{{"task": {{...}}}}), then use the base_url and api_key it returns with the OpenAI '
-                       f"client: OpenAI(base_url=session['base_url'], api_key=session['api_key'])",
-                       code="no_session")
+        raise APIError(
+            404,
+            f"the gateway has no /v1/{rest} of its own: every agent talks to its own session. "
+            f"Create one first: POST {str(request.base_url).rstrip('/')}/sessions (body "
+            f'{{"task": {{...}}}}), then use the base_url and api_key it returns with the OpenAI '
+            f"client: OpenAI(base_url=session['base_url'], api_key=session['api_key'])",
+            code="no_session",
+        )
 
     return GatewayApp(gw, app)
 
@@ -212,20 +219,29 @@ async def create_session(gw: Gateway, request: Request) -> dict[str, Any]:
     check_task({"task": task, "metadata": metadata}, gw.max_task_bytes)
     unknown = sorted(set(sampling) - SAMPLING_FIELDS)
     if unknown:
-        raise APIError(400, f"unknown sampling fields {unknown}; pin any of {sorted(SAMPLING_FIELDS)}",
-                       param="sampling")
+        raise APIError(
+            400, f"unknown sampling fields {unknown}; pin any of {sorted(SAMPLING_FIELDS)}", param="sampling"
+        )
     sampling = check_sampling(sampling, len(gw.tokenizer), gw.max_model_len)
     if len(gw.store.open) >= gw.max_sessions:
-        raise APIError(429, f"{len(gw.store.open)} sessions are open, this gateway's limit "
-                       "(agentgym gateway --max-sessions); finish some first", code="too_many_sessions")
+        raise APIError(
+            429,
+            f"{len(gw.store.open)} sessions are open, this gateway's limit "
+            "(agentgym gateway --max-sessions); finish some first",
+            code="too_many_sessions",
+        )
     if data.get("group_id") is not None and not isinstance(data["group_id"], (str, int)):
         raise APIError(400, "'group_id' must be a string", param="group_id")
     try:
         session = gw.store.create(task, data.get("group_id"), sampling, metadata)
     except ValueError as exc:
         raise APIError(400, str(exc), param="task") from None
-    return {"id": session.id, "api_key": session.key, "base_url": gw.base_url(request, session.id),
-            "group_id": session.group_id}
+    return {
+        "id": session.id,
+        "api_key": session.key,
+        "base_url": gw.base_url(request, session.id),
+        "group_id": session.group_id,
+    }
 
 
 async def finish_session(gw: Gateway, sid: str, request: Request) -> bytes:
@@ -243,8 +259,11 @@ async def read_body(gw: Gateway, request: Request, model: type | None = None, re
     """The request's JSON object (validated as ``model`` if given), within the gateway's size limit."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > gw.max_body_bytes:
-        raise APIError(413, f"the request body is {declared} bytes; the gateway takes at most {gw.max_body_bytes}",
-                       code="request_too_large")
+        raise APIError(
+            413,
+            f"the request body is {declared} bytes; the gateway takes at most {gw.max_body_bytes}",
+            code="request_too_large",
+        )
     chunks, size = [], 0  # the ASGI messages read directly: Request.body()'s async generator costs more
     while True:
         message = await request.receive()
@@ -261,8 +280,10 @@ async def read_body(gw: Gateway, request: Request, model: type | None = None, re
     return data if model is None else validate(model, data)
 
 
-_MODEL_CALLS = {"chat/completions": (ChatCompletionRequest, Gateway.chat_completion),
-                "completions": (CompletionRequest, Gateway.completion)}
+_MODEL_CALLS = {
+    "chat/completions": (ChatCompletionRequest, Gateway.chat_completion),
+    "completions": (CompletionRequest, Gateway.completion),
+}
 
 
 class GatewayApp:
@@ -299,8 +320,9 @@ class GatewayApp:
                 return
         await self.api(scope, receive, send)
 
-    async def model_call(self, sid: str, model: type, method: Any, scope: dict[str, Any], receive: Any,
-                         send: Any) -> None:
+    async def model_call(
+        self, sid: str, model: type, method: Any, scope: dict[str, Any], receive: Any, send: Any
+    ) -> None:
         """One model call. Once its body is read, the call runs while the agent's connection is
         watched: an agent that goes away cancels it (its generation is aborted, nothing is recorded);
         a ``Delivery`` records its turns once sent."""
@@ -335,8 +357,9 @@ class GatewayApp:
             if gone is not None:
                 gone.cancel()
 
-    async def admin_call(self, handler: Any, args: tuple[Any, ...], scope: dict[str, Any], receive: Any,
-                         send: Any) -> None:
+    async def admin_call(
+        self, handler: Any, args: tuple[Any, ...], scope: dict[str, Any], receive: Any, send: Any
+    ) -> None:
         gw = self.gateway
         try:
             result = await handler(gw, *args, Request(scope, receive))

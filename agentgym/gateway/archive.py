@@ -66,9 +66,16 @@ class ArchivedSession:
 
     def header(self) -> dict[str, Any]:
         """The session as the listing shows it."""
-        return {"id": self.id, "group_id": self.group_id, "status": self.status, "created": self.created,
-                "finished_at": self.finished, "metadata": self.metadata,
-                "requests": self.summary.get("requests", 0), "failure": self.summary.get("failure")}
+        return {
+            "id": self.id,
+            "group_id": self.group_id,
+            "status": self.status,
+            "created": self.created,
+            "finished_at": self.finished,
+            "metadata": self.metadata,
+            "requests": self.summary.get("requests", 0),
+            "failure": self.summary.get("failure"),
+        }
 
 
 def trajectory_json(traj: Trajectory) -> dict[str, Any]:
@@ -84,10 +91,17 @@ _TURN_FIELDS = dataclasses.fields(Turn)
 def archive_record(session: Session) -> ArchivedSession:
     """A finished session as the archive keeps it (its trajectories encoded once, here)."""
     return ArchivedSession(
-        id=session.id, key_hash=key_hash(session.key), group_id=session.group_id, status=session.status,
-        created=session.created, finished=session.finished_at or 0.0, metadata=session.metadata,
-        summary=session.summary(with_tokens=False), calls=session.calls,
-        trajectories=json.dumps([trajectory_json(t) for t in session.trajectories or []]))
+        id=session.id,
+        key_hash=key_hash(session.key),
+        group_id=session.group_id,
+        status=session.status,
+        created=session.created,
+        finished=session.finished_at or 0.0,
+        metadata=session.metadata,
+        summary=session.summary(with_tokens=False),
+        calls=session.calls,
+        trajectories=json.dumps([trajectory_json(t) for t in session.trajectories or []]),
+    )
 
 
 def archived_summary(record: ArchivedSession, with_tokens: bool = True) -> dict[str, Any]:
@@ -95,10 +109,20 @@ def archived_summary(record: ArchivedSession, with_tokens: bool = True) -> dict[
     out = {**record.summary, "metadata": record.metadata}
     if with_tokens:
         turns = {t["task"].get("branch"): t["turns"] for t in json.loads(record.trajectories)}
-        keys = ("prompt_ids", "response_ids", "logprobs", "reward", "weight_version", "finish_reason", "observation",
-                "response_text")
-        out["branches"] = [{**b, "turns": [{k: t.get(k) for k in keys} for t in turns.get(b["index"], [])]}
-                           for b in out.get("branches", [])]
+        keys = (
+            "prompt_ids",
+            "response_ids",
+            "logprobs",
+            "reward",
+            "weight_version",
+            "finish_reason",
+            "observation",
+            "response_text",
+        )
+        out["branches"] = [
+            {**b, "turns": [{k: t.get(k) for k in keys} for t in turns.get(b["index"], [])]}
+            for b in out.get("branches", [])
+        ]
     return out
 
 
@@ -108,11 +132,16 @@ def finish_body(record: ArchivedSession) -> bytes:
     return f'{head}, "trajectories": {record.trajectories}}}'.encode()
 
 
-def matches(header: dict[str, Any], group_id: str | None, status: str | None, since: float | None,
-            until: float | None) -> bool:
+def matches(
+    header: dict[str, Any], group_id: str | None, status: str | None, since: float | None, until: float | None
+) -> bool:
     """Whether a listed session passes the filters (``since``/``until``: its creation time, seconds)."""
-    return ((group_id is None or header["group_id"] == group_id) and (status is None or header["status"] == status)
-            and (since is None or header["created"] >= since) and (until is None or header["created"] < until))
+    return (
+        (group_id is None or header["group_id"] == group_id)
+        and (status is None or header["status"] == status)
+        and (since is None or header["created"] >= since)
+        and (until is None or header["created"] < until)
+    )
 
 
 class Archive(Protocol):
@@ -123,8 +152,15 @@ class Archive(Protocol):
     async def start(self) -> None: ...
     async def put(self, record: ArchivedSession) -> None: ...
     async def get(self, sid: str) -> ArchivedSession | None: ...
-    async def list(self, group_id: str | None = None, status: str | None = None, since: float | None = None,
-                   until: float | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]: ...
+    async def list(
+        self,
+        group_id: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]: ...
     async def set_metadata(self, sid: str, metadata: dict[str, Any]) -> bool: ...
     async def delete(self, sid: str) -> bool: ...
     async def close(self) -> None: ...
@@ -150,11 +186,18 @@ class MemoryArchive:
     async def get(self, sid: str) -> ArchivedSession | None:
         return self.records.get(sid)
 
-    async def list(self, group_id: str | None = None, status: str | None = None, since: float | None = None,
-                   until: float | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    async def list(
+        self,
+        group_id: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
         rows = [h for h in (r.header() for r in self.records.values()) if matches(h, group_id, status, since, until)]
         rows.sort(key=lambda h: h["created"])
-        return rows[offset:offset + limit]
+        return rows[offset : offset + limit]
 
     async def set_metadata(self, sid: str, metadata: dict[str, Any]) -> bool:
         record = self.records.get(sid)
@@ -229,8 +272,18 @@ class SqliteArchive:
     async def put(self, record: ArchivedSession) -> None:
         if self._wake is None:
             raise RuntimeError("the session archive is not started (await archive.start() first)")
-        row = (record.id, record.key_hash, record.group_id, record.status, record.created, record.finished,
-               json.dumps(record.metadata), json.dumps(record.summary), json.dumps(record.calls), record.trajectories)
+        row = (
+            record.id,
+            record.key_hash,
+            record.group_id,
+            record.status,
+            record.created,
+            record.finished,
+            json.dumps(record.metadata),
+            json.dumps(record.summary),
+            json.dumps(record.calls),
+            record.trajectories,
+        )
         done = asyncio.get_running_loop().create_future()
         self._pending.append((row, done))
         self._wake.set()
@@ -268,27 +321,59 @@ class SqliteArchive:
         row = await self._run(lambda db: db.execute(f"SELECT {_COLUMNS} FROM sessions WHERE id = ?", (sid,)).fetchone())
         if row is None:
             return None
-        return ArchivedSession(id=row[0], key_hash=row[1], group_id=row[2], status=row[3], created=row[4],
-                               finished=row[5], metadata=json.loads(row[6]), summary=json.loads(row[7]),
-                               calls=json.loads(row[8]), trajectories=row[9])
+        return ArchivedSession(
+            id=row[0],
+            key_hash=row[1],
+            group_id=row[2],
+            status=row[3],
+            created=row[4],
+            finished=row[5],
+            metadata=json.loads(row[6]),
+            summary=json.loads(row[7]),
+            calls=json.loads(row[8]),
+            trajectories=row[9],
+        )
 
-    async def list(self, group_id: str | None = None, status: str | None = None, since: float | None = None,
-                   until: float | None = None, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    async def list(
+        self,
+        group_id: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
         where, args = [], []
-        for clause, value in (("group_id = ?", group_id), ("status = ?", status), ("created >= ?", since),
-                              ("created < ?", until)):
+        for clause, value in (
+            ("group_id = ?", group_id),
+            ("status = ?", status),
+            ("created >= ?", since),
+            ("created < ?", until),
+        ):
             if value is not None:
                 where.append(clause)
                 args.append(value)
-        sql = ("SELECT id, group_id, status, created, finished, metadata, summary FROM sessions"
-               + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY created LIMIT ? OFFSET ?")
+        sql = (
+            "SELECT id, group_id, status, created, finished, metadata, summary FROM sessions"
+            + (f" WHERE {' AND '.join(where)}" if where else "")
+            + " ORDER BY created LIMIT ? OFFSET ?"
+        )
         rows = await self._run(lambda db: db.execute(sql, (*args, limit, offset)).fetchall())
         out = []
         for sid, group, status_, created, finished, metadata, summary in rows:
             brief = json.loads(summary)
-            out.append({"id": sid, "group_id": group, "status": status_, "created": created, "finished_at": finished,
-                        "metadata": json.loads(metadata), "requests": brief.get("requests", 0),
-                        "failure": brief.get("failure")})
+            out.append(
+                {
+                    "id": sid,
+                    "group_id": group,
+                    "status": status_,
+                    "created": created,
+                    "finished_at": finished,
+                    "metadata": json.loads(metadata),
+                    "requests": brief.get("requests", 0),
+                    "failure": brief.get("failure"),
+                }
+            )
         return out
 
     async def set_metadata(self, sid: str, metadata: dict[str, Any]) -> bool:
@@ -297,8 +382,10 @@ class SqliteArchive:
             if row is None:
                 return False
             with db:
-                db.execute("UPDATE sessions SET metadata = ? WHERE id = ?",
-                           (json.dumps({**json.loads(row[0]), **metadata}), sid))
+                db.execute(
+                    "UPDATE sessions SET metadata = ? WHERE id = ?",
+                    (json.dumps({**json.loads(row[0]), **metadata}), sid),
+                )
             return True
 
         return await self._run(update)
@@ -329,11 +416,10 @@ def open_archive(spec: str | None, keep: int = 10_000, worker: int | None = None
     multi-process gateway (``worker`` k) keeps its own file, ``<name>.w<k><suffix>``."""
     if not spec or spec == "memory":
         return MemoryArchive(keep)
-    path = spec[len("sqlite:"):] if spec.startswith("sqlite:") else spec
+    path = spec[len("sqlite:") :] if spec.startswith("sqlite:") else spec
     if not (spec.startswith("sqlite:") or path.endswith((".sqlite", ".db", ".sqlite3"))):
         raise ValueError(f"unknown session store {spec!r}: give 'memory', 'sqlite:PATH' or a PATH ending .sqlite")
     p = Path(path).expanduser()
     if worker is not None:
         p = p.with_name(f"{p.stem}.w{worker}{p.suffix}")
     return SqliteArchive(p)
-

@@ -37,17 +37,24 @@ def gateway_command(args: argparse.Namespace) -> int:
         servers, backend = [embedded.url], "embedded"
     sock = bind_socket(args.host, args.port)
     url = f"http://{args.host}:{sock.getsockname()[1]}"
-    banner = (f"agentgym gateway on {url} -> {', '.join(servers)} ({backend}); "
-              f"{f'{workers} worker processes; ' if workers > 1 else ''}"
-              f"admin key {admin_key if generated else 'as given'}; "
-              f"create sessions with POST {url}/sessions (Authorization: Bearer <admin key>)")
+    banner = (
+        f"agentgym gateway on {url} -> {', '.join(servers)} ({backend}); "
+        f"{f'{workers} worker processes; ' if workers > 1 else ''}"
+        f"admin key {admin_key if generated else 'as given'}; "
+        f"create sessions with POST {url}/sessions (Authorization: Bearer <admin key>)"
+    )
     store = getattr(args, "store", None) or "memory"
     from agentgym.gateway.archive import open_archive
 
     open_archive(store)  # a bad --store fails here, before anything starts
     banner += f"; finished sessions kept {'in memory' if store == 'memory' else f'in {store}'}"
-    options = {"model_name": str(args.model), "admin_key": admin_key,
-               "max_model_len": getattr(args, "max_model_len", None), "store": store, **limit_options(args)}
+    options = {
+        "model_name": str(args.model),
+        "admin_key": admin_key,
+        "max_model_len": getattr(args, "max_model_len", None),
+        "store": store,
+        **limit_options(args),
+    }
     pool_name = getattr(args, "data_pool_name", None)
     wrap = None
     if pool_name:  # feed a named DataPool (agentgym.gateway.pool_feed)
@@ -75,8 +82,14 @@ def gateway_command(args: argparse.Namespace) -> int:
     return 0
 
 
-LIMIT_FLAGS = {"max_sessions": int, "max_body_bytes": int, "max_task_bytes": int, "idle_timeout": float,
-               "read_timeout": float, "write_timeout": float}
+LIMIT_FLAGS = {
+    "max_sessions": int,
+    "max_body_bytes": int,
+    "max_task_bytes": int,
+    "idle_timeout": float,
+    "read_timeout": float,
+    "write_timeout": float,
+}
 
 
 def limit_options(args: argparse.Namespace) -> dict:

@@ -74,23 +74,45 @@ class Gateway(ModelCalls):
     ``await gateway.aclose()`` after.
     """
 
-    def __init__(self, policy: PolicyClient, tokenizer: Any, *, model_name: str = "agentgym",
-                 admin_key: str | None = None, max_model_len: int | None = None, default_max_tokens: int = 1024,
-                 max_body_bytes: int = 16 << 20, pause_timeout: float = 600.0, upstream_retry_s: float = 60.0,
-                 public_url: str | None = None, keep_finished: int = 10_000, template_check_every: int = 1,
-                 idle_timeout: float = 3600.0, worker: int | None = None, worker_port: int | None = None,
-                 store: str | Archive | None = None, health_check_interval: float = 10.0,
-                 max_sessions: int = 8192, max_task_bytes: int = 1 << 20,
-                 allowed_reward_fns: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        policy: PolicyClient,
+        tokenizer: Any,
+        *,
+        model_name: str = "agentgym",
+        admin_key: str | None = None,
+        max_model_len: int | None = None,
+        default_max_tokens: int = 1024,
+        max_body_bytes: int = 16 << 20,
+        pause_timeout: float = 600.0,
+        upstream_retry_s: float = 60.0,
+        public_url: str | None = None,
+        keep_finished: int = 10_000,
+        template_check_every: int = 1,
+        idle_timeout: float = 3600.0,
+        worker: int | None = None,
+        worker_port: int | None = None,
+        store: str | Archive | None = None,
+        health_check_interval: float = 10.0,
+        max_sessions: int = 8192,
+        max_task_bytes: int = 1 << 20,
+        allowed_reward_fns: Sequence[str] = (),
+    ) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer)
-        self.archive: Archive = store if not isinstance(store, (str, type(None))) else open_archive(
-            store, keep_finished, worker)
+        self.archive: Archive = (
+            store if not isinstance(store, (str, type(None))) else open_archive(store, keep_finished, worker)
+        )
         # finished sessions stay in memory as well, a few, for late calls and quick reads; the archive has them all
-        self.store = SessionStore(self.chat, keep_finished=min(keep_finished, 1024),
-                                  template_check_every=template_check_every, idle_timeout=idle_timeout,
-                                  id_prefix="" if worker is None else f"w{worker}-", allowed_reward_fns=allowed_reward_fns)
+        self.store = SessionStore(
+            self.chat,
+            keep_finished=min(keep_finished, 1024),
+            template_check_every=template_check_every,
+            idle_timeout=idle_timeout,
+            id_prefix="" if worker is None else f"w{worker}-",
+            allowed_reward_fns=allowed_reward_fns,
+        )
         self.store.on_finish = self._archive
         self.health_check_interval = health_check_interval
         self._health_task: asyncio.Task[None] | None = None
@@ -118,8 +140,15 @@ class Gateway(ModelCalls):
             self._decode_reply = functools.partial(backend.decode, skip_special_tokens=True)
         else:
             self._decode_reply = functools.partial(tokenizer.decode, skip_special_tokens=True)
-        self.counts = {"completions": 0, "errors": 0, "upstream_retries": 0, "paused_waits": 0, "late_completions": 0,
-                       "archive_errors": 0, "undelivered": 0}
+        self.counts = {
+            "completions": 0,
+            "errors": 0,
+            "upstream_retries": 0,
+            "paused_waits": 0,
+            "late_completions": 0,
+            "archive_errors": 0,
+            "undelivered": 0,
+        }
 
     # ---- life ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -146,16 +175,25 @@ class Gateway(ModelCalls):
 
     # ---- policy servers at run time -------------------------------------------------------
     def servers(self) -> dict[str, Any]:
-        return {"servers": [{"url": s.url, "healthy": s.healthy, "outstanding": s.outstanding,
-                             "weight_version": s.version} for s in self.policy.servers]}
+        return {
+            "servers": [
+                {"url": s.url, "healthy": s.healthy, "outstanding": s.outstanding, "weight_version": s.version}
+                for s in self.policy.servers
+            ]
+        }
 
     async def add_server(self, url: str, timeout: float = 10.0) -> dict[str, Any]:
         """Route model calls to ``url`` too, once it answers ``GET /health`` with 200."""
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise APIError(400, "post {\"url\": \"http://host:port\"} (a policy server's base URL, no /v1)", param="url")
+            raise APIError(400, 'post {"url": "http://host:port"} (a policy server\'s base URL, no /v1)', param="url")
         if not await self.policy.check_health(url, timeout):
-            raise APIError(400, f"{url} did not answer GET /health with 200 within {timeout:.0f}s; start the server "
-                           "first (agentgym serve ...), then add it", param="url", code="server_unhealthy")
+            raise APIError(
+                400,
+                f"{url} did not answer GET /health with 200 within {timeout:.0f}s; start the server "
+                "first (agentgym serve ...), then add it",
+                param="url",
+                code="server_unhealthy",
+            )
         added = self.policy.add_server(url)
         if added and self.weight_version is not None:
             self.policy.servers[-1].version = self.weight_version
@@ -182,8 +220,12 @@ class Gateway(ModelCalls):
 
     def require_admin(self, request: Request) -> None:
         if not self.is_admin(self.bearer(request)):
-            raise APIError(401, "this endpoint needs the gateway's admin key (Authorization: Bearer <admin key>)",
-                           "authentication_error", code="invalid_api_key")
+            raise APIError(
+                401,
+                "this endpoint needs the gateway's admin key (Authorization: Bearer <admin key>)",
+                "authentication_error",
+                code="invalid_api_key",
+            )
 
     def session_for(self, sid: str, request: Request, admin: bool = False) -> Session:
         """The session ``sid`` if the request may use it: with the session's own key, or for the
@@ -196,12 +238,20 @@ class Gateway(ModelCalls):
             return session
         owner = self.store.owner(key) if key else None
         if owner is not None:
-            raise APIError(403, f"this API key belongs to another session, not {sid}; use the api_key that "
-                           "POST /sessions returned with this session's base_url", "permission_error",
-                           code="wrong_session")
+            raise APIError(
+                403,
+                f"this API key belongs to another session, not {sid}; use the api_key that "
+                "POST /sessions returned with this session's base_url",
+                "permission_error",
+                code="wrong_session",
+            )
         if key is None:
-            raise APIError(401, "no API key: pass the session's api_key (Authorization: Bearer <key>)",
-                           "authentication_error", code="invalid_api_key")
+            raise APIError(
+                401,
+                "no API key: pass the session's api_key (Authorization: Bearer <key>)",
+                "authentication_error",
+                code="invalid_api_key",
+            )
         raise APIError(401, f"invalid API key for session {sid}", "authentication_error", code="invalid_api_key")
 
     async def find(self, sid: str, request: Request, admin: bool = True) -> Session | ArchivedSession:
@@ -221,16 +271,25 @@ class Gateway(ModelCalls):
         if admin and self.is_admin(key):
             return record
         if key is not None and self.store.owner(key) is not None:
-            raise APIError(403, f"this API key belongs to another session, not {sid}", "permission_error",
-                           code="wrong_session")
-        raise APIError(401, f"{'no' if key is None else 'invalid'} API key for session {sid}", "authentication_error",
-                       code="invalid_api_key")
+            raise APIError(
+                403, f"this API key belongs to another session, not {sid}", "permission_error", code="wrong_session"
+            )
+        raise APIError(
+            401,
+            f"{'no' if key is None else 'invalid'} API key for session {sid}",
+            "authentication_error",
+            code="invalid_api_key",
+        )
 
     @staticmethod
     def open_session(session: Session) -> Session:
         if session.finished:
-            raise APIError(409, f"session {session.id} is finished; it takes no more model calls",
-                           "conflict_error", code="session_finished")
+            raise APIError(
+                409,
+                f"session {session.id} is finished; it takes no more model calls",
+                "conflict_error",
+                code="session_finished",
+            )
         return session
 
     def base_url(self, request: Request, sid: str) -> str:
@@ -254,8 +313,9 @@ class Gateway(ModelCalls):
         if not done.cancelled() and done.exception() is not None:
             self.counts["archive_errors"] += 1
 
-    async def finish(self, target: Session | ArchivedSession, failure: str | None = None,
-                     reward: float | None = None) -> ArchivedSession:
+    async def finish(
+        self, target: Session | ArchivedSession, failure: str | None = None, reward: float | None = None
+    ) -> ArchivedSession:
         """Finish a session (once; again: the same trajectories) and return its record once the archive
         holds it (for SQLite: committed)."""
         if isinstance(target, ArchivedSession):
@@ -266,8 +326,12 @@ class Gateway(ModelCalls):
             try:
                 await asyncio.shield(target.archived)
             except Exception as exc:
-                raise APIError(500, f"session {target.id} finished, but storing it failed: {exc}", "server_error",
-                               code="store_failed") from None
+                raise APIError(
+                    500,
+                    f"session {target.id} finished, but storing it failed: {exc}",
+                    "server_error",
+                    code="store_failed",
+                ) from None
         return target.record
 
     async def delete(self, target: Session | ArchivedSession) -> dict[str, Any]:
@@ -288,31 +352,58 @@ class Gateway(ModelCalls):
             await self.archive.set_metadata(target.id, metadata)
         return {"id": target.id, "metadata": target.metadata}
 
-    async def list_sessions(self, group_id: str | None = None, status: str | None = None, since: float | None = None,
-                            until: float | None = None, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+    async def list_sessions(
+        self,
+        group_id: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> dict[str, Any]:
         """Open sessions from memory, finished ones from the archive, by creation time."""
         from agentgym.gateway.archive import matches
 
         rows = []
         if status in (None, "open"):
-            rows = [h for h in (s.header() for s in self.store.open.values())
-                    if matches(h, group_id, status, since, until)]
+            rows = [
+                h for h in (s.header() for s in self.store.open.values()) if matches(h, group_id, status, since, until)
+            ]
         if status != "open":
             rows += await self.archive.list(group_id, status, since, until, limit=offset + limit, offset=0)
         rows.sort(key=lambda h: h["created"])
-        return {"sessions": rows[offset:offset + limit]}
+        return {"sessions": rows[offset : offset + limit]}
 
-    def record_call(self, session: Session, endpoint: str, plan: Plan, request: dict[str, Any],
-                    sampling: SamplingParams, samples: list[TokenSample], responses: list[Any], started: float,
-                    wall: float) -> None:
+    def record_call(
+        self,
+        session: Session,
+        endpoint: str,
+        plan: Plan,
+        request: dict[str, Any],
+        sampling: SamplingParams,
+        samples: list[TokenSample],
+        responses: list[Any],
+        started: float,
+        wall: float,
+    ) -> None:
         """One model call as the query API shows it (``GET /sessions/<id>/calls``)."""
-        session.calls.append({
-            "index": len(session.calls), "endpoint": endpoint, "time": wall, "plan": plan.kind,
-            "branch": plan.branch.index, "request": request, "sampling": dict(vars(sampling)),
-            "responses": responses, "finish_reasons": [s.finish_reason for s in samples],
-            "prompt_tokens": len(plan.context_ids), "completion_tokens": [len(s.token_ids) for s in samples],
-            "weight_version": min(s.weight_version for s in samples),
-            "latency_ms": (asyncio.get_running_loop().time() - started) * 1e3})
+        session.calls.append(
+            {
+                "index": len(session.calls),
+                "endpoint": endpoint,
+                "time": wall,
+                "plan": plan.kind,
+                "branch": plan.branch.index,
+                "request": request,
+                "sampling": dict(vars(sampling)),
+                "responses": responses,
+                "finish_reasons": [s.finish_reason for s in samples],
+                "prompt_tokens": len(plan.context_ids),
+                "completion_tokens": [len(s.token_ids) for s in samples],
+                "weight_version": min(s.weight_version for s in samples),
+                "latency_ms": (asyncio.get_running_loop().time() - started) * 1e3,
+            }
+        )
 
     # ---- pause for weight updates ---------------------------------------------------------
     async def pause(self, drain_timeout: float = 60.0) -> dict[str, Any]:
@@ -337,8 +428,9 @@ class Gateway(ModelCalls):
         return not self._running.is_set()
 
     @contextlib.asynccontextmanager
-    async def weight_update(self, weight_version: int | None = None, drain_timeout: float = 60.0
-                            ) -> AsyncIterator[None]:
+    async def weight_update(
+        self, weight_version: int | None = None, drain_timeout: float = 60.0
+    ) -> AsyncIterator[None]:
         """``async with gateway.weight_update(version): <push weights>`` — calls wait meanwhile (same loop
         only; from elsewhere use ``POST /pause``/``/resume`` or ``GatewayClient.weight_update``)."""
         await self.pause(drain_timeout)
@@ -355,8 +447,12 @@ class Gateway(ModelCalls):
             try:
                 await asyncio.wait_for(self._running.wait(), self.pause_timeout)
             except asyncio.TimeoutError:
-                raise APIError(503, f"the gateway has been paused for a weight update for over {self.pause_timeout:.0f}s; "
-                               "retry later", "server_error", code="paused") from None
+                raise APIError(
+                    503,
+                    f"the gateway has been paused for a weight update for over {self.pause_timeout:.0f}s; retry later",
+                    "server_error",
+                    code="paused",
+                ) from None
         self.inflight += 1
         self._idle.clear()
 
@@ -372,8 +468,12 @@ class Gateway(ModelCalls):
         if not getattr(exc, "unreachable", True):  # it answered 5xx (or 429) through PolicyClient's retries
             return APIError(502, f"the policy server failed: {exc}", "server_error", code="upstream_error")
         if asyncio.get_running_loop().time() > deadline:
-            return APIError(503, f"no policy server answered for {self.upstream_retry_s:.0f}s: {exc}",
-                            "server_error", code="upstream_unavailable")
+            return APIError(
+                503,
+                f"no policy server answered for {self.upstream_retry_s:.0f}s: {exc}",
+                "server_error",
+                code="upstream_unavailable",
+            )
         self.counts["upstream_retries"] += 1
         return None
 
@@ -395,8 +495,9 @@ class Gateway(ModelCalls):
         finally:
             self._done()
 
-    async def generate_stream(self, session: Session, prompt_ids: list[int], sampling: SamplingParams
-                              ) -> AsyncIterator[TokenDelta]:
+    async def generate_stream(
+        self, session: Session, prompt_ids: list[int], sampling: SamplingParams
+    ) -> AsyncIterator[TokenDelta]:
         """``generate``, streamed: the deltas as the server samples them. Pauses and unreachable servers
         are waited out as ``generate`` does until the first delta; a failure after it is a 502."""
         await self._admit()
@@ -405,16 +506,18 @@ class Gateway(ModelCalls):
             while True:
                 started = False
                 try:
-                    async with contextlib.aclosing(self.policy.generate_stream(prompt_ids, sampling,
-                                                                               session_id=session.id)) as deltas:
+                    async with contextlib.aclosing(
+                        self.policy.generate_stream(prompt_ids, sampling, session_id=session.id)
+                    ) as deltas:
                         async for delta in deltas:
                             started = True
                             yield delta
                     return
                 except PolicyServerError as exc:
                     if started:
-                        raise APIError(502, f"the policy server failed mid-answer: {exc}", "server_error",
-                                       code="upstream_failed") from None
+                        raise APIError(
+                            502, f"the policy server failed mid-answer: {exc}", "server_error", code="upstream_failed"
+                        ) from None
                     error = self._upstream_error(exc, deadline)
                     if error is not None:
                         raise error from None
@@ -423,5 +526,10 @@ class Gateway(ModelCalls):
             self._done()
 
     def stats(self) -> dict[str, Any]:
-        return {**self.store.counts, **self.counts, "open_sessions": len(self.store.open), "inflight": self.inflight,
-                "paused": self.paused}
+        return {
+            **self.store.counts,
+            **self.counts,
+            "open_sessions": len(self.store.open),
+            "inflight": self.inflight,
+            "paused": self.paused,
+        }

@@ -52,8 +52,9 @@ class Delivery(Response):
     """A model call's JSON answer whose turns are recorded once it has been sent (``record``), or
     given back if the agent went away first (``release``)."""
 
-    def __init__(self, content: bytes | str, media_type: str, record: Callable[[], None],
-                 release: Callable[[], None]) -> None:
+    def __init__(
+        self, content: bytes | str, media_type: str, record: Callable[[], None], release: Callable[[], None]
+    ) -> None:
         super().__init__(content, media_type=media_type)
         self.record, self.release = record, release
 
@@ -72,24 +73,41 @@ class ModelCalls:
     """``Gateway``'s chat and text completions (see the module docstring)."""
 
     # ---- what to sample --------------------------------------------------------------------
-    def sampling(self, session: Session, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
-                 param: str) -> SamplingParams:
+    def sampling(
+        self, session: Session, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, param: str
+    ) -> SamplingParams:
         """The request's sampling fields, overridden by the session's pinned ones, fitted to the context."""
         top = (req.top_logprobs or 0) if isinstance(req, ChatCompletionRequest) and req.logprobs else 0
         if isinstance(req, CompletionRequest):
             top = req.logprobs or 0
-        asked = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
-                 "stop": req.stop, "stop_token_ids": req.stop_token_ids, "max_tokens": req.requested_max_tokens,
-                 "min_tokens": req.min_tokens, "ignore_eos": req.ignore_eos or None,
-                 "frequency_penalty": req.frequency_penalty,
-                 "presence_penalty": req.presence_penalty, "repetition_penalty": req.repetition_penalty,
-                 "logit_bias": req.token_bias(), "top_logprobs": top, "structured": req.constraint}
+        asked = {
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "seed": req.seed,
+            "stop": req.stop,
+            "stop_token_ids": req.stop_token_ids,
+            "max_tokens": req.requested_max_tokens,
+            "min_tokens": req.min_tokens,
+            "ignore_eos": req.ignore_eos or None,
+            "frequency_penalty": req.frequency_penalty,
+            "presence_penalty": req.presence_penalty,
+            "repetition_penalty": req.repetition_penalty,
+            "logit_bias": req.token_bias(),
+            "top_logprobs": top,
+            "structured": req.constraint,
+        }
         values = {k: v for k, v in asked.items() if v is not None}
         values.update(session.sampling)
         room = self.max_model_len - prompt_len
         if room < 1:
-            raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens, but the prompt "
-                           f"has {prompt_len} tokens", param=param, code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"this model's maximum context length is {self.max_model_len} tokens, but the prompt "
+                f"has {prompt_len} tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
         vocab = len(self.tokenizer)
         bad = next((t for t in values["logit_bias"] if not 0 <= t < vocab), None)
         if bad is not None:
@@ -105,28 +123,40 @@ class ModelCalls:
         """The sampled text the agent sees: special tokens dropped, cut before the first stop string."""
         text = self._decode_reply(sample.token_ids)
         cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
-        return text[:min(cuts)] if cuts else text
+        return text[: min(cuts)] if cuts else text
 
     def chat_logprobs(self, sample: TokenSample) -> ChatLogprobs:
         content = []
         for i, (tok, lp) in enumerate(zip(sample.token_ids, sample.logprobs)):
             alts = sample.top_logprobs[i] if i < len(sample.top_logprobs) else []
-            content.append(ChatTokenLogprob(
-                token=self.pieces.text(tok), logprob=lp, bytes=self.pieces.bytes(tok),
-                top_logprobs=[TopLogprob(token=self.pieces.text(t), logprob=v, bytes=self.pieces.bytes(t))
-                              for t, v in alts]))
+            content.append(
+                ChatTokenLogprob(
+                    token=self.pieces.text(tok),
+                    logprob=lp,
+                    bytes=self.pieces.bytes(tok),
+                    top_logprobs=[
+                        TopLogprob(token=self.pieces.text(t), logprob=v, bytes=self.pieces.bytes(t)) for t, v in alts
+                    ],
+                )
+            )
         return ChatLogprobs(content=content)
 
     def completion_logprobs(self, sample: TokenSample, k: int | None, offset: int = 0) -> CompletionLogprobs:
         tokens = [self.pieces.text(t) for t in sample.token_ids]
         top = None
         if k:
-            top = [top_by_name(sample.top_logprobs[i] if i < len(sample.top_logprobs) else [], self.pieces.text)
-                   for i in range(len(tokens))]
+            top = [
+                top_by_name(sample.top_logprobs[i] if i < len(sample.top_logprobs) else [], self.pieces.text)
+                for i in range(len(tokens))
+            ]
             for i, token in enumerate(tokens):
                 top[i].setdefault(token, sample.logprobs[i])
-        return CompletionLogprobs(tokens=tokens, token_logprobs=list(sample.logprobs), top_logprobs=top,
-                                  text_offset=self.pieces.offsets(tokens, offset))
+        return CompletionLogprobs(
+            tokens=tokens,
+            token_logprobs=list(sample.logprobs),
+            top_logprobs=top,
+            text_offset=self.pieces.offsets(tokens, offset),
+        )
 
     async def sample_all(self, session: Session, plans: list[Plan], sampling: SamplingParams) -> list[TokenSample]:
         """Every plan's sample, or none: on any failure (or cancellation: the agent went away) every
@@ -144,8 +174,12 @@ class ModelCalls:
             raise
         if session.finished:
             self.late(plans)
-            raise APIError(409, f"session {session.id} was finished while this call was generating; its result "
-                           "is not recorded", "conflict_error", code="session_finished")
+            raise APIError(
+                409,
+                f"session {session.id} was finished while this call was generating; its result is not recorded",
+                "conflict_error",
+                code="session_finished",
+            )
         return samples
 
     def late(self, plans: list[Plan]) -> None:
@@ -156,35 +190,59 @@ class ModelCalls:
     # ---- chat -----------------------------------------------------------------------------
     async def chat_completion(self, session: Session, req: ChatCompletionRequest) -> Any:
         if req.continue_final_message or not req.add_generation_prompt:
-            raise APIError(400, "the gateway always starts a new assistant turn; continue_final_message and "
-                           "add_generation_prompt=false are not supported", param="continue_final_message")
+            raise APIError(
+                400,
+                "the gateway always starts a new assistant turn; continue_final_message and "
+                "add_generation_prompt=false are not supported",
+                param="continue_final_message",
+            )
         if req.chat_template_kwargs:
-            raise APIError(400, "chat_template_kwargs are not supported by the gateway: every turn must render "
-                           "with the same template", param="chat_template_kwargs")
+            raise APIError(
+                400,
+                "chat_template_kwargs are not supported by the gateway: every turn must render with the same template",
+                param="chat_template_kwargs",
+            )
         messages = [normalize_message(m) for m in req.messages]
         tools = req.tools if req.tools and req.tool_choice != "none" else None
         started, wall = asyncio.get_running_loop().time(), time.time()
         try:
             plan = self.store.plan_chat(session, messages, tools)
         except (ValueError, TypeError, KeyError, TemplateError) as exc:
-            raise APIError(400, f"could not render the messages with the chat template: {exc}", param="messages") from exc
+            raise APIError(
+                400, f"could not render the messages with the chat template: {exc}", param="messages"
+            ) from exc
         request = {"messages": messages, "tools": tools}
         if req.stream and req.n == 1:
-            return await live_chat(self, session, plan, req, self.plan_sampling(session, plan, req, "messages"),
-                                   tools, request, started, wall)
+            return await live_chat(
+                self,
+                session,
+                plan,
+                req,
+                self.plan_sampling(session, plan, req, "messages"),
+                tools,
+                request,
+                started,
+                wall,
+            )
         plans, samples, sampling = await self.sample_plan(session, plan, req, "messages")
         choices, replies = [], []
         for i, sample in enumerate(samples):
-            content, calls, finish = assistant_reply(self.reply_text(sample, sampling.stop), sample.finish_reason,
-                                                     bool(tools))
+            content, calls, finish = assistant_reply(
+                self.reply_text(sample, sampling.stop), sample.finish_reason, bool(tools)
+            )
             reply: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 reply["tool_calls"] = calls
             replies.append(reply)
-            choices.append(ChatChoice(
-                index=i, message=ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]),
-                logprobs=self.chat_logprobs(sample) if req.logprobs else None, finish_reason=finish,
-                token_ids=list(sample.token_ids) if req.return_token_ids else None))
+            choices.append(
+                ChatChoice(
+                    index=i,
+                    message=ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]),
+                    logprobs=self.chat_logprobs(sample) if req.logprobs else None,
+                    finish_reason=finish,
+                    token_ids=list(sample.token_ids) if req.return_token_ids else None,
+                )
+            )
 
         def record() -> None:
             for p, sample, reply in zip(plans, samples, replies):
@@ -198,28 +256,38 @@ class ModelCalls:
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             if len(prompt) != 1:
-                raise APIError(400, "the gateway takes one prompt per request (a string or a list of token ids)",
-                               param="prompt")
+                raise APIError(
+                    400, "the gateway takes one prompt per request (a string or a list of token ids)", param="prompt"
+                )
             prompt = prompt[0]
         if isinstance(prompt, list):
             bad = next((t for t in prompt if not 0 <= t < len(self.tokenizer)), None)
             if bad is not None:
-                raise APIError(400, f"prompt token id {bad} is outside the vocabulary (size {len(self.tokenizer)})",
-                               param="prompt")
+                raise APIError(
+                    400, f"prompt token id {bad} is outside the vocabulary (size {len(self.tokenizer)})", param="prompt"
+                )
         started, wall = asyncio.get_running_loop().time(), time.time()
         plan = self.store.plan_text(session, prompt)
         request = {"prompt": prompt}
         if req.stream and req.n == 1:
-            return await live_completion(self, session, plan, req, self.plan_sampling(session, plan, req, "prompt"),
-                                         request, started, wall)
+            return await live_completion(
+                self, session, plan, req, self.plan_sampling(session, plan, req, "prompt"), request, started, wall
+            )
         plans, samples, sampling = await self.sample_plan(session, plan, req, "prompt")
         choices, texts = [], []
         for i, sample in enumerate(samples):
             text = self.reply_text(sample, sampling.stop)
             texts.append(text)
             logprobs = self.completion_logprobs(sample, req.logprobs) if req.logprobs is not None else None
-            choices.append(CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=sample.finish_reason,
-                                            token_ids=list(sample.token_ids) if req.return_token_ids else None))
+            choices.append(
+                CompletionChoice(
+                    index=i,
+                    text=text,
+                    logprobs=logprobs,
+                    finish_reason=sample.finish_reason,
+                    token_ids=list(sample.token_ids) if req.return_token_ids else None,
+                )
+            )
 
         def record() -> None:
             for p, sample, text in zip(plans, samples, texts):
@@ -229,16 +297,18 @@ class ModelCalls:
         return self.respond(CompletionResponse, completion_chunks, req, plan, plans, samples, choices, session, record)
 
     # ---- shared by both -------------------------------------------------------------------
-    async def sample_plan(self, session: Session, plan: Plan, req: ChatCompletionRequest | CompletionRequest,
-                          param: str) -> tuple[list[Plan], list[TokenSample], SamplingParams]:
+    async def sample_plan(
+        self, session: Session, plan: Plan, req: ChatCompletionRequest | CompletionRequest, param: str
+    ) -> tuple[list[Plan], list[TokenSample], SamplingParams]:
         """``req.n`` samples from ``plan`` (the first) and its siblings; ``plan`` is released if the
         request cannot be sampled."""
         sampling = self.plan_sampling(session, plan, req, param)
         plans = [plan] + self.store.siblings(session, plan, req.n - 1)
         return plans, await self.sample_all(session, plans, sampling), sampling
 
-    def plan_sampling(self, session: Session, plan: Plan, req: ChatCompletionRequest | CompletionRequest,
-                      param: str) -> SamplingParams:
+    def plan_sampling(
+        self, session: Session, plan: Plan, req: ChatCompletionRequest | CompletionRequest, param: str
+    ) -> SamplingParams:
         """``sampling`` for ``plan``'s context; the plan is released if the request cannot be sampled."""
         try:
             return self.sampling(session, req, len(plan.context_ids), param)
@@ -246,18 +316,32 @@ class ModelCalls:
             self.store.release(plan)
             raise
 
-    def respond(self, response_type: type, chunks: Any, req: ChatCompletionRequest | CompletionRequest, plan: Plan,
-                plans: list[Plan], samples: list[TokenSample], choices: list[Any], session: Session,
-                record: Callable[[], None]) -> Delivery:
+    def respond(
+        self,
+        response_type: type,
+        chunks: Any,
+        req: ChatCompletionRequest | CompletionRequest,
+        plan: Plan,
+        plans: list[Plan],
+        samples: list[TokenSample],
+        choices: list[Any],
+        session: Session,
+        record: Callable[[], None],
+    ) -> Delivery:
         """The OpenAI response (JSON, or SSE ``chunks`` of it when ``req.stream``), recording the
         turns (``record``) once it has been sent."""
         completion = sum(len(s.token_ids) for s in samples)
         response = response_type(
-            model=req.model or self.model_name, choices=choices,
+            model=req.model or self.model_name,
+            choices=choices,
             prompt_token_ids=plan.context_ids if req.return_token_ids else None,
-            usage=UsageInfo(prompt_tokens=len(plan.context_ids), completion_tokens=completion,
-                            total_tokens=len(plan.context_ids) + completion),
-            weight_version=min(s.weight_version for s in samples))
+            usage=UsageInfo(
+                prompt_tokens=len(plan.context_ids),
+                completion_tokens=completion,
+                total_tokens=len(plan.context_ids) + completion,
+            ),
+            weight_version=min(s.weight_version for s in samples),
+        )
 
         def delivered() -> None:
             if session.finished:
@@ -296,9 +380,9 @@ class _StreamDelivery(Delivery):
             self.record()
 
         try:
-            await StreamingResponse(body(), media_type="text/event-stream",
-                                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})(
-                scope, receive, send)
+            await StreamingResponse(
+                body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            )(scope, receive, send)
         finally:
             if not recorded:
                 self.release()

@@ -35,8 +35,9 @@ def ground_truth(task: dict[str, Any]) -> str:
     if value is None:
         value = (task.get("reward_model") or {}).get("ground_truth")
     if value is None:
-        raise ValueError("the task names a reward function but has no 'ground_truth' "
-                         "(or 'reward_model': {'ground_truth': ...})")
+        raise ValueError(
+            "the task names a reward function but has no 'ground_truth' (or 'reward_model': {'ground_truth': ...})"
+        )
     return str(value)
 
 
@@ -65,9 +66,11 @@ def resolve_reward_fn(name: str, allowed: Collection[str] = ()) -> RewardFn:
         return REWARD_FNS[name]
     if ":" in name:
         if not allowed_import(name, allowed):
-            raise ValueError(f"reward_fn {name!r} is not allowed: a task may name a registered reward function "
-                             f"({', '.join(sorted(REWARD_FNS))}) or an import path the gateway's operator allowed "
-                             "(agentgym gateway --reward-fn package.module:function)")
+            raise ValueError(
+                f"reward_fn {name!r} is not allowed: a task may name a registered reward function "
+                f"({', '.join(sorted(REWARD_FNS))}) or an import path the gateway's operator allowed "
+                "(agentgym gateway --reward-fn package.module:function)"
+            )
         try:
             fn = import_object(name)
         except (ValueError, ImportError, AttributeError) as exc:
@@ -77,8 +80,10 @@ def resolve_reward_fn(name: str, allowed: Collection[str] = ()) -> RewardFn:
         return fn
     close = difflib.get_close_matches(name, REWARD_FNS, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown reward_fn {name!r}; registered: {', '.join(sorted(REWARD_FNS))}, or give "
-                     f"'package.module:function'.{hint}")
+    raise ValueError(
+        f"unknown reward_fn {name!r}; registered: {', '.join(sorted(REWARD_FNS))}, or give "
+        f"'package.module:function'.{hint}"
+    )
 
 
 def task_reward_fn(task: dict[str, Any]) -> str | None:

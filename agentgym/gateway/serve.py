@@ -22,8 +22,16 @@ from agentgym.server.limits import new_admin_key
 class GatewayHandle:
     """A gateway serving in a background thread of this process: ``.url``, ``.gateway``, ``.stop()``."""
 
-    def __init__(self, servers: str | Sequence[str], model: str = "tiny", host: str = "127.0.0.1", port: int = 0,
-                 backend: str = "embedded", log_level: str = "warning", **options: Any) -> None:
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        model: str = "tiny",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        backend: str = "embedded",
+        log_level: str = "warning",
+        **options: Any,
+    ) -> None:
         import uvicorn
 
         from agentgym.model import load_tokenizer
@@ -52,8 +60,7 @@ class GatewayHandle:
                 await self.gateway.aclose()
                 await policy.aclose()
 
-        self._thread = threading.Thread(target=_run, args=(serve(),), name=f"agentgym-gateway-{self.port}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=_run, args=(serve(),), name=f"agentgym-gateway-{self.port}", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30
         while not (ready.is_set() and self._server.started):
@@ -80,8 +87,9 @@ class GatewayHandle:
         self.stop()
 
 
-def start_gateway(servers: str | Sequence[str], model: str = "tiny", port: int = 0, host: str = "127.0.0.1",
-                  **options: Any) -> GatewayHandle:
+def start_gateway(
+    servers: str | Sequence[str], model: str = "tiny", port: int = 0, host: str = "127.0.0.1", **options: Any
+) -> GatewayHandle:
     """Serve a gateway over ``servers`` (policy server base URLs) in a background thread; ``port=0``
     picks a free port. ``options``: ``backend`` (the servers' dialect), ``server_model`` (the name the
     servers answer to; default: asked), ``read_timeout`` / ``write_timeout`` (slow connections), and
@@ -103,19 +111,35 @@ def _run(main: Any) -> None:
         runner.run(main)
 
 
-def uvicorn_config(app: Any, log_level: str = "warning", read_timeout: float = READ_TIMEOUT_S,
-                   write_timeout: float = WRITE_TIMEOUT_S) -> Any:
+def uvicorn_config(
+    app: Any, log_level: str = "warning", read_timeout: float = READ_TIMEOUT_S, write_timeout: float = WRITE_TIMEOUT_S
+) -> Any:
     """How every gateway is served: no access log or lifespan, long keep-alive, a deep backlog, no
     proxy-header rewriting (``public_url`` covers proxies; the middleware costs CPU on every call), and
     slow or stalled connections closed (``agentgym.server.http_timeouts``)."""
     import uvicorn
 
-    return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_keep_alive=60,
-                          backlog=4096, proxy_headers=False, http=timed_protocol(read_timeout, write_timeout))
+    return uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=60,
+        backlog=4096,
+        proxy_headers=False,
+        http=timed_protocol(read_timeout, write_timeout),
+    )
 
 
-async def serve_gateway(sockets: list[Any], servers: list[str], backend: str, tokenizer: Any,
-                        banner: str | None = None, wrap: Any = None, **options: Any) -> None:
+async def serve_gateway(
+    sockets: list[Any],
+    servers: list[str],
+    backend: str,
+    tokenizer: Any,
+    banner: str | None = None,
+    wrap: Any = None,
+    **options: Any,
+) -> None:
     """Serve a ``Gateway(**options)`` over ``servers`` on the bound ``sockets`` until stopped;
     ``wrap``: a function of the gateway's ASGI app giving the app to serve instead."""
     import uvicorn

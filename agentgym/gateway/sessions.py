@@ -55,6 +55,7 @@ from agentgym.types import TokenSample, Trajectory, Turn
 
 log = logging.getLogger("agentgym.gateway")
 
+
 # ---- messages ----------------------------------------------------------------------------------
 def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
     """One OpenAI message in the plain form the chat template and the matcher use: string content
@@ -64,8 +65,11 @@ def normalize_message(message: dict[str, Any]) -> dict[str, Any]:
         role = "system"
     content = message.get("content")
     if isinstance(content, list):
-        content = "".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") in ("text", None)
-                          and isinstance(p.get("text"), str))  # a part whose text is not a string adds nothing
+        content = "".join(
+            p["text"]
+            for p in content
+            if isinstance(p, dict) and p.get("type") in ("text", None) and isinstance(p.get("text"), str)
+        )  # a part whose text is not a string adds nothing
     out: dict[str, Any] = {"role": role, "content": content}
     calls = message.get("tool_calls")
     if calls:
@@ -81,8 +85,11 @@ def _normalize_call(call: dict[str, Any]) -> dict[str, Any]:
     arguments = function.get("arguments")
     if not isinstance(arguments, str):
         arguments = json.dumps({} if arguments is None else arguments, ensure_ascii=False)
-    return {"id": call.get("id") or "", "type": "function",
-            "function": {"name": function.get("name") or "", "arguments": arguments}}
+    return {
+        "id": call.get("id") or "",
+        "type": "function",
+        "function": {"name": function.get("name") or "", "arguments": arguments},
+    }
 
 
 def _json_equal(a: str, b: str) -> bool:
@@ -103,7 +110,8 @@ def same_reply(sent: dict[str, Any], recorded: dict[str, Any]) -> bool:
         return False
     a, b = sent.get("tool_calls") or [], recorded.get("tool_calls") or []
     return len(a) == len(b) and all(
-        x["function"]["name"] == y["function"]["name"] and _json_equal(x["function"]["arguments"], y["function"]["arguments"])
+        x["function"]["name"] == y["function"]["name"]
+        and _json_equal(x["function"]["arguments"], y["function"]["arguments"])
         for x, y in zip(a, b)
     )
 
@@ -194,12 +202,24 @@ class Session:
 
     def header(self) -> dict[str, Any]:
         """The session as the listing shows it."""
-        return {"id": self.id, "group_id": self.group_id, "status": self.status, "created": self.created,
-                "finished_at": self.finished_at, "metadata": self.metadata, "requests": self.requests,
-                "failure": self.failure}
+        return {
+            "id": self.id,
+            "group_id": self.group_id,
+            "status": self.status,
+            "created": self.created,
+            "finished_at": self.finished_at,
+            "metadata": self.metadata,
+            "requests": self.requests,
+            "failure": self.failure,
+        }
 
-    def post_reward(self, reward: float, kind: Literal["final", "turn"] = "final", turn: int | None = None,
-                    branch: int | None = None) -> PostedReward:
+    def post_reward(
+        self,
+        reward: float,
+        kind: Literal["final", "turn"] = "final",
+        turn: int | None = None,
+        branch: int | None = None,
+    ) -> PostedReward:
         """Record a reward; it belongs to ``branch`` (default: the branch of the latest completion) and,
         for a turn reward, to ``turn`` (default: that branch's latest turn)."""
         if self.finished:
@@ -224,25 +244,49 @@ class Session:
 
     def summary(self, with_tokens: bool = True) -> dict[str, Any]:
         """The session as JSON: its task, state, rewards and each branch's recorded turns."""
+
         def branch(b: Branch) -> dict[str, Any]:
-            out: dict[str, Any] = {"index": b.index, "kind": b.kind, "parent": b.parent, "messages": b.messages,
-                                   "num_turns": len(b.turns), "num_tokens": len(b.token_ids)}
+            out: dict[str, Any] = {
+                "index": b.index,
+                "kind": b.kind,
+                "parent": b.parent,
+                "messages": b.messages,
+                "num_turns": len(b.turns),
+                "num_tokens": len(b.token_ids),
+            }
             if with_tokens:
                 out["turns"] = [_turn_dict(t) for t in b.turns]
             return out
 
-        return {"id": self.id, "group_id": self.group_id, "task": self.task, "sampling": self.sampling,
-                "finished": self.finished, "failure": self.failure, "requests": self.requests,
-                "status": self.status, "created": self.created, "finished_at": self.finished_at,
-                "metadata": self.metadata, "active_branch": self.active,
-                "rewards": [vars(r) for r in self.rewards],
-                "branches": [branch(b) for b in self.branches if b.turns]}
+        return {
+            "id": self.id,
+            "group_id": self.group_id,
+            "task": self.task,
+            "sampling": self.sampling,
+            "finished": self.finished,
+            "failure": self.failure,
+            "requests": self.requests,
+            "status": self.status,
+            "created": self.created,
+            "finished_at": self.finished_at,
+            "metadata": self.metadata,
+            "active_branch": self.active,
+            "rewards": [vars(r) for r in self.rewards],
+            "branches": [branch(b) for b in self.branches if b.turns],
+        }
 
 
 def _turn_dict(turn: Turn) -> dict[str, Any]:
-    return {"prompt_ids": turn.prompt_ids, "response_ids": turn.response_ids, "logprobs": turn.logprobs,
-            "reward": turn.reward, "weight_version": turn.weight_version, "finish_reason": turn.finish_reason,
-            "observation": turn.observation, "response_text": turn.response_text}
+    return {
+        "prompt_ids": turn.prompt_ids,
+        "response_ids": turn.response_ids,
+        "logprobs": turn.logprobs,
+        "reward": turn.reward,
+        "weight_version": turn.weight_version,
+        "finish_reason": turn.finish_reason,
+        "observation": turn.observation,
+        "response_text": turn.response_text,
+    }
 
 
 class SessionError(APIError):
@@ -261,8 +305,15 @@ class SessionStore:
     abandoned sessions do not pile up.
     """
 
-    def __init__(self, chat: ChatTokenizer, keep_finished: int = 10_000, template_check_every: int = 1,
-                 idle_timeout: float = 3600.0, id_prefix: str = "", allowed_reward_fns: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        chat: ChatTokenizer,
+        keep_finished: int = 10_000,
+        template_check_every: int = 1,
+        idle_timeout: float = 3600.0,
+        id_prefix: str = "",
+        allowed_reward_fns: Collection[str] = (),
+    ) -> None:
         self.chat = chat
         self.allowed_reward_fns = tuple(allowed_reward_fns)  # import paths a task may name (validation.py)
         self.id_prefix = id_prefix  # a multi-worker gateway's worker index: w<k>-
@@ -274,21 +325,40 @@ class SessionStore:
         self.finished: OrderedDict[str, Session] = OrderedDict()
         self._by_key: dict[str, str] = {}
         self.on_finish: Callable[[Session], None] | None = None  # sees every session as it finishes
-        self.counts = {"sessions": 0, "finished": 0, "requests": 0, "extend": 0, "fork": 0, "fresh": 0,
-                       "branches": 0, "template_mismatch": 0, "expired": 0}
+        self.counts = {
+            "sessions": 0,
+            "finished": 0,
+            "requests": 0,
+            "extend": 0,
+            "fork": 0,
+            "fresh": 0,
+            "branches": 0,
+            "template_mismatch": 0,
+            "expired": 0,
+        }
 
     # ---- sessions --------------------------------------------------------------------------
-    def create(self, task: dict[str, Any] | None = None, group_id: str | None = None,
-               sampling: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> Session:
+    def create(
+        self,
+        task: dict[str, Any] | None = None,
+        group_id: str | None = None,
+        sampling: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Session:
         task = dict(task or {})
         name = task_reward_fn(task)
         if name is not None:
             resolve_reward_fn(name, self.allowed_reward_fns)  # a typo fails here, not at finish
             ground_truth(task)
         sid = self.id_prefix + uuid.uuid4().hex
-        session = Session(id=sid, key=f"sk-agentgym-{secrets.token_urlsafe(24)}", task=task,
-                          group_id=str(group_id) if group_id is not None else sid, sampling=dict(sampling or {}),
-                          metadata=dict(metadata or {}))
+        session = Session(
+            id=sid,
+            key=f"sk-agentgym-{secrets.token_urlsafe(24)}",
+            task=task,
+            group_id=str(group_id) if group_id is not None else sid,
+            sampling=dict(sampling or {}),
+            metadata=dict(metadata or {}),
+        )
         self.open[sid] = session
         self._by_key[session.key] = sid
         self.counts["sessions"] += 1
@@ -316,8 +386,12 @@ class SessionStore:
     def get(self, sid: str) -> Session:
         session = self.open.get(sid) or self.finished.get(sid)
         if session is None:
-            raise SessionError(404, f"no session {sid!r}: create one with POST /sessions (finished sessions are "
-                               f"kept for the latest {self.keep_finished})", "session_not_found")
+            raise SessionError(
+                404,
+                f"no session {sid!r}: create one with POST /sessions (finished sessions are "
+                f"kept for the latest {self.keep_finished})",
+                "session_not_found",
+            )
         return session
 
     def delete(self, sid: str) -> Session | None:
@@ -352,8 +426,7 @@ class SessionStore:
         return session.trajectories
 
     # ---- planning: which branch a request extends ----------------------------------------
-    def plan_chat(self, session: Session, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None) -> Plan:
+    def plan_chat(self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Plan:
         """Match a chat request against the session's branches and reserve where its sample goes."""
         tkey = tools_key(tools)
         best: tuple[int, int, int, Branch] | None = None  # (messages, extends, index, branch) at a checkpoint
@@ -399,18 +472,23 @@ class SessionStore:
             if b.kind != "text" or b.pending or not b.turns:
                 continue
             if isinstance(prompt, str) and prompt.startswith(b.text):
-                rest = prompt[len(b.text):]
+                rest = prompt[len(b.text) :]
                 delta = self.chat.encode(rest) if rest else []
-            elif not isinstance(prompt, str) and prompt[:len(b.token_ids)] == b.token_ids:
-                delta = list(prompt[len(b.token_ids):])
+            elif not isinstance(prompt, str) and prompt[: len(b.token_ids)] == b.token_ids:
+                delta = list(prompt[len(b.token_ids) :])
             else:
                 continue
             plan = Plan(b, "extend", b.token_ids + delta, delta, prompt_text=prompt if isinstance(prompt, str) else "")
             break
         else:
             ids = self.chat.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            plan = Plan(self._new_branch(session, "text", None, ""), "fresh", ids, ids,
-                        prompt_text=prompt if isinstance(prompt, str) else "")
+            plan = Plan(
+                self._new_branch(session, "text", None, ""),
+                "fresh",
+                ids,
+                ids,
+                prompt_text=prompt if isinstance(prompt, str) else "",
+            )
         plan.branch.pending = True
         self.counts[plan.kind] += 1
         return plan
@@ -426,13 +504,23 @@ class SessionStore:
                 branch.parent = b.parent
             branch.pending = True
             kind: Literal["fork", "fresh"] = "fresh" if plan.kind == "fresh" else "fork"
-            out.append(Plan(branch, kind, plan.context_ids, list(plan.context_ids), plan.messages,
-                            plan.observation, plan.prompt_text))
+            out.append(
+                Plan(
+                    branch,
+                    kind,
+                    plan.context_ids,
+                    list(plan.context_ids),
+                    plan.messages,
+                    plan.observation,
+                    plan.prompt_text,
+                )
+            )
             self.counts[kind] += 1
         return out
 
-    def _new_branch(self, session: Session, kind: Literal["chat", "text"], tools: list[dict[str, Any]] | None,
-                    tkey: str) -> Branch:
+    def _new_branch(
+        self, session: Session, kind: Literal["chat", "text"], tools: list[dict[str, Any]] | None, tkey: str
+    ) -> Branch:
         branch = Branch(index=len(session.branches), kind=kind, tools=tools, tkey=tkey)
         session.branches.append(branch)
         self.counts["branches"] += 1
@@ -449,17 +537,30 @@ class SessionStore:
         return branch
 
     # ---- recording -------------------------------------------------------------------------
-    def commit(self, session: Session, plan: Plan, sample: TokenSample, reply: dict[str, Any] | None = None,
-               text: str = "", shaped_by: Sequence[str] = ()) -> Turn:
+    def commit(
+        self,
+        session: Session,
+        plan: Plan,
+        sample: TokenSample,
+        reply: dict[str, Any] | None = None,
+        text: str = "",
+        shaped_by: Sequence[str] = (),
+    ) -> Turn:
         """Record a sample on its planned branch. ``reply`` is the assistant message returned to the
         agent (chat); ``text`` the completion text returned (text completions); ``shaped_by``: what
         shaped its sampling besides temperature and the filters (``Turn.shaped_by``)."""
         b = plan.branch
         raw = self.chat.assistant_content(sample.token_ids)
-        turn = Turn(prompt_ids=list(plan.turn_prompt_ids), response_ids=list(sample.token_ids),
-                    logprobs=list(sample.logprobs), weight_version=sample.weight_version,
-                    finish_reason=sample.finish_reason, observation=plan.observation, response_text=raw,
-                    shaped_by=list(shaped_by))
+        turn = Turn(
+            prompt_ids=list(plan.turn_prompt_ids),
+            response_ids=list(sample.token_ids),
+            logprobs=list(sample.logprobs),
+            weight_version=sample.weight_version,
+            finish_reason=sample.finish_reason,
+            observation=plan.observation,
+            response_text=raw,
+            shaped_by=list(shaped_by),
+        )
         b.turns.append(turn)
         b.token_ids = plan.context_ids + list(sample.token_ids)
         if b.kind == "chat":
@@ -489,20 +590,31 @@ class SessionStore:
                 out.append(self._trajectory(session, b, len(branches), name, check))
             except Exception as exc:  # one branch that cannot be built must not lose the others
                 log.exception("session %s: could not build branch %d's trajectory", session.id, b.index)
-                out.append(Trajectory(
-                    turns=[Turn(**vars(t)) for t in b.turns], env_id=str(task.get("env") or "gateway"),
-                    group_id=session.group_id, seed=task.get("seed"), status="failed",
-                    failure=f"the gateway could not build this trajectory: {type(exc).__name__}: {exc}",
-                    data_source=str(task.get("data_source") or ""), messages=list(b.messages),
-                    metrics={"branch": float(b.index)}, task={**task, "session_id": session.id, "branch": b.index}))
+                out.append(
+                    Trajectory(
+                        turns=[Turn(**vars(t)) for t in b.turns],
+                        env_id=str(task.get("env") or "gateway"),
+                        group_id=session.group_id,
+                        seed=task.get("seed"),
+                        status="failed",
+                        failure=f"the gateway could not build this trajectory: {type(exc).__name__}: {exc}",
+                        data_source=str(task.get("data_source") or ""),
+                        messages=list(b.messages),
+                        metrics={"branch": float(b.index)},
+                        task={**task, "session_id": session.id, "branch": b.index},
+                    )
+                )
         return out
 
     def _trajectory(self, session: Session, b: Branch, n_branches: int, name: str | None, check: bool) -> Trajectory:
         task = session.task
         turns = [Turn(**vars(t)) for t in b.turns]
-        metrics: dict[str, float] = {"branches": float(n_branches), "branch": float(b.index),
-                                     "active_branch": float(b.index == session.active),
-                                     "requests": float(session.requests)}
+        metrics: dict[str, float] = {
+            "branches": float(n_branches),
+            "branch": float(b.index),
+            "active_branch": float(b.index == session.active),
+            "requests": float(session.requests),
+        }
         posted = 0.0
         for r in session.rewards:
             if r.branch != b.index:
@@ -527,20 +639,32 @@ class SessionStore:
             metrics["reward_fn_score"] = score
             outcome += score
         sampled = sum(len(t.response_ids) for t in turns)
-        metrics.update(turns=float(len(turns)), sampled_tokens=float(sampled),
-                       tokens=float(sampled + sum(len(t.prompt_ids) for t in turns)),
-                       shaped_turns=float(sum(1 for t in turns if t.shaped_by)),  # Turn.shaped_by
-                       success=float(status != "failed" and outcome > 0))
+        metrics.update(
+            turns=float(len(turns)),
+            sampled_tokens=float(sampled),
+            tokens=float(sampled + sum(len(t.prompt_ids) for t in turns)),
+            shaped_turns=float(sum(1 for t in turns if t.shaped_by)),  # Turn.shaped_by
+            success=float(status != "failed" and outcome > 0),
+        )
         if check and b.kind == "chat":
             metrics["template_mismatch"] = float(self._mismatch(b) is not None)
             self.counts["template_mismatch"] += int(metrics["template_mismatch"])
         return Trajectory(
-            turns=turns, outcome_reward=outcome, env_id=str(task.get("env") or "gateway"),
-            group_id=session.group_id, seed=task.get("seed"), status=status, failure=failure,
-            data_source=str(task.get("data_source") or ""), messages=list(b.messages), metrics=metrics,
+            turns=turns,
+            outcome_reward=outcome,
+            env_id=str(task.get("env") or "gateway"),
+            group_id=session.group_id,
+            seed=task.get("seed"),
+            status=status,
+            failure=failure,
+            data_source=str(task.get("data_source") or ""),
+            messages=list(b.messages),
+            metrics=metrics,
             task={**task, "session_id": session.id, "branch": b.index, "parent": b.parent},
         )
 
     def _mismatch(self, b: Branch) -> int | None:
-        raw = [{"role": "assistant", "content": b.replies[i]} if i in b.replies else m for i, m in enumerate(b.messages)]
+        raw = [
+            {"role": "assistant", "content": b.replies[i]} if i in b.replies else m for i, m in enumerate(b.messages)
+        ]
         return self.chat.mismatch(raw, b.tools, b.token_ids)

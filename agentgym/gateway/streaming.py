@@ -41,8 +41,9 @@ def sse(chunks: list[str]) -> StreamingResponse:
         for chunk in chunks:
             yield chunk
 
-    return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 def _data(model: Any) -> str:
@@ -51,24 +52,54 @@ def _data(model: Any) -> str:
 
 def chat_chunks(response: ChatCompletionResponse, include_usage: bool) -> list[str]:
     def chunk(choice: ChatStreamChoice) -> str:
-        return _data(ChatCompletionChunk(id=response.id, created=response.created, model=response.model,
-                                         choices=[choice], weight_version=response.weight_version))
+        return _data(
+            ChatCompletionChunk(
+                id=response.id,
+                created=response.created,
+                model=response.model,
+                choices=[choice],
+                weight_version=response.weight_version,
+            )
+        )
 
     out = []
     for choice in response.choices:
         message = choice.message
         out.append(chunk(ChatStreamChoice(index=choice.index, delta=DeltaMessage(role="assistant", content=""))))
         if message.content:
-            out.append(chunk(ChatStreamChoice(index=choice.index, delta=DeltaMessage(content=message.content),
-                                              logprobs=choice.logprobs)))
+            out.append(
+                chunk(
+                    ChatStreamChoice(
+                        index=choice.index, delta=DeltaMessage(content=message.content), logprobs=choice.logprobs
+                    )
+                )
+            )
         if message.tool_calls:
             calls = [{"index": k, **c.model_dump()} for k, c in enumerate(message.tool_calls)]
             out.append(chunk(ChatStreamChoice(index=choice.index, delta=DeltaMessage(tool_calls=calls))))
-        out.append(chunk(ChatStreamChoice(index=choice.index, delta=DeltaMessage(), finish_reason=choice.finish_reason,
-                                          token_ids=choice.token_ids)))
+        out.append(
+            chunk(
+                ChatStreamChoice(
+                    index=choice.index,
+                    delta=DeltaMessage(),
+                    finish_reason=choice.finish_reason,
+                    token_ids=choice.token_ids,
+                )
+            )
+        )
     if include_usage:
-        out.append(_data(ChatCompletionChunk(id=response.id, created=response.created, model=response.model,
-                                             choices=[], usage=response.usage, weight_version=response.weight_version)))
+        out.append(
+            _data(
+                ChatCompletionChunk(
+                    id=response.id,
+                    created=response.created,
+                    model=response.model,
+                    choices=[],
+                    usage=response.usage,
+                    weight_version=response.weight_version,
+                )
+            )
+        )
     out.append("data: [DONE]\n\n")
     return out
 
@@ -76,18 +107,38 @@ def chat_chunks(response: ChatCompletionResponse, include_usage: bool) -> list[s
 def completion_chunks(response: CompletionResponse, include_usage: bool) -> list[str]:
     out = []
     for choice in response.choices:
-        out.append(_data(CompletionChunk(id=response.id, created=response.created, model=response.model,
-                                         choices=[choice], weight_version=response.weight_version)))
+        out.append(
+            _data(
+                CompletionChunk(
+                    id=response.id,
+                    created=response.created,
+                    model=response.model,
+                    choices=[choice],
+                    weight_version=response.weight_version,
+                )
+            )
+        )
     if include_usage:
-        out.append(_data(CompletionChunk(id=response.id, created=response.created, model=response.model, choices=[],
-                                         usage=response.usage, weight_version=response.weight_version)))
+        out.append(
+            _data(
+                CompletionChunk(
+                    id=response.id,
+                    created=response.created,
+                    model=response.model,
+                    choices=[],
+                    usage=response.usage,
+                    weight_version=response.weight_version,
+                )
+            )
+        )
     out.append("data: [DONE]\n\n")
     return out
 
 
 # ---- live: tokens as the server samples them -------------------------------------------------
-async def _first(gw: Gateway, session: Session, plan: Plan, sampling: SamplingParams
-                 ) -> tuple[TokenDelta | None, AsyncIterator[TokenDelta]]:
+async def _first(
+    gw: Gateway, session: Session, plan: Plan, sampling: SamplingParams
+) -> tuple[TokenDelta | None, AsyncIterator[TokenDelta]]:
     """Start the generation and wait for its first delta, so that a server that cannot answer is still
     an HTTP error (503, 400) and not a stream that breaks off."""
     deltas = gw.generate_stream(session, plan.context_ids, sampling)
@@ -110,8 +161,16 @@ def _error_event(exc: Exception) -> str:
 class _Live:
     """One streamed generation: its deltas, what they add up to, the text the agent has been sent."""
 
-    def __init__(self, gw: Gateway, session: Session, plan: Plan, sampling: SamplingParams, markers: list[str],
-                 first: TokenDelta | None, deltas: AsyncIterator[TokenDelta]) -> None:
+    def __init__(
+        self,
+        gw: Gateway,
+        session: Session,
+        plan: Plan,
+        sampling: SamplingParams,
+        markers: list[str],
+        first: TokenDelta | None,
+        deltas: AsyncIterator[TokenDelta],
+    ) -> None:
         self.gw, self.session, self.plan, self.sampling = gw, session, plan, sampling
         self.first, self.deltas = first, deltas
         self.text = IncrementalText(gw.tokenizer, True, markers)
@@ -139,10 +198,19 @@ class _Live:
         """The whole generation; raises a 409 if the session was finished meanwhile (nothing recorded)."""
         if self.session.finished:
             self.gw.counts["late_completions"] += 1
-            raise APIError(409, f"session {self.session.id} was finished while this call was generating; its result "
-                           "is not recorded", "conflict_error", code="session_finished")
-        return TokenSample(token_ids=self.ids, logprobs=self.logprobs, finish_reason=self.finish or "stop",
-                           weight_version=self.version, top_logprobs=self.tops)
+            raise APIError(
+                409,
+                f"session {self.session.id} was finished while this call was generating; its result is not recorded",
+                "conflict_error",
+                code="session_finished",
+            )
+        return TokenSample(
+            token_ids=self.ids,
+            logprobs=self.logprobs,
+            finish_reason=self.finish or "stop",
+            weight_version=self.version,
+            top_logprobs=self.tops,
+        )
 
     def record(self, reply: dict[str, Any] | None = None, text: str = "") -> bool:
         """Record the turn, now that the agent has received all of it (not if the session was
@@ -164,44 +232,77 @@ class _Live:
 
 
 def _stream(body: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(body, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        body, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
-async def live_chat(gw: Gateway, session: Session, plan: Plan, req: ChatCompletionRequest, sampling: SamplingParams,
-                    tools: list[dict[str, Any]] | None, request: dict[str, Any], started: float, wall: float
-                    ) -> StreamingResponse:
+async def live_chat(
+    gw: Gateway,
+    session: Session,
+    plan: Plan,
+    req: ChatCompletionRequest,
+    sampling: SamplingParams,
+    tools: list[dict[str, Any]] | None,
+    request: dict[str, Any],
+    started: float,
+    wall: float,
+) -> StreamingResponse:
     """A chat completion streamed as it is sampled (see ``agentgym.gateway.gateway``: stream=true)."""
     first, deltas = await _first(gw, session, plan, sampling)
     live = _Live(gw, session, plan, sampling, list(sampling.stop) + ([TOOL_CALL_OPEN] if tools else []), first, deltas)
     cid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or gw.model_name
 
     def chunk(choice: ChatStreamChoice | None, **extra: Any) -> str:
-        return _data(ChatCompletionChunk(id=cid, created=created, model=model, choices=[choice] if choice else [],
-                                         weight_version=live.version, **extra))
+        return _data(
+            ChatCompletionChunk(
+                id=cid,
+                created=created,
+                model=model,
+                choices=[choice] if choice else [],
+                weight_version=live.version,
+                **extra,
+            )
+        )
 
     async def body() -> AsyncIterator[str]:
         try:
-            yield chunk(ChatStreamChoice(index=0, delta=DeltaMessage(role="assistant", content="")),
-                        prompt_token_ids=plan.context_ids if req.return_token_ids else None)
+            yield chunk(
+                ChatStreamChoice(index=0, delta=DeltaMessage(role="assistant", content="")),
+                prompt_token_ids=plan.context_ids if req.return_token_ids else None,
+            )
             async for delta, piece in live:
                 logprobs = None
                 if req.logprobs and delta.token_ids:
-                    logprobs = gw.chat_logprobs(TokenSample(delta.token_ids, delta.logprobs, "",
-                                                            top_logprobs=delta.top_logprobs))
+                    logprobs = gw.chat_logprobs(
+                        TokenSample(delta.token_ids, delta.logprobs, "", top_logprobs=delta.top_logprobs)
+                    )
                 if piece or logprobs or (req.return_token_ids and delta.token_ids):
-                    yield chunk(ChatStreamChoice(index=0, delta=DeltaMessage(content=piece), logprobs=logprobs,
-                                                 token_ids=delta.token_ids if req.return_token_ids else None))
+                    yield chunk(
+                        ChatStreamChoice(
+                            index=0,
+                            delta=DeltaMessage(content=piece),
+                            logprobs=logprobs,
+                            token_ids=delta.token_ids if req.return_token_ids else None,
+                        )
+                    )
             sample = live.sample()
-            content, calls, finish = assistant_reply(gw.reply_text(sample, sampling.stop), sample.finish_reason,
-                                                     bool(tools))
+            content, calls, finish = assistant_reply(
+                gw.reply_text(sample, sampling.stop), sample.finish_reason, bool(tools)
+            )
             reply: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 reply["tool_calls"] = calls
             tail = live.text.finish(content or "")
             if tail or calls:
-                yield chunk(ChatStreamChoice(index=0, delta=DeltaMessage(
-                    content=tail or None, tool_calls=[{"index": k, **c} for k, c in enumerate(calls)] or None)))
+                yield chunk(
+                    ChatStreamChoice(
+                        index=0,
+                        delta=DeltaMessage(
+                            content=tail or None, tool_calls=[{"index": k, **c} for k, c in enumerate(calls)] or None
+                        ),
+                    )
+                )
             yield chunk(ChatStreamChoice(index=0, delta=DeltaMessage(), finish_reason=finish))
             if req.stream_options and req.stream_options.include_usage:
                 yield chunk(None, usage=_usage(plan, sample))
@@ -216,16 +317,32 @@ async def live_chat(gw: Gateway, session: Session, plan: Plan, req: ChatCompleti
     return _stream(body())
 
 
-async def live_completion(gw: Gateway, session: Session, plan: Plan, req: CompletionRequest, sampling: SamplingParams,
-                          request: dict[str, Any], started: float, wall: float) -> StreamingResponse:
+async def live_completion(
+    gw: Gateway,
+    session: Session,
+    plan: Plan,
+    req: CompletionRequest,
+    sampling: SamplingParams,
+    request: dict[str, Any],
+    started: float,
+    wall: float,
+) -> StreamingResponse:
     """A text completion streamed as it is sampled."""
     first, deltas = await _first(gw, session, plan, sampling)
     live = _Live(gw, session, plan, sampling, list(sampling.stop), first, deltas)
     cid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), req.model or gw.model_name
 
     def chunk(choice: CompletionChoice | None, **extra: Any) -> str:
-        return _data(CompletionChunk(id=cid, created=created, model=model, choices=[choice] if choice else [],
-                                     weight_version=live.version, **extra))
+        return _data(
+            CompletionChunk(
+                id=cid,
+                created=created,
+                model=model,
+                choices=[choice] if choice else [],
+                weight_version=live.version,
+                **extra,
+            )
+        )
 
     async def body() -> AsyncIterator[str]:
         offset = 0
@@ -233,12 +350,21 @@ async def live_completion(gw: Gateway, session: Session, plan: Plan, req: Comple
             async for delta, piece in live:
                 logprobs = None
                 if req.logprobs is not None and delta.token_ids:
-                    logprobs = gw.completion_logprobs(TokenSample(delta.token_ids, delta.logprobs, "",
-                                                                  top_logprobs=delta.top_logprobs), req.logprobs, offset)
+                    logprobs = gw.completion_logprobs(
+                        TokenSample(delta.token_ids, delta.logprobs, "", top_logprobs=delta.top_logprobs),
+                        req.logprobs,
+                        offset,
+                    )
                     offset += sum(len(t) for t in logprobs.tokens)
                 if piece or logprobs or (req.return_token_ids and delta.token_ids):
-                    yield chunk(CompletionChoice(index=0, text=piece, logprobs=logprobs,
-                                                 token_ids=delta.token_ids if req.return_token_ids else None))
+                    yield chunk(
+                        CompletionChoice(
+                            index=0,
+                            text=piece,
+                            logprobs=logprobs,
+                            token_ids=delta.token_ids if req.return_token_ids else None,
+                        )
+                    )
             sample = live.sample()
             text = gw.reply_text(sample, sampling.stop)
             yield chunk(CompletionChoice(index=0, text=live.text.finish(text), finish_reason=sample.finish_reason))

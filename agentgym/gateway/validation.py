@@ -42,8 +42,9 @@ class PinnedSampling(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
     repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, allow_inf_nan=False)
 
-    @field_validator("temperature", "top_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                     mode="before")
+    @field_validator(
+        "temperature", "top_p", "frequency_penalty", "presence_penalty", "repetition_penalty", mode="before"
+    )
     @classmethod
     def _int_is_a_number(cls, v: Any) -> Any:
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
@@ -74,11 +75,18 @@ def check_sampling(sampling: Any, vocab_size: int | None = None, max_model_len: 
     if vocab_size is not None:
         bad = next((t for t in out.get("stop_token_ids") or [] if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise APIError(400, f"sampling.stop_token_ids: {bad} is not a token id (vocabulary size {vocab_size})",
-                           param="sampling.stop_token_ids")
+            raise APIError(
+                400,
+                f"sampling.stop_token_ids: {bad} is not a token id (vocabulary size {vocab_size})",
+                param="sampling.stop_token_ids",
+            )
     if max_model_len is not None and out.get("max_tokens") is not None and out["max_tokens"] >= max_model_len:
-        raise APIError(400, f"sampling.max_tokens={out['max_tokens']} leaves no room for a prompt in this "
-                       f"gateway's context of {max_model_len} tokens", param="sampling.max_tokens")
+        raise APIError(
+            400,
+            f"sampling.max_tokens={out['max_tokens']} leaves no room for a prompt in this "
+            f"gateway's context of {max_model_len} tokens",
+            param="sampling.max_tokens",
+        )
     return out
 
 
@@ -87,8 +95,13 @@ def check_task(task: Any, max_bytes: int) -> dict[str, Any]:
         raise APIError(400, "'task' must be a JSON object", param="task")
     size = len(json.dumps(task, ensure_ascii=False).encode("utf-8", "replace"))
     if size > max_bytes:
-        raise APIError(413, f"the task is {size} bytes; this gateway keeps at most {max_bytes} per session "
-                       "(agentgym gateway --max-task-bytes)", param="task", code="request_too_large")
+        raise APIError(
+            413,
+            f"the task is {size} bytes; this gateway keeps at most {max_bytes} per session "
+            "(agentgym gateway --max-task-bytes)",
+            param="task",
+            code="request_too_large",
+        )
     return task
 
 

@@ -127,45 +127,75 @@ class WorkerRouter:
     async def _call(self, k: int, scope: dict[str, Any], body: bytes, extra: dict[str, str]) -> Any:
         target, headers = self._request(scope)
         content_type = headers.pop("content-type", "application/json")
-        return await self.peers[k].fetch(scope["method"], target, body if body or scope["method"] != "GET" else None,
-                                         timeout=900.0, content_type=content_type, headers={**headers, **extra})
+        return await self.peers[k].fetch(
+            scope["method"],
+            target,
+            body if body or scope["method"] != "GET" else None,
+            timeout=900.0,
+            content_type=content_type,
+            headers={**headers, **extra},
+        )
 
-    async def forward(self, owner: int, scope: dict[str, Any], receive: Any, send: Any,
-                      extra: dict[str, str] | None = None) -> None:
+    async def forward(
+        self, owner: int, scope: dict[str, Any], receive: Any, send: Any, extra: dict[str, str] | None = None
+    ) -> None:
         body = await self._body(receive)
         try:
             answer = await self._call(owner, scope, body, extra or {})
         except TransportError as exc:
-            await error_response(502, f"gateway worker {owner} did not answer: {exc}",
-                                 "server_error", code="worker_unavailable")(scope, receive, send)
+            await error_response(
+                502, f"gateway worker {owner} did not answer: {exc}", "server_error", code="worker_unavailable"
+            )(scope, receive, send)
             return
         content_type = answer.header(b"content-type") or b"application/json"
-        await send({"type": "http.response.start", "status": answer.status,
-                    "headers": [(b"content-type", content_type), (b"content-length", str(len(answer.body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": answer.status,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(answer.body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": answer.body})
 
     async def fan_out(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = await self._body(receive)
         try:
-            answers = await asyncio.gather(*(self._call(k, scope, body, {LOCAL_HEADER: "1"})
-                                             for k in range(len(self.peers))))
+            answers = await asyncio.gather(
+                *(self._call(k, scope, body, {LOCAL_HEADER: "1"}) for k in range(len(self.peers)))
+            )
         except TransportError as exc:
-            await error_response(503 if scope["path"] == "/health" else 502, f"a gateway worker did not answer: {exc}",
-                                 "server_error", code="worker_unavailable")(scope, receive, send)
+            await error_response(
+                503 if scope["path"] == "/health" else 502,
+                f"a gateway worker did not answer: {exc}",
+                "server_error",
+                code="worker_unavailable",
+            )(scope, receive, send)
             return
         failed = next((a for a in answers if a.status >= 400), None)
         if failed is not None:
             status, payload = failed.status, failed.body
         else:
             status, payload = 200, json.dumps(combine([json.loads(a.body) for a in answers])).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
 
 
 # ---- the parent ---------------------------------------------------------------------------------
-def serve_workers(public: socket.socket, workers: int, servers: list[str], backend: str, model: str,
-                  banner: str, options: dict[str, Any]) -> int:
+def serve_workers(
+    public: socket.socket,
+    workers: int,
+    servers: list[str],
+    backend: str,
+    model: str,
+    banner: str,
+    options: dict[str, Any],
+) -> int:
     """Start ``workers`` worker processes sharing ``public`` and supervise them until a signal or a
     worker's death. ``options``: the ``Gateway`` options (``admin_key`` goes by environment)."""
     from agentgym.client.health import wait_healthy
@@ -189,16 +219,32 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for k, sock in enumerate(private):
-            command = [sys.executable, "-m", "agentgym.gateway.workers", "--index", str(k),
-                       "--public-fd", str(public.fileno()), "--private-fd", str(sock.fileno()),
-                       "--peers", ",".join(map(str, ports)), "--backend", backend, "--model", model,
-                       "--model-name", str(options.get("model_name") or model)]
+            command = [
+                sys.executable,
+                "-m",
+                "agentgym.gateway.workers",
+                "--index",
+                str(k),
+                "--public-fd",
+                str(public.fileno()),
+                "--private-fd",
+                str(sock.fileno()),
+                "--peers",
+                ",".join(map(str, ports)),
+                "--backend",
+                backend,
+                "--model",
+                model,
+                "--model-name",
+                str(options.get("model_name") or model),
+            ]
             if options.get("max_model_len"):
                 command += ["--max-model-len", str(options["max_model_len"])]
             if options.get("store"):
                 command += ["--store", str(options["store"])]
-            limits = {k: v for k, v in options.items()
-                      if k not in ("admin_key", "model_name", "max_model_len", "store")}
+            limits = {
+                k: v for k, v in options.items() if k not in ("admin_key", "model_name", "max_model_len", "store")
+            }
             if limits:
                 command += ["--options", json.dumps(limits)]
             for url in servers:
@@ -212,8 +258,12 @@ def serve_workers(public: socket.socket, workers: int, servers: list[str], backe
         while not stopping:
             dead = next((p for p in procs if p.poll() is not None), None)
             if dead is not None:
-                print(f"agentgym gateway: worker {procs.index(dead)} exited with code {dead.returncode}; "
-                      "stopping the others (its sessions are lost)", file=sys.stderr, flush=True)
+                print(
+                    f"agentgym gateway: worker {procs.index(dead)} exited with code {dead.returncode}; "
+                    "stopping the others (its sessions are lost)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return 1
             time.sleep(0.2)
         return 0
@@ -269,11 +319,19 @@ def worker_main(argv: list[str] | None = None) -> int:
         watch = asyncio.create_task(orphaned())
         try:
             await serve_gateway(
-                [public, private], args.server, args.backend, tokenizer,
+                [public, private],
+                args.server,
+                args.backend,
+                tokenizer,
                 wrap=lambda app: WorkerRouter(app, args.index, peers, "127.0.0.1" if host == "0.0.0.0" else host),
-                model_name=args.model_name or args.model, max_model_len=args.max_model_len,
+                model_name=args.model_name or args.model,
+                max_model_len=args.max_model_len,
                 admin_key=os.environ.get("AGENTGYM_GATEWAY_ADMIN_KEY") or None,
-                worker=args.index, worker_port=peers[args.index], store=args.store, **json.loads(args.options))
+                worker=args.index,
+                worker_port=peers[args.index],
+                store=args.store,
+                **json.loads(args.options),
+            )
         finally:
             watch.cancel()
 

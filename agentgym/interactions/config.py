@@ -43,7 +43,8 @@ def interaction_class(class_name: str) -> type:
         raise InteractionConfigError(
             f"interaction class_name {class_name!r} is veRL's, and veRL is not installed; agentgym's built-ins: "
             f"{', '.join(INTERACTIONS.names())} (veRL's {', '.join(VERL_BUILTINS)} maps to them), or a class of "
-            f"your own as 'package.module.ClassName'")
+            f"your own as 'package.module.ClassName'"
+        )
     module_name, sep, attr = class_name.partition(":") if ":" in class_name else class_name.rpartition(".")
     if not sep or not module_name or not attr:
         raise InteractionConfigError(
@@ -53,24 +54,32 @@ def interaction_class(class_name: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise InteractionConfigError(f"interaction class_name {class_name!r}: cannot import {module_name!r} ({exc})") from exc
+        raise InteractionConfigError(
+            f"interaction class_name {class_name!r}: cannot import {module_name!r} ({exc})"
+        ) from exc
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise InteractionConfigError(f"interaction class_name {class_name!r}: module {module_name!r} has no {attr!r}") from None
+        raise InteractionConfigError(
+            f"interaction class_name {class_name!r}: module {module_name!r} has no {attr!r}"
+        ) from None
 
 
 def default_name(class_name: str) -> str:
     """veRL's default: ``pkg.Gsm8kInteraction`` -> ``gsm8k``; ``pkg.Judge`` -> ``judge``."""
     simple = class_name.replace(":", ".").rsplit(".", 1)[-1]
-    return (simple[: -len("Interaction")] if simple.endswith("Interaction") and simple != "Interaction" else simple).lower()
+    return (
+        simple[: -len("Interaction")] if simple.endswith("Interaction") and simple != "Interaction" else simple
+    ).lower()
 
 
 def build_interactions(config: Mapping[str, Any], source: str = "interaction config") -> dict[str, Any]:
     """``{name: instance}`` from an already-loaded config mapping with an ``interaction`` list."""
     items = config.get("interaction") if isinstance(config, Mapping) else None
     if not isinstance(items, list):
-        raise InteractionConfigError(f"{source}: expected a top-level 'interaction:' list of {{name, class_name, config}}")
+        raise InteractionConfigError(
+            f"{source}: expected a top-level 'interaction:' list of {{name, class_name, config}}"
+        )
     interactions: dict[str, Any] = {}
     for i, item in enumerate(items):
         if not isinstance(item, Mapping) or not item.get("class_name"):
@@ -78,7 +87,9 @@ def build_interactions(config: Mapping[str, Any], source: str = "interaction con
         class_name = str(item["class_name"])
         name = str(item.get("name") or default_name(class_name))
         if name in interactions:
-            raise InteractionConfigError(f"{source}: duplicate interaction name {name!r}; give each entry its own 'name'")
+            raise InteractionConfigError(
+                f"{source}: duplicate interaction name {name!r}; give each entry its own 'name'"
+            )
         cls = interaction_class(class_name)
         instance_config = dict(item.get("config") or {})
         instance_config["name"] = name

@@ -69,8 +69,10 @@ class _InteractionLoop:
         loop = self._ensure()
         if threading.current_thread() is self._thread:
             coro.close()
-            raise RuntimeError("InteractionEnv.step/reset was called from inside an interaction coroutine; "
-                               "call it from ordinary code or a worker thread instead")
+            raise RuntimeError(
+                "InteractionEnv.step/reset was called from inside an interaction coroutine; "
+                "call it from ordinary code or a worker thread instead"
+            )
         future = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
             return future.result(timeout_s)
@@ -97,8 +99,10 @@ def interaction_kwargs(task: Task, default_interaction: str | None) -> dict[str,
     if isinstance(kwargs, Mapping) and kwargs.get("name"):
         return {k: v for k, v in kwargs.items() if v is not None}
     if not default_interaction:
-        raise DataError(f"{task.where}: missing column 'extra_info.interaction_kwargs.name' "
-                        "(it names the interaction); add it to the data or pass default_interaction=")
+        raise DataError(
+            f"{task.where}: missing column 'extra_info.interaction_kwargs.name' "
+            "(it names the interaction); add it to the data or pass default_interaction="
+        )
     base = {k: v for k, v in (kwargs or {}).items() if v is not None}
     query = next((m["content"] for m in reversed(task.prompt) if m.get("role") == "user"), "")
     return {"query": query, "ground_truth": task.ground_truth, **base, "name": default_interaction}
@@ -157,8 +161,10 @@ class InteractionEnv(TextEnv):
         if name not in self.interactions:
             if name not in INTERACTIONS.names():
                 known = sorted(set(self.interactions) | set(INTERACTIONS.names()))
-                raise DataError(f"unknown interaction {name!r} named by the data; known: {', '.join(known) or 'none'}. "
-                                "Pass interaction_config= (veRL YAML) or interactions={name: instance}")
+                raise DataError(
+                    f"unknown interaction {name!r} named by the data; known: {', '.join(known) or 'none'}. "
+                    "Pass interaction_config= (veRL YAML) or interactions={name: instance}"
+                )
             self.interactions[name] = INTERACTIONS.get(name)(config={"name": name})
         return self.interactions[name]
 
@@ -174,7 +180,9 @@ class InteractionEnv(TextEnv):
         return len(self.tasks)
 
     # ---- episode -----------------------------------------------------------------------
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """Pick a row (``options={"index": i}``, else ``seed % num_tasks()``, else at random), open
         its interaction and return the prompt. ``info``: index, data_source, interaction, instance_id."""
         super().reset(seed=seed)
@@ -201,7 +209,9 @@ class InteractionEnv(TextEnv):
         interaction = self._interaction(self._kw["name"])
         self._messages.append({"role": "assistant", "content": reply_text(action)})
         try:
-            result = self._run(interaction.generate_response(self._instance_id, [dict(m) for m in self._messages], **self._kw))
+            result = self._run(
+                interaction.generate_response(self._instance_id, [dict(m) for m in self._messages], **self._kw)
+            )
             should_terminate, text, turn_score, extra = _check_response(result, interaction)
         except BaseException:
             with contextlib.suppress(Exception):  # keep the original error
@@ -226,13 +236,18 @@ class InteractionEnv(TextEnv):
             outcome = float(self._run(method(self._instance_id) if _takes_arguments(method) else method()))
         finally:
             self._finalize()
-        success = bool(self._last_extra["success"]) if "success" in self._last_extra else outcome >= self.success_threshold
+        success = (
+            bool(self._last_extra["success"]) if "success" in self._last_extra else outcome >= self.success_threshold
+        )
         return {
             "outcome_reward": outcome,
             "success": success,
             "turn_scores": list(self._turn_scores),
-            "metrics": {"turns": float(len(self._turn_scores)), "turn_score_sum": float(sum(self._turn_scores)),
-                        "outcome": outcome},
+            "metrics": {
+                "turns": float(len(self._turn_scores)),
+                "turn_score_sum": float(sum(self._turn_scores)),
+                "outcome": outcome,
+            },
         }
 
     def _finalize(self) -> None:
@@ -246,8 +261,14 @@ class InteractionEnv(TextEnv):
 
     def _info(self) -> dict[str, Any]:
         assert self.task is not None
-        return {"index": self.task.index, "data_source": self.task.data_source, "split": self.split,
-                "interaction": self._kw["name"], "instance_id": self._instance_id, "turn": len(self._turn_scores)}
+        return {
+            "index": self.task.index,
+            "data_source": self.task.data_source,
+            "split": self.split,
+            "interaction": self._kw["name"],
+            "instance_id": self._instance_id,
+            "turn": len(self._turn_scores),
+        }
 
     def close(self) -> None:
         self._finalize()
@@ -260,8 +281,10 @@ class InteractionEnv(TextEnv):
 def _check_response(result: Any, interaction: Any) -> tuple[bool, str, float, dict[str, Any]]:
     """Validate ``generate_response``'s 4-tuple; say which class returned what otherwise."""
     if not (isinstance(result, (tuple, list)) and len(result) == 4):
-        raise TypeError(f"{type(interaction).__name__}.generate_response must return "
-                        f"(should_terminate, text, turn_score, extra); got {result!r}")
+        raise TypeError(
+            f"{type(interaction).__name__}.generate_response must return "
+            f"(should_terminate, text, turn_score, extra); got {result!r}"
+        )
     should_terminate, text, score, extra = result
     return bool(should_terminate), "" if text is None else str(text), float(score or 0.0), dict(extra or {})
 

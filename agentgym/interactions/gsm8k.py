@@ -46,7 +46,9 @@ class Gsm8kInteraction(BaseInteraction):
         self.final_message = str(self.config.get("final_message", FINAL))
         self._instances: dict[str, dict[str, Any]] = {}
 
-    async def start_interaction(self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs: Any) -> str:
+    async def start_interaction(
+        self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs: Any
+    ) -> str:
         if instance_id is None:
             instance_id = str(uuid4())
         self._instances[instance_id] = {"ground_truth": ground_truth, "response": "", "reward": 0.0, "turns": 0}

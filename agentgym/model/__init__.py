@@ -6,5 +6,17 @@ from agentgym.model.loading import is_builtin, is_gguf, load_causal_lm, load_tok
 from agentgym.model.smollm2 import is_smollm2, smollm2_gguf_file, smollm2_model_path
 from agentgym.model.tiny import is_tiny, tiny_model_path
 
-__all__ = ["ModelUnavailable", "gguf_model_path", "is_builtin", "is_gguf", "is_smollm2", "is_tiny", "load_causal_lm",
-           "load_tokenizer", "resolve_model_path", "smollm2_gguf_file", "smollm2_model_path", "tiny_model_path"]
+__all__ = [
+    "ModelUnavailable",
+    "gguf_model_path",
+    "is_builtin",
+    "is_gguf",
+    "is_smollm2",
+    "is_tiny",
+    "load_causal_lm",
+    "load_tokenizer",
+    "resolve_model_path",
+    "smollm2_gguf_file",
+    "smollm2_model_path",
+    "tiny_model_path",
+]

@@ -42,8 +42,10 @@ def require_gguf_reader() -> None:
 
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:
-        raise ModelUnavailable(f"reading a GGUF file needs the Python package(s) {', '.join(missing)}, which are not "
-                               f"installed. Install them with:\n  {INSTALL_EXTRA}")
+        raise ModelUnavailable(
+            f"reading a GGUF file needs the Python package(s) {', '.join(missing)}, which are not "
+            f"installed. Install them with:\n  {INSTALL_EXTRA}"
+        )
 
 
 def converted_dir_name(gguf_file: Path) -> str:
@@ -55,8 +57,9 @@ def converted_dir_name(gguf_file: Path) -> str:
 
 
 @lru_cache(maxsize=16)
-def gguf_model_path(gguf_file: str | os.PathLike[str], name: str | None = None,
-                    chat_template: str | None = None) -> Path:
+def gguf_model_path(
+    gguf_file: str | os.PathLike[str], name: str | None = None, chat_template: str | None = None
+) -> Path:
     """The Hugging Face directory converted from ``gguf_file``, converted on first use.
     ``name``: the cache directory's name (default ``converted_dir_name``); ``chat_template``: a template
     to save instead of the file's own (see ``convert_gguf``)."""
@@ -67,8 +70,11 @@ def gguf_model_path(gguf_file: str | os.PathLike[str], name: str | None = None,
     if (target / "agentgym.json").is_file():
         return target
     require_gguf_reader()
-    print(f"agentgym: converting {source.name} to a Hugging Face model directory, once: {target}", file=sys.stderr,
-          flush=True)
+    print(
+        f"agentgym: converting {source.name} to a Hugging Face model directory, once: {target}",
+        file=sys.stderr,
+        flush=True,
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
@@ -94,8 +100,10 @@ def convert_gguf(gguf_file: Path, directory: Path, chat_template: str | None = N
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"{gguf_file} carries no chat template (tokenizer.chat_template); agentgym renders every "
-                         "conversation with the model's own template")
+        raise ValueError(
+            f"{gguf_file} carries no chat template (tokenizer.chat_template); agentgym renders every "
+            "conversation with the model's own template"
+        )
     if chat_template is not None:
         check_same_plain_chats(tokenizer, chat_template, gguf_file)
         tokenizer.chat_template = chat_template
@@ -107,17 +115,22 @@ def convert_gguf(gguf_file: Path, directory: Path, chat_template: str | None = N
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
-        raise RuntimeError(f"{gguf_file}: the converted weights do not fit {type(plain).__name__} (missing "
-                           f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)})")
+        raise RuntimeError(
+            f"{gguf_file}: the converted weights do not fit {type(plain).__name__} (missing "
+            f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)})"
+        )
     plain.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     eos = [i for i in (config.eos_token_id, tokenizer.eos_token_id) if i is not None]
-    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=sorted(set(eos)),
-                     pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-                     ).save_pretrained(directory)
+    GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=sorted(set(eos)),
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0],
+    ).save_pretrained(directory)
     check_tokenizer_reload(tokenizer, directory)
-    (directory / "agentgym.json").write_text(json.dumps({"source": str(gguf_file.resolve()),
-                                                         "converter": CONVERTER_VERSION}))
+    (directory / "agentgym.json").write_text(
+        json.dumps({"source": str(gguf_file.resolve()), "converter": CONVERTER_VERSION})
+    )
 
 
 def check_tokenizer_reload(tokenizer, directory: Path) -> None:
@@ -127,16 +140,23 @@ def check_tokenizer_reload(tokenizer, directory: Path) -> None:
     reloaded = AutoTokenizer.from_pretrained(directory)
     probe = "What is 47 + 38?\n#### 85 héllo  wörld ∑ 日本 <answer>Up || Left</answer>\n\n  end"
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": probe}]
-    if (reloaded(probe)["input_ids"] != tokenizer(probe)["input_ids"]
-            or reloaded.apply_chat_template(chat, tokenize=False) != tokenizer.apply_chat_template(chat, tokenize=False)):
-        raise RuntimeError(f"the tokenizer saved to {directory} encodes differently from the GGUF file's; "
-                           "this is a bug in agentgym's GGUF conversion")
+    if reloaded(probe)["input_ids"] != tokenizer(probe)["input_ids"] or reloaded.apply_chat_template(
+        chat, tokenize=False
+    ) != tokenizer.apply_chat_template(chat, tokenize=False):
+        raise RuntimeError(
+            f"the tokenizer saved to {directory} encodes differently from the GGUF file's; "
+            "this is a bug in agentgym's GGUF conversion"
+        )
 
 
 PLAIN_CHATS = (
     [{"role": "user", "content": "What is 47 + 38?"}],
-    [{"role": "system", "content": "Answer after '####'."}, {"role": "user", "content": "What is 47 + 38?"},
-     {"role": "assistant", "content": "47 + 38 = 85\n#### 85"}, {"role": "user", "content": "And 85 + 1?"}],
+    [
+        {"role": "system", "content": "Answer after '####'."},
+        {"role": "user", "content": "What is 47 + 38?"},
+        {"role": "assistant", "content": "47 + 38 = 85\n#### 85"},
+        {"role": "user", "content": "And 85 + 1?"},
+    ],
 )
 
 
@@ -145,8 +165,11 @@ def check_same_plain_chats(tokenizer, chat_template: str, gguf_file: Path) -> No
     for chat in PLAIN_CHATS:
         for generation_prompt in (False, True):
             own = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt)
-            new = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt,
-                                                chat_template=chat_template)
+            new = tokenizer.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=generation_prompt, chat_template=chat_template
+            )
             if own != new:
-                raise ValueError(f"the chat template given for {gguf_file.name} renders a plain chat differently from "
-                                 f"the file's own:\n{own!r}\nvs\n{new!r}")
+                raise ValueError(
+                    f"the chat template given for {gguf_file.name} renders a plain chat differently from "
+                    f"the file's own:\n{own!r}\nvs\n{new!r}"
+                )

@@ -56,8 +56,10 @@ def adapter_base(path: str | os.PathLike[str]) -> str | None:
     except (ValueError, AttributeError) as exc:
         raise ValueError(f"{directory / ADAPTER_CONFIG} is unreadable ({exc})") from None
     if not base:
-        raise ValueError(f"{directory} holds LoRA adapters but {ADAPTER_CONFIG} names no base model "
-                         "(base_model_name_or_path): set it to the model the adapters were trained on")
+        raise ValueError(
+            f"{directory} holds LoRA adapters but {ADAPTER_CONFIG} names no base model "
+            "(base_model_name_or_path): set it to the model the adapters were trained on"
+        )
     return str(base)
 
 
@@ -76,7 +78,8 @@ def load_tokenizer(path: str) -> Any:
     except OSError as exc:
         raise OSError(
             f"could not load a tokenizer from {path!r}: {exc}\n"
-            "Pass 'tiny' for the built-in model, smollm2-135m, a .gguf file, a local Hugging Face model directory, or a hub name "
+            "Pass 'tiny' for the built-in model, smollm2-135m, a .gguf file, a local Hugging Face model "
+            "directory, or a hub name "
             "reachable from this machine."
         ) from exc
     if not getattr(tokenizer, "chat_template", None):
@@ -104,14 +107,16 @@ def _merged_adapter(path: str, base: str, dtype: Any) -> Any:
     try:
         from peft import PeftModel
     except ImportError:
-        raise ImportError(f"{path} is a LoRA adapter directory (on {base}); loading it needs peft: pip install "
-                          "'agentgym[lora]' (or export merged weights: actor_rollout_ref.model.lora_export_merged=true)"
-                          ) from None
+        raise ImportError(
+            f"{path} is a LoRA adapter directory (on {base}); loading it needs peft: pip install "
+            "'agentgym[lora]' (or export merged weights: actor_rollout_ref.model.lora_export_merged=true)"
+        ) from None
     try:
         model = load_causal_lm(base, dtype=torch.float32)
     except OSError as exc:
-        raise OSError(f"{path} holds LoRA adapters on {base!r} ({ADAPTER_CONFIG}), which could not be loaded: "
-                      f"{exc}") from exc
+        raise OSError(
+            f"{path} holds LoRA adapters on {base!r} ({ADAPTER_CONFIG}), which could not be loaded: {exc}"
+        ) from exc
     targets = json.loads((Path(resolve_model_path(path)) / ADAPTER_CONFIG).read_text()).get("target_modules") or []
     if getattr(model.config, "tie_word_embeddings", False) and "lm_head" in targets:
         # merging into a head tied to the embeddings would change the embeddings too

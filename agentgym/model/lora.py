@@ -54,9 +54,12 @@ def wrap(model: Any, lora: LoraSettings) -> Any:
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise ImportError("actor_rollout_ref.model.lora_rank > 0 needs peft, part of agentgym's core install: pip install peft") from None
-    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=lora.target_modules, lora_dropout=0.0,
-                        bias="none")
+        raise ImportError(
+            "actor_rollout_ref.model.lora_rank > 0 needs peft, part of agentgym's core install: pip install peft"
+        ) from None
+    config = LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, target_modules=lora.target_modules, lora_dropout=0.0, bias="none"
+    )
     peft_model = get_peft_model(model, config, adapter_name=ADAPTER)
     peft_model._register_state_dict_hook(_adapters_only)
     peft_model.register_load_state_dict_post_hook(_base_is_not_missing)
@@ -106,8 +109,11 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The base model's state dict with every adapter merged in (``W + scale * B @ A``), without
     touching ``model``."""
     base = model.get_base_model()
-    deltas = {f"{name}.weight": (layer.lora_B[ADAPTER].weight.float() @ layer.lora_A[ADAPTER].weight.float())
-              * layer.scaling[ADAPTER] for name, layer in _lora_layers(model)}
+    deltas = {
+        f"{name}.weight": (layer.lora_B[ADAPTER].weight.float() @ layer.lora_A[ADAPTER].weight.float())
+        * layer.scaling[ADAPTER]
+        for name, layer in _lora_layers(model)
+    }
     out: dict[str, torch.Tensor] = {}
     for name, tensor in base.state_dict(keep_vars=False).items():
         clean = name.replace(".base_layer.", ".")

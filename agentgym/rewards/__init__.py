@@ -33,8 +33,14 @@ from omegaconf import DictConfig
 from agentgym.rewards.managers import OverlongBuffer, OverlongPenaltySource, reward_manager_source
 from agentgym.rewards.scored_source import ScoredSource, apply_score
 
-__all__ = ["OverlongBuffer", "OverlongPenaltySource", "ScoredSource", "apply_score", "reward_manager_source",
-           "reward_sources"]
+__all__ = [
+    "OverlongBuffer",
+    "OverlongPenaltySource",
+    "ScoredSource",
+    "apply_score",
+    "reward_manager_source",
+    "reward_sources",
+]
 
 
 def reward_sources(cfg: DictConfig, source: Any) -> Any:

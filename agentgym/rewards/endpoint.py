@@ -33,8 +33,10 @@ def api_key_from_env(variable: str | None, what: str) -> str | None:
         return None
     key = os.environ.get(str(variable))
     if not key:
-        raise ConfigError(f"{what}.api_key_env={variable} names an environment variable that is not set; "
-                          f"export {variable}=<key> (or set {what}.api_key_env=null for an endpoint without a key)")
+        raise ConfigError(
+            f"{what}.api_key_env={variable} names an environment variable that is not set; "
+            f"export {variable}=<key> (or set {what}.api_key_env=null for an endpoint without a key)"
+        )
     return key
 
 
@@ -47,8 +49,15 @@ def v1_url(base_url: str) -> str:
 class Endpoint:
     """Calls to one OpenAI-compatible base URL (see the module docstring)."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0, max_retries: int = 3,
-                 concurrency: int = 8, backoff: float = 0.5) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        concurrency: int = 8,
+        backoff: float = 0.5,
+    ) -> None:
         import httpx
 
         self.base_url = str(base_url).rstrip("/")
@@ -56,8 +65,11 @@ class Endpoint:
         self.backoff = float(backoff)
         self.timeout = float(timeout)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(self.timeout),
-                                      limits=httpx.Limits(max_connections=max(1, int(concurrency))))
+        self.http = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(self.timeout),
+            limits=httpx.Limits(max_connections=max(1, int(concurrency))),
+        )
         self.slots = asyncio.Semaphore(max(1, int(concurrency)))
         self.requests = 0  # requests sent, retries included
 
@@ -88,12 +100,13 @@ class Endpoint:
                         except ValueError:
                             last, status = f"HTTP {answer.status_code} with a body that is not JSON", answer.status_code
                     elif answer.status_code < 500 and answer.status_code != 429:
-                        raise EndpointError(f"{url} refused the request ({answer.status_code}): "
-                                            f"{answer.text[:300]}", answer.status_code)
+                        raise EndpointError(
+                            f"{url} refused the request ({answer.status_code}): {answer.text[:300]}", answer.status_code
+                        )
                     else:
                         last, status = f"HTTP {answer.status_code}: {answer.text[:200]}", answer.status_code
             if attempt < self.max_retries:
-                await asyncio.sleep(min(self.backoff * 2 ** attempt, 10.0) * (0.5 + random.random()))
+                await asyncio.sleep(min(self.backoff * 2**attempt, 10.0) * (0.5 + random.random()))
         raise EndpointError(f"{url}: no usable answer after {self.max_retries + 1} attempts; last: {last}", status)
 
     async def first_model(self) -> str:

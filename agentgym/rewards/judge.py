@@ -73,8 +73,10 @@ class JudgeSettings:
         if not j.enable:
             return None
         if not j.base_url:
-            raise ConfigError("judge.enable=true needs judge.base_url: the judge's OpenAI-compatible endpoint, e.g. "
-                              "http://127.0.0.1:8000/v1 (agentgym serve --model DIR --port 8000) or a hosted API")
+            raise ConfigError(
+                "judge.enable=true needs judge.base_url: the judge's OpenAI-compatible endpoint, e.g. "
+                "http://127.0.0.1:8000/v1 (agentgym serve --model DIR --port 8000) or a hosted API"
+            )
         template = None
         if j.prompt_template:
             path = Path(str(j.prompt_template))
@@ -82,9 +84,21 @@ class JudgeSettings:
                 raise ConfigError(f"judge.prompt_template={path} is not a file")
             template = path.read_text()
         low, high = (float(x) for x in OmegaConf.to_container(j.score_range))  # type: ignore[union-attr]
-        return cls(v1_url(str(j.base_url)), str(j.mode), str(j.model) if j.model else None,
-                   api_key_from_env(j.api_key_env, "judge"), template, low, high, float(j.temperature),
-                   int(j.max_tokens), int(j.concurrency), float(j.timeout), int(j.max_retries), str(j.combine))
+        return cls(
+            v1_url(str(j.base_url)),
+            str(j.mode),
+            str(j.model) if j.model else None,
+            api_key_from_env(j.api_key_env, "judge"),
+            template,
+            low,
+            high,
+            float(j.temperature),
+            int(j.max_tokens),
+            int(j.concurrency),
+            float(j.timeout),
+            int(j.max_retries),
+            str(j.combine),
+        )
 
 
 class AnswerCache:
@@ -121,8 +135,14 @@ class JudgeScorer:
 
     def __init__(self, settings: JudgeSettings, cache_path: Path | None = None) -> None:
         self.settings = settings
-        self.endpoint = Endpoint(settings.base_url, settings.api_key, settings.timeout, settings.max_retries,
-                                 settings.concurrency, settings.backoff)
+        self.endpoint = Endpoint(
+            settings.base_url,
+            settings.api_key,
+            settings.timeout,
+            settings.max_retries,
+            settings.concurrency,
+            settings.backoff,
+        )
         self.cache = AnswerCache(cache_path)
         self.model = settings.model
         self._model_lock = asyncio.Lock()
@@ -136,8 +156,12 @@ class JudgeScorer:
     async def ask(self, messages: list[dict[str, str]], counts: dict[str, float]) -> str:
         """The judge's answer to ``messages`` (from the cache when it was asked before)."""
         s = self.settings
-        request = {"model": await self._model(), "messages": messages, "temperature": s.temperature,
-                   "max_tokens": s.max_tokens}
+        request = {
+            "model": await self._model(),
+            "messages": messages,
+            "temperature": s.temperature,
+            "max_tokens": s.max_tokens,
+        }
         key = AnswerCache.key({"url": s.base_url, **request})
         cached = self.cache.get(key)
         if cached is not None:
@@ -148,8 +172,9 @@ class JudgeScorer:
         try:
             answer = body["choices"][0]["message"].get("content") or ""
         except (KeyError, IndexError, TypeError, AttributeError):
-            raise EndpointError(f"{s.base_url}/chat/completions answered without choices[0].message: "
-                                f"{json.dumps(body)[:300]}") from None
+            raise EndpointError(
+                f"{s.base_url}/chat/completions answered without choices[0].message: {json.dumps(body)[:300]}"
+            ) from None
         self.cache.put(key, str(answer))
         return str(answer)
 
@@ -186,16 +211,27 @@ class JudgeScorer:
             counts["reward/judge_unparsed"] += 1
             counts["reward/judge_dropped"] += len(group)
             for traj in group:
-                refuse(traj, f"judge: unparsed group answer (no JSON score for each of {len(group)} attempts): "
-                             f"{answer[-300:]!r}")
+                refuse(
+                    traj,
+                    f"judge: unparsed group answer (no JSON score for each of {len(group)} attempts): "
+                    f"{answer[-300:]!r}",
+                )
             return
         for traj, value in zip(group, values, strict=True):
             scores.append(value)
             apply_score(traj, value, s.combine)
 
     async def score(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        counts = dict.fromkeys(("reward/judge_calls", "reward/judge_cache_hits", "reward/judge_unparsed",
-                                "reward/judge_errors", "reward/judge_dropped"), 0.0)
+        counts = dict.fromkeys(
+            (
+                "reward/judge_calls",
+                "reward/judge_cache_hits",
+                "reward/judge_unparsed",
+                "reward/judge_errors",
+                "reward/judge_dropped",
+            ),
+            0.0,
+        )
         todo = [t for t in trajectories if scorable(t)]
         scores: list[float] = []
         if self.settings.mode == "pointwise":
@@ -223,14 +259,17 @@ def judge_scorer(cfg: DictConfig) -> JudgeScorer | None:
     return JudgeScorer(settings, cache)
 
 
-def judge_report(settings: JudgeSettings, model: str | None, trajectories: Sequence[Trajectory],
-                 counts: dict[str, float]) -> str:
+def judge_report(
+    settings: JudgeSettings, model: str | None, trajectories: Sequence[Trajectory], counts: dict[str, float]
+) -> str:
     """What ``agentgym eval --judge-url`` prints: how many episodes the judge scored, their mean score
     (overall and per data source), and the answers it could not use."""
     judged = [t for t in trajectories if "model_score" in t.metrics]
-    lines = [f"judge ({settings.mode}, {model or '?'} at {settings.base_url}): {len(judged)} of {len(trajectories)} "
-             f"episodes judged, unparsed answers {int(counts.get('reward/judge_unparsed', 0))}, failed requests "
-             f"{int(counts.get('reward/judge_errors', 0))}, from cache {int(counts.get('reward/judge_cache_hits', 0))}"]
+    lines = [
+        f"judge ({settings.mode}, {model or '?'} at {settings.base_url}): {len(judged)} of {len(trajectories)} "
+        f"episodes judged, unparsed answers {int(counts.get('reward/judge_unparsed', 0))}, failed requests "
+        f"{int(counts.get('reward/judge_errors', 0))}, from cache {int(counts.get('reward/judge_cache_hits', 0))}"
+    ]
     by_source: dict[str, list[float]] = {}
     for t in judged:
         by_source.setdefault(t.data_source or t.env_id or "unknown", []).append(t.metrics["model_score"])
@@ -239,15 +278,29 @@ def judge_report(settings: JudgeSettings, model: str | None, trajectories: Seque
     return "\n".join(lines)
 
 
-def eval_judge(base_url: str, mode: str = "pointwise", model: str | None = None, api_key_env: str | None = None,
-               prompt_template: str | None = None, timeout: float = 60.0, concurrency: int = 8) -> Any:
+def eval_judge(
+    base_url: str,
+    mode: str = "pointwise",
+    model: str | None = None,
+    api_key_env: str | None = None,
+    prompt_template: str | None = None,
+    timeout: float = 60.0,
+    concurrency: int = 8,
+) -> Any:
     """``agentgym eval --judge-url``: an ``after`` hook for the eval command that judges copies of the
     episodes (the env's table stays the env's) and prints ``judge_report``."""
     import copy
 
     template = Path(prompt_template).read_text() if prompt_template else None
-    settings = JudgeSettings(v1_url(base_url), mode, model, api_key_from_env(api_key_env, "judge"), template,
-                             timeout=timeout, concurrency=concurrency)
+    settings = JudgeSettings(
+        v1_url(base_url),
+        mode,
+        model,
+        api_key_from_env(api_key_env, "judge"),
+        template,
+        timeout=timeout,
+        concurrency=concurrency,
+    )
 
     async def after(trajectories: list[Trajectory]) -> None:
         scorer = JudgeScorer(settings)

@@ -31,8 +31,10 @@ from typing import Any
 
 from agentgym.types import Trajectory
 
-SYSTEM = ("You are a careful, strict grader of an AI assistant's work. Judge only what the assistant did; "
-          "follow the answer format you are given exactly.")
+SYSTEM = (
+    "You are a careful, strict grader of an AI assistant's work. Judge only what the assistant did; "
+    "follow the answer format you are given exactly."
+)
 
 POINTWISE = """Grade the assistant's response to the task below.
 
@@ -105,7 +107,7 @@ def split_trajectory(traj: Trajectory) -> tuple[str, str]:
     if not replies:  # no messages recorded: the sampled text is all there is
         return "", "\n".join(t.response_text for t in traj.turns)
     task = "\n\n".join(f"[{m.get('role')}]\n{_message_text(m)}" for m in messages[: replies[0]])
-    shown = messages[replies[0]: replies[-1] + 1]
+    shown = messages[replies[0] : replies[-1] + 1]
     if len(replies) == 1:
         return task, _message_text(shown[0])
     return task, "\n\n".join(f"[{m.get('role')}]\n{_message_text(m)}" for m in shown)
@@ -117,15 +119,21 @@ def reference_fields(ref: str | None) -> dict[str, str]:
 
 def pointwise_messages(traj: Trajectory, template: str | None, low: float, high: float) -> list[dict[str, str]]:
     task, response = split_trajectory(traj)
-    fields = {"task": task, "response": response, "low": f"{low:g}", "high": f"{high:g}",
-              **reference_fields(reference(traj))}
+    fields = {
+        "task": task,
+        "response": response,
+        "low": f"{low:g}",
+        "high": f"{high:g}",
+        **reference_fields(reference(traj)),
+    }
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": fill(template or POINTWISE, fields)}]
 
 
 def group_messages(group: Sequence[Trajectory], template: str | None) -> list[dict[str, str]]:
     task = split_trajectory(group[0])[0]
-    attempts = "\n\n".join(f'<attempt id="{k}">\n{split_trajectory(t)[1]}\n</attempt>'
-                           for k, t in enumerate(group, start=1))
+    attempts = "\n\n".join(
+        f'<attempt id="{k}">\n{split_trajectory(t)[1]}\n</attempt>' for k, t in enumerate(group, start=1)
+    )
     fields = {"task": task, "attempts": attempts, "n": str(len(group)), **reference_fields(reference(group[0]))}
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": fill(template or GROUP, fields)}]
 
@@ -150,7 +158,7 @@ def parse_group(answer: str, n: int) -> list[float] | None:
     if start < 0 or end <= start:
         return None
     try:
-        data = json.loads(text[start: end + 1])
+        data = json.loads(text[start : end + 1])
     except ValueError:
         return None
     entries = data.get("scores") if isinstance(data, dict) else None

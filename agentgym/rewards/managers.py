@@ -22,11 +22,15 @@ class OverlongBuffer:
 
     def __post_init__(self) -> None:
         if self.length <= 0:
-            raise ConfigError("reward_model.reward_kwargs.overlong_buffer_cfg.len must be positive when the overlong "
-                              "penalty is enabled (or set overlong_buffer_cfg.enable=false)")
+            raise ConfigError(
+                "reward_model.reward_kwargs.overlong_buffer_cfg.len must be positive when the overlong "
+                "penalty is enabled (or set overlong_buffer_cfg.enable=false)"
+            )
         if self.max_resp_len < self.length:
-            raise ConfigError(f"reward_model.reward_kwargs.max_resp_len={self.max_resp_len} must be at least "
-                              f"overlong_buffer_cfg.len={self.length}")
+            raise ConfigError(
+                f"reward_model.reward_kwargs.max_resp_len={self.max_resp_len} must be at least "
+                f"overlong_buffer_cfg.len={self.length}"
+            )
 
     def penalty(self, response_length: int) -> float:
         """``min(-(length - expected) / len * penalty_factor, 0)`` with ``expected = max_resp_len - len``."""
@@ -42,8 +46,12 @@ def overlong_buffer(cfg: DictConfig) -> OverlongBuffer | None:
     buffer = kwargs.get("overlong_buffer_cfg") or {}
     if not buffer.get("enable"):
         return None
-    return OverlongBuffer(int(buffer.get("len", 0)), float(buffer.get("penalty_factor", 1.0)),
-                          int(kwargs.get("max_resp_len") or cfg.data.max_response_length), bool(buffer.get("log")))
+    return OverlongBuffer(
+        int(buffer.get("len", 0)),
+        float(buffer.get("penalty_factor", 1.0)),
+        int(kwargs.get("max_resp_len") or cfg.data.max_response_length),
+        bool(buffer.get("log")),
+    )
 
 
 class OverlongPenaltySource:

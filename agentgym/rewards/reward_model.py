@@ -55,8 +55,10 @@ class RewardModelSettings:
         if not rm.enable:
             return None
         if not rm.model.path:
-            raise ConfigError("reward_model.enable=true needs reward_model.model.path: a Hugging Face "
-                              "AutoModelForSequenceClassification directory (one output, num_labels=1)")
+            raise ConfigError(
+                "reward_model.enable=true needs reward_model.model.path: a Hugging Face "
+                "AutoModelForSequenceClassification directory (one output, num_labels=1)"
+            )
         micro = rm.micro_batch_size_per_gpu or rm.micro_batch_size or 8
         if int(micro) < 1:
             raise ConfigError(f"reward_model.micro_batch_size_per_gpu must be positive, got {micro}")
@@ -67,9 +69,15 @@ class RewardModelSettings:
             import torch
 
             device = "cuda" if torch.cuda.is_available() and not cfg.trainer.use_ray else "cpu"
-        return cls(str(rm.model.path), str(rm.model.input_tokenizer) if rm.model.input_tokenizer else None,
-                   int(micro), int(rm.max_length) if rm.max_length is not None else None, str(rm.combine),
-                   bool(cfg.trainer.use_ray), device)
+        return cls(
+            str(rm.model.path),
+            str(rm.model.input_tokenizer) if rm.model.input_tokenizer else None,
+            int(micro),
+            int(rm.max_length) if rm.max_length is not None else None,
+            str(rm.combine),
+            bool(cfg.trainer.use_ray),
+            device,
+        )
 
 
 # ---- what the reward model reads ------------------------------------------------------------------
@@ -77,16 +85,20 @@ def conversation(traj: Trajectory, input_tokenizer: Any) -> list[Message]:
     """The chat a trajectory is scored on: its messages up to the last reply, each reply decoded from
     the tokens the policy sampled (veRL: decode the response, drop the special tokens)."""
     if not traj.messages:
-        raise ValueError("this trajectory has no messages to re-render; set reward_model.model.input_tokenizer=null "
-                         "to score the policy's own tokens")
+        raise ValueError(
+            "this trajectory has no messages to re-render; set reward_model.model.input_tokenizer=null "
+            "to score the policy's own tokens"
+        )
     replies = [i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"]
     if not replies:
         raise ValueError("this trajectory's messages hold no reply to score")
     chat = [dict(m) for m in traj.messages[: replies[-1] + 1]]
     if len(replies) == len(traj.turns):  # one reply per sampled turn: score what was sampled
         for index, turn in zip(replies, traj.turns, strict=True):
-            chat[index] = {"role": "assistant",
-                           "content": input_tokenizer.decode(turn.response_ids, skip_special_tokens=True)}
+            chat[index] = {
+                "role": "assistant",
+                "content": input_tokenizer.decode(turn.response_ids, skip_special_tokens=True),
+            }
     return chat  # type: ignore[return-value]
 
 
@@ -94,8 +106,9 @@ def rm_input_ids(traj: Trajectory, input_tokenizer: Any, rm_tokenizer: Any) -> l
     """The reward model's tokens for ``traj`` (see the module docstring), before truncation."""
     if input_tokenizer is None:
         return traj.token_ids()
-    text = rm_tokenizer.apply_chat_template(conversation(traj, input_tokenizer), tokenize=False,
-                                            add_generation_prompt=False)
+    text = rm_tokenizer.apply_chat_template(
+        conversation(traj, input_tokenizer), tokenize=False, add_generation_prompt=False
+    )
     return list(rm_tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -114,11 +127,14 @@ class RewardModelWorker:
         try:
             model = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(path), dtype=torch.float32)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"reward_model.model.path={path!r} is not a sequence-classification model "
-                              f"transformers can load: {exc}") from exc
+            raise ConfigError(
+                f"reward_model.model.path={path!r} is not a sequence-classification model transformers can load: {exc}"
+            ) from exc
         if int(model.config.num_labels) != 1:
-            raise ConfigError(f"the reward model at {path} has num_labels={model.config.num_labels}; a reward model "
-                              "has one output (num_labels=1), its score")
+            raise ConfigError(
+                f"the reward model at {path} has num_labels={model.config.num_labels}; a reward model "
+                "has one output (num_labels=1), its score"
+            )
         self.model = model.to(device).eval()
         self.device = device
         self.micro_batch_size = int(micro_batch_size)
@@ -134,7 +150,7 @@ class RewardModelWorker:
         out: list[float] = []
         with torch.no_grad():
             for start in range(0, len(rows), self.micro_batch_size):
-                out.extend(self._score_micro_batch(rows[start: start + self.micro_batch_size]))
+                out.extend(self._score_micro_batch(rows[start : start + self.micro_batch_size]))
         return out
 
     def _score_micro_batch(self, rows: list[list[int]]) -> list[float]:
@@ -175,9 +191,11 @@ class RewardModelScorer:
         try:
             return load_tokenizer(self.settings.path)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"reward_model.model.input_tokenizer={self.settings.input_tokenizer} asks to "
-                              f"re-render each trajectory with the reward model's chat template, but: {exc}. Set "
-                              "reward_model.model.input_tokenizer=null to score the policy's own tokens") from exc
+            raise ConfigError(
+                f"reward_model.model.input_tokenizer={self.settings.input_tokenizer} asks to "
+                f"re-render each trajectory with the reward model's chat template, but: {exc}. Set "
+                "reward_model.model.input_tokenizer=null to score the policy's own tokens"
+            ) from exc
 
     def _worker(self) -> Any:
         if self.worker is None:
@@ -222,8 +240,11 @@ class RewardModelScorer:
         scores = await self._call(rows) if rows else []
         for traj, value in zip(kept, scores, strict=True):
             apply_score(traj, value, self.settings.combine)
-        out = {"reward/rm_scored": float(len(kept)), "reward/rm_truncated": float(cut),
-               "reward/rm_unreadable": float(len(todo) - len(kept))}
+        out = {
+            "reward/rm_scored": float(len(kept)),
+            "reward/rm_truncated": float(cut),
+            "reward/rm_unreadable": float(len(todo) - len(kept)),
+        }
         if scores:
             out["reward/rm_score/mean"] = sum(scores) / len(scores)
         return out
@@ -235,4 +256,3 @@ class RewardModelScorer:
             with contextlib.suppress(Exception):
                 ray.kill(self.worker)
         self.worker = None
-

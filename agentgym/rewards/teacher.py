@@ -41,8 +41,10 @@ from agentgym.rewards.scored_source import refuse, scorable
 from agentgym.types import Trajectory
 
 BACKENDS = ("vllm", "sglang")
-PROBE = ("Teacher and student must share a tokenizer: héllo wörld 1,234.5 <answer>Up || Left</answer>\n"
-         "######\n#_PX_#\n#__O_#\n ∑ 日本 \t tabs")
+PROBE = (
+    "Teacher and student must share a tokenizer: héllo wörld 1,234.5 <answer>Up || Left</answer>\n"
+    "######\n#_PX_#\n#__O_#\n ∑ 日本 \t tabs"
+)
 
 
 @dataclass(frozen=True)
@@ -67,24 +69,40 @@ class TeacherSettings:
         t = d.teacher
         urls = tuple(str(u).rstrip("/") for u in (t.server_urls or ()))
         if bool(t.path) == bool(urls):
-            raise ConfigError("distillation.enable=true needs the teacher: distillation.teacher.path=DIR (a model "
-                              "scored in a worker here) or distillation.teacher.server_urls=[URL] (vLLM or SGLang "
-                              "servers with the teacher loaded), one of the two")
+            raise ConfigError(
+                "distillation.enable=true needs the teacher: distillation.teacher.path=DIR (a model "
+                "scored in a worker here) or distillation.teacher.server_urls=[URL] (vLLM or SGLang "
+                "servers with the teacher loaded), one of the two"
+            )
         if urls and str(t.backend) not in BACKENDS:
-            raise ConfigError(f"distillation.teacher.backend={t.backend!r}: teacher servers are asked for prompt "
-                              f"logprobs, which {', '.join(BACKENDS)} return (agentgym's embedded server does not: "
-                              "use distillation.teacher.path=DIR for a teacher served here)")
+            raise ConfigError(
+                f"distillation.teacher.backend={t.backend!r}: teacher servers are asked for prompt "
+                f"logprobs, which {', '.join(BACKENDS)} return (agentgym's embedded server does not: "
+                "use distillation.teacher.path=DIR for a teacher served here)"
+            )
         if urls and not t.tokenizer:
-            raise ConfigError("distillation.teacher.server_urls needs distillation.teacher.tokenizer (the teacher's "
-                              "model directory or hub name): agentgym checks it equals the student's before training")
+            raise ConfigError(
+                "distillation.teacher.server_urls needs distillation.teacher.tokenizer (the teacher's "
+                "model directory or hub name): agentgym checks it equals the student's before training"
+            )
         device = str(cfg.trainer.device)
         if device == "auto":
             import torch
 
             device = "cuda" if torch.cuda.is_available() and not cfg.trainer.use_ray else "cpu"
-        return cls(str(t.path) if t.path else None, urls, str(t.backend), str(t.model) if t.model else None,
-                   str(t.tokenizer) if t.tokenizer else None, int(t.micro_batch_size_per_gpu), int(t.concurrency),
-                   float(t.timeout), int(t.max_retries), bool(cfg.trainer.use_ray), device)
+        return cls(
+            str(t.path) if t.path else None,
+            urls,
+            str(t.backend),
+            str(t.model) if t.model else None,
+            str(t.tokenizer) if t.tokenizer else None,
+            int(t.micro_batch_size_per_gpu),
+            int(t.concurrency),
+            float(t.timeout),
+            int(t.max_retries),
+            bool(cfg.trainer.use_ray),
+            device,
+        )
 
 
 def tokenizer_difference(student: Any, teacher: Any) -> str | None:
@@ -94,8 +112,10 @@ def tokenizer_difference(student: Any, teacher: Any) -> str | None:
         only_s = sorted(set(sv) - set(tv))[:3]
         only_t = sorted(set(tv) - set(sv))[:3]
         moved = sorted(k for k in set(sv) & set(tv) if sv[k] != tv[k])[:3]
-        return (f"their vocabularies differ ({len(sv)} vs {len(tv)} tokens; only the student's: {only_s}, only the "
-                f"teacher's: {only_t}, different ids: {moved})")
+        return (
+            f"their vocabularies differ ({len(sv)} vs {len(tv)} tokens; only the student's: {only_s}, only the "
+            f"teacher's: {only_t}, different ids: {moved})"
+        )
     if sorted(student.all_special_tokens) != sorted(teacher.all_special_tokens):
         return f"their special tokens differ: {student.all_special_tokens} vs {teacher.all_special_tokens}"
     s_ids = student(PROBE, add_special_tokens=False)["input_ids"]
@@ -111,9 +131,11 @@ def check_tokenizers(student_path: str, teacher_path: str) -> None:
 
     difference = tokenizer_difference(load_tokenizer(student_path), load_tokenizer(teacher_path))
     if difference is not None:
-        raise ConfigError(f"the teacher ({teacher_path}) and the student ({student_path}) do not share a tokenizer: "
-                          f"{difference}. On-policy distillation scores the student's own token ids with the "
-                          "teacher, so both must use the same tokenizer; pick a teacher of the student's family")
+        raise ConfigError(
+            f"the teacher ({teacher_path}) and the student ({student_path}) do not share a tokenizer: "
+            f"{difference}. On-policy distillation scores the student's own token ids with the "
+            "teacher, so both must use the same tokenizer; pick a teacher of the student's family"
+        )
 
 
 def sampled_positions(traj: Trajectory) -> list[list[int]]:
@@ -152,7 +174,7 @@ class TeacherWorker:
         results: dict[int, list[float]] = {}
         with torch.no_grad():
             for start in range(0, len(order), self.micro_batch_size):
-                chunk = order[start: start + self.micro_batch_size]
+                chunk = order[start : start + self.micro_batch_size]
                 width = max(len(rows[i]) for i in chunk)
                 ids = torch.zeros((len(chunk), width), dtype=torch.long)
                 mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -205,8 +227,10 @@ class TeacherScorer:
         s = self.settings
         if not self.endpoints:
             per = max(1, s.concurrency // len(s.server_urls))
-            self.endpoints = [Endpoint(url + ("/v1" if s.backend == "vllm" else ""), None, s.timeout, s.max_retries,
-                                       per) for url in s.server_urls]
+            self.endpoints = [
+                Endpoint(url + ("/v1" if s.backend == "vllm" else ""), None, s.timeout, s.max_retries, per)
+                for url in s.server_urls
+            ]
         return self.endpoints[next(self._next) % len(self.endpoints)]
 
     async def _remote(self, ids: list[int], positions: list[int]) -> list[float]:
@@ -221,10 +245,19 @@ class TeacherScorer:
                 table = body["choices"][0]["prompt_logprobs"]
                 return [float(_vllm_logprob(table[p], ids[p])) for p in positions]
             except (KeyError, IndexError, TypeError, ValueError) as exc:
-                raise EndpointError(f"{endpoint.base_url}/completions gave no prompt logprob for a sampled token "
-                                    f"({type(exc).__name__}: {exc}); is it a vLLM server?") from None
-        body = await endpoint.post("generate", {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
-                                                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
+                raise EndpointError(
+                    f"{endpoint.base_url}/completions gave no prompt logprob for a sampled token "
+                    f"({type(exc).__name__}: {exc}); is it a vLLM server?"
+                ) from None
+        body = await endpoint.post(
+            "generate",
+            {
+                "input_ids": ids,
+                "return_logprob": True,
+                "logprob_start_len": 0,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            },
+        )
         try:
             table = body["meta_info"]["input_token_logprobs"]
             out = []
@@ -235,8 +268,10 @@ class TeacherScorer:
                 out.append(float(value))
             return out
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise EndpointError(f"{endpoint.base_url}/generate gave no input logprob for a sampled token "
-                                f"({type(exc).__name__}: {exc}); is it an SGLang server?") from None
+            raise EndpointError(
+                f"{endpoint.base_url}/generate gave no input logprob for a sampled token "
+                f"({type(exc).__name__}: {exc}); is it an SGLang server?"
+            ) from None
 
     # ---- scoring ----------------------------------------------------------------------------------
     async def score(self, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -250,8 +285,9 @@ class TeacherScorer:
         if self.settings.path:
             results: list[list[float] | None] = list(await self._local(rows, flat))
         else:
-            answers = await asyncio.gather(*(self._remote(r, f) for r, f in zip(rows, flat, strict=True)),
-                                           return_exceptions=True)
+            answers = await asyncio.gather(
+                *(self._remote(r, f) for r, f in zip(rows, flat, strict=True)), return_exceptions=True
+            )
             results = []
             for traj, answer in zip(todo, answers, strict=True):
                 if isinstance(answer, BaseException):
@@ -267,7 +303,7 @@ class TeacherScorer:
                 continue
             k = 0
             for turn, turn_pos in zip(traj.turns, positions, strict=True):
-                turn.teacher_logprobs = list(values[k: k + len(turn_pos)])
+                turn.teacher_logprobs = list(values[k : k + len(turn_pos)])
                 k += len(turn_pos)
         return {"distill/teacher_scored": float(len(todo) - errors), "distill/teacher_errors": float(errors)}
 

@@ -48,9 +48,13 @@ def expected_score(ids: list[int], preferred: list[int], scale: float = 10.0) ->
     return scale * share / math.sqrt(1.0 + share * share)
 
 
-def build_tiny_reward_model(directory: str | Path, prefer: str | Sequence[str] = DIGITS,
-                            chat_template: str | None = None,
-                            scale: float = 10.0, seed: int = 0) -> Path:
+def build_tiny_reward_model(
+    directory: str | Path,
+    prefer: str | Sequence[str] = DIGITS,
+    chat_template: str | None = None,
+    scale: float = 10.0,
+    seed: int = 0,
+) -> Path:
     """Write the reward model to ``directory`` (see the module docstring); returns the directory."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
@@ -64,10 +68,18 @@ def build_tiny_reward_model(directory: str | Path, prefer: str | Sequence[str] =
         tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(directory)
     target = preferred_ids(tokenizer, prefer)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=HIDDEN,
-                         num_hidden_layers=1, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                         max_position_embeddings=4096, num_labels=1, pad_token_id=tokenizer.pad_token_id,
-                         tie_word_embeddings=False)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=4096,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen2ForSequenceClassification(config)
@@ -90,8 +102,16 @@ def build_tiny_reward_model(directory: str | Path, prefer: str | Sequence[str] =
             model.model.norm.weight.fill_(1.0)
             model.score.weight[0, 0] = scale / root
     model.save_pretrained(directory)
-    (directory / "agentgym.json").write_text(json.dumps({"preset": "tiny_reward_model", "prefer": [prefer] if isinstance(prefer, str) else list(prefer),
-                                                        "preferred_ids": target, "scale": scale}))
+    (directory / "agentgym.json").write_text(
+        json.dumps(
+            {
+                "preset": "tiny_reward_model",
+                "prefer": [prefer] if isinstance(prefer, str) else list(prefer),
+                "preferred_ids": target,
+                "scale": scale,
+            }
+        )
+    )
     return directory
 
 

@@ -54,8 +54,13 @@ def tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
 def _messages_key(messages: Sequence[Message]) -> Hashable | None:
     try:
         key = tuple(
-            (m.get("role"), m.get("content"), m.get("tool_call_id"), m.get("name"),
-             json.dumps(m["tool_calls"], sort_keys=True) if m.get("tool_calls") else None)
+            (
+                m.get("role"),
+                m.get("content"),
+                m.get("tool_call_id"),
+                m.get("name"),
+                json.dumps(m["tool_calls"], sort_keys=True) if m.get("tool_calls") else None,
+            )
             for m in messages
         )
         hash(key)
@@ -97,25 +102,31 @@ class ChatTokenizer:
         eos = getattr(tokenizer, "eos_token_id", None)
         if eos is not None:
             special.add(eos)
-        self._closing_ids = {
-            i for i in special
-            if (t := self.decode([i])) and closing.startswith(t)
-        }
+        self._closing_ids = {i for i in special if (t := self.decode([i])) and closing.startswith(t)}
         self._closing_len = {i: len(self.decode([i])) for i in self._closing_ids}
 
     # ---- rendering -------------------------------------------------------------------------
-    def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = False) -> str:
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
         """The template's text for ``messages`` (what ``apply_chat_template(tokenize=False)`` gives)."""
         if self._compiled is not None:
             return self._compiled.render(
                 messages=[{k: v for k, v in m.items() if v is not None} for m in messages],
-                tools=list(tools) if tools else None, documents=None,
-                add_generation_prompt=add_generation_prompt, **self._template_kwargs,
+                tools=list(tools) if tools else None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._template_kwargs,
             )
         return self.tokenizer.apply_chat_template(
-            list(messages), tools=list(tools) if tools else None,
-            add_generation_prompt=add_generation_prompt, tokenize=False, **self._extra_kwargs,
+            list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **self._extra_kwargs,
         )
 
     def _fast_renderer(self) -> Any:
@@ -128,24 +139,33 @@ class ChatTokenizer:
             template = self.tokenizer.get_chat_template(None, None)
             # {% generation %} only marks assistant spans (for return_assistant_tokens_mask) and costs
             # a macro call per message; an {% if true %} block renders the same, whitespace control included.
-            template = _GENERATION_TAG.sub(lambda m: m.group(1) + ("endif" if m.group(2) else "if true") + m.group(3),
-                                           template)
+            template = _GENERATION_TAG.sub(
+                lambda m: m.group(1) + ("endif" if m.group(2) else "if true") + m.group(3), template
+            )
             compiled = _compile_jinja_template(template)
         except Exception:  # noqa: BLE001 - any trouble: the public path
             return None
         probe: list[Message] = [
-            {"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-            {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"},
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "v"},
         ]
-        tools = [{"type": "function", "function": {"name": "f", "description": "d",
-                                                   "parameters": {"type": "object", "properties": {}}}}]
+        tools = [
+            {
+                "type": "function",
+                "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}},
+            }
+        ]
         try:
             for t in (None, tools):
                 for gen in (False, True):
-                    fast = compiled.render(messages=probe, tools=t, documents=None, add_generation_prompt=gen,
-                                           **self._template_kwargs)
-                    slow = self.tokenizer.apply_chat_template(probe, tools=t, add_generation_prompt=gen,
-                                                              tokenize=False, **self._extra_kwargs)
+                    fast = compiled.render(
+                        messages=probe, tools=t, documents=None, add_generation_prompt=gen, **self._template_kwargs
+                    )
+                    slow = self.tokenizer.apply_chat_template(
+                        probe, tools=t, add_generation_prompt=gen, tokenize=False, **self._extra_kwargs
+                    )
                     if fast != slow:
                         return None
         except Exception:  # noqa: BLE001
@@ -162,21 +182,27 @@ class ChatTokenizer:
             return self._backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def _tail(self, new_messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None,
-              add_generation_prompt: bool = False) -> str:
+    def _tail(
+        self,
+        new_messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None,
+        add_generation_prompt: bool = False,
+    ) -> str:
         """Template text after an assistant message's content, followed by ``new_messages``."""
-        dummy: list[Message] = [{"role": "user", "content": _DUMMY_USER},
-                                {"role": "assistant", "content": MARKER}]
+        dummy: list[Message] = [{"role": "user", "content": _DUMMY_USER}, {"role": "assistant", "content": MARKER}]
         text = self.render(dummy + list(new_messages), tools, add_generation_prompt=add_generation_prompt)
         at = text.rfind(MARKER)
         if at < 0:
-            raise ValueError("the chat template dropped an assistant message's content; cannot compute token "
-                             "deltas for multi-turn rollouts with it")
-        return text[at + len(MARKER):]
+            raise ValueError(
+                "the chat template dropped an assistant message's content; cannot compute token "
+                "deltas for multi-turn rollouts with it"
+            )
+        return text[at + len(MARKER) :]
 
     # ---- the token sequence ----------------------------------------------------------------
-    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None,
-                   tkey: str | None = None) -> list[int]:
+    def prompt_ids(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, tkey: str | None = None
+    ) -> list[int]:
         """The first turn's prompt: ``messages`` rendered with the generation prompt (a fresh list)."""
         mkey = _messages_key(messages)
         key = None if mkey is None else (tools_key(tools) if tkey is None else tkey, mkey)
@@ -192,8 +218,13 @@ class ChatTokenizer:
         """True when the response's last token is the template's end-of-assistant token."""
         return bool(response_ids) and response_ids[-1] in self._closing_ids
 
-    def delta_ids(self, new_messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None,
-                  last_token: int | None = None, tkey: str | None = None) -> list[int]:
+    def delta_ids(
+        self,
+        new_messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        last_token: int | None = None,
+        tkey: str | None = None,
+    ) -> list[int]:
         """Tokens to append after a response whose last sampled token is ``last_token``: the rest
         of the assistant turn's closing (all of it unless ``last_token`` is the closing token),
         the new messages and the generation prompt. The list is shared: do not modify it."""
@@ -208,7 +239,7 @@ class ChatTokenizer:
         self.cache_misses += 1
         text = self._tail(new_messages, tools, add_generation_prompt=True)
         if closed is not None:
-            text = text[len(self.decode([closed])):]
+            text = text[len(self.decode([closed])) :]
         ids = self.encode(text)
         if key is not None:
             self._remember(self._deltas, key, ids)
@@ -231,9 +262,11 @@ class ChatTokenizer:
         full = self.render([user, message], tools)
         closing, closing_id = self.closing_text, self.closing_id
         if not full.startswith(head) or closing_id is None or not closing or not full.endswith(closing):
-            raise ValueError("this chat template does not render an assistant message as generation prompt + "
-                             "content + closing token, so its tokens cannot be told apart for supervised training")
-        return self.encode(full[len(head):len(full) - len(closing)]) + [closing_id]
+            raise ValueError(
+                "this chat template does not render an assistant message as generation prompt + "
+                "content + closing token, so its tokens cannot be told apart for supervised training"
+            )
+        return self.encode(full[len(head) : len(full) - len(closing)]) + [closing_id]
 
     def assistant_content(self, response_ids: Sequence[int], text: str | None = None) -> str:
         """The assistant message's text: the sampled text without the closing token.
@@ -245,8 +278,9 @@ class ChatTokenizer:
         return text
 
     # ---- template check --------------------------------------------------------------------
-    def mismatch(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None,
-                 token_ids: Sequence[int]) -> int | None:
+    def mismatch(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None, token_ids: Sequence[int]
+    ) -> int | None:
         """Where a full re-render of ``messages`` departs from the decoded ``token_ids``: the first
         differing character, or None when the re-render starts with exactly the sampled sequence.
         Pass assistant messages with their raw sampled text as content (see ``assistant_content``)."""

@@ -29,10 +29,28 @@ DEFAULT_TASKS = {"rollout": 8, "eval_seeds": 32}
 # The flags a finished run can supply (``--run``: agentgym.stages.from_run) default to None on the command
 # line ("not given"); these are the values of those not given, per command.
 FLAG_DEFAULTS: dict[str, dict[str, Any]] = {
-    "rollout": {"model": "tiny", "n": 8, "seed": 0, "max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-                "concurrency": 64, "env_executor": "thread"},
-    "eval": {"model": "tiny", "n": 1, "seed": 0, "max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": -1,
-             "concurrency": 64, "env_executor": "thread"},
+    "rollout": {
+        "model": "tiny",
+        "n": 8,
+        "seed": 0,
+        "max_tokens": 256,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "concurrency": 64,
+        "env_executor": "thread",
+    },
+    "eval": {
+        "model": "tiny",
+        "n": 1,
+        "seed": 0,
+        "max_tokens": 256,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "concurrency": 64,
+        "env_executor": "thread",
+    },
 }
 
 
@@ -68,8 +86,13 @@ def check_env(name: str) -> str | None:
     return None
 
 
-def run_command(args: argparse.Namespace, mode: str, urls: list[str], backend: str,
-                after: Callable[[list[Trajectory]], Awaitable[None]] | None = None) -> int:
+def run_command(
+    args: argparse.Namespace,
+    mode: str,
+    urls: list[str],
+    backend: str,
+    after: Callable[[list[Trajectory]], Awaitable[None]] | None = None,
+) -> int:
     """``agentgym rollout`` (``mode="rollout"``) or ``agentgym eval`` against the servers at ``urls``
     (the command line starts an embedded server first when no ``--server`` is given). ``after``: run on
     every trajectory once the table is printed (``eval --judge-url``: an LLM judge's scores)."""
@@ -84,8 +107,13 @@ def run_command(args: argparse.Namespace, mode: str, urls: list[str], backend: s
         return 130
 
 
-async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: str,
-                after: Callable[[list[Trajectory]], Awaitable[None]] | None = None) -> int:
+async def _main(
+    args: argparse.Namespace,
+    mode: str,
+    urls: list[str],
+    backend: str,
+    after: Callable[[list[Trajectory]], Awaitable[None]] | None = None,
+) -> int:
     from agentgym.client import PolicyClient
     from agentgym.model import load_tokenizer
     from agentgym.rollout.chat import ChatTokenizer
@@ -100,10 +128,18 @@ async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: s
     chat = ChatTokenizer(load_tokenizer(args.model), template_kwargs=getattr(args, "chat_template_kwargs", None))
     lengths = {k: int(v) for k in ("prompt_length", "response_length") if (v := getattr(args, k, None)) is not None}
     config = RolloutConfig(
-        n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,
-        max_turns=args.max_turns, max_concurrency=args.concurrency, seed=args.seed,
-        sampling_seed=getattr(args, "sampling_seed", None), env_executor=args.env_executor,
-        env_workers=getattr(args, "env_workers", None), env_urls=list(getattr(args, "env_url", None) or ()),
+        n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        max_turns=args.max_turns,
+        max_concurrency=args.concurrency,
+        seed=args.seed,
+        sampling_seed=getattr(args, "sampling_seed", None),
+        env_executor=args.env_executor,
+        env_workers=getattr(args, "env_workers", None),
+        env_urls=list(getattr(args, "env_url", None) or ()),
         **lengths,
     )
     writer = None
@@ -115,8 +151,10 @@ async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: s
         try:
             info = await runner.env_info()
         except Exception as exc:  # noqa: BLE001 - a bad --env-arg, missing data: say so
-            print(f"error: could not build env {args.env!r} with {env_kwargs}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            print(
+                f"error: could not build env {args.env!r} with {env_kwargs}: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
             return 2
         count = args.tasks
         if count is None:
@@ -128,18 +166,23 @@ async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: s
         if args.out:
             writer = TrajectoryWriter(args.out)
             stack.callback(writer.close)
-        print(f"{mode}: env={args.env} tasks={len(tasks)} n={config.n} -> {len(tasks) * config.n} episodes, "
-              f"concurrency {config.max_concurrency}, temperature {config.temperature}", file=sys.stderr)
-        result = await runner.run(tasks, on_trajectory=writer.write if writer else None,
-                                  progress=f"{mode} {args.env}")
+        print(
+            f"{mode}: env={args.env} tasks={len(tasks)} n={config.n} -> {len(tasks) * config.n} episodes, "
+            f"concurrency {config.max_concurrency}, temperature {config.temperature}",
+            file=sys.stderr,
+        )
+        result = await runner.run(tasks, on_trajectory=writer.write if writer else None, progress=f"{mode} {args.env}")
 
     metrics = result.metrics
     if mode == "eval":
         print(format_eval_table(metrics))
     else:
         sources = {t.data_source for t in result.trajectories}
-        shown = metrics if len(sources) > 1 else {k: v for k, v in metrics.items()
-                                                    if not any(k.startswith(f"{s}/") for s in sources)}
+        shown = (
+            metrics
+            if len(sources) > 1
+            else {k: v for k, v in metrics.items() if not any(k.startswith(f"{s}/") for s in sources)}
+        )
         print(format_metrics(shown))
     if after is not None:
         await after(result.trajectories)
@@ -147,10 +190,14 @@ async def _main(args: argparse.Namespace, mode: str, urls: list[str], backend: s
     if writer is not None:
         print(f"\nwrote {writer.count} trajectories to {args.out}", file=sys.stderr)
     if failed:
-        print(f"{len(failed)} of {len(result.trajectories)} episodes failed; first: {failed[0].failure}",
-              file=sys.stderr)
+        print(
+            f"{len(failed)} of {len(result.trajectories)} episodes failed; first: {failed[0].failure}", file=sys.stderr
+        )
         if len(failed) == len(result.trajectories):
-            print("every episode failed: check the server (--server URL, or the --model it was started on) "
-                  "and the env arguments (--env-arg KEY=VALUE)", file=sys.stderr)
+            print(
+                "every episode failed: check the server (--server URL, or the --model it was started on) "
+                "and the env arguments (--env-arg KEY=VALUE)",
+                file=sys.stderr,
+            )
             return 1
     return 0

@@ -39,11 +39,11 @@ class PoolGroup:
 
     group_id: str
     size: int
-    ticket: int | None = None        # admission order (None: pushed from outside, e.g. a gateway process)
-    version: int | None = None       # the servers' weight version when the task was admitted
+    ticket: int | None = None  # admission order (None: pushed from outside, e.g. a gateway process)
+    version: int | None = None  # the servers' weight version when the task was admitted
     task: dict[str, Any] | None = None
     sessions: list[list[Trajectory]] = field(default_factory=list)
-    completed: int | None = None     # completion order, once complete
+    completed: int | None = None  # completion order, once complete
 
     @property
     def complete(self) -> bool:
@@ -54,8 +54,14 @@ class PoolGroup:
 
     def info(self) -> dict[str, Any]:
         """What the trainer's batch selection needs, without the trajectories."""
-        return {"group_id": self.group_id, "ticket": self.ticket, "version": self.version,
-                "complete": self.complete, "completed": self.completed, "task": self.task}
+        return {
+            "group_id": self.group_id,
+            "ticket": self.ticket,
+            "version": self.version,
+            "complete": self.complete,
+            "completed": self.completed,
+            "task": self.task,
+        }
 
 
 class DataPool:
@@ -77,8 +83,15 @@ class DataPool:
         self._changes = 0
 
     # ---- producers -------------------------------------------------------------------------
-    def open_group(self, group_id: str, size: int | None = None, *, ticket: int | None = None,
-                   version: int | None = None, task: dict[str, Any] | None = None) -> None:
+    def open_group(
+        self,
+        group_id: str,
+        size: int | None = None,
+        *,
+        ticket: int | None = None,
+        version: int | None = None,
+        task: dict[str, Any] | None = None,
+    ) -> None:
         """Announce a group: ``size`` deliveries make it complete."""
         size = self.group_size if size is None else size
         if size is None or size < 1:
@@ -148,8 +161,9 @@ class DataPool:
         group = self._groups.get(group_id)
         if group is None or not group.complete:
             have = len(group.sessions) if group else 0
-            raise KeyError(f"group {group_id!r} is not complete ({have} of "
-                           f"{group.size if group else '?'} sessions finished)")
+            raise KeyError(
+                f"group {group_id!r} is not complete ({have} of {group.size if group else '?'} sessions finished)"
+            )
         del self._groups[group_id]
         self._taken += 1
         self._notify()
@@ -201,6 +215,7 @@ class DataPool:
 
     async def wait_complete(self, groups: int, timeout: float | None = None) -> None:
         """Until at least ``groups`` groups are complete."""
+
         async def until() -> None:
             while self.ready_count() < groups:
                 await self.wait_changed(self._changes)
@@ -210,16 +225,27 @@ class DataPool:
     # ---- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Every group with its trajectories (JSON-able), and the counters."""
-        return {"completions": self._completions, "taken": self._taken,
-                "groups": [{**group.info(), "size": group.size,
-                            "sessions": [[t.to_dict() for t in s] for s in group.sessions]}
-                           for group in self._groups.values()]}
+        return {
+            "completions": self._completions,
+            "taken": self._taken,
+            "groups": [
+                {**group.info(), "size": group.size, "sessions": [[t.to_dict() for t in s] for s in group.sessions]}
+                for group in self._groups.values()
+            ],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._groups = {}
         for g in state.get("groups", []):
-            group = PoolGroup(g["group_id"], int(g["size"]), g.get("ticket"), g.get("version"), g.get("task"),
-                              [[Trajectory.from_dict(t) for t in s] for s in g["sessions"]], g.get("completed"))
+            group = PoolGroup(
+                g["group_id"],
+                int(g["size"]),
+                g.get("ticket"),
+                g.get("version"),
+                g.get("task"),
+                [[Trajectory.from_dict(t) for t in s] for s in g["sessions"]],
+                g.get("completed"),
+            )
             self._groups[group.group_id] = group
         self._completions = int(state.get("completions", 0))
         self._taken = int(state.get("taken", 0))
@@ -281,8 +307,9 @@ def create_pool_actor(name: str | None = None, namespace: str = DEFAULT_NAMESPAC
     return ray.remote(DataPool).options(**options).remote(**kwargs)
 
 
-def connect_pool(name: str, namespace: str = DEFAULT_NAMESPACE, address: str | None = None,
-                 timeout: float = 60.0) -> Any:
+def connect_pool(
+    name: str, namespace: str = DEFAULT_NAMESPACE, address: str | None = None, timeout: float = 60.0
+) -> Any:
     """The named pool actor, joining the Ray cluster at ``address`` first when this process is not in
     one yet. Waits up to ``timeout`` s for the actor to appear (the trainer may still be starting)."""
     import time
@@ -290,17 +317,18 @@ def connect_pool(name: str, namespace: str = DEFAULT_NAMESPACE, address: str | N
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address or "auto", namespace=namespace, logging_level="WARNING",
-                 log_to_driver=False)
+        ray.init(address=address or "auto", namespace=namespace, logging_level="WARNING", log_to_driver=False)
     deadline = time.monotonic() + timeout
     while True:
         try:
             return ray.get_actor(name, namespace=namespace)
         except ValueError:
             if time.monotonic() > deadline:
-                raise ValueError(f"no DataPool named {name!r} in Ray namespace {namespace!r} at "
-                                 f"{address or 'auto'}; start the trainer first, or check --data-pool-name "
-                                 f"and --ray-namespace") from None
+                raise ValueError(
+                    f"no DataPool named {name!r} in Ray namespace {namespace!r} at "
+                    f"{address or 'auto'}; start the trainer first, or check --data-pool-name "
+                    f"and --ray-namespace"
+                ) from None
             time.sleep(0.5)
 
 

@@ -81,11 +81,11 @@ def cut(text_ids: list[int], keep: int, side: str) -> list[int]:
         return text_ids
     keep = max(0, keep)
     if side == "left":
-        return text_ids[len(text_ids) - keep:]
+        return text_ids[len(text_ids) - keep :]
     if side == "right":
         return text_ids[:keep]
     head = keep // 2
-    return text_ids[:head] + text_ids[len(text_ids) - (keep - head):]
+    return text_ids[:head] + text_ids[len(text_ids) - (keep - head) :]
 
 
 def truncate_prompt(chat: Any, prompt: list[dict[str, Any]], limit: int, side: str) -> list[dict[str, Any]]:
@@ -100,8 +100,10 @@ def truncate_prompt(chat: Any, prompt: list[dict[str, Any]], limit: int, side: s
         if prompt_tokens(chat, messages) <= limit:
             return messages
         keep -= max(1, (prompt_tokens(chat, messages) - limit))
-    raise ConfigError(f"a prompt cannot be cut to data.max_prompt_length={limit} tokens: its template alone is "
-                      f"longer; raise data.max_prompt_length")
+    raise ConfigError(
+        f"a prompt cannot be cut to data.max_prompt_length={limit} tokens: its template alone is "
+        f"longer; raise data.max_prompt_length"
+    )
 
 
 def prepare_split(cfg: DictConfig, split: str, files: Any, max_samples: int, chat: Any) -> Prepared:
@@ -117,8 +119,10 @@ def prepare_split(cfg: DictConfig, split: str, files: Any, max_samples: int, cha
     if key != "prompt":
         missing = [i for i, r in enumerate(rows) if key not in r]
         if missing:
-            raise ConfigError(f"data.prompt_key={key}: row {missing[0]} of {files} has no {key!r} column "
-                              f"(columns: {', '.join(sorted(rows[missing[0]]))})")
+            raise ConfigError(
+                f"data.prompt_key={key}: row {missing[0]} of {files} has no {key!r} column "
+                f"(columns: {', '.join(sorted(rows[missing[0]]))})"
+            )
         rows = [{**{k: v for k, v in r.items() if k != key}, "prompt": r[key]} for r in rows]
         changed = True
     source_key = str(data.reward_fn_key)
@@ -133,27 +137,34 @@ def prepare_split(cfg: DictConfig, split: str, files: Any, max_samples: int, cha
             rows = [r for i, r in enumerate(rows) if i in keep]
             prepared.dropped = len(long_rows)
             changed = True
-            prepared.notes.append(f"{len(long_rows)} rows dropped: prompt over data.max_prompt_length={limit} "
-                                  f"tokens (data.filter_overlong_prompts)")
+            prepared.notes.append(
+                f"{len(long_rows)} rows dropped: prompt over data.max_prompt_length={limit} "
+                f"tokens (data.filter_overlong_prompts)"
+            )
         elif long_rows and data.truncation == "error":
             first = long_rows[0]
             raise ConfigError(
                 f"{len(long_rows)} of {len(rows)} {split} rows have prompts longer than data.max_prompt_length={limit} "
-                f"tokens (row {first}: {prompt_tokens(chat, rows[first]['prompt'])} tokens). Set data.filter_overlong_prompts=true to drop them, "
-                f"data.truncation=left|right|middle to cut them, or raise data.max_prompt_length")
+                f"tokens (row {first}: {prompt_tokens(chat, rows[first]['prompt'])} tokens). Set "
+                f"data.filter_overlong_prompts=true to drop them, "
+                f"data.truncation=left|right|middle to cut them, or raise data.max_prompt_length"
+            )
         elif long_rows:
             from agentgym.envs.data import as_messages
 
             for i in long_rows:
-                rows[i] = {**rows[i], "prompt": truncate_prompt(chat, as_messages(rows[i]["prompt"], "row"), limit,
-                                                                str(data.truncation))}
+                rows[i] = {
+                    **rows[i],
+                    "prompt": truncate_prompt(chat, as_messages(rows[i]["prompt"], "row"), limit, str(data.truncation)),
+                }
             prepared.truncated = len(long_rows)
             changed = True
             prepared.notes.append(f"{len(long_rows)} prompts cut to {limit} tokens (data.truncation={data.truncation})")
     prepared.rows = rows
     if not rows:
-        raise ConfigError(f"no {split} rows left in {files} after filtering; raise data.max_prompt_length or give "
-                          f"other data")
+        raise ConfigError(
+            f"no {split} rows left in {files} after filtering; raise data.max_prompt_length or give other data"
+        )
     if changed:
         target = Path(str(cfg.trainer.default_local_dir)) / "data" / f"{split}.jsonl"
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -36,12 +36,15 @@ def tag_shares(tags: list[str], n_groups: list[int], total: int, which: str) -> 
         base, rest = divmod(total, len(tags))
         return [base + (1 if i < rest else 0) for i in range(len(tags))]
     if len(n_groups) != len(tags):
-        raise ConfigError(f"env.{which}n_groups has {len(n_groups)} entries for {len(tags)} env.{which}tags; "
-                          "give one count per tag")
+        raise ConfigError(
+            f"env.{which}n_groups has {len(n_groups)} entries for {len(tags)} env.{which}tags; give one count per tag"
+        )
     if sum(n_groups) != total:
         what = "data.train_batch_size" if not which else "data.val_batch_size"
-        raise ConfigError(f"env.{which}n_groups adds up to {sum(n_groups)}, but {what}={total} groups run per "
-                          f"{'step' if not which else 'validation'}; make them equal")
+        raise ConfigError(
+            f"env.{which}n_groups adds up to {sum(n_groups)}, but {what}={total} groups run per "
+            f"{'step' if not which else 'validation'}; make them equal"
+        )
     return [int(n) for n in n_groups]
 
 
@@ -57,14 +60,18 @@ def check_env_groups(cfg: DictConfig) -> None:
     for tag in tags + val_tags:
         if tag not in table:
             known = ", ".join(sorted(table)) or "none"
-            raise ConfigError(f"env tag {tag!r} has no entry in env.custom_envs (known: {known}); add "
-                              f"env.custom_envs.{tag}.env=NAME")
+            raise ConfigError(
+                f"env tag {tag!r} has no entry in env.custom_envs (known: {known}); add env.custom_envs.{tag}.env=NAME"
+            )
         if not table[tag].get("env"):
-            raise ConfigError(f"env.custom_envs.{tag} names no env: set env.custom_envs.{tag}.env=NAME "
-                              "(see `agentgym envs`)")
+            raise ConfigError(
+                f"env.custom_envs.{tag} names no env: set env.custom_envs.{tag}.env=NAME (see `agentgym envs`)"
+            )
     if 0 <= int(cfg.env.max_traj_per_env) < 1:
-        raise ConfigError(f"env.max_traj_per_env={cfg.env.max_traj_per_env}: every env instance runs at least one "
-                          "episode per step (-1: as many as needed)")
+        raise ConfigError(
+            f"env.max_traj_per_env={cfg.env.max_traj_per_env}: every env instance runs at least one "
+            "episode per step (-1: as many as needed)"
+        )
     if tags:
         tag_shares(tags, list(cfg.env.n_groups or []), int(cfg.data.train_batch_size), "")
     if val_tags:

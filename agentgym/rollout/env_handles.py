@@ -27,8 +27,11 @@ def describe_env(env: Any) -> dict[str, Any]:
     """What the runner needs to know about an env: its tasks, turn budget and (multi-agent) seats."""
     num_tasks = env.num_tasks() if hasattr(env, "num_tasks") else None
     agents = getattr(env, "agents", None)
-    return {"num_tasks": num_tasks, "max_turns": getattr(env, "max_turns", None),
-            "agents": list(agents) if agents else None}
+    return {
+        "num_tasks": num_tasks,
+        "max_turns": getattr(env, "max_turns", None),
+        "agents": list(agents) if agents else None,
+    }
 
 
 class EnvHandle:

@@ -32,8 +32,9 @@ class ProcessHandle(EnvHandle):
     async def reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[list, dict]:
         if self.worker is None:
             self.worker = self.backend._worker(self.index)
-        return await self.worker.call("reset", self.key, (self.backend.factory, seed, options),
-                                      timeout=self.backend.timeout)
+        return await self.worker.call(
+            "reset", self.key, (self.backend.factory, seed, options), timeout=self.backend.timeout
+        )
 
     async def step(self, action: Any) -> tuple[list, float, bool, bool, dict]:
         assert self.worker is not None, "reset() first"
@@ -98,16 +99,20 @@ class WorkerProcess:
         self.exitcode = self.process.exitcode
         self.alive = False
         self._ready.set()
-        error = WorkerCrashed(f"{self.name} (pid {self.process.pid}) died with exit code {self.exitcode}; "
-                              "the episodes it held failed, and a new worker takes the next ones")
+        error = WorkerCrashed(
+            f"{self.name} (pid {self.process.pid}) died with exit code {self.exitcode}; "
+            "the episodes it held failed, and a new worker takes the next ones"
+        )
         with self._lock:
             waiters, self._pending = list(self._pending.values()), {}
         for waiter in waiters:
             _resolve(waiter, False, error)
 
     def _crashed(self) -> WorkerCrashed:
-        return WorkerCrashed(f"{self.name} (pid {self.process.pid}) died with exit code {self.exitcode}; "
-                             "the episodes it held failed, and a new worker takes the next ones")
+        return WorkerCrashed(
+            f"{self.name} (pid {self.process.pid}) died with exit code {self.exitcode}; "
+            "the episodes it held failed, and a new worker takes the next ones"
+        )
 
     async def started(self) -> None:
         if not self._ready.is_set():

@@ -23,10 +23,17 @@ def client_spec(client: Any) -> dict[str, Any]:
     from agentgym.client import PolicyClient
 
     if isinstance(client, PolicyClient):
-        return {"policy_client": {
-            "urls": [s.url for s in client.servers], "backend": client.backend, "model": client.model,
-            "max_retries": client.max_retries, "timeout": client.timeout, "backoff": client.backoff,
-            "cooldown": client.cooldown}}
+        return {
+            "policy_client": {
+                "urls": [s.url for s in client.servers],
+                "backend": client.backend,
+                "model": client.model,
+                "max_retries": client.max_retries,
+                "timeout": client.timeout,
+                "backoff": client.backoff,
+                "cooldown": client.cooldown,
+            }
+        }
     return {"object": client}
 
 
@@ -38,8 +45,9 @@ def _build_client(spec: dict[str, Any]) -> Any:
     return spec["object"]
 
 
-def failed_trajectories(runner: Any, task: Any, group_id: str, sample: int, agents: list[str] | None,
-                        reason: str) -> list[Any]:
+def failed_trajectories(
+    runner: Any, task: Any, group_id: str, sample: int, agents: list[str] | None, reason: str
+) -> list[Any]:
     """The trajectories of one job whose worker died: one failed episode (per seat for a game)."""
     from agentgym.types import Trajectory
 
@@ -49,8 +57,15 @@ def failed_trajectories(runner: Any, task: Any, group_id: str, sample: int, agen
         task_info = {"seed": task.seed, "index": task.index, "sample": sample, "session": f"{gid}/{sample}"}
         if agent is not None:
             task_info["agent"] = agent
-        traj = Trajectory(env_id=runner.env_name, group_id=gid, seed=task.seed, data_source=runner.env_name,
-                          task=task_info, status="failed", failure=reason)
+        traj = Trajectory(
+            env_id=runner.env_name,
+            group_id=gid,
+            seed=task.seed,
+            data_source=runner.env_name,
+            task=task_info,
+            status="failed",
+            failure=reason,
+        )
         traj.metrics.update({"turns": 0.0, "success": 0.0, "sampled_tokens": 0.0, "tokens": 0.0})
         out.append(traj)
     return out
@@ -80,8 +95,12 @@ class EpisodePool:
             "env_name": runner.env_name,
             "tokenizer": runner.chat.tokenizer,
             "template_kwargs": dict(getattr(runner.chat, "_extra_kwargs", {}) or {}),  # e.g. enable_thinking
-            "config": replace(cfg, env_executor=cfg.worker_env_executor, env_workers=None,
-                              max_concurrency=max(1, cfg.max_concurrency // self.size + 1)),
+            "config": replace(
+                cfg,
+                env_executor=cfg.worker_env_executor,
+                env_workers=None,
+                max_concurrency=max(1, cfg.max_concurrency // self.size + 1),
+            ),
             "client": client_spec(runner.client),
         }
         self._workers: list[Any] = [None] * self.size
@@ -199,8 +218,10 @@ class _RayEpisodeWorker:
             return await self.actor.run_job.remote(*args)
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
             self.alive = False
-            raise WorkerCrashed(f"Ray episode actor {self.index} died: {type(exc).__name__}: "
-                                f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+            raise WorkerCrashed(
+                f"Ray episode actor {self.index} died: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from exc
 
     def close(self) -> None:
         import ray

@@ -63,8 +63,16 @@ from agentgym.rollout.env_processes import ProcessHandle, WorkerProcess, env_wor
 from agentgym.rollout.episode_workers import EpisodePool
 from agentgym.rollout.openenv_remote import OpenEnvHandle, OpenEnvSession
 
-__all__ = ["CALL_EXECUTORS", "EPISODE_EXECUTORS", "EXECUTORS", "EnvBackend", "EnvHandle", "EnvTimeout", "EpisodePool", "WorkerCrashed"]
-
+__all__ = [
+    "CALL_EXECUTORS",
+    "EPISODE_EXECUTORS",
+    "EXECUTORS",
+    "EnvBackend",
+    "EnvHandle",
+    "EnvTimeout",
+    "EpisodePool",
+    "WorkerCrashed",
+]
 
 
 class EnvBackend:
@@ -74,13 +82,21 @@ class EnvBackend:
     builds envs inline: the runner only asks it to ``describe`` the env.
     """
 
-    def __init__(self, factory: Callable[[], Any], executor: str = "thread", workers: int | None = None,
-                 timeout: float | None = None, urls: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        executor: str = "thread",
+        workers: int | None = None,
+        timeout: float | None = None,
+        urls: list[str] | None = None,
+    ) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"env_executor must be one of {EXECUTORS}, got {executor!r}")
         if executor == "openenv" and not urls:
-            raise ValueError("env_executor='openenv' needs env_urls: the OpenEnv servers that hold the envs "
-                             "(start one with `agentgym env-serve --env NAME --port 8010`)")
+            raise ValueError(
+                "env_executor='openenv' needs env_urls: the OpenEnv servers that hold the envs "
+                "(start one with `agentgym env-serve --env NAME --port 8010`)"
+            )
         self.factory = factory
         self.kind = "inline" if executor in EPISODE_EXECUTORS else executor
         self.timeout = timeout
@@ -106,8 +122,9 @@ class EnvBackend:
         try:
             return await asyncio.wait_for(future, self.timeout)
         except asyncio.TimeoutError:
-            raise EnvTimeout(f"env call {getattr(fn, '__name__', fn)} took longer than env_timeout="
-                             f"{self.timeout}s") from None
+            raise EnvTimeout(
+                f"env call {getattr(fn, '__name__', fn)} took longer than env_timeout={self.timeout}s"
+            ) from None
 
     def _worker(self, index: int) -> WorkerProcess:
         """Worker ``index``, started (again) if it is not running."""
@@ -190,5 +207,3 @@ class _LocalHandle(EnvHandle):
             self.pool.submit(close_quietly, env)
         else:
             close_quietly(env)
-
-

@@ -27,16 +27,16 @@ def state_key(info: dict[str, Any], observation: Sequence[Message]) -> str:
     key = info.get("state_key")
     if isinstance(key, str) and key:
         return key
-    text = json.dumps([m.get("content") if isinstance(m, dict) else str(m) for m in observation],
-                      ensure_ascii=False, default=str)
+    text = json.dumps(
+        [m.get("content") if isinstance(m, dict) else str(m) for m in observation], ensure_ascii=False, default=str
+    )
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def turn_facts(info: dict[str, Any], finish_reason: str) -> dict[str, float]:
     """One turn's facts for ``Turn.metrics``: the numbers and flags of the env's step ``info`` (its
     episode-level keys aside) and ``cut``, 1.0 when the reply stopped at the token cap."""
-    facts = {k: float(v) for k, v in info.items()
-             if k not in EPISODE_KEYS and isinstance(v, (bool, int, float))}
+    facts = {k: float(v) for k, v in info.items() if k not in EPISODE_KEYS and isinstance(v, (bool, int, float))}
     facts["cut"] = float(finish_reason == "length")
     return facts
 
@@ -58,8 +58,9 @@ def per_turn_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> di
         for key in sorted({key for t in turns for key in t.metrics}):
             out[name + key] = _mean([t.metrics.get(key, 0.0) for t in turns])
         if any("well_formed" in t.metrics for t in turns):
-            out[name + "malformed"] = _mean([float(not t.metrics.get("well_formed", 0.0) or t.metrics.get("cut", 0.0))
-                                              for t in turns])
+            out[name + "malformed"] = _mean(
+                [float(not t.metrics.get("well_formed", 0.0) or t.metrics.get("cut", 0.0)) for t in turns]
+            )
     return out
 
 
@@ -109,7 +110,7 @@ def _summary(trajs: list[Trajectory], ks: Sequence[int] | None) -> dict[str, flo
         "tokens/mean": _mean([t.metrics.get("tokens", 0.0) for t in trajs]),
         "template_mismatch": float(sum(t.metrics.get("template_mismatch", 0.0) > 0 for t in trajs)),
     }
-    for k in (ks if ks is not None else default_ks(n_min)):
+    for k in ks if ks is not None else default_ks(n_min):
         if 0 < k <= n_min:
             out[f"pass@{k}"] = _mean([pass_at_k(len(g), sum(_success(t) for t in g), k) for g in groups.values()])
     return out
@@ -130,8 +131,12 @@ def summarize(trajectories: Iterable[Trajectory], ks: Sequence[int] | None = Non
 
 def format_metrics(metrics: dict[str, float]) -> str:
     """A two-column table: overall metrics first, then per data source."""
-    overall = {k: v for k, v in metrics.items() if "/" not in k or k.split("/")[0] in
-               ("reward", "outcome_reward", "turns", "sampled_tokens", "tokens", "time", "throughput")}
+    overall = {
+        k: v
+        for k, v in metrics.items()
+        if "/" not in k
+        or k.split("/")[0] in ("reward", "outcome_reward", "turns", "sampled_tokens", "tokens", "time", "throughput")
+    }
     rest = {k: v for k, v in metrics.items() if k not in overall}
     width = max((len(k) for k in metrics), default=10)
     lines = []
@@ -147,11 +152,16 @@ def format_metrics(metrics: dict[str, float]) -> str:
 def format_eval_table(metrics: dict[str, float]) -> str:
     """One row per data source (then ``all``): episodes, success, reward, pass@k, turns, tokens, failed."""
     sources = sorted(k[: -len("/episodes")] for k in metrics if k.endswith("/episodes"))
-    ks = sorted(int(k[len("pass@"):]) for k in metrics if k.startswith("pass@"))
+    ks = sorted(int(k[len("pass@") :]) for k in metrics if k.startswith("pass@"))
     columns = [("episodes", "episodes", "d"), ("success", "success_rate", ".3f"), ("reward", "reward/mean", ".3f")]
     columns += [(f"pass@{k}", f"pass@{k}", ".3f") for k in ks]
-    columns += [("turns", "turns/mean", ".2f"), ("sampled", "sampled_tokens/mean", ".1f"),
-                ("tokens", "tokens/mean", ".1f"), ("failed", "failed", "d"), ("truncated", "truncated", "d")]
+    columns += [
+        ("turns", "turns/mean", ".2f"),
+        ("sampled", "sampled_tokens/mean", ".1f"),
+        ("tokens", "tokens/mean", ".1f"),
+        ("failed", "failed", "d"),
+        ("truncated", "truncated", "d"),
+    ]
     rows = [(source, f"{source}/") for source in sources]
     if len(sources) != 1:
         rows.append(("all", ""))

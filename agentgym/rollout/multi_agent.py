@@ -44,8 +44,16 @@ class _Seat:
     used: int = 0  # tokens after the first prompt
 
 
-async def run_game(runner: Any, task: Any, group_id: str, sample: int, max_turns: int | None, *,
-                   reply_message: Callable[[str, bool], Message], failure: type[Exception]) -> list[Trajectory]:
+async def run_game(
+    runner: Any,
+    task: Any,
+    group_id: str,
+    sample: int,
+    max_turns: int | None,
+    *,
+    reply_message: Callable[[str, bool], Message],
+    failure: type[Exception],
+) -> list[Trajectory]:
     """Play one game of a multi-agent env; returns a trajectory per seat that acted.
 
     ``reply_message`` and ``failure`` are the runner's ``assistant_message`` and ``EpisodeFailure``
@@ -57,9 +65,13 @@ async def run_game(runner: Any, task: Any, group_id: str, sample: int, max_turns
     for agent in agents:
         gid = f"{group_id}/{agent}"
         session = f"{gid}/{sample}"
-        traj = Trajectory(env_id=runner.env_name, group_id=gid, seed=task.seed, data_source=runner.env_name,
-                          task={"seed": task.seed, "index": task.index, "sample": sample, "session": session,
-                                "agent": agent})
+        traj = Trajectory(
+            env_id=runner.env_name,
+            group_id=gid,
+            seed=task.seed,
+            data_source=runner.env_name,
+            task={"seed": task.seed, "index": task.index, "sample": sample, "session": session, "agent": agent},
+        )
         seats[agent] = _Seat(traj, session)
     runner._episodes_started += 1
     check = cfg.template_check_every > 0 and runner._episodes_started % cfg.template_check_every == 0
@@ -113,9 +125,15 @@ async def run_game(runner: Any, task: Any, group_id: str, sample: int, max_turns
             if len(ids) > max_tokens:
                 raise failure(f"server returned {len(ids)} tokens for max_tokens={max_tokens}")
             text = chat.decode(ids)
-            turn = Turn(prompt_ids=list(delta), response_ids=list(ids), logprobs=list(sample_out.logprobs),
-                        weight_version=sample_out.weight_version, finish_reason=sample_out.finish_reason,
-                        observation=observation, response_text=text)
+            turn = Turn(
+                prompt_ids=list(delta),
+                response_ids=list(ids),
+                logprobs=list(sample_out.logprobs),
+                weight_version=sample_out.weight_version,
+                finish_reason=sample_out.finish_reason,
+                observation=observation,
+                response_text=text,
+            )
             seat.traj.turns.append(turn)
             seat.context.extend(ids)
             seat.used += len(ids)
@@ -131,8 +149,11 @@ async def run_game(runner: Any, task: Any, group_id: str, sample: int, max_turns
             if terminated:
                 status = "ok"
                 break
-            if truncated or seat.used >= cfg.response_length or (
-                    max_turns is not None and len(seat.traj.turns) >= max_turns):
+            if (
+                truncated
+                or seat.used >= cfg.response_length
+                or (max_turns is not None and len(seat.traj.turns) >= max_turns)
+            ):
                 break
             agent = _agent(info, seats)
             seats[agent].pending.extend(observation)
@@ -142,8 +163,13 @@ async def run_game(runner: Any, task: Any, group_id: str, sample: int, max_turns
             seat.traj.status = status
             seat.traj.outcome_reward = float(outcomes.get(name, 0.0) or 0.0)
             seat.traj.messages.extend(seat.pending)  # what the seat was told last (the result)
-        seat_infos = {name: {"success": successes.get(name, seats[name].traj.outcome_reward > 0),
-                             "metrics": info.get("metrics") or {}} for name in seats}
+        seat_infos = {
+            name: {
+                "success": successes.get(name, seats[name].traj.outcome_reward > 0),
+                "metrics": info.get("metrics") or {},
+            }
+            for name in seats
+        }
     except asyncio.CancelledError:
         healthy = False
         raise

@@ -40,13 +40,19 @@ class MultiEnvSource:
         self.tags = list(cfg.env.tags)
         self.shares = tag_shares(self.tags, list(cfg.env.n_groups or []), int(cfg.data.train_batch_size), "")
         self.val_tags = list(cfg.env.val_tags or []) or self.tags
-        self.val_shares = tag_shares(self.val_tags, list(cfg.env.val_n_groups or []), int(cfg.data.val_batch_size),
-                                     "val_")
+        self.val_shares = tag_shares(
+            self.val_tags, list(cfg.env.val_n_groups or []), int(cfg.data.val_batch_size), "val_"
+        )
         common = {
-            "max_tokens": int(rollout.max_tokens_per_turn), "prompt_length": int(cfg.data.max_prompt_length),
-            "response_length": int(cfg.data.max_response_length), "max_concurrency": int(rollout.concurrency),
-            "env_executor": cfg.env.executor, "env_timeout": cfg.env.timeout, "env_workers": cfg.env.workers,
-            "worker_env_executor": cfg.env.worker_executor, "env_urls": list(cfg.env.urls or ()),
+            "max_tokens": int(rollout.max_tokens_per_turn),
+            "prompt_length": int(cfg.data.max_prompt_length),
+            "response_length": int(cfg.data.max_response_length),
+            "max_concurrency": int(rollout.concurrency),
+            "env_executor": cfg.env.executor,
+            "env_timeout": cfg.env.timeout,
+            "env_workers": cfg.env.workers,
+            "worker_env_executor": cfg.env.worker_executor,
+            "env_urls": list(cfg.env.urls or ()),
         }
         val = rollout.val_kwargs
         self.runners: dict[str, Any] = {}
@@ -55,14 +61,30 @@ class MultiEnvSource:
             spec = self.table[tag]
             turns = spec.get("max_turns", rollout.multi_turn.max_assistant_turns)
             kwargs = dict(spec.get("kwargs") or {})
-            train_config = RolloutConfig(n=int(rollout.n), temperature=float(rollout.temperature),
-                                         top_p=float(rollout.top_p), top_k=int(rollout.top_k), max_turns=turns,
-                                         **common)
-            val_config = RolloutConfig(n=int(val.n), temperature=float(val.temperature), top_p=float(val.top_p),
-                                       top_k=int(val.top_k), max_turns=turns, **common)
+            train_config = RolloutConfig(
+                n=int(rollout.n),
+                temperature=float(rollout.temperature),
+                top_p=float(rollout.top_p),
+                top_k=int(rollout.top_k),
+                max_turns=turns,
+                **common,
+            )
+            val_config = RolloutConfig(
+                n=int(val.n),
+                temperature=float(val.temperature),
+                top_p=float(val.top_p),
+                top_k=int(val.top_k),
+                max_turns=turns,
+                **common,
+            )
             self.runners[tag] = RolloutRunner(str(spec["env"]), client, tokenizer, train_config, env_kwargs=kwargs)
-            self.val_runners[tag] = RolloutRunner(str(spec["env"]), client, tokenizer, val_config,
-                                                  env_kwargs={**kwargs, **dict(spec.get("val_kwargs") or {})})
+            self.val_runners[tag] = RolloutRunner(
+                str(spec["env"]),
+                client,
+                tokenizer,
+                val_config,
+                env_kwargs={**kwargs, **dict(spec.get("val_kwargs") or {})},
+            )
         self.samplers: dict[str, Any] = {}
         self._pending: dict[str, Any] = {}
         self.last_metrics: dict[str, float] = {}
@@ -73,9 +95,13 @@ class MultiEnvSource:
 
         if tag not in self.samplers:
             info = await self.runners[tag].env_info()
-            sampler = TaskSampler(info.get("num_tasks"), self.shares[index], seed=int(self.cfg.trainer.seed),
-                                  shuffle=bool(self.cfg.data.shuffle),
-                                  seed_start=int(self.cfg.env.train_seed_start) + index * TAG_SEED_STRIDE)
+            sampler = TaskSampler(
+                info.get("num_tasks"),
+                self.shares[index],
+                seed=int(self.cfg.trainer.seed),
+                shuffle=bool(self.cfg.data.shuffle),
+                seed_start=int(self.cfg.env.train_seed_start) + index * TAG_SEED_STRIDE,
+            )
             if tag in self._pending:
                 sampler.load_state_dict(self._pending[tag])
             self.samplers[tag] = sampler
@@ -119,7 +145,8 @@ class MultiEnvSource:
 
     def state_dict(self) -> dict[str, Any]:
         return {tag: s.state_dict() for tag, s in self.samplers.items()} | {
-            tag: state for tag, state in self._pending.items() if tag not in self.samplers}
+            tag: state for tag, state in self._pending.items() if tag not in self.samplers
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for tag, sampler_state in (state or {}).items():

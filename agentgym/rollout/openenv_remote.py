@@ -21,12 +21,14 @@ class OpenEnvSession:
     async def connect(cls, url: str) -> OpenEnvSession:
         from websockets.asyncio.client import connect
 
-        ws_url = "ws" + url[len("http"):] if url.startswith("http") else url
+        ws_url = "ws" + url[len("http") :] if url.startswith("http") else url
         try:
             ws = await connect(f"{ws_url}/ws", max_size=None, open_timeout=30, ping_interval=None)
         except Exception as exc:  # noqa: BLE001
-            raise WorkerCrashed(f"could not open an OpenEnv session at {url}/ws: {type(exc).__name__}: {exc}. "
-                                "Is the env server running (agentgym env-serve --env NAME)?") from exc
+            raise WorkerCrashed(
+                f"could not open an OpenEnv session at {url}/ws: {type(exc).__name__}: {exc}. "
+                "Is the env server running (agentgym env-serve --env NAME)?"
+            ) from exc
         return cls(url, ws)
 
     async def request(self, message: dict[str, Any], timeout: float | None) -> dict[str, Any]:
@@ -34,7 +36,9 @@ class OpenEnvSession:
             await self.ws.send(json.dumps(message))
             raw = await asyncio.wait_for(self.ws.recv(), timeout) if timeout is not None else await self.ws.recv()
         except asyncio.TimeoutError:
-            raise EnvTimeout(f"OpenEnv {message['type']} at {self.url} took longer than env_timeout={timeout}s") from None
+            raise EnvTimeout(
+                f"OpenEnv {message['type']} at {self.url} took longer than env_timeout={timeout}s"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - the connection closed: the server or its env is gone
             raise WorkerCrashed(f"OpenEnv session at {self.url} closed: {type(exc).__name__}: {exc}") from exc
         reply = json.loads(raw)
@@ -45,8 +49,7 @@ class OpenEnvSession:
 
     async def describe(self, timeout: float | None) -> dict[str, Any]:
         state = await self.request({"type": "state"}, timeout)
-        return {"num_tasks": state.get("num_tasks"), "max_turns": state.get("max_turns"),
-                "agents": state.get("agents")}
+        return {"num_tasks": state.get("num_tasks"), "max_turns": state.get("max_turns"), "agents": state.get("agents")}
 
     def abort(self) -> None:
         with contextlib.suppress(Exception):
@@ -61,8 +64,9 @@ class OpenEnvHandle(EnvHandle):
     async def reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[list, dict]:
         if self.session is None:
             self.session = await self.backend._session()
-        data = await self.session.request({"type": "reset", "data": {"seed": seed, "options": options}},
-                                          self.backend.timeout)
+        data = await self.session.request(
+            {"type": "reset", "data": {"seed": seed, "options": options}}, self.backend.timeout
+        )
         observation = data.get("observation") or {}
         return observation.get("messages") or [], observation.get("info") or {}
 
@@ -72,8 +76,13 @@ class OpenEnvHandle(EnvHandle):
         observation = data.get("observation") or {}
         truncated = bool(observation.get("truncated"))
         terminated = bool(data.get("done")) and not truncated
-        return (observation.get("messages") or [], float(data.get("reward") or 0.0), terminated, truncated,
-                observation.get("info") or {})
+        return (
+            observation.get("messages") or [],
+            float(data.get("reward") or 0.0),
+            terminated,
+            truncated,
+            observation.get("info") or {},
+        )
 
     async def release(self, healthy: bool) -> None:
         session, self.session = self.session, None

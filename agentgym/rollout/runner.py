@@ -76,31 +76,35 @@ from agentgym.types import Message, SamplingParams, TokenSample, Trajectory, Tur
 class RolloutConfig:
     """Rollout settings; veRL's names where veRL has the setting (``actor_rollout_ref.rollout.*``)."""
 
-    n: int = 1                        # episodes per task (one GRPO group)
+    n: int = 1  # episodes per task (one GRPO group)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    max_tokens: int = 256             # new tokens per turn
-    prompt_length: int = 4096         # most tokens in the first prompt (veRL data.max_prompt_length)
-    response_length: int = 4096       # most tokens after the first prompt, all turns (veRL response_length)
+    max_tokens: int = 256  # new tokens per turn
+    prompt_length: int = 4096  # most tokens in the first prompt (veRL data.max_prompt_length)
+    response_length: int = 4096  # most tokens after the first prompt, all turns (veRL response_length)
     max_model_len: int | None = None  # most tokens in the whole sequence: the server's context (veRL name)
-    max_turns: int | None = None      # most model turns (veRL multi_turn.max_assistant_turns); None: env's
+    max_turns: int | None = None  # most model turns (veRL multi_turn.max_assistant_turns); None: env's
     stop_token_ids: list[int] = field(default_factory=list)
-    max_concurrency: int = 64         # episodes in flight
+    max_concurrency: int = 64  # episodes in flight
     env_executor: Literal["thread", "process", "inline", "openenv", "workers", "ray"] = "thread"
-    env_workers: int | None = None    # threads (default max_concurrency), processes or actors (default CPUs)
+    env_workers: int | None = None  # threads (default max_concurrency), processes or actors (default CPUs)
     env_timeout: float | None = 60.0  # seconds per reset/step (not for inline)
     env_urls: list[str] = field(default_factory=list)  # env_executor=openenv: the OpenEnv env servers
     worker_env_executor: Literal["thread", "inline"] = "thread"  # workers/ray: env calls inside each worker
-    template_check_every: int = 1     # re-render every k-th episode at its end; 0: never
-    seed: int = 0                     # first env seed; task i uses seed + i
-    partial_rollout: bool = False     # a generation a weight update aborted continues on the new weights
+    template_check_every: int = 1  # re-render every k-th episode at its end; 0: never
+    seed: int = 0  # first env seed; task i uses seed + i
+    partial_rollout: bool = False  # a generation a weight update aborted continues on the new weights
     sampling_seed: int | None = None  # seed every request from (this, task seed, sample, turn): reproducible
 
     def sampling(self, max_tokens: int | None = None) -> SamplingParams:
-        return SamplingParams(max_tokens=self.max_tokens if max_tokens is None else max_tokens,
-                              temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              stop_token_ids=list(self.stop_token_ids))
+        return SamplingParams(
+            max_tokens=self.max_tokens if max_tokens is None else max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop_token_ids=list(self.stop_token_ids),
+        )
 
 
 @dataclass(frozen=True)
@@ -196,8 +200,14 @@ class RolloutRunner:
     ``tokenizer``: a model path/``"tiny"`` or a loaded Hugging Face tokenizer (its chat template is used).
     """
 
-    def __init__(self, env: str | Callable[[], Any], client: Any, tokenizer: Any = "tiny",
-                 config: RolloutConfig | None = None, env_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        env: str | Callable[[], Any],
+        client: Any,
+        tokenizer: Any = "tiny",
+        config: RolloutConfig | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.config = config or RolloutConfig()
         self.env_name = env if isinstance(env, str) else getattr(env, "__name__", type(env).__name__)
         self.client = client
@@ -207,10 +217,13 @@ class RolloutRunner:
             tokenizer = load_tokenizer(tokenizer)
         self.chat = tokenizer if isinstance(tokenizer, ChatTokenizer) else ChatTokenizer(tokenizer)
         cfg = self.config
-        self.envs = EnvBackend(_env_factory(env, dict(env_kwargs or {})), cfg.env_executor,
-                               workers=cfg.env_workers or (cfg.max_concurrency if cfg.env_executor == "thread"
-                                                           else None),
-                               timeout=cfg.env_timeout, urls=cfg.env_urls)
+        self.envs = EnvBackend(
+            _env_factory(env, dict(env_kwargs or {})),
+            cfg.env_executor,
+            workers=cfg.env_workers or (cfg.max_concurrency if cfg.env_executor == "thread" else None),
+            timeout=cfg.env_timeout,
+            urls=cfg.env_urls,
+        )
         self.episodes: EpisodePool | None = None  # workers / ray: whole episodes run there
         if cfg.env_executor in EPISODE_EXECUTORS:
             self.episodes = EpisodePool(self, cfg.env_executor, cfg.env_workers)
@@ -231,9 +244,13 @@ class RolloutRunner:
             count = num_tasks if num_tasks is not None else 1
         return make_tasks(count, start=start, seed=self.config.seed, num_tasks=num_tasks)
 
-    async def run(self, tasks: Sequence[Task] | int | None = None, *,
-                  on_trajectory: Callable[[Trajectory], None] | None = None,
-                  progress: bool | str = False) -> RolloutResult:
+    async def run(
+        self,
+        tasks: Sequence[Task] | int | None = None,
+        *,
+        on_trajectory: Callable[[Trajectory], None] | None = None,
+        progress: bool | str = False,
+    ) -> RolloutResult:
         """Run ``n`` episodes per task; returns every trajectory (failed ones too) and metrics.
 
         ``tasks``: a list of ``Task``, a count (see ``tasks()``), or None for the default.
@@ -252,8 +269,10 @@ class RolloutRunner:
             label = progress if isinstance(progress, str) else f"rollout {self.env_name}"
             bar = progress_bar(total=len(tasks) * cfg.n, desc=label, unit="ep")
         batch = uuid.uuid4().hex[:8]
-        jobs = [(j, task, f"{batch}-{i}", k) for j, (i, task, k) in
-                enumerate((i, task, k) for i, task in enumerate(tasks) for k in range(cfg.n))]
+        jobs = [
+            (j, task, f"{batch}-{i}", k)
+            for j, (i, task, k) in enumerate((i, task, k) for i, task in enumerate(tasks) for k in range(cfg.n))
+        ]
         trajectories: list[list[Trajectory] | None] = [None] * len(jobs)
         pending = iter(jobs)
         run_job = self.episodes.run_job if self.episodes is not None else self.run_job
@@ -280,28 +299,41 @@ class RolloutRunner:
         done = [t for trajs in trajectories if trajs is not None for t in trajs]
         metrics = summarize(done)
         turns = sum(t.num_turns for t in done)
-        metrics.update({"time/rollout_s": elapsed, "throughput/turns_per_s": turns / elapsed if elapsed else 0.0,
-                        "throughput/episodes_per_s": len(done) / elapsed if elapsed else 0.0})
+        metrics.update(
+            {
+                "time/rollout_s": elapsed,
+                "throughput/turns_per_s": turns / elapsed if elapsed else 0.0,
+                "throughput/episodes_per_s": len(done) / elapsed if elapsed else 0.0,
+            }
+        )
         return RolloutResult(done, metrics)
 
-    async def run_job(self, task: Task, group_id: str = "", sample: int = 0,
-                      max_turns: int | None = None) -> list[Trajectory]:
+    async def run_job(
+        self, task: Task, group_id: str = "", sample: int = 0, max_turns: int | None = None
+    ) -> list[Trajectory]:
         """One episode (``[trajectory]``), or one game of a multi-agent env (a trajectory per seat)."""
         if (await self.env_info()).get("agents"):
             from agentgym.rollout.multi_agent import run_game
 
-            return await run_game(self, task, group_id, sample, max_turns,
-                                  reply_message=assistant_message, failure=EpisodeFailure)
+            return await run_game(
+                self, task, group_id, sample, max_turns, reply_message=assistant_message, failure=EpisodeFailure
+            )
         return [await self.run_episode(task, group_id, sample, max_turns=max_turns)]
 
-    async def run_episode(self, task: Task, group_id: str = "", sample: int = 0,
-                          max_turns: int | None = None) -> Trajectory:
+    async def run_episode(
+        self, task: Task, group_id: str = "", sample: int = 0, max_turns: int | None = None
+    ) -> Trajectory:
         """One episode; never raises for env or server failures (the trajectory says ``failed``)."""
         cfg = self.config
         chat = self.chat
         session = f"{group_id}/{sample}"
-        traj = Trajectory(env_id=self.env_name, group_id=group_id, seed=task.seed, data_source=self.env_name,
-                          task={"seed": task.seed, "index": task.index, "sample": sample, "session": session})
+        traj = Trajectory(
+            env_id=self.env_name,
+            group_id=group_id,
+            seed=task.seed,
+            data_source=self.env_name,
+            task={"seed": task.seed, "index": task.index, "sample": sample, "session": session},
+        )
         self._episodes_started += 1
         default_sampling = cfg.sampling()
         check = cfg.template_check_every > 0 and self._episodes_started % cfg.template_check_every == 0
@@ -326,10 +358,10 @@ class RolloutRunner:
             prompt_ids = chat.prompt_ids(messages, tools, tkey=tkey)
             if len(prompt_ids) > cfg.prompt_length:
                 raise EpisodeFailure(f"prompt has {len(prompt_ids)} tokens > prompt_length={cfg.prompt_length}")
-            context = list(prompt_ids)    # the whole sequence so far, sent on every turn
+            context = list(prompt_ids)  # the whole sequence so far, sent on every turn
 
             delta: list[int] = prompt_ids
-            used = 0                      # tokens after the first prompt
+            used = 0  # tokens after the first prompt
             status = "truncated"
             while True:
                 room = cfg.max_model_len - len(context) if cfg.max_model_len else cfg.max_tokens
@@ -340,8 +372,9 @@ class RolloutRunner:
                 t0 = time.perf_counter()
                 versions: list[int] = []
                 if cfg.partial_rollout or cfg.sampling_seed is not None:
-                    sample_out, versions = await self._generate(context, max_tokens, session, task, sample,
-                                                                len(traj.turns), traj.metrics)
+                    sample_out, versions = await self._generate(
+                        context, max_tokens, session, task, sample, len(traj.turns), traj.metrics
+                    )
                 else:
                     sampling = default_sampling if max_tokens == cfg.max_tokens else cfg.sampling(max_tokens)
                     sample_out = await self.client.generate(context, sampling, session_id=session)
@@ -350,10 +383,17 @@ class RolloutRunner:
                 if len(ids) > max_tokens:
                     raise EpisodeFailure(f"server returned {len(ids)} tokens for max_tokens={max_tokens}")
                 text = chat.decode(ids)
-                turn = Turn(prompt_ids=list(delta), response_ids=list(ids), logprobs=list(sample_out.logprobs),
-                            weight_version=sample_out.weight_version, finish_reason=sample_out.finish_reason,
-                            observation=observation, response_text=text,
-                            token_versions=versions if len(set(versions)) > 1 else [], state_key=state)
+                turn = Turn(
+                    prompt_ids=list(delta),
+                    response_ids=list(ids),
+                    logprobs=list(sample_out.logprobs),
+                    weight_version=sample_out.weight_version,
+                    finish_reason=sample_out.finish_reason,
+                    observation=observation,
+                    response_text=text,
+                    token_versions=versions if len(set(versions)) > 1 else [],
+                    state_key=state,
+                )
                 traj.turns.append(turn)
                 context.extend(ids)
                 used += len(ids)
@@ -402,8 +442,16 @@ class RolloutRunner:
         self._finish(traj, info, tools, check, env_time, gen_time)
         return traj
 
-    async def _generate(self, context: list[int], max_tokens: int, session: str, task: Task, sample: int,
-                        turn: int, metrics: dict[str, float]) -> tuple[TokenSample, list[int]]:
+    async def _generate(
+        self,
+        context: list[int],
+        max_tokens: int,
+        session: str,
+        task: Task,
+        sample: int,
+        turn: int,
+        metrics: dict[str, float],
+    ) -> tuple[TokenSample, list[int]]:
         """One turn's generation, seeded (``sampling_seed``) and, with ``partial_rollout``, continued
         after aborts: returns the whole sample (the first token's version) and each token's version."""
         cfg = self.config
@@ -423,11 +471,19 @@ class RolloutRunner:
                 first = versions[0] if versions else out.weight_version
                 return TokenSample(ids, logprobs, finish, first, out.text), versions
             metrics["resumed_generations"] = metrics.get("resumed_generations", 0.0) + 1.0
-        raise EpisodeFailure(f"the policy server aborted this generation {MAX_CONTINUATIONS + 1} times in a row; "
-                             "is it shutting down?")
+        raise EpisodeFailure(
+            f"the policy server aborted this generation {MAX_CONTINUATIONS + 1} times in a row; is it shutting down?"
+        )
 
-    def _finish(self, traj: Trajectory, info: dict[str, Any], tools: list[dict[str, Any]] | None,
-                check: bool, env_time: float, gen_time: float) -> None:
+    def _finish(
+        self,
+        traj: Trajectory,
+        info: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+        check: bool,
+        env_time: float,
+        gen_time: float,
+    ) -> None:
         m = traj.metrics
         sampled = sum(len(t.response_ids) for t in traj.turns)
         m["turns"] = float(traj.num_turns)
@@ -452,10 +508,11 @@ class RolloutRunner:
         """The conversation up to the last assistant message (what the token sequence covers), each
         assistant message as its raw sampled text (for the template check)."""
         raw = iter(self.chat.assistant_content(t.response_ids, t.response_text) for t in traj.turns)
-        out: list[Message] = [{"role": "assistant", "content": next(raw)} if m.get("role") == "assistant" else m
-                              for m in traj.messages]
+        out: list[Message] = [
+            {"role": "assistant", "content": next(raw)} if m.get("role") == "assistant" else m for m in traj.messages
+        ]
         last = max(i for i, m in enumerate(out) if m.get("role") == "assistant")
-        return out[:last + 1]
+        return out[: last + 1]
 
     async def aclose(self) -> None:
         self.envs.shutdown()

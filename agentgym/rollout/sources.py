@@ -44,8 +44,9 @@ class TaskSampler:
     ``seed_start``. ``state_dict`` is the position, so a resumed run sees the same tasks.
     """
 
-    def __init__(self, num_tasks: int | None, batch_size: int, seed: int = 0, shuffle: bool = True,
-                 seed_start: int = 0) -> None:
+    def __init__(
+        self, num_tasks: int | None, batch_size: int, seed: int = 0, shuffle: bool = True, seed_start: int = 0
+    ) -> None:
         if num_tasks is not None and num_tasks < batch_size:
             raise ValueError(
                 f"the env has {num_tasks} tasks, fewer than data.train_batch_size={batch_size}; "
@@ -110,7 +111,8 @@ class EnvRolloutSource:
     """Episodes of a registered env, sampled from the policy servers by the rollout runner.
 
     Training: ``data.train_batch_size`` tasks per ``collect`` (``TaskSampler``; ``data.gen_batch_size``
-    per round under dynamic sampling), ``rollout.n`` episodes each. Validation: ``data.val_batch_size`` tasks (seeds from
+    per round under dynamic sampling), ``rollout.n`` episodes each. Validation: ``data.val_batch_size`` tasks (seeds
+    from
     ``env.val_seed_start``, or the rows of ``data.val_files``), sampled with
     ``rollout.val_kwargs`` (greedy by default).
     """
@@ -141,24 +143,38 @@ class EnvRolloutSource:
         if cfg.data.val_files:
             val_kwargs["data_files"] = _files(cfg.data.val_files)
         self.train_runner = RolloutRunner(
-            env_cfg.name, client, tokenizer,
-            RolloutConfig(n=int(rollout.n), temperature=float(rollout.temperature), top_p=float(rollout.top_p),
-                          top_k=int(rollout.top_k), partial_rollout=bool(cfg.async_training.partial_rollout),
-                          **common),
+            env_cfg.name,
+            client,
+            tokenizer,
+            RolloutConfig(
+                n=int(rollout.n),
+                temperature=float(rollout.temperature),
+                top_p=float(rollout.top_p),
+                top_k=int(rollout.top_k),
+                partial_rollout=bool(cfg.async_training.partial_rollout),
+                **common,
+            ),
             env_kwargs=train_kwargs,
         )
         val = rollout.val_kwargs
         self.val_runner = RolloutRunner(
-            env_cfg.name, client, tokenizer,
-            RolloutConfig(n=int(val.n), temperature=float(val.temperature), top_p=float(val.top_p),
-                          top_k=int(val.top_k), **common),
+            env_cfg.name,
+            client,
+            tokenizer,
+            RolloutConfig(
+                n=int(val.n), temperature=float(val.temperature), top_p=float(val.top_p), top_k=int(val.top_k), **common
+            ),
             env_kwargs=val_kwargs,
         )
         self.baseline_runner = None
         if str(cfg.algorithm.adv_estimator) == "remax":  # veRL's ReMax: one greedy episode per task as its baseline
             self.baseline_runner = RolloutRunner(
-                env_cfg.name, client, tokenizer,
-                RolloutConfig(n=1, temperature=0.0, top_p=1.0, top_k=-1, **common), env_kwargs=train_kwargs)
+                env_cfg.name,
+                client,
+                tokenizer,
+                RolloutConfig(n=1, temperature=0.0, top_p=1.0, top_k=-1, **common),
+                env_kwargs=train_kwargs,
+            )
         self.sampler: TaskSampler | None = None
         self._pending_state: dict[str, int] | None = None
         self.last_metrics: dict[str, float] = {}
@@ -166,9 +182,13 @@ class EnvRolloutSource:
     async def _sampler(self) -> TaskSampler:
         if self.sampler is None:
             info = await self.train_runner.env_info()
-            self.sampler = TaskSampler(info.get("num_tasks"), round_size(self.cfg),
-                                       seed=int(self.cfg.trainer.seed), shuffle=bool(self.cfg.data.shuffle),
-                                       seed_start=int(self.cfg.env.train_seed_start))
+            self.sampler = TaskSampler(
+                info.get("num_tasks"),
+                round_size(self.cfg),
+                seed=int(self.cfg.trainer.seed),
+                shuffle=bool(self.cfg.data.shuffle),
+                seed_start=int(self.cfg.env.train_seed_start),
+            )
             if self._pending_state is not None:
                 self.sampler.load_state_dict(self._pending_state)
         return self.sampler

@@ -146,41 +146,59 @@ def read_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
 # ---- Parquet ---------------------------------------------------------------------------------
 def _schema() -> Any:
     pa = _require_pyarrow()
-    turn = pa.struct([
-        ("prompt_ids", pa.list_(pa.int64())),
-        ("response_ids", pa.list_(pa.int64())),
-        ("logprobs", pa.list_(pa.float64())),
-        ("reward", pa.float64()),
-        ("weight_version", pa.int64()),
-        ("finish_reason", pa.string()),
-        ("observation", pa.string()),
-        ("response_text", pa.string()),
-    ])
-    return pa.schema([
-        ("env_id", pa.string()),
-        ("group_id", pa.string()),
-        ("seed", pa.int64()),
-        ("status", pa.string()),
-        ("failure", pa.string()),
-        ("data_source", pa.string()),
-        ("outcome_reward", pa.float64()),
-        ("num_turns", pa.int64()),
-        ("turns", pa.list_(turn)),
-        ("messages", pa.string()),
-        ("metrics", pa.string()),
-        ("task", pa.string()),
-    ])
+    turn = pa.struct(
+        [
+            ("prompt_ids", pa.list_(pa.int64())),
+            ("response_ids", pa.list_(pa.int64())),
+            ("logprobs", pa.list_(pa.float64())),
+            ("reward", pa.float64()),
+            ("weight_version", pa.int64()),
+            ("finish_reason", pa.string()),
+            ("observation", pa.string()),
+            ("response_text", pa.string()),
+        ]
+    )
+    return pa.schema(
+        [
+            ("env_id", pa.string()),
+            ("group_id", pa.string()),
+            ("seed", pa.int64()),
+            ("status", pa.string()),
+            ("failure", pa.string()),
+            ("data_source", pa.string()),
+            ("outcome_reward", pa.float64()),
+            ("num_turns", pa.int64()),
+            ("turns", pa.list_(turn)),
+            ("messages", pa.string()),
+            ("metrics", pa.string()),
+            ("task", pa.string()),
+        ]
+    )
 
 
 def _parquet_row(t: Trajectory) -> dict[str, Any]:
     return {
-        "env_id": t.env_id, "group_id": t.group_id, "seed": t.seed, "status": t.status, "failure": t.failure,
-        "data_source": t.data_source, "outcome_reward": t.outcome_reward, "num_turns": t.num_turns,
-        "turns": [{
-            "prompt_ids": list(u.prompt_ids), "response_ids": list(u.response_ids), "logprobs": list(u.logprobs),
-            "reward": u.reward, "weight_version": u.weight_version, "finish_reason": u.finish_reason,
-            "observation": json.dumps(u.observation, ensure_ascii=False), "response_text": u.response_text,
-        } for u in t.turns],
+        "env_id": t.env_id,
+        "group_id": t.group_id,
+        "seed": t.seed,
+        "status": t.status,
+        "failure": t.failure,
+        "data_source": t.data_source,
+        "outcome_reward": t.outcome_reward,
+        "num_turns": t.num_turns,
+        "turns": [
+            {
+                "prompt_ids": list(u.prompt_ids),
+                "response_ids": list(u.response_ids),
+                "logprobs": list(u.logprobs),
+                "reward": u.reward,
+                "weight_version": u.weight_version,
+                "finish_reason": u.finish_reason,
+                "observation": json.dumps(u.observation, ensure_ascii=False),
+                "response_text": u.response_text,
+            }
+            for u in t.turns
+        ],
         **{name: json.dumps(getattr(t, name), ensure_ascii=False) for name in _JSON_FIELDS},
     }
 

@@ -46,8 +46,10 @@ def load_records(path: str | os.PathLike[str], limit: int | None = None) -> list
                 if isinstance(row, dict) and isinstance(row.get("turns"), list):
                     records.append(row)
     if not records:
-        raise ValueError(f"{p} holds no trajectories (expected JSONL lines with a 'turns' list, "
-                         f"as written by agentgym rollout --out or the trainer's samples.jsonl)")
+        raise ValueError(
+            f"{p} holds no trajectories (expected JSONL lines with a 'turns' list, "
+            f"as written by agentgym rollout --out or the trainer's samples.jsonl)"
+        )
     return records[:limit] if limit else records
 
 
@@ -91,8 +93,9 @@ def episode(record: dict[str, Any], tokens: TokenText, index: int) -> dict[str, 
             turn["context"] = tokens.text(prompt_ids)
             turn["gen"] = [[tokens.piece(i), round(float(lp), 4)] for i, lp in zip(response_ids, logprobs)]
         else:
-            turn["context"] = "\n".join(f"[{m.get('role')}] {m.get('content') or ''}"
-                                        for m in t.get("observation") or [] if isinstance(m, dict))
+            turn["context"] = "\n".join(
+                f"[{m.get('role')}] {m.get('content') or ''}" for m in t.get("observation") or [] if isinstance(m, dict)
+            )
             turn["text"] = t.get("response_text") or ""
             turn["mean_logprob"] = (sum(logprobs) / len(logprobs)) if logprobs else None
         turns.append(turn)

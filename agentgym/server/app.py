@@ -78,15 +78,34 @@ log = logging.getLogger("agentgym.server")
 PARSE_IN_THREAD_BYTES = 256 << 10
 """JSON bodies over this size are parsed in a worker thread, not on the event loop."""
 
-TEMPLATE_CALL_ARGS = frozenset({
-    "conversation", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
-    "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+TEMPLATE_CALL_ARGS = frozenset(
+    {
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 """``apply_chat_template``'s own arguments: not template variables, so not a client's to set."""
 
 
-def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key: str | None = None,
-              limits: ServerLimits | None = None) -> FastAPI:
+def build_app(
+    engine: Engine,
+    served_model_name: str | None = None,
+    *,
+    admin_key: str | None = None,
+    limits: ServerLimits | None = None,
+) -> FastAPI:
     """The FastAPI app serving ``engine`` under ``served_model_name`` (default: the engine's name).
 
     ``admin_key`` guards the control routes (None: a new random key, in ``app.state.admin_key``);
@@ -154,8 +173,9 @@ def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key
                 state = await asyncio.to_thread(load_weights, body.model_path)
         except (OSError, ValueError, RuntimeError) as exc:
             return _weights_failed(engine, f"could not read weights from {body.model_path!r}: {exc}")
-        return await server.apply_weights(state, body.weight_version, body.abort_all_requests,
-                                          f"loaded weights from {body.model_path}")
+        return await server.apply_weights(
+            state, body.weight_version, body.abort_all_requests, f"loaded weights from {body.model_path}"
+        )
 
     @app.post("/update_weights_from_tensor")
     async def update_from_tensor(request: Request) -> JSONResponse:
@@ -166,15 +186,23 @@ def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key
         query = request.query_params
         try:
             version_int = int(query["weight_version"]) if "weight_version" in query else None
-            state = await asyncio.to_thread(load_safetensors, raw) if "buckets" not in query else tensors_from_bytes(raw)
+            state = (
+                await asyncio.to_thread(load_safetensors, raw) if "buckets" not in query else tensors_from_bytes(raw)
+            )
             if "buckets" in query:
                 state = staging.add(version_int, int(query.get("bucket", 0)), int(query["buckets"]), state)
         except Exception as exc:
-            return _weights_failed(engine, f"the body must be a safetensors file and weight_version, bucket and "
-                                   f"buckets integers: {exc}")
+            return _weights_failed(
+                engine, f"the body must be a safetensors file and weight_version, bucket and buckets integers: {exc}"
+            )
         if state is None:
-            return JSONResponse({"success": True, "message": f"bucket {query.get('bucket')} of {query['buckets']} "
-                                 "held", "weight_version": engine.weight_version})
+            return JSONResponse(
+                {
+                    "success": True,
+                    "message": f"bucket {query.get('bucket')} of {query['buckets']} held",
+                    "weight_version": engine.weight_version,
+                }
+            )
         return await server.apply_weights(state, version_int, False, f"loaded {len(state)} tensors")
 
     @app.post("/update_weights_from_ipc")
@@ -191,8 +219,11 @@ def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key
         body = await control(request, PauseRequest)
         server.pause_started()
         await asyncio.wrap_future(engine.pause(body.mode))
-        return {"success": True, "message": f"paused ({body.mode}); resumes by itself after {limits.max_pause_s:g} s",
-                "weight_version": engine.weight_version}
+        return {
+            "success": True,
+            "message": f"paused ({body.mode}); resumes by itself after {limits.max_pause_s:g} s",
+            "weight_version": engine.weight_version,
+        }
 
     @app.post("/resume_generation")
     @app.post("/continue_generation")
@@ -205,8 +236,10 @@ def build_app(engine: Engine, served_model_name: str | None = None, *, admin_key
 
 
 def _weights_failed(engine: Engine, message: str) -> JSONResponse:
-    return JSONResponse(UpdateWeightsResponse(success=False, message=message,
-                                              weight_version=engine.weight_version).model_dump(), status_code=400)
+    return JSONResponse(
+        UpdateWeightsResponse(success=False, message=message, weight_version=engine.weight_version).model_dump(),
+        status_code=400,
+    )
 
 
 def chat_message(text: str, finish_reason: str, parse_tools: bool) -> tuple[ChatMessage, str]:
@@ -238,8 +271,9 @@ class _Server:
 
     def _resume_by_itself(self) -> None:
         self._auto_resume = None
-        log.warning("generation was paused for %.0f s and nobody resumed it: resuming (max_pause_s)",
-                    self.limits.max_pause_s)
+        log.warning(
+            "generation was paused for %.0f s and nobody resumed it: resuming (max_pause_s)", self.limits.max_pause_s
+        )
         self.engine.resume()
 
     def resume(self) -> None:
@@ -260,17 +294,26 @@ class _Server:
         finally:
             if abort:
                 engine.resume()
-        return JSONResponse(UpdateWeightsResponse(success=True, message=f"{what}; weight version {new_version}",
-                                                  weight_version=new_version).model_dump())
+        return JSONResponse(
+            UpdateWeightsResponse(
+                success=True, message=f"{what}; weight version {new_version}", weight_version=new_version
+            ).model_dump()
+        )
 
     # ---- shared --------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
         if model not in (None, "", self.name, "default"):
-            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.name!r} "
-                           "(or use 'default')", type="NotFoundError", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model {model!r} does not exist; this server serves {self.name!r} (or use 'default')",
+                type="NotFoundError",
+                param="model",
+                code="model_not_found",
+            )
 
-    async def params(self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, top_logprobs: int,
-                     param: str) -> GenerationParams:
+    async def params(
+        self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, top_logprobs: int, param: str
+    ) -> GenerationParams:
         grammar = await compile_constraint(self.engine, req.constraint)
         return generation_params(self.engine, req, prompt_len, top_logprobs, param, grammar)
 
@@ -289,20 +332,31 @@ class _Server:
     def template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any]:
         kwargs = dict(req.chat_template_kwargs or {})
         if "chat_template" in kwargs and not self.limits.allow_client_chat_template:
-            raise APIError(400, "this server renders with the model's own chat template; a template sent in "
-                           "chat_template_kwargs.chat_template is refused (start the server with "
-                           "--allow-client-chat-template to accept one)", param="chat_template_kwargs")
+            raise APIError(
+                400,
+                "this server renders with the model's own chat template; a template sent in "
+                "chat_template_kwargs.chat_template is refused (start the server with "
+                "--allow-client-chat-template to accept one)",
+                param="chat_template_kwargs",
+            )
         reserved = sorted(set(kwargs) & (TEMPLATE_CALL_ARGS - {"chat_template"}))
         if reserved:
-            raise APIError(400, f"chat_template_kwargs may not set {reserved}: those are the request's own fields "
-                           "or the server's", param="chat_template_kwargs")
+            raise APIError(
+                400,
+                f"chat_template_kwargs may not set {reserved}: those are the request's own fields or the server's",
+                param="chat_template_kwargs",
+            )
         return kwargs
 
     def check_prompt_chars(self, chars: int, param: str) -> None:
         if chars > self.max_prompt_chars:
-            raise APIError(400, f"the prompt is {chars} characters; this server takes at most {self.max_prompt_chars} "
-                           f"(its context is {self.engine.max_model_len} tokens; agentgym serve --max-prompt-chars)",
-                           param=param, code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"the prompt is {chars} characters; this server takes at most {self.max_prompt_chars} "
+                f"(its context is {self.engine.max_model_len} tokens; agentgym serve --max-prompt-chars)",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     def render_chat(self, req: ChatCompletionRequest, kwargs: dict[str, Any]) -> list[int]:
         """The prompt's token ids (runs in a worker thread: templates and tokenizers may take long)."""
@@ -310,14 +364,21 @@ class _Server:
         try:
             messages = [_flatten_content(m) for m in req.messages]
             text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=req.add_generation_prompt and not
-                req.continue_final_message, continue_final_message=req.continue_final_message, tokenize=False,
-                **kwargs)
+                messages,
+                tools=tools,
+                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                continue_final_message=req.continue_final_message,
+                tokenize=False,
+                **kwargs,
+            )
             if not isinstance(text, str):
                 raise TypeError(f"the template produced {type(text).__name__}, not text")
         except Exception as exc:
-            raise APIError(400, f"could not render the messages with the chat template: {type(exc).__name__}: {exc}",
-                           param="messages") from exc
+            raise APIError(
+                400,
+                f"could not render the messages with the chat template: {type(exc).__name__}: {exc}",
+                param="messages",
+            ) from exc
         self.check_prompt_chars(len(text), "messages")
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -337,33 +398,46 @@ class _Server:
         choices = []
         for seq in seqs:
             message, finish = chat_message(seq.text, seq.finish_reason or "stop", parse_tools)
-            choices.append(ChatChoice(
-                index=seq.index, message=message,
-                logprobs=self.chat_logprobs(seq.output_ids, seq.logprobs, seq.top_logprobs) if req.logprobs else None,
-                finish_reason=finish,
-                stop_reason=seq.stop_reason,
-                token_ids=seq.output_ids,
-            ))
+            choices.append(
+                ChatChoice(
+                    index=seq.index,
+                    message=message,
+                    logprobs=self.chat_logprobs(seq.output_ids, seq.logprobs, seq.top_logprobs)
+                    if req.logprobs
+                    else None,
+                    finish_reason=finish,
+                    stop_reason=seq.stop_reason,
+                    token_ids=seq.output_ids,
+                )
+            )
         completion = sum(len(s.output_ids) for s in seqs)
         return ChatCompletionResponse(
-            model=self.name, choices=choices, prompt_token_ids=prompt_ids,
-            usage=UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=completion,
-                            total_tokens=len(prompt_ids) + completion),
+            model=self.name,
+            choices=choices,
+            prompt_token_ids=prompt_ids,
+            usage=UsageInfo(
+                prompt_tokens=len(prompt_ids), completion_tokens=completion, total_tokens=len(prompt_ids) + completion
+            ),
             weight_version=seqs[0].weight_version if seqs else self.engine.weight_version,
         ).model_dump()
 
-    def chat_logprobs(self, ids: list[int], logprobs: list[float],
-                      tops: list[list[tuple[int, float]]]) -> ChatLogprobs:
+    def chat_logprobs(self, ids: list[int], logprobs: list[float], tops: list[list[tuple[int, float]]]) -> ChatLogprobs:
         content = []
         for i, (tok, lp) in enumerate(zip(ids, logprobs)):
-            alts = [TopLogprob(token=self.pieces.text(t), logprob=v, bytes=self.pieces.bytes(t))
-                    for t, v in (tops[i] if i < len(tops) else [])]
-            content.append(ChatTokenLogprob(token=self.pieces.text(tok), logprob=lp, bytes=self.pieces.bytes(tok),
-                                            top_logprobs=alts))
+            alts = [
+                TopLogprob(token=self.pieces.text(t), logprob=v, bytes=self.pieces.bytes(t))
+                for t, v in (tops[i] if i < len(tops) else [])
+            ]
+            content.append(
+                ChatTokenLogprob(
+                    token=self.pieces.text(tok), logprob=lp, bytes=self.pieces.bytes(tok), top_logprobs=alts
+                )
+            )
         return ChatLogprobs(content=content)
 
-    async def chat_stream(self, req: ChatCompletionRequest, request: EngineRequest,
-                          parse_tools: bool) -> AsyncIterator[str]:
+    async def chat_stream(
+        self, req: ChatCompletionRequest, request: EngineRequest, parse_tools: bool
+    ) -> AsyncIterator[str]:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         markers = list(req.stop or []) + ([TOOL_CALL_OPEN] if parse_tools else [])
@@ -371,9 +445,14 @@ class _Server:
         version = None
 
         def chunk(choice: ChatStreamChoice, **extra: Any) -> str:
-            body = ChatCompletionChunk(id=cid, created=created, model=self.name, choices=[choice],
-                                       weight_version=version if version is not None else self.engine.weight_version,
-                                       **extra)
+            body = ChatCompletionChunk(
+                id=cid,
+                created=created,
+                model=self.name,
+                choices=[choice],
+                weight_version=version if version is not None else self.engine.weight_version,
+                **extra,
+            )
             return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
 
         first = True
@@ -382,8 +461,10 @@ class _Server:
                 version = request.sequences[0].weight_version if request.sequences else self.engine.weight_version
             if first:
                 for i in range(req.n):
-                    yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")),
-                                prompt_token_ids=request.prompt_ids if i == 0 else None)
+                    yield chunk(
+                        ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")),
+                        prompt_token_ids=request.prompt_ids if i == 0 else None,
+                    )
                 first = False
             stream = streams[event.index]
             delta = stream.push(event.token_id) if event.token_id is not None else ""
@@ -403,18 +484,31 @@ class _Server:
                             finish = "tool_calls"
                 delta += stream.finish(final)
             if delta or calls or logprobs or finish or event.token_id is not None:
-                yield chunk(ChatStreamChoice(
-                    index=event.index, delta=DeltaMessage(content=delta if delta or not calls else None,
-                                                          tool_calls=calls),
-                    logprobs=logprobs, finish_reason=finish,
-                    token_ids=[event.token_id] if event.token_id is not None else []))
+                yield chunk(
+                    ChatStreamChoice(
+                        index=event.index,
+                        delta=DeltaMessage(content=delta if delta or not calls else None, tool_calls=calls),
+                        logprobs=logprobs,
+                        finish_reason=finish,
+                        token_ids=[event.token_id] if event.token_id is not None else [],
+                    )
+                )
         if include_usage:
             seqs = request.sequences
             completion = sum(len(s.output_ids) for s in seqs)
-            usage = UsageInfo(prompt_tokens=len(request.prompt_ids), completion_tokens=completion,
-                              total_tokens=len(request.prompt_ids) + completion)
-            body = ChatCompletionChunk(id=cid, created=created, model=self.name, choices=[], usage=usage,
-                                       weight_version=version if version is not None else self.engine.weight_version)
+            usage = UsageInfo(
+                prompt_tokens=len(request.prompt_ids),
+                completion_tokens=completion,
+                total_tokens=len(request.prompt_ids) + completion,
+            )
+            body = ChatCompletionChunk(
+                id=cid,
+                created=created,
+                model=self.name,
+                choices=[],
+                usage=usage,
+                weight_version=version if version is not None else self.engine.weight_version,
+            )
             yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
         yield "data: [DONE]\n\n"
 
@@ -432,8 +526,12 @@ class _Server:
         limit = self.engine.max_model_len
         for ids in prompts:
             if len(ids) > limit:
-                raise APIError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
-                               f"{len(ids)} tokens", param="prompt", code="context_length_exceeded")
+                raise APIError(
+                    400,
+                    f"this model's maximum context length is {limit} tokens, but the prompt has {len(ids)} tokens",
+                    param="prompt",
+                    code="context_length_exceeded",
+                )
         vocab = self.engine.vocab_size
         for ids in prompts:
             if not ids:
@@ -471,26 +569,46 @@ class _Server:
         for i, (prompt_ids, seqs) in enumerate(zip(prompts, results)):
             for seq in seqs:
                 completion += len(seq.output_ids)
-                choices.append(CompletionChoice(
-                    index=i * req.n + seq.index, text=seq.text,
-                    logprobs=self.completion_logprobs(seq.output_ids, seq.logprobs, seq.top_logprobs, req.logprobs,
-                                                      as_ids=req.return_tokens_as_token_ids)
-                    if req.logprobs is not None else None,
-                    finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-                    token_ids=seq.output_ids, prompt_token_ids=prompt_ids,
-                ))
+                choices.append(
+                    CompletionChoice(
+                        index=i * req.n + seq.index,
+                        text=seq.text,
+                        logprobs=self.completion_logprobs(
+                            seq.output_ids,
+                            seq.logprobs,
+                            seq.top_logprobs,
+                            req.logprobs,
+                            as_ids=req.return_tokens_as_token_ids,
+                        )
+                        if req.logprobs is not None
+                        else None,
+                        finish_reason=seq.finish_reason,
+                        stop_reason=seq.stop_reason,
+                        token_ids=seq.output_ids,
+                        prompt_token_ids=prompt_ids,
+                    )
+                )
         prompt_tokens = sum(len(p) for p in prompts)
         versions = {s.weight_version for seqs in results for s in seqs}
         return CompletionResponse(
-            model=self.name, choices=choices,
+            model=self.name,
+            choices=choices,
             prompt_token_ids=prompts[0] if len(prompts) == 1 else None,
-            usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion,
-                            total_tokens=prompt_tokens + completion),
+            usage=UsageInfo(
+                prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion
+            ),
             weight_version=min(versions) if versions else self.engine.weight_version,
         ).model_dump()
 
-    def completion_logprobs(self, ids: list[int], logprobs: list[float], tops: list[list[tuple[int, float]]],
-                            k: int | None, offset: int = 0, as_ids: bool = False) -> CompletionLogprobs:
+    def completion_logprobs(
+        self,
+        ids: list[int],
+        logprobs: list[float],
+        tops: list[list[tuple[int, float]]],
+        k: int | None,
+        offset: int = 0,
+        as_ids: bool = False,
+    ) -> CompletionLogprobs:
         """``as_ids``: vLLM's ``return_tokens_as_token_ids``, tokens named ``token_id:<id>``."""
         texts = [self.pieces.text(t) for t in ids]
         offsets = self.pieces.offsets(texts, offset)
@@ -505,8 +623,7 @@ class _Server:
 
     async def completion_stream(self, req: CompletionRequest, request: EngineRequest) -> AsyncIterator[str]:
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        streams = [IncrementalText(self.tokenizer, req.skip_special_tokens, list(req.stop or []))
-                   for _ in range(req.n)]
+        streams = [IncrementalText(self.tokenizer, req.skip_special_tokens, list(req.stop or [])) for _ in range(req.n)]
         offsets = [0] * req.n
         version = None
         async for event in events(request):
@@ -518,23 +635,41 @@ class _Server:
                 delta += stream.finish(event.text or "")
             logprobs = None
             if req.logprobs is not None and event.token_id is not None:
-                logprobs = self.completion_logprobs([event.token_id], [event.logprob], [event.top_logprobs or []],
-                                                    req.logprobs, offsets[event.index],
-                                                    as_ids=req.return_tokens_as_token_ids)
+                logprobs = self.completion_logprobs(
+                    [event.token_id],
+                    [event.logprob],
+                    [event.top_logprobs or []],
+                    req.logprobs,
+                    offsets[event.index],
+                    as_ids=req.return_tokens_as_token_ids,
+                )
                 offsets[event.index] += len(self.pieces.text(event.token_id))
-            choice = CompletionChoice(index=event.index, text=delta, logprobs=logprobs,
-                                      finish_reason=event.finish_reason,
-                                      token_ids=[event.token_id] if event.token_id is not None else [],
-                                      prompt_token_ids=request.prompt_ids if stream.first else None)
+            choice = CompletionChoice(
+                index=event.index,
+                text=delta,
+                logprobs=logprobs,
+                finish_reason=event.finish_reason,
+                token_ids=[event.token_id] if event.token_id is not None else [],
+                prompt_token_ids=request.prompt_ids if stream.first else None,
+            )
             stream.first = False
             body = CompletionChunk(id=cid, created=created, model=self.name, choices=[choice], weight_version=version)
             yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
         if req.stream_options and req.stream_options.include_usage:
             completion = sum(len(s.output_ids) for s in request.sequences)
-            usage = UsageInfo(prompt_tokens=len(request.prompt_ids), completion_tokens=completion,
-                              total_tokens=len(request.prompt_ids) + completion)
-            body = CompletionChunk(id=cid, created=created, model=self.name, choices=[], usage=usage,
-                                   weight_version=version if version is not None else self.engine.weight_version)
+            usage = UsageInfo(
+                prompt_tokens=len(request.prompt_ids),
+                completion_tokens=completion,
+                total_tokens=len(request.prompt_ids) + completion,
+            )
+            body = CompletionChunk(
+                id=cid,
+                created=created,
+                model=self.name,
+                choices=[],
+                usage=usage,
+                weight_version=version if version is not None else self.engine.weight_version,
+            )
             yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
         yield "data: [DONE]\n\n"
 

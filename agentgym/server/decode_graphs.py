@@ -34,8 +34,15 @@ def size_buckets(max_rows: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor], kv: Any,
-                 max_rows: int, device: torch.device, pad_id: int, capture: bool) -> None:
+    def __init__(
+        self,
+        forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor],
+        kv: Any,
+        max_rows: int,
+        device: torch.device,
+        pad_id: int,
+        capture: bool,
+    ) -> None:
         self.forward = forward
         self.kv = kv
         self.device = device

@@ -73,6 +73,7 @@ __all__ = ["Engine", "EngineError", "Request", "Sequence", "TokenEvent"]
 
 log = logging.getLogger("agentgym.server")
 
+
 class EngineError(RuntimeError):
     pass
 
@@ -92,12 +93,24 @@ class Engine:
     (default: wherever it supports the model).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, model_name: str = "tiny", max_batch_size: int = 32,
-                 max_model_len: int | None = None, max_prefill_tokens: int = 16384,
-                 eos_token_ids: list[int] | None = None, weight_version: int = 0,
-                 burst_window_s: float = 0.005, burst_pause_s: float = 0.0005,
-                 prefix_cache_slots: int | None = None, cuda_graphs: bool | None = None,
-                 static_decode: bool | None = None, lean: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str = "tiny",
+        max_batch_size: int = 32,
+        max_model_len: int | None = None,
+        max_prefill_tokens: int = 16384,
+        eos_token_ids: list[int] | None = None,
+        weight_version: int = 0,
+        burst_window_s: float = 0.005,
+        burst_pause_s: float = 0.0005,
+        prefix_cache_slots: int | None = None,
+        cuda_graphs: bool | None = None,
+        static_decode: bool | None = None,
+        lean: bool | None = None,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -126,21 +139,38 @@ class Engine:
         self._masks = AttentionMasks(model, self.device, self.max_model_len + 1)
         cache_slots = max_batch_size if prefix_cache_slots is None else max(0, int(prefix_cache_slots))
         self.prefix_caching = cache_slots > 0
-        self.kv = SlotKVCache(model.config, max_batch_size + cache_slots, self.max_model_len, first.dtype,
-                              self.device)
+        self.kv = SlotKVCache(model.config, max_batch_size + cache_slots, self.max_model_len, first.dtype, self.device)
         self.grammars = Grammars(tokenizer, self.vocab_size, sorted(self.eos_token_ids))
-        self.batch = RunningBatch(max_batch_size, self.device, sorted(self.eos_token_ids), self.vocab_size,
-                                  self.max_model_len, self._default_generator, grammars=self.grammars)
+        self.batch = RunningBatch(
+            max_batch_size,
+            self.device,
+            sorted(self.eos_token_ids),
+            self.vocab_size,
+            self.max_model_len,
+            self._default_generator,
+            grammars=self.grammars,
+        )
         self.index = PrefixIndex(self.kv.slots)
         use_lean = lean_supports(model) if lean is None else lean
         self.adapters = EngineAdapters(model, merge=not use_lean)
         self.lean = LeanForward(model, self.kv, self.adapters.by_module) if use_lean else None
         self._thread = threading.Thread(target=self._run, name="agentgym-engine", daemon=True)
         self.stats: dict[str, float] = {
-            "requests": 0, "steps": 0, "prefills": 0, "generated_tokens": 0, "max_batch": 0, "forward_s": 0.0,
-            "busy_s": 0.0, "prompt_tokens": 0, "prefill_tokens": 0, "prefix_cache_hit_tokens": 0,
-            "prefix_cache_hits": 0, "shared_prefill_tokens": 0, "kv_cache_slots": self.kv.slots,
-            "kv_cache_mb": 0.0}
+            "requests": 0,
+            "steps": 0,
+            "prefills": 0,
+            "generated_tokens": 0,
+            "max_batch": 0,
+            "forward_s": 0.0,
+            "busy_s": 0.0,
+            "prompt_tokens": 0,
+            "prefill_tokens": 0,
+            "prefix_cache_hit_tokens": 0,
+            "prefix_cache_hits": 0,
+            "shared_prefill_tokens": 0,
+            "kv_cache_slots": self.kv.slots,
+            "kv_cache_mb": 0.0,
+        }
         for p in model.parameters():
             p.requires_grad_(False)
         on_cuda = self.device.type == "cuda"
@@ -149,8 +179,9 @@ class Engine:
         if use_graphs or static_decode:
             from agentgym.server.decode_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(self._forward, self.kv, max_batch_size, self.device, self.pad_id,
-                                       capture=use_graphs)
+            self.graphs = DecodeGraphs(
+                self._forward, self.kv, max_batch_size, self.device, self.pad_id, capture=use_graphs
+            )
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> Engine:
@@ -337,8 +368,9 @@ class Engine:
     def _fail_request(self, req: Request, reason: str, error: Exception | None = None) -> None:
         """End every unfinished sequence of ``req`` (creating them if it never started)."""
         while len(req.sequences) < req.n:
-            req.sequences.append(Sequence(req, len(req.sequences), req.prompt_ids, req.params,
-                                          weight_version=self.weight_version))
+            req.sequences.append(
+                Sequence(req, len(req.sequences), req.prompt_ids, req.params, weight_version=self.weight_version)
+            )
         for seq in req.sequences:
             seq.batch = None
             self._finish(seq, reason, error)
@@ -348,8 +380,9 @@ class Engine:
             self._waiting.remove(request)
             self._fail_request(request, "abort")
             return
-        self._finish_rows({row: ("abort", None, None) for row in range(self.batch.size)
-                           if self.batch.seqs[row].request is request})
+        self._finish_rows(
+            {row: ("abort", None, None) for row in range(self.batch.size) if self.batch.seqs[row].request is request}
+        )
 
     # ---- admission and prefill -----------------------------------------------------------
     def _admit(self) -> int:
@@ -361,9 +394,14 @@ class Engine:
             req = self._waiting[0]
             if req.n > self.max_batch_size:
                 self._waiting.popleft()
-                self._fail_request(req, "abort", EngineError(
-                    f"n={req.n} choices exceed this server's max_batch_size ({self.max_batch_size}); ask for fewer "
-                    "or start the server with a larger --max-batch-size"))
+                self._fail_request(
+                    req,
+                    "abort",
+                    EngineError(
+                        f"n={req.n} choices exceed this server's max_batch_size ({self.max_batch_size}); ask for fewer "
+                        "or start the server with a larger --max-batch-size"
+                    ),
+                )
                 continue
             if req.n > free and (self.batch.size or batch):
                 break  # wait for room rather than split a request's choices
@@ -457,12 +495,12 @@ class Engine:
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         cols = torch.full((rows, width), self.kv.scratch, dtype=torch.long)  # padding writes to scratch
         for i, (suffix, p) in enumerate(zip(suffixes, prefixes)):
-            ids[i, width - len(suffix):] = torch.tensor(suffix, dtype=torch.long)
-            cols[i, width - len(suffix):] = torch.arange(p, p + len(suffix))
+            ids[i, width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            cols[i, width - len(suffix) :] = torch.arange(p, p + len(suffix))
         ids, cols = ids.to(self.device), cols.to(self.device)
         length = max(len(seq.prompt_ids) for seq in leaders)
         positions = torch.where(cols == self.kv.scratch, 0, cols)
-        self.kv.bind(slice(b0, b0 + rows), self.batch.arange[b0:b0 + rows, None], cols, length)
+        self.kv.bind(slice(b0, b0 + rows), self.batch.arange[b0 : b0 + rows, None], cols, length)
         return self._forward(ids, positions, cols, length)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cols: torch.Tensor, length: int) -> torch.Tensor:
@@ -471,8 +509,14 @@ class Engine:
         if self.lean is not None:
             logits = self.lean(ids, positions, self._masks(cols, length))
         else:
-            logits = self.model(input_ids=ids, attention_mask=self._masks(cols, length), position_ids=positions,
-                                past_key_values=self.kv, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+            logits = self.model(
+                input_ids=ids,
+                attention_mask=self._masks(cols, length),
+                position_ids=positions,
+                past_key_values=self.kv,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1, :]
         self.stats["forward_s"] += time.perf_counter() - start
         return logits
 
@@ -526,8 +570,10 @@ class Engine:
         rows = sorted(set(done_rows) | set(host))
         picked = torch.tensor([r - lo for r in rows], device=self.device)
         value = dict(zip(rows, zip(tokens[picked].tolist(), chosen[picked].tolist())))
-        finished = {row: (*finish_reason(self.batch.seqs[row], value[row][0], self.eos_token_ids, self.tokenizer),
-                          value[row]) for row in done_rows}
+        finished = {
+            row: (*finish_reason(self.batch.seqs[row], value[row][0], self.eos_token_ids, self.tokenizer), value[row])
+            for row in done_rows
+        }
         for row in host:
             seq = self.batch.seqs[row]
             alts = None
@@ -575,8 +621,9 @@ class Engine:
             self.index.move(last, row)
         self.batch.drop(row)
 
-    def _finish(self, seq: Sequence, reason: str, error: Exception | None = None,
-                event: tuple[int, float] | None = None) -> None:
+    def _finish(
+        self, seq: Sequence, reason: str, error: Exception | None = None, event: tuple[int, float] | None = None
+    ) -> None:
         if seq.finish_reason is not None:
             return
         seq.finish_reason = reason

@@ -39,16 +39,39 @@ VLLM_EXTENSION = "agentgym_vllm_extension.VLLMWorkerWeights"
 
 
 # ---- command lines ---------------------------------------------------------------------------------
-def vllm_command(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85, max_model_len: int | None = None,
-                 tool_call_parser: str = "hermes", dtype: str | None = None, extra_args: Sequence[str] = (),
-                 python: str = sys.executable) -> list[str]:
+def vllm_command(
+    model_path: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.85,
+    max_model_len: int | None = None,
+    tool_call_parser: str = "hermes",
+    dtype: str | None = None,
+    extra_args: Sequence[str] = (),
+    python: str = sys.executable,
+) -> list[str]:
     """vLLM's OpenAI server (``vllm serve`` checks its own version and fails on some builds;
     the module entry point does not)."""
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-           "--served-model-name", served_model_name or model_path, "--host", host, "--port", str(port),
-           "--tensor-parallel-size", str(tensor_parallel_size),
-           "--gpu-memory-utilization", str(gpu_memory_utilization)]
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--served-model-name",
+        served_model_name or model_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        str(tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(gpu_memory_utilization),
+    ]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
     if dtype:
@@ -59,15 +82,38 @@ def vllm_command(model_path: str, *, host: str = "127.0.0.1", port: int = 8000, 
     return cmd + list(extra_args)
 
 
-def sglang_command(model_path: str, *, host: str = "127.0.0.1", port: int = 30000,
-                   served_model_name: str | None = None, tensor_parallel_size: int = 1,
-                   gpu_memory_utilization: float = 0.85, max_model_len: int | None = None,
-                   tool_call_parser: str = "hermes", dtype: str | None = None, extra_args: Sequence[str] = (),
-                   python: str = sys.executable) -> list[str]:
+def sglang_command(
+    model_path: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    served_model_name: str | None = None,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.85,
+    max_model_len: int | None = None,
+    tool_call_parser: str = "hermes",
+    dtype: str | None = None,
+    extra_args: Sequence[str] = (),
+    python: str = sys.executable,
+) -> list[str]:
     """SGLang's server. Its Hermes-format parser is called ``qwen25`` (``hermes`` maps to it)."""
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path,
-           "--served-model-name", served_model_name or model_path, "--host", host, "--port", str(port),
-           "--tp", str(tensor_parallel_size), "--mem-fraction-static", str(gpu_memory_utilization)]
+    cmd = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--served-model-name",
+        served_model_name or model_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp",
+        str(tensor_parallel_size),
+        "--mem-fraction-static",
+        str(gpu_memory_utilization),
+    ]
     if max_model_len:
         cmd += ["--context-length", str(max_model_len)]
     if dtype:
@@ -104,18 +150,32 @@ def engine_available(engine: str, python: str = sys.executable) -> bool:
     """Whether ``python`` can import the engine's package (checked without importing it here)."""
     if python == sys.executable:
         return importlib.util.find_spec(MODULES[engine]) is not None
-    probe = subprocess.run([python, "-c", f"import importlib.util, sys; "
-                            f"sys.exit(importlib.util.find_spec({MODULES[engine]!r}) is None)"],
-                           capture_output=True, timeout=60)
+    probe = subprocess.run(
+        [python, "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec({MODULES[engine]!r}) is None)"],
+        capture_output=True,
+        timeout=60,
+    )
     return probe.returncode == 0
 
 
-def start_engine_server(engine: str, model: str, *, host: str = "127.0.0.1", port: int = 0,
-                        served_model_name: str | None = None, tensor_parallel_size: int = 1,
-                        gpu_memory_utilization: float = 0.85, max_model_len: int | None = None,
-                        tool_call_parser: str = "hermes", dtype: str | None = None, extra_args: Sequence[str] = (),
-                        env: dict[str, str] | None = None, log_path: str | os.PathLike[str] | None = None,
-                        timeout: float = 900.0, python: str | None = None) -> Any:
+def start_engine_server(
+    engine: str,
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    served_model_name: str | None = None,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.85,
+    max_model_len: int | None = None,
+    tool_call_parser: str = "hermes",
+    dtype: str | None = None,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    log_path: str | os.PathLike[str] | None = None,
+    timeout: float = 900.0,
+    python: str | None = None,
+) -> Any:
     """Start vLLM or SGLang on ``model`` and return its handle once ``/health`` answers.
 
     ``python``: the interpreter that has the engine installed (default: this one, or
@@ -132,22 +192,39 @@ def start_engine_server(engine: str, model: str, *, host: str = "127.0.0.1", por
         raise RuntimeError(
             f"{python} cannot import {MODULES[engine]!r}. Install it (pip install 'agentgym[{engine}]', on a "
             f"machine with a GPU) or point AGENTGYM_{engine.upper()}_PYTHON at an interpreter that has it; "
-            "or use --engine embedded.")
+            "or use --engine embedded."
+        )
     if port:
         ensure_port_free(host, port)
     port = port or free_port(host)
     model_path = resolve_model_path(model)
     dtype = dtype or model_dtype(model_path)
     name = served_model_name or str(model)
-    command = COMMANDS[engine](model_path, host=host, port=port, served_model_name=name,
-                               tensor_parallel_size=tensor_parallel_size,
-                               gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                               tool_call_parser=tool_call_parser, dtype=dtype, extra_args=extra_args, python=python)
+    command = COMMANDS[engine](
+        model_path,
+        host=host,
+        port=port,
+        served_model_name=name,
+        tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        tool_call_parser=tool_call_parser,
+        dtype=dtype,
+        extra_args=extra_args,
+        python=python,
+    )
     from agentgym.client.weights import weights_adapter
 
     weights = weights_adapter(engine, model_dir=model_path)
-    handle = SubprocessServerHandle(command, f"http://{host}:{port}", engine, name, weights,
-                                    env={**engine_environment(engine), **(env or {})}, log_path=log_path)
+    handle = SubprocessServerHandle(
+        command,
+        f"http://{host}:{port}",
+        engine,
+        name,
+        weights,
+        env={**engine_environment(engine), **(env or {})},
+        log_path=log_path,
+    )
     handle.wait_ready(timeout)
     return handle
 

@@ -25,21 +25,37 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agentgym.client.structured import ConstraintError
 from agentgym.server.openai_types import ErrorInfo, ErrorResponse
 
-ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-               409: "conflict_error", 413: "invalid_request_error"}
+ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+}
 
 
 class APIError(Exception):
     """Answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
 
-def error_response(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                   code: str | int | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | int | None = None,
+) -> JSONResponse:
     body = ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code))
     return JSONResponse(body.model_dump(), status_code=status)
 
@@ -112,8 +128,11 @@ def _check_text(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise APIError(400, f"the request holds a string that is not valid Unicode ({exc.reason} at "
-                       f"character {exc.start}: a lone UTF-16 surrogate such as \\ud800); send UTF-8 text") from None
+        raise APIError(
+            400,
+            f"the request holds a string that is not valid Unicode ({exc.reason} at "
+            f"character {exc.start}: a lone UTF-16 surrogate such as \\ud800); send UTF-8 text",
+        ) from None
 
 
 def validate(model: type, data: dict[str, Any]) -> Any:
@@ -125,8 +144,9 @@ def validate(model: type, data: dict[str, Any]) -> Any:
         raise APIError(400, message, param=param) from None
 
 
-def install_error_handlers(app: FastAPI, internal_type: str = "internal_error",
-                           on_internal: Callable[[Exception], None] | None = None) -> None:
+def install_error_handlers(
+    app: FastAPI, internal_type: str = "internal_error", on_internal: Callable[[Exception], None] | None = None
+) -> None:
     """Answer every error ``app`` raises in OpenAI's shape. ``on_internal`` sees each unexpected one."""
 
     @app.exception_handler(APIError)
@@ -140,7 +160,9 @@ def install_error_handlers(app: FastAPI, internal_type: str = "internal_error",
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), ERROR_TYPES.get(exc.status_code, "invalid_request_error"))
+        return error_response(
+            exc.status_code, str(exc.detail), ERROR_TYPES.get(exc.status_code, "invalid_request_error")
+        )
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

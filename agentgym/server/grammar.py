@@ -3,7 +3,8 @@
 What a request constrains its reply to (``agentgym.client.structured``: a chat request's
 ``tools``/``tool_choice``/``response_format``, vLLM's ``structured_outputs`` with ``json``,
 ``json_object``, ``structural_tag``, ``grammar`` (llguidance's Lark), ``regex`` or ``choice``)
-becomes one llguidance grammar (``grammar_text``), checked once per distinct grammar when the request arrives (``Grammars.check``:
+becomes one llguidance grammar (``grammar_text``), checked once per distinct grammar when the request arrives
+(``Grammars.check``:
 a 400 if it does not compile) and kept compiled. Every sequence of the request gets its own
 matcher, a copy of the compiled one; each decode step the engine asks the matchers of the
 constrained rows for the tokens allowed next (``Grammars.mask``: a bit mask, unpacked and applied
@@ -67,8 +68,9 @@ class _Lark:
     def __init__(self, specials: dict[str, int]) -> None:
         self.specials = specials
         self.rules: list[str] = []
-        self._split = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))) \
-            if specials else None
+        self._split = (
+            re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))) if specials else None
+        )
 
     def literal(self, text: str) -> str:
         """``text`` as Lark terms: special tokens as ``<[id]>``, the rest quoted."""
@@ -77,7 +79,7 @@ class _Lark:
         terms, pos = [], 0
         for m in self._split.finditer(text) if self._split is not None else ():
             if m.start() > pos:
-                terms.append(json.dumps(text[pos:m.start()]))
+                terms.append(json.dumps(text[pos : m.start()]))
             terms.append(f"<[{self.specials[m.group()]}]>")
             pos = m.end()
         if pos < len(text):
@@ -112,8 +114,10 @@ class _Lark:
             sep = self.literal(str(fmt.get("separator", "")))
             more = "" if fmt.get("stop_after_first") else f" ({sep} {tags})*"
             return self.rule(f"{tags}{more}" if fmt.get("at_least_one") else f"({tags}{more})?")
-        raise GrammarError(f"structural tag format {kind!r} is not supported by the embedded server; it takes "
-                           "const_string, json_schema, sequence, or, tag and tags_with_separator")
+        raise GrammarError(
+            f"structural tag format {kind!r} is not supported by the embedded server; it takes "
+            "const_string, json_schema, sequence, or, tag and tags_with_separator"
+        )
 
 
 def grammar_text(constraint: dict[str, Any], specials: dict[str, int] | None = None) -> str:
@@ -124,8 +128,9 @@ def grammar_text(constraint: dict[str, Any], specials: dict[str, int] | None = N
     if kind in ("tool_calls", "structural_tag"):
         tag = structural_tag(constraint) if kind == "tool_calls" else constraint["tag"]
         if "format" not in tag:
-            raise GrammarError("a structural tag must be {\"type\": \"structural_tag\", \"format\": {...}} "
-                               "(xgrammar's format)")
+            raise GrammarError(
+                'a structural tag must be {"type": "structural_tag", "format": {...}} (xgrammar\'s format)'
+            )
         lark = _Lark(specials or {})
         top = lark.format(tag["format"])
         return "\n".join([f"start: {top}", *lark.rules]) + "\n"
@@ -161,13 +166,15 @@ class Grammars:
             except ImportError:
                 raise GrammarError("constrained decoding needs llguidance: pip install llguidance") from None
             try:
-                self._lltok = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size,
-                                                           eos_token=self.eos_ids)
+                self._lltok = llguidance.hf.from_tokenizer(
+                    self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_ids
+                )
             except ValueError as exc:
                 raise GrammarError(f"constrained decoding needs a fast (Rust) tokenizer: {exc}") from None
             names = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
-            self._specials = {t: i for i, t in enumerate(names) if t and self._lltok.is_special_token(i)
-                              and i not in self.eos_ids}
+            self._specials = {
+                t: i for i, t in enumerate(names) if t and self._lltok.is_special_token(i) and i not in self.eos_ids
+            }
         return self._lltok
 
     def text(self, constraint: dict[str, Any]) -> str:

@@ -56,8 +56,7 @@ class PolicyServerHandle:
     def pause_generation(self) -> None:
         """Stop admitting and end running generations, each answered with what it sampled so far and
         ``finish_reason="abort"`` (partial rollout: callers continue them after ``resume_generation``)."""
-        raise NotImplementedError(f"partial rollout needs servers that abort generations; {type(self).__name__} "
-                                  "cannot")
+        raise NotImplementedError(f"partial rollout needs servers that abort generations; {type(self).__name__} cannot")
 
     def resume_generation(self) -> None:
         raise NotImplementedError
@@ -84,7 +83,6 @@ class PolicyServerHandle:
         return f"{type(self).__name__}(url={self.url!r}, backend={self.backend!r}, model={self.model!r})"
 
 
-
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket for uvicorn (``port=0``: a free port).
 
@@ -96,7 +94,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock
-
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -113,8 +110,8 @@ def ensure_port_free(host: str, port: int) -> None:
     except OSError as exc:
         raise RuntimeError(
             f"port {port} on {host} is already in use ({exc.strerror}): is a policy server from an earlier run "
-            f"still up? See what holds it (ss -ltnp 'sport = :{port}'), stop it, or choose another --port.") from None
-
+            f"still up? See what holds it (ss -ltnp 'sport = :{port}'), stop it, or choose another --port."
+        ) from None
 
 
 class AppThread:
@@ -122,19 +119,33 @@ class AppThread:
     Connections that send a request slower than ``read_timeout`` or stop reading their answer for
     ``write_timeout`` seconds are closed (``agentgym.server.http_timeouts``)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                 read_timeout: float = READ_TIMEOUT_S, write_timeout: float = WRITE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        read_timeout: float = READ_TIMEOUT_S,
+        write_timeout: float = WRITE_TIMEOUT_S,
+    ) -> None:
         import uvicorn
 
         self.app = app
         self._sock = bind_socket(host, port)
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_keep_alive=30,
-                                http=timed_protocol(read_timeout, write_timeout))
+        config = uvicorn.Config(
+            app,
+            log_level=log_level,
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=30,
+            http=timed_protocol(read_timeout, write_timeout),
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name=f"agentgym-http-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name=f"agentgym-http-{self.port}", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:
@@ -157,8 +168,15 @@ class EmbeddedServerHandle(PolicyServerHandle):
 
     backend = "embedded"
 
-    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                 admin_key: str | None = None, limits: Any = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        admin_key: str | None = None,
+        limits: Any = None,
+    ) -> None:
         from agentgym.server.app import build_app
 
         self.engine = engine
@@ -198,9 +216,18 @@ class SubprocessServerHandle(PolicyServerHandle):
     ``grace`` s; it is called at exit for every handle still running (see the module docstring).
     """
 
-    def __init__(self, command: list[str], url: str, backend: str, model: str, weights: Any,
-                 env: dict[str, str] | None = None, log_path: str | os.PathLike[str] | None = None,
-                 grace: float = 15.0, admin_key: str | None = None) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        url: str,
+        backend: str,
+        model: str,
+        weights: Any,
+        env: dict[str, str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        grace: float = 15.0,
+        admin_key: str | None = None,
+    ) -> None:
         self.command = command
         self.url = url.rstrip("/")
         self.backend = backend
@@ -214,8 +241,13 @@ class SubprocessServerHandle(PolicyServerHandle):
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         _stop_at_exit()
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {})}, start_new_session=True)
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
         _running.add(self)
         self.weight_version = 0
         record_weight_version(self.url, 0)  # not what an earlier server on this port was pushed
@@ -235,10 +267,12 @@ class SubprocessServerHandle(PolicyServerHandle):
         if code is not None:
             raise RuntimeError(
                 f"the {self.backend} server exited with code {code} before it was ready.\n"
-                f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
+                f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
+            )
         raise TimeoutError(
             f"the {self.backend} server at {self.url} did not answer /health within {timeout:.0f} s.\n"
-            f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
+            f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
+        )
 
     def update_weights(self, weights: str | os.PathLike[str] | dict[str, torch.Tensor], version: int) -> int:
         """A path is handed to the server as is; a state dict goes through shared memory

@@ -42,8 +42,15 @@ class SlotKVCache(Cache):
 
     is_compileable = False
 
-    def __init__(self, config: Any, slots: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
-                 initial_width: int = 256) -> None:
+    def __init__(
+        self,
+        config: Any,
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        initial_width: int = 256,
+    ) -> None:
         super().__init__(layers=[])
         self.num_layers, self.kv_heads, self.head_dim = kv_shape(config)
         self.slots = slots
@@ -59,8 +66,9 @@ class SlotKVCache(Cache):
 
     def _allocate(self, width: int) -> torch.Tensor:
         # zeros, not empty: attention multiplies masked-out values by a weight of 0, and 0 * NaN is NaN
-        return torch.zeros((2, self.num_layers, self.slots, self.kv_heads, width, self.head_dim),
-                           dtype=self.dtype, device=self.device)
+        return torch.zeros(
+            (2, self.num_layers, self.slots, self.kv_heads, width, self.head_dim), dtype=self.dtype, device=self.device
+        )
 
     # ---- size --------------------------------------------------------------------------------
     @property
@@ -115,8 +123,9 @@ class SlotKVCache(Cache):
         self.storage[:, :, target, :, :length] = self.storage[:, :, source, :, :length]
 
     # ---- transformers' side ------------------------------------------------------------------
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.storage[0, layer_idx], self.storage[1, layer_idx]
         # (batch, heads, tokens, dim) -> (batch, tokens, heads, dim): the layout of keys[rows, :, cols]
         keys[self._write_rows, :, self._write_cols] = key_states.transpose(1, 2)
@@ -137,8 +146,10 @@ class SlotKVCache(Cache):
         return self.num_layers
 
     def __repr__(self) -> str:
-        return (f"SlotKVCache(slots={self.slots}, width={self.width}, layers={self.num_layers}, "
-                f"{self.nbytes / 2**20:.1f} MiB)")
+        return (
+            f"SlotKVCache(slots={self.slots}, width={self.width}, layers={self.num_layers}, "
+            f"{self.nbytes / 2**20:.1f} MiB)"
+        )
 
 
 class AttentionMasks:
@@ -155,8 +166,10 @@ class AttentionMasks:
             kinds = ["sliding_attention" if window else "full_attention"]
         unknown = sorted(set(kinds) - set(ATTENTION_KINDS))
         if unknown:
-            raise ValueError(f"the embedded engine serves decoder models with full or sliding-window attention; "
-                             f"this model has {unknown} layers: serve it with vLLM or SGLang (--engine vllm)")
+            raise ValueError(
+                f"the embedded engine serves decoder models with full or sliding-window attention; "
+                f"this model has {unknown} layers: serve it with vLLM or SGLang (--engine vllm)"
+            )
         if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
             model.set_attn_implementation("sdpa")
         self.kinds = sorted(set(kinds))
@@ -176,6 +189,7 @@ class AttentionMasks:
                 allowed = allowed & (columns > query - self.window)
             if not self.boolean:
                 allowed = torch.zeros(allowed.shape, dtype=self.dtype, device=cols.device).masked_fill_(
-                    ~allowed, torch.finfo(self.dtype).min)
+                    ~allowed, torch.finfo(self.dtype).min
+                )
             masks[kind] = allowed
         return masks if self.as_dict else masks[self.kinds[0]]

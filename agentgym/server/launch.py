@@ -32,9 +32,15 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def create_engine(model: str = "tiny", *, device: str | None = None, dtype: str | None = None,
-                  max_batch_size: int = 32, max_model_len: int | None = None, served_model_name: str | None = None,
-                  ) -> Any:
+def create_engine(
+    model: str = "tiny",
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_batch_size: int = 32,
+    max_model_len: int | None = None,
+    served_model_name: str | None = None,
+) -> Any:
     """Load ``model`` and start an ``Engine`` thread on it (fp32 on CPU, bf16 on a GPU by default)."""
     from agentgym.model import load_causal_lm, load_tokenizer
     from agentgym.server.engine import Engine
@@ -43,16 +49,31 @@ def create_engine(model: str = "tiny", *, device: str | None = None, dtype: str 
     dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
     tokenizer = load_tokenizer(str(model))
     lm = load_causal_lm(str(model), dtype=dtype, device=device)
-    engine = Engine(lm, tokenizer, model_name=served_model_name or str(model), max_batch_size=max_batch_size,
-                    max_model_len=max_model_len)
+    engine = Engine(
+        lm,
+        tokenizer,
+        model_name=served_model_name or str(model),
+        max_batch_size=max_batch_size,
+        max_model_len=max_model_len,
+    )
     return engine.start()
 
 
-def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0.0.1", *, in_process: bool = True,
-                          device: str | None = None, dtype: str | None = None, max_batch_size: int = 32,
-                          max_model_len: int | None = None, served_model_name: str | None = None,
-                          timeout: float = 120.0, admin_key: str | None = None,
-                          limits: ServerLimits | None = None) -> PolicyServerHandle:
+def start_embedded_server(
+    model: str = "tiny",
+    port: int = 0,
+    host: str = "127.0.0.1",
+    *,
+    in_process: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_batch_size: int = 32,
+    max_model_len: int | None = None,
+    served_model_name: str | None = None,
+    timeout: float = 120.0,
+    admin_key: str | None = None,
+    limits: ServerLimits | None = None,
+) -> PolicyServerHandle:
     """Start the embedded server on ``model``; ``port=0`` picks a free port (see ``.url``).
 
     ``in_process=True`` (default): a thread in this process. ``False``: ``agentgym serve`` in a
@@ -61,8 +82,14 @@ def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0
     a child process through ``$AGENTGYM_SERVER_ADMIN_KEY``); ``limits``: its ``ServerLimits``.
     """
     if in_process:
-        engine = create_engine(model, device=device, dtype=dtype, max_batch_size=max_batch_size,
-                               max_model_len=max_model_len, served_model_name=served_model_name)
+        engine = create_engine(
+            model,
+            device=device,
+            dtype=dtype,
+            max_batch_size=max_batch_size,
+            max_model_len=max_model_len,
+            served_model_name=served_model_name,
+        )
         try:
             return EmbeddedServerHandle(engine, host=host, port=port, admin_key=admin_key, limits=limits)
         except BaseException:
@@ -72,8 +99,22 @@ def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0
         ensure_port_free(host, port)
     port = port or free_port(host)
     admin_key = admin_key or new_admin_key()
-    command = [sys.executable, "-m", "agentgym.cli", "serve", "--engine", "embedded", "--model", str(model),
-               "--host", host, "--port", str(port), "--max-batch-size", str(max_batch_size)]
+    command = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "serve",
+        "--engine",
+        "embedded",
+        "--model",
+        str(model),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--max-batch-size",
+        str(max_batch_size),
+    ]
     if device:
         command += ["--device", device]
     if dtype:
@@ -86,9 +127,15 @@ def start_embedded_server(model: str = "tiny", port: int = 0, host: str = "127.0
     from agentgym.client.weights import EmbeddedWeights
     from agentgym.model import resolve_model_path
 
-    handle = SubprocessServerHandle(command, f"http://{host}:{port}", "embedded", served_model_name or str(model),
-                                    EmbeddedWeights(model_dir=resolve_model_path(model), admin_key=admin_key),
-                                    env={ADMIN_KEY_ENV: admin_key}, admin_key=admin_key)
+    handle = SubprocessServerHandle(
+        command,
+        f"http://{host}:{port}",
+        "embedded",
+        served_model_name or str(model),
+        EmbeddedWeights(model_dir=resolve_model_path(model), admin_key=admin_key),
+        env={ADMIN_KEY_ENV: admin_key},
+        admin_key=admin_key,
+    )
     handle.wait_ready(timeout)
     return handle
 
@@ -109,11 +156,13 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
         max_body_bytes=getattr(args, "max_body_bytes", None) or defaults.max_body_bytes,
         max_prompt_chars=getattr(args, "max_prompt_chars", None),
         allow_client_chat_template=bool(getattr(args, "allow_client_chat_template", False)),
-        max_pause_s=getattr(args, "max_pause_s", None) or defaults.max_pause_s)
+        max_pause_s=getattr(args, "max_pause_s", None) or defaults.max_pause_s,
+    )
 
 
-def start_policy_server(engine: str = "embedded", model: str = "tiny", port: int = 0, **kwargs: Any
-                        ) -> PolicyServerHandle:
+def start_policy_server(
+    engine: str = "embedded", model: str = "tiny", port: int = 0, **kwargs: Any
+) -> PolicyServerHandle:
     """One door to every engine: ``embedded`` (kwargs of ``start_embedded_server``), ``vllm`` or
     ``sglang`` (kwargs of ``agentgym.server.engines.start_engine_server``)."""
     if engine == "embedded":
@@ -134,11 +183,19 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"starting {args.engine} on {args.model} (waits for /health) ...", flush=True)
         try:
             handle = start_engine_server(
-                args.engine, args.model, host=args.host, port=args.port,
-                tensor_parallel_size=args.tensor_parallel_size, gpu_memory_utilization=args.gpu_memory_utilization,
-                max_model_len=args.max_model_len, tool_call_parser=args.tool_call_parser, log_path=None,
-                served_model_name=getattr(args, "served_model_name", None), dtype=dtype,
-                extra_args=getattr(args, "engine_arg", None) or ())
+                args.engine,
+                args.model,
+                host=args.host,
+                port=args.port,
+                tensor_parallel_size=args.tensor_parallel_size,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                max_model_len=args.max_model_len,
+                tool_call_parser=args.tool_call_parser,
+                log_path=None,
+                served_model_name=getattr(args, "served_model_name", None),
+                dtype=dtype,
+                extra_args=getattr(args, "engine_arg", None) or (),
+            )
         except (RuntimeError, TimeoutError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -146,8 +203,10 @@ def serve_command(args: argparse.Namespace) -> int:
             print(f"{args.engine} server ready at {handle.url} (log: {handle.log_path}); Ctrl-C stops it", flush=True)
             while handle.process.poll() is None:
                 time.sleep(1.0)
-            print(f"{args.engine} server exited with code {handle.process.returncode}; last lines:\n"
-                  f"{handle.log_tail()}", file=sys.stderr)
+            print(
+                f"{args.engine} server exited with code {handle.process.returncode}; last lines:\n{handle.log_tail()}",
+                file=sys.stderr,
+            )
             return handle.process.returncode or 1
         finally:
             handle.stop()
@@ -162,18 +221,28 @@ def serve_command(args: argparse.Namespace) -> int:
     admin_key = admin_key or new_admin_key()
     limits = limits_from_args(args)
     print(f"loading {args.model} ...", flush=True)
-    engine = create_engine(args.model, device=args.device, dtype=dtype, max_batch_size=args.max_batch_size,
-                           max_model_len=args.max_model_len, served_model_name=getattr(args, "served_model_name", None))
+    engine = create_engine(
+        args.model,
+        device=args.device,
+        dtype=dtype,
+        max_batch_size=args.max_batch_size,
+        max_model_len=args.max_model_len,
+        served_model_name=getattr(args, "served_model_name", None),
+    )
     app = build_app(engine, admin_key=admin_key, limits=limits)
-    print(f"agentgym embedded server: model {engine.model_name!r} on {engine.device}, "
-          f"max_model_len {engine.max_model_len}, max batch {engine.max_batch_size}; "
-          f"http://{args.host}:{args.port}/v1", flush=True)
+    print(
+        f"agentgym embedded server: model {engine.model_name!r} on {engine.device}, "
+        f"max_model_len {engine.max_model_len}, max batch {engine.max_batch_size}; "
+        f"http://{args.host}:{args.port}/v1",
+        flush=True,
+    )
     if generated:  # a key the operator gave is never echoed
-        print(f"admin key (weight updates, pause/resume; set one with --admin-key or ${ADMIN_KEY_ENV}): "
-              f"{admin_key}", flush=True)
+        print(
+            f"admin key (weight updates, pause/resume; set one with --admin-key or ${ADMIN_KEY_ENV}): {admin_key}",
+            flush=True,
+        )
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                    http=timed_protocol())
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, http=timed_protocol())
     finally:
         engine.stop()
     return 0

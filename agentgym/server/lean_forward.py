@@ -36,8 +36,10 @@ def supports(model: Any) -> bool:
         return False
     layer = base.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
-    if not all(isinstance(m, torch.nn.Linear) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
-                                                         mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+    if not all(
+        isinstance(m, torch.nn.Linear)
+        for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    ):
         return False  # adapters or quantized layers: the module's own forward knows them
     return getattr(config, "pretraining_tp", 1) in (None, 1)
 
@@ -99,11 +101,13 @@ class LeanForward:
             values[write_rows, :, write_cols] = v.to(values.dtype)
             keys, values = keys[rows, :, :length], values[rows, :, :length]
             if s == 1 and self.groups > 1:  # one query per row: fold the heads sharing a kv head into queries
-                out = F.scaled_dot_product_attention(q.reshape(b, self.kv_heads, self.groups, d), keys, values,
-                                                     attn_mask=mask, scale=attn.scaling)
+                out = F.scaled_dot_product_attention(
+                    q.reshape(b, self.kv_heads, self.groups, d), keys, values, attn_mask=mask, scale=attn.scaling
+                )
             else:
-                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
-                                                     enable_gqa=self.groups > 1)
+                out = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=self.groups > 1
+                )
             out = out.reshape(b, self.heads, s, d).transpose(1, 2).reshape(b, s, self.heads * d)
             h = h + self.linear(out, attn.o_proj)
             x = rms_norm(h, layer.post_attention_layernorm.weight, eps)

@@ -65,13 +65,20 @@ def require_admin(request: Request, admin_key: str, content_type: str = "applica
     """401 without the admin key; 415 unless the body is declared as ``content_type``."""
     given = bearer(request)
     if given is None or not hmac.compare_digest(given.encode(), admin_key.encode()):
-        raise APIError(401, "this control endpoint needs the server's admin key (Authorization: Bearer <key>); "
-                       f"`agentgym serve` prints it at start, or set it with --admin-key / ${ADMIN_KEY_ENV}",
-                       "authentication_error", code="invalid_api_key")
+        raise APIError(
+            401,
+            "this control endpoint needs the server's admin key (Authorization: Bearer <key>); "
+            f"`agentgym serve` prints it at start, or set it with --admin-key / ${ADMIN_KEY_ENV}",
+            "authentication_error",
+            code="invalid_api_key",
+        )
     declared = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
     if declared != content_type:
-        raise APIError(415, f"send the body as Content-Type: {content_type} (got {declared or 'none'})",
-                       code="unsupported_media_type")
+        raise APIError(
+            415,
+            f"send the body as Content-Type: {content_type} (got {declared or 'none'})",
+            code="unsupported_media_type",
+        )
 
 
 async def read_body(request: Request, max_bytes: int | None) -> bytes:
@@ -80,14 +87,18 @@ async def read_body(request: Request, max_bytes: int | None) -> bytes:
         return await request.body()
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise APIError(413, f"the request body is {declared} bytes; this server takes at most {max_bytes} "
-                       "(--max-body-bytes)", code="request_too_large")
+        raise APIError(
+            413,
+            f"the request body is {declared} bytes; this server takes at most {max_bytes} (--max-body-bytes)",
+            code="request_too_large",
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise APIError(413, f"the request body is over {max_bytes} bytes (--max-body-bytes)",
-                           code="request_too_large")
+            raise APIError(
+                413, f"the request body is over {max_bytes} bytes (--max-body-bytes)", code="request_too_large"
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 

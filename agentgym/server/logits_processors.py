@@ -70,10 +70,16 @@ class LogitsProcessors:
         """A new sequence on ``row``: its own state, nothing left of the row's last sequence."""
         p = seq.params
         seq.matcher = self.grammars.matcher(p.grammar) if p.grammar else None
-        self.frequency[row], self.presence[row], self.repetition[row] = (p.frequency_penalty, p.presence_penalty,
-                                                                          p.repetition_penalty)
-        for name, needed in (("counts", p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0),
-                             ("seen", p.repetition_penalty != 1.0), ("bias", bool(p.logit_bias))):
+        self.frequency[row], self.presence[row], self.repetition[row] = (
+            p.frequency_penalty,
+            p.presence_penalty,
+            p.repetition_penalty,
+        )
+        for name, needed in (
+            ("counts", p.frequency_penalty or p.presence_penalty or p.repetition_penalty != 1.0),
+            ("seen", p.repetition_penalty != 1.0),
+            ("bias", bool(p.logit_bias)),
+        ):
             table = getattr(self, name)
             if table is None and needed:
                 table = self._table(name, torch.bool if name == "seen" else torch.float32)

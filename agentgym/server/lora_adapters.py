@@ -17,7 +17,9 @@ import torch
 SUFFIX_A, SUFFIX_B = ".lora_A.weight", ".lora_B.weight"
 
 
-def split(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+def split(
+    state: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """``(plain weights, {module name: (A, B)})``; raises ``ValueError`` if an A lacks its B."""
     plain = {k: v for k, v in state.items() if not k.endswith((SUFFIX_A, SUFFIX_B))}
     adapters = {}
@@ -49,8 +51,10 @@ class EngineAdapters:
         for name, (a, b) in adapters.items():
             weight = modules[name].weight
             if a.shape[1] != weight.shape[1] or b.shape[0] != weight.shape[0] or a.shape[0] != b.shape[1]:
-                raise ValueError(f"{name}: adapter shapes {tuple(a.shape)}, {tuple(b.shape)} do not fit a weight "
-                                 f"of shape {tuple(weight.shape)}")
+                raise ValueError(
+                    f"{name}: adapter shapes {tuple(a.shape)}, {tuple(b.shape)} do not fit a weight "
+                    f"of shape {tuple(weight.shape)}"
+                )
             loaded[modules[name]] = (a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype))
         if self.merge:
             self._merge(loaded)
@@ -60,8 +64,11 @@ class EngineAdapters:
 
     @torch.no_grad()
     def _merge(self, loaded: dict[Any, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        tied = {id(p) for name, p in self.model.named_parameters(remove_duplicate=False)
-                if not name.startswith(("lm_head", "model.lm_head"))}
+        tied = {
+            id(p)
+            for name, p in self.model.named_parameters(remove_duplicate=False)
+            if not name.startswith(("lm_head", "model.lm_head"))
+        }
         for module in loaded:
             if module not in self._base and id(module.weight) in tied:  # lm_head tied to the embeddings:
                 module.weight = torch.nn.Parameter(module.weight.detach().clone(), requires_grad=False)  # untie

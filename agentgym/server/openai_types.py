@@ -101,8 +101,9 @@ class _SamplingFields(_Request):
         return v
 
 
-MEDIA_PARTS = frozenset({"image_url", "input_image", "image", "input_audio", "audio_url", "video_url", "video",
-                         "file", "input_file"})
+MEDIA_PARTS = frozenset(
+    {"image_url", "input_image", "image", "input_audio", "audio_url", "video_url", "video", "file", "input_file"}
+)
 """Content parts a text-only model cannot read: a 400, as vLLM answers, rather than dropped."""
 
 
@@ -117,8 +118,9 @@ def check_message(m: dict[str, Any], where: str) -> None:
             if not isinstance(part, dict):
                 raise ValueError(f"{where}.content[{k}] must be a content part object")
             if part.get("type") in MEDIA_PARTS:
-                raise ValueError(f"{where}.content[{k}] is an {part['type']} part, but this model reads text only; "
-                                 "send text parts")
+                raise ValueError(
+                    f"{where}.content[{k}] is an {part['type']} part, but this model reads text only; send text parts"
+                )
             if part.get("type") in ("text", None) and not isinstance(part.get("text", ""), str):
                 raise ValueError(f"{where}.content[{k}].text must be a string")
     elif content is not None and not isinstance(content, str):

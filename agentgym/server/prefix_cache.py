@@ -34,7 +34,7 @@ def block_hashes(tokens: list[int], block: int) -> list[int]:
     out: list[int] = []
     h = 0
     for start in range(0, len(tokens) - block + 1, block):
-        h = hash((h, *tokens[start:start + block]))
+        h = hash((h, *tokens[start : start + block]))
         out.append(h)
     return out
 
@@ -147,7 +147,7 @@ class PrefixIndex:
         h = 0
         block = self.block
         for start in range(0, len(tokens) - block + 1, block):
-            h = hash((h, *tokens[start:start + block]))
+            h = hash((h, *tokens[start : start + block]))
             found = self._by_hash.get(h)
             if not found:
                 break

@@ -17,29 +17,48 @@ from agentgym.server.openai_types import ChatCompletionRequest, CompletionReques
 from agentgym.server.sampling import GenerationParams
 
 
-def generation_params(engine: Any, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
-                      top_logprobs: int, param: str, grammar: str | None = None) -> GenerationParams:
+def generation_params(
+    engine: Any,
+    req: ChatCompletionRequest | CompletionRequest,
+    prompt_len: int,
+    top_logprobs: int,
+    param: str,
+    grammar: str | None = None,
+) -> GenerationParams:
     limit = engine.max_model_len
     if prompt_len > limit:
-        raise APIError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
-                       f"{prompt_len} tokens", param=param, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"this model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens",
+            param=param,
+            code="context_length_exceeded",
+        )
     max_tokens = req.requested_max_tokens
     if max_tokens is None:
         max_tokens = limit - prompt_len
     elif prompt_len + max_tokens > limit:
-        raise APIError(400, f"this model's maximum context length is {limit} tokens; the prompt has "
-                       f"{prompt_len} and max_tokens asks for {max_tokens} more", param="max_tokens",
-                       code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"this model's maximum context length is {limit} tokens; the prompt has "
+            f"{prompt_len} and max_tokens asks for {max_tokens} more",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
     if max_tokens < 1:
-        raise APIError(400, f"the prompt ({prompt_len} tokens) leaves no room to generate", param=param,
-                       code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"the prompt ({prompt_len} tokens) leaves no room to generate",
+            param=param,
+            code="context_length_exceeded",
+        )
     if req.min_tokens > max_tokens:
         raise APIError(400, "min_tokens must not exceed max_tokens", param="min_tokens")
     vocab = engine.vocab_size
     for t in req.stop_token_ids or []:
         if not 0 <= t < vocab:
-            raise APIError(400, f"stop_token_ids: {t} is not a token id (vocabulary size {vocab})",
-                           param="stop_token_ids")
+            raise APIError(
+                400, f"stop_token_ids: {t} is not a token id (vocabulary size {vocab})", param="stop_token_ids"
+            )
     bias = req.token_bias()
     bad = next((t for t in bias if not 0 <= t < vocab), None)
     if bad is not None:

@@ -20,8 +20,7 @@ import torch
 from agentgym.server.logits_processors import PROCESSED, LogitsProcessors, shaping
 from agentgym.server.sampling import GenerationParams, counter_uniforms, sample_rows, seed_key
 
-TRAITS = ("sampled", "shaped", "filtered", "seeded", "min_tokens", "stop_ids", "host", "grammar", "penalized",
-          "biased")
+TRAITS = ("sampled", "shaped", "filtered", "seeded", "min_tokens", "stop_ids", "host", "grammar", "penalized", "biased")
 
 
 def traits(seq: Any) -> set[str]:
@@ -45,8 +44,17 @@ def traits(seq: Any) -> set[str]:
 
 
 class RunningBatch:
-    def __init__(self, rows: int, device: torch.device, eos_ids: list[int], vocab_size: int, max_model_len: int,
-                 generator: torch.Generator, out_len: int = 256, grammars: Any = None) -> None:
+    def __init__(
+        self,
+        rows: int,
+        device: torch.device,
+        eos_ids: list[int],
+        vocab_size: int,
+        max_model_len: int,
+        generator: torch.Generator,
+        out_len: int = 256,
+        grammars: Any = None,
+    ) -> None:
         self.rows = rows
         self.device = device
         self.max_model_len = max_model_len
@@ -79,8 +87,21 @@ class RunningBatch:
         self.stop_ids = torch.full((rows, 1), -1, dtype=torch.long, device=device)
         self.tokens = zeros(rows, out_len)
         self.logprobs = zeros(rows, out_len, dtype=torch.float32)
-        self._row_tensors = ("next_token", "n_out", "prompt_len", "limit", "min_tokens", "key", "top_k",
-                             "temperature", "top_p", "eos_stops", "stop_ids", "tokens", "logprobs")
+        self._row_tensors = (
+            "next_token",
+            "n_out",
+            "prompt_len",
+            "limit",
+            "min_tokens",
+            "key",
+            "top_k",
+            "temperature",
+            "top_p",
+            "eos_stops",
+            "stop_ids",
+            "tokens",
+            "logprobs",
+        )
 
     # ---- per-row reads (a sequence's view of itself) ----------------------------------------
     def tokens_of(self, row: int) -> list[int]:
@@ -123,8 +144,11 @@ class RunningBatch:
         self.prompt_len[row] = len(seq.prompt_ids)
         self.limit[row] = min(p.max_tokens, self.max_model_len - len(seq.prompt_ids))
         self.min_tokens[row] = p.min_tokens
-        seed = p.seed + seq.index if p.seed is not None else int(torch.randint(-2**62, 2**62, (1,),
-                                                                                generator=self.generator))
+        seed = (
+            p.seed + seq.index
+            if p.seed is not None
+            else int(torch.randint(-(2**62), 2**62, (1,), generator=self.generator))
+        )
         self.key[row] = seed_key(seed)
         self.temperature[row] = p.temperature
         self.top_k[row] = max(p.top_k, 0)
@@ -204,8 +228,9 @@ class RunningBatch:
             return {t for t, n in self.counts.items() if n > 0}
         return set().union(*(traits(self.seqs[r]) for r in range(lo, hi)))
 
-    def sample(self, logits: torch.Tensor, log_probs: torch.Tensor, lo: int, hi: int,
-               step: Iterable[str]) -> torch.Tensor:
+    def sample(
+        self, logits: torch.Tensor, log_probs: torch.Tensor, lo: int, hi: int, step: Iterable[str]
+    ) -> torch.Tensor:
         """The next token of rows ``lo .. hi-1`` (one row of ``logits`` each; ``step``: their traits)."""
         step = set(step)
         if step & PROCESSED:
@@ -217,8 +242,15 @@ class RunningBatch:
         else:
             u = torch.rand((hi - lo,), generator=self.generator).to(self.device)
         plain = "shaped" not in step and self.greedy_rows(lo, hi) == 0
-        return sample_rows(logits, self.temperature[lo:hi], self.top_k[lo:hi], self.top_p[lo:hi], u,
-                           any_filtered="filtered" in step, log_probs=log_probs if plain else None)
+        return sample_rows(
+            logits,
+            self.temperature[lo:hi],
+            self.top_k[lo:hi],
+            self.top_p[lo:hi],
+            u,
+            any_filtered="filtered" in step,
+            log_probs=log_probs if plain else None,
+        )
 
     def greedy_rows(self, lo: int, hi: int) -> int:
         """Rows of ``lo .. hi-1`` that decode greedily."""
@@ -226,8 +258,9 @@ class RunningBatch:
             return self.size - self.counts["sampled"]
         return sum(1 for r in range(lo, hi) if self.seqs[r].params.temperature <= 0)
 
-    def record(self, lo: int, hi: int, tokens: torch.Tensor, logprobs: torch.Tensor,
-               step: Iterable[str]) -> torch.Tensor:
+    def record(
+        self, lo: int, hi: int, tokens: torch.Tensor, logprobs: torch.Tensor, step: Iterable[str]
+    ) -> torch.Tensor:
         """Store each row's new token and logprob; the rows that must stop now (bool, ``hi - lo``)."""
         step = set(step)
         n_out = self.n_out[lo:hi]

@@ -73,9 +73,17 @@ def counter_uniforms(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor
     return _shift_right(z, 40).to(torch.float32) * (1.0 / (1 << 24))
 
 
-def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                uniforms: torch.Tensor, *, any_sampled: bool = True, any_filtered: bool = True,
-                log_probs: torch.Tensor | None = None) -> torch.Tensor:
+def sample_rows(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    uniforms: torch.Tensor,
+    *,
+    any_sampled: bool = True,
+    any_filtered: bool = True,
+    log_probs: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One token per row: greedy where ``temperature <= 0``, else temperature / top-k / top-p sampling
     with the row's ``uniforms`` number (inverse CDF: the same categorical distribution as
     ``torch.multinomial``, at a fraction of its cost on CPU).
@@ -113,8 +121,12 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
     return sampled if log_probs is not None else torch.where(temperature <= 0, best, sampled)
 
 
-def sample_tokens(logits: torch.Tensor, params: list[GenerationParams], generators: list[torch.Generator | None],
-                  default_generator: torch.Generator) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor,
+    params: list[GenerationParams],
+    generators: list[torch.Generator | None],
+    default_generator: torch.Generator,
+) -> torch.Tensor:
     """``sample_rows`` for rows described by ``GenerationParams``, drawing each row's uniform number
     from its own generator where it has one (so it samples the same alone or in a batch), else
     from ``default_generator``."""
@@ -126,5 +138,12 @@ def sample_tokens(logits: torch.Tensor, params: list[GenerationParams], generato
     for i, generator in enumerate(generators):
         if generator is not None:
             u[i] = torch.rand(1, generator=generator, device=device)
-    return sample_rows(logits, temperature, top_k, top_p, u, any_sampled=any(p.temperature > 0 for p in params),
-                       any_filtered=any(p.top_k > 0 or p.top_p < 1.0 for p in params))
+    return sample_rows(
+        logits,
+        temperature,
+        top_k,
+        top_p,
+        u,
+        any_sampled=any(p.temperature > 0 for p in params),
+        any_filtered=any(p.top_k > 0 or p.top_p < 1.0 for p in params),
+    )

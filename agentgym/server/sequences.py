@@ -72,8 +72,9 @@ class Request:
 
     _ids = itertools.count()
 
-    def __init__(self, prompt_ids: list[int], params: GenerationParams, n: int, stream: bool,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, prompt_ids: list[int], params: GenerationParams, n: int, stream: bool, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self.id = next(self._ids)
         self.prompt_ids = prompt_ids
         self.params = params

@@ -35,8 +35,9 @@ def sse(body: AsyncIterator[str], engine: Engine, request: EngineRequest) -> Str
             if not finished:  # the client went away: stop sampling for it
                 engine.abort(request)
 
-    return StreamingResponse(guarded(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        guarded(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 T = TypeVar("T")

@@ -95,13 +95,13 @@ class IncrementalText:
                         break
         if end <= len(self.sent):
             return ""
-        delta = text[len(self.sent):end]
+        delta = text[len(self.sent) : end]
         self.sent = text[:end]
         return delta
 
     def finish(self, final_text: str) -> str:
         if final_text.startswith(self.sent):
-            delta = final_text[len(self.sent):]
+            delta = final_text[len(self.sent) :]
             self.sent = final_text
             return delta
         return ""

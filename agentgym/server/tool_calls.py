@@ -33,8 +33,7 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]], list[
     return (content or None), calls, errors
 
 
-def assistant_reply(text: str, finish_reason: str, parse_tools: bool
-                    ) -> tuple[str | None, list[dict[str, Any]], str]:
+def assistant_reply(text: str, finish_reason: str, parse_tools: bool) -> tuple[str | None, list[dict[str, Any]], str]:
     """``(content, tool_calls, finish_reason)`` of the assistant message for generated ``text``: with
     tools, Hermes blocks become ``tool_calls`` and a ``stop`` finish becomes ``tool_calls``;
     malformed blocks stay in the content. Without tools the text is the content, as it is."""

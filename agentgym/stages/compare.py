@@ -38,7 +38,7 @@ class CompareError(ValueError):
 class RunResults:
     directory: Path
     label: str = ""
-    rows: list[dict[str, Any]] = field(default_factory=list)       # metrics.jsonl, a dict per step
+    rows: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl, a dict per step
     policies: dict[str, dict[float, Score]] = field(default_factory=dict)  # held_out.json: policy -> T -> Score
     tasks: dict[str, Any] | None = None  # what the held-out tasks were: env, env kwargs, first seed, count
 
@@ -70,8 +70,10 @@ def load_run(path: str | Path) -> RunResults:
     if (directory / "metrics.jsonl").is_file():
         run.rows = read_metrics(directory)
     if not run.policies and not run.rows:
-        raise CompareError(f"{directory} holds neither held_out.json nor metrics.jsonl: pass the directories of "
-                           "runs of `agentgym train` (the summary's `run dir:`)")
+        raise CompareError(
+            f"{directory} holds neither held_out.json nor metrics.jsonl: pass the directories of "
+            "runs of `agentgym train` (the summary's `run dir:`)"
+        )
     run.tasks = _held_out_tasks(directory)
     return run
 
@@ -87,8 +89,12 @@ def _held_out_tasks(directory: Path) -> dict[str, Any] | None:
 
     try:
         cfg = OmegaConf.load(config)
-        return {"env": str(cfg.env.name), "env_kwargs": env_kwargs(cfg), "seed_start": int(cfg.env.val_seed_start),
-                "num_tasks": int(cfg.held_out.num_tasks)}
+        return {
+            "env": str(cfg.env.name),
+            "env_kwargs": env_kwargs(cfg),
+            "seed_start": int(cfg.env.val_seed_start),
+            "num_tasks": int(cfg.held_out.num_tasks),
+        }
     except Exception:  # noqa: BLE001 - an old or hand-made config: the runs are then not paired
         return None
 
@@ -121,10 +127,15 @@ def table(runs: Sequence[RunResults]) -> str:
         return "held-out: none of these runs has a held-out table (held_out.enable was off, or the run did not finish)"
     width = max(22, *(len(r.label) + 2 for r in runs))
     described = {r.describe_tasks() for r in scored}
-    on = (f"on {described.pop()}" if len(described) == 1 else
-          "on " + "; ".join(f"{r.label}: {r.describe_tasks()}" for r in scored))
-    lines = [f"held-out success ± SE (binomial) {on}",
-        "  ".join(["run".ljust(width), "policy".ljust(12)] + [_column(t).ljust(CELL) for t in temps])]
+    on = (
+        f"on {described.pop()}"
+        if len(described) == 1
+        else "on " + "; ".join(f"{r.label}: {r.describe_tasks()}" for r in scored)
+    )
+    lines = [
+        f"held-out success ± SE (binomial) {on}",
+        "  ".join(["run".ljust(width), "policy".ljust(12)] + [_column(t).ljust(CELL) for t in temps]),
+    ]
     for run in runs:
         if not run.policies:
             lines.append(f"{run.label.ljust(width)}  (no held_out.json)")
@@ -135,8 +146,10 @@ def table(runs: Sequence[RunResults]) -> str:
         start = run.start_label
         if start is not None and FINAL in run.policies:
             gains = [_gain(run.policies[start].get(t), run.policies[FINAL].get(t)) for t in temps]
-            lines.append("  ".join([run.label.ljust(width), "RL gain".ljust(12)] + [g.ljust(CELL) for g in gains])
-                         + f"  ({FINAL} - {start}, paired over tasks)")
+            lines.append(
+                "  ".join([run.label.ljust(width), "RL gain".ljust(12)] + [g.ljust(CELL) for g in gains])
+                + f"  ({FINAL} - {start}, paired over tasks)"
+            )
     lines += _paired_section(scored, temps, width)
     lines += _across_runs(scored, temps)
     return "\n".join(lines)
@@ -182,8 +195,11 @@ def _across_runs(runs: Sequence[RunResults], temps: Sequence[float]) -> list[str
         mean = sum(values) / len(values)
         sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
         cells.append(f"{_column(t)} {mean:.3f} ± {sd / math.sqrt(len(values)):.3f} (sd {sd:.3f})")
-    return [f"\n{FINAL}, mean over the {len(finals)} runs on {runs[0].label}'s tasks ± SE over runs: "
-            + "; ".join(cells)] if cells else []
+    return (
+        [f"\n{FINAL}, mean over the {len(finals)} runs on {runs[0].label}'s tasks ± SE over runs: " + "; ".join(cells)]
+        if cells
+        else []
+    )
 
 
 # ---- the plot ------------------------------------------------------------------------------------
@@ -214,10 +230,19 @@ def figure(runs: Sequence[RunResults], metrics: Sequence[str] = ()) -> Any:
                 ax.plot(steps, values, color=colour, linewidth=1.6, label=run.label)
             val_steps, val_values = series(run.rows, f"val/{key}")
             if val_steps:
-                ax.plot(val_steps, val_values, color=colour, marker="o", markersize=4, linewidth=0.8, linestyle="--",
-                        label=None if steps else run.label)
-        ax.set_title(title + " (dots: validation)" if any(series(r.rows, f"val/{key}")[0] for r in runs) else title,
-                     fontsize=11)
+                ax.plot(
+                    val_steps,
+                    val_values,
+                    color=colour,
+                    marker="o",
+                    markersize=4,
+                    linewidth=0.8,
+                    linestyle="--",
+                    label=None if steps else run.label,
+                )
+        ax.set_title(
+            title + " (dots: validation)" if any(series(r.rows, f"val/{key}")[0] for r in runs) else title, fontsize=11
+        )
         ax.set_xlabel("step")
         ax.set_ylabel(label if label != key else "")
         ax.grid(alpha=0.3)
@@ -244,12 +269,26 @@ def _held_out_panel(ax: Any, runs: Sequence[RunResults]) -> None:
         for k, (policy, t) in enumerate(kinds):
             score = run.policies.get((run.start_label if policy == "start" else policy) or "", {}).get(t)
             if score is not None:
-                ax.bar(i - 0.4 + width * (k + 0.5), score.success, width * 0.9, yerr=score.se, capsize=2,
-                       color=COLOURS[i % len(COLOURS)], alpha=0.35 if policy == "start" else 1.0,
-                       hatch="//" if t > 0 else None, edgecolor="white" if t > 0 else None)
-    legend = [Patch(facecolor="grey", alpha=0.35 if policy == "start" else 1.0, hatch="//" if t > 0 else None,
-                    label=("start" if policy == "start" else "final") + (" greedy" if t == 0 else f" T={t:g}"))
-              for policy, t in kinds]
+                ax.bar(
+                    i - 0.4 + width * (k + 0.5),
+                    score.success,
+                    width * 0.9,
+                    yerr=score.se,
+                    capsize=2,
+                    color=COLOURS[i % len(COLOURS)],
+                    alpha=0.35 if policy == "start" else 1.0,
+                    hatch="//" if t > 0 else None,
+                    edgecolor="white" if t > 0 else None,
+                )
+    legend = [
+        Patch(
+            facecolor="grey",
+            alpha=0.35 if policy == "start" else 1.0,
+            hatch="//" if t > 0 else None,
+            label=("start" if policy == "start" else "final") + (" greedy" if t == 0 else f" T={t:g}"),
+        )
+        for policy, t in kinds
+    ]
     ax.legend(handles=legend, fontsize=7, loc="best")
     ax.set_xticks(range(len(runs)), [r.label for r in runs], rotation=20, fontsize=8)
     ax.set_ylim(0, 1)
@@ -257,8 +296,9 @@ def _held_out_panel(ax: Any, runs: Sequence[RunResults]) -> None:
     ax.grid(alpha=0.3, axis="y")
 
 
-def compare(paths: Sequence[str | Path], output: str | Path | None = "compare.png",
-            metrics: Sequence[str] = ()) -> tuple[str, Path | None]:
+def compare(
+    paths: Sequence[str | Path], output: str | Path | None = "compare.png", metrics: Sequence[str] = ()
+) -> tuple[str, Path | None]:
     """The table's text, and the PNG written (None when ``output`` is None)."""
     runs = [load_run(p) for p in paths]
     for run, label in zip(runs, run_labels([r.directory for r in runs])):

@@ -25,13 +25,15 @@ from typing import Any
 from agentgym.config import ConfigError, hydra_config_file, named_configs, read_yaml
 
 SYSTEMS = ("verl", "roll", "chatlearn", "claw-r1")
-VERL_BASES = {"ppo_trainer": "veRL's ppo_trainer.yaml is agentgym's configs/train.yaml",
-              "_generated_ppo_trainer": "veRL's ppo_trainer.yaml is agentgym's configs/train.yaml",
-              "ppo_megatron_trainer": "veRL's ppo_megatron_trainer.yaml is agentgym's configs/train.yaml (agentgym "
-                                      "trains with FSDP2, not Megatron)",
-              "sft_trainer": "veRL's sft_trainer.yaml is agentgym's configs/sft.yaml",
-              "generation": "veRL's generation.yaml is agentgym's configs/generation.yaml",
-              "evaluation": "veRL's evaluation.yaml is agentgym's configs/evaluation.yaml"}
+VERL_BASES = {
+    "ppo_trainer": "veRL's ppo_trainer.yaml is agentgym's configs/train.yaml",
+    "_generated_ppo_trainer": "veRL's ppo_trainer.yaml is agentgym's configs/train.yaml",
+    "ppo_megatron_trainer": "veRL's ppo_megatron_trainer.yaml is agentgym's configs/train.yaml (agentgym "
+    "trains with FSDP2, not Megatron)",
+    "sft_trainer": "veRL's sft_trainer.yaml is agentgym's configs/sft.yaml",
+    "generation": "veRL's generation.yaml is agentgym's configs/generation.yaml",
+    "evaluation": "veRL's evaluation.yaml is agentgym's configs/evaluation.yaml",
+}
 
 
 def translate_file(system: str, path: str, overrides: Sequence[str] = ()) -> Any:
@@ -74,26 +76,34 @@ def ours(key: str) -> bool:
     from agentgym.compat.verl import verl_key_policy
 
     known = schema()
-    return (key in known or _open(key) or any(k.startswith(key + ".") for k in known)
-            or verl_key_policy(key, None) is not None)
+    return (
+        key in known
+        or _open(key)
+        or any(k.startswith(key + ".") for k in known)
+        or verl_key_policy(key, None) is not None
+    )
 
 
-def resolve_command_line(config_file: str | None, overrides: Sequence[str], config_path: str | None = None,
-                         config_name: str | None = None) -> CommandLine:
+def resolve_command_line(
+    config_file: str | None, overrides: Sequence[str], config_path: str | None = None, config_name: str | None = None
+) -> CommandLine:
     """``agentgym train``'s files and overrides with every other system's part translated (see the module
     docstring). Raises ``ConfigError`` naming what to change."""
     from agentgym.compat.command_line import split_overrides, system_of
 
     notes: list[str] = []
     named = None
-    if config_path is not None or (config_name and config_name not in named_configs()
-                                   and config_name not in VERL_BASES):
+    if config_path is not None or (
+        config_name and config_name not in named_configs() and config_name not in VERL_BASES
+    ):
         if config_file is not None:
             raise ConfigError("give the config once: --config FILE, or --config-path DIR --config-name NAME")
         if config_path is None:
-            raise ConfigError(f"--config-name {config_name}: no such agentgym config (named configs: "
-                              f"{', '.join(named_configs())}); for a file of your own add --config-path DIR "
-                              f"(Hydra's form) or pass --config FILE")
+            raise ConfigError(
+                f"--config-name {config_name}: no such agentgym config (named configs: "
+                f"{', '.join(named_configs())}); for a file of your own add --config-path DIR "
+                f"(Hydra's form) or pass --config FILE"
+            )
         config_file = str(hydra_config_file(config_path, config_name))
     elif config_name in VERL_BASES:
         notes.append(f"--config-name {config_name}: {VERL_BASES[config_name]}")
@@ -108,8 +118,10 @@ def resolve_command_line(config_file: str | None, overrides: Sequence[str], conf
     else:
         translation = translate_file(system, config_file, theirs)
     where = config_file or "the command line"
-    notes.append(f"{where} holds {system}'s keys: translated as `agentgym config --from {system}` does (it prints "
-                 f"where each key went)\n" + translation.summary())
+    notes.append(
+        f"{where} holds {system}'s keys: translated as `agentgym config --from {system}` does (it prints "
+        f"where each key went)\n" + translation.summary()
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"agentgym-from-{system}-", delete=False) as f:
         f.write(translation.yaml())
     return CommandLine(f.name, mine, named, notes, temp_file=f.name)
@@ -144,8 +156,11 @@ def config_command(args: argparse.Namespace) -> int:
         print(f"agentgym config: {exc}", file=sys.stderr)
         return 2
     if not path or not Path(path).is_file():
-        print(f"agentgym config: {path or 'no file given'} is not a file (give FILE or --config-path DIR "
-              f"--config-name NAME)", file=sys.stderr)
+        print(
+            f"agentgym config: {path or 'no file given'} is not a file (give FILE or --config-path DIR "
+            f"--config-name NAME)",
+            file=sys.stderr,
+        )
         return 2
     try:
         translation = translate_file(system, path, list(getattr(args, "overrides", None) or ()))

@@ -72,18 +72,25 @@ def run_settings(run: Run, mode: str) -> dict[str, tuple[Any, str]]:
         "model": (run.model, run.model_source),
         "env": (cfg.env.name, "env.name"),
         "n": (int(sampling.n), f"{where}.n"),
-        "temperature": (0.0 if greedy else float(sampling.temperature),
-                        f"{where}.do_sample=false" if greedy else f"{where}.temperature"),
+        "temperature": (
+            0.0 if greedy else float(sampling.temperature),
+            f"{where}.do_sample=false" if greedy else f"{where}.temperature",
+        ),
         "top_p": (float(sampling.top_p), f"{where}.top_p"),
         "top_k": (int(sampling.top_k), f"{where}.top_k"),
-        "max_turns": (rollout.multi_turn.max_assistant_turns, "actor_rollout_ref.rollout.multi_turn.max_assistant_turns"),
+        "max_turns": (
+            rollout.multi_turn.max_assistant_turns,
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
+        ),
         "max_tokens": (rollout.max_tokens_per_turn, "actor_rollout_ref.rollout.max_tokens_per_turn"),
         "prompt_length": (int(cfg.data.max_prompt_length), "data.max_prompt_length"),
         "response_length": (int(cfg.data.max_response_length), "data.max_response_length"),
         "concurrency": (int(rollout.concurrency), "actor_rollout_ref.rollout.concurrency"),
         "device": (rollout.get("device"), "actor_rollout_ref.rollout.device (null: cuda if available)"),
-        "env_executor": (executor if executor in HELD_OUT_EXECUTORS else "thread",
-                         "env.executor" if executor in HELD_OUT_EXECUTORS else f"env.executor={executor} -> thread"),
+        "env_executor": (
+            executor if executor in HELD_OUT_EXECUTORS else "thread",
+            "env.executor" if executor in HELD_OUT_EXECUTORS else f"env.executor={executor} -> thread",
+        ),
     }
     if mode == "eval":
         out["seed"] = (int(cfg.env.val_seed_start), "env.val_seed_start")
@@ -124,13 +131,19 @@ def settle_rollout_args(args: argparse.Namespace, mode: str) -> None:
         else:
             rows.append((dest, _show(getattr(args, dest)), "flag"))
     if args.env is None:
-        raise RunError(f"the run {run.directory} trained no single env (env.name is null: several env tags or an "
-                       "agent); pass --env NAME")
+        raise RunError(
+            f"the run {run.directory} trained no single env (env.name is null: several env tags or an "
+            "agent); pass --env NAME"
+        )
     kwargs = {} if other_env else run_env_kwargs(run, mode)
     args.env_kwargs = {**kwargs, **given_env_args}
-    source = ("--env-arg only (another env than the run's)" if other_env else
-              "run: env.kwargs" + (" + env.val_kwargs" if mode == "eval" else "")
-              + (f"; --env-arg {', '.join(given_env_args)} over it" if given_env_args else ""))
+    source = (
+        "--env-arg only (another env than the run's)"
+        if other_env
+        else "run: env.kwargs"
+        + (" + env.val_kwargs" if mode == "eval" else "")
+        + (f"; --env-arg {', '.join(given_env_args)} over it" if given_env_args else "")
+    )
     rows.insert(2, ("env kwargs", json.dumps(args.env_kwargs, default=str), source))
     args.chat_template_kwargs = _plain(run.cfg.data.apply_chat_template_kwargs) or {}
     rows.append(("chat template kwargs", json.dumps(args.chat_template_kwargs), "run: data.apply_chat_template_kwargs"))
@@ -179,15 +192,23 @@ def trained_otherwise(args: argparse.Namespace, given_env_args: dict[str, Any]) 
     for flag, key in (("max_turns", "max_assistant_turns"), ("max_tokens", "max_tokens_per_turn")):
         if rollout.get(key) is not None and getattr(args, flag, None) != rollout[key]:
             now = getattr(args, flag, None)
-            differ.append(f"--{flag.replace('_', '-')} {rollout[key]} in training, "
-                          f"{'the env default' if now is None else now} here")
+            differ.append(
+                f"--{flag.replace('_', '-')} {rollout[key]} in training, "
+                f"{'the env default' if now is None else now} here"
+            )
     if not differ:
         return []
     run_dir = record.get("run_dir")
-    fix = f"agentgym eval --run {run_dir}" if run_dir and Path(run_dir).is_dir() else \
-        " ".join(f"--env-arg {k}={_yaml(v)}" for k, v in trained.items())
-    return [f"{model} was trained and scored with other settings ({FILE}): " + "; ".join(differ)
-            + f". To score it as its run did: {fix}"]
+    fix = (
+        f"agentgym eval --run {run_dir}"
+        if run_dir and Path(run_dir).is_dir()
+        else " ".join(f"--env-arg {k}={_yaml(v)}" for k, v in trained.items())
+    )
+    return [
+        f"{model} was trained and scored with other settings ({FILE}): "
+        + "; ".join(differ)
+        + f". To score it as its run did: {fix}"
+    ]
 
 
 class _Missing:
@@ -248,6 +269,8 @@ def settle_serve_args(args: argparse.Namespace) -> None:
 
         base = adapter_base(args.model)
         if base is not None:
-            raise RunError(f"{args.model} holds LoRA adapters on {base}: --engine {args.engine} serves whole models. "
-                           "Serve it with --engine embedded (it merges them), or export merged weights "
-                           "(actor_rollout_ref.model.lora_export_merged=true)")
+            raise RunError(
+                f"{args.model} holds LoRA adapters on {base}: --engine {args.engine} serves whole models. "
+                "Serve it with --engine embedded (it merges them), or export merged weights "
+                "(actor_rollout_ref.model.lora_export_merged=true)"
+            )

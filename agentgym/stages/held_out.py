@@ -80,8 +80,10 @@ def check_disjoint(cfg: DictConfig, trained: dict[str, range | None]) -> None:
         low, high = max(seeds.start, held.start), min(seeds.stop, held.stop)
         if low < high:
             raise ConfigError(
-                f"{what} seeds {seeds.start}..{seeds.stop - 1} overlap the held-out seeds {held.start}..{held.stop - 1} "
-                f"(env.val_seed_start, held_out.num_tasks): move one of them, e.g. env.val_seed_start={seeds.stop}")
+                f"{what} seeds {seeds.start}..{seeds.stop - 1} overlap the held-out seeds "
+                f"{held.start}..{held.stop - 1} "
+                f"(env.val_seed_start, held_out.num_tasks): move one of them, e.g. env.val_seed_start={seeds.stop}"
+            )
 
 
 def env_kwargs(cfg: DictConfig) -> dict[str, Any]:
@@ -109,21 +111,32 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
     executor = str(cfg.env.executor) if cfg.env.executor in ("thread", "inline", "process") else "thread"
 
     async def run() -> list[Any]:
-        server = await asyncio.to_thread(start_embedded_server, model=model_dir, port=0,
-                                         max_batch_size=concurrency, max_model_len=max_len,
-                                         device=str(rollout.device) if rollout.device else None)
+        server = await asyncio.to_thread(
+            start_embedded_server,
+            model=model_dir,
+            port=0,
+            max_batch_size=concurrency,
+            max_model_len=max_len,
+            device=str(rollout.device) if rollout.device else None,
+        )
         try:
             async with PolicyClient([server.url], backend="embedded") as client:
                 config = RolloutConfig(
-                    n=1, temperature=temperature, max_tokens=int(rollout.max_tokens_per_turn),
-                    prompt_length=int(cfg.data.max_prompt_length), response_length=int(cfg.data.max_response_length),
-                    max_model_len=max_len, max_turns=rollout.multi_turn.max_assistant_turns,
-                    max_concurrency=concurrency, seed=seeds.start, env_executor=executor,
-                    sampling_seed=int(cfg.trainer.seed) if temperature > 0 else None)
+                    n=1,
+                    temperature=temperature,
+                    max_tokens=int(rollout.max_tokens_per_turn),
+                    prompt_length=int(cfg.data.max_prompt_length),
+                    response_length=int(cfg.data.max_response_length),
+                    max_model_len=max_len,
+                    max_turns=rollout.multi_turn.max_assistant_turns,
+                    max_concurrency=concurrency,
+                    seed=seeds.start,
+                    env_executor=executor,
+                    sampling_seed=int(cfg.trainer.seed) if temperature > 0 else None,
+                )
                 template_kwargs = OmegaConf.to_container(cfg.data.apply_chat_template_kwargs, resolve=True) or None
                 chat = ChatTokenizer(load_tokenizer(model_dir), template_kwargs=template_kwargs)  # as training renders
-                runner = RolloutRunner(str(cfg.env.name), client, chat, config,
-                                       env_kwargs=env_kwargs(cfg))
+                runner = RolloutRunner(str(cfg.env.name), client, chat, config, env_kwargs=env_kwargs(cfg))
                 try:
                     result = await runner.run(len(seeds), progress=label if show_progress else None)
                 finally:
@@ -147,16 +160,23 @@ def start_scores(cfg: DictConfig, model_dir: str, show_progress: bool = True) ->
 
     directory = Path(str(cfg.trainer.default_local_dir)) / "held_out_start"
     output = directory / "scores.json"
-    settings = {"model": model_key(model_dir), "env": str(cfg.env.name), "env_kwargs": env_kwargs(cfg),
-                "seeds": [held_out_range(cfg).start, int(cfg.held_out.num_tasks)],
-                "temperatures": [float(t) for t in cfg.held_out.temperatures], "seed": int(cfg.trainer.seed),
-                "rollout": OmegaConf.to_container(cfg.actor_rollout_ref.rollout, resolve=True),
-                "lengths": [int(cfg.data.max_prompt_length), int(cfg.data.max_response_length)]}
+    settings = {
+        "model": model_key(model_dir),
+        "env": str(cfg.env.name),
+        "env_kwargs": env_kwargs(cfg),
+        "seeds": [held_out_range(cfg).start, int(cfg.held_out.num_tasks)],
+        "temperatures": [float(t) for t in cfg.held_out.temperatures],
+        "seed": int(cfg.trainer.seed),
+        "rollout": OmegaConf.to_container(cfg.actor_rollout_ref.rollout, resolve=True),
+        "lengths": [int(cfg.data.max_prompt_length), int(cfg.data.max_response_length)],
+    }
     if is_cached(directory, settings, output):
         print(f"held-out: scores of the start model reused from {output}", flush=True)
         return load_scores(output, "start")
-    found = {float(t): score_model(cfg, model_dir, float(t), f"held-out start T={float(t):g}", show_progress)
-             for t in cfg.held_out.temperatures}
+    found = {
+        float(t): score_model(cfg, model_dir, float(t), f"held-out start T={float(t):g}", show_progress)
+        for t in cfg.held_out.temperatures
+    }
     directory.mkdir(parents=True, exist_ok=True)
     save(output, {"start": found}, None, {"model": model_dir})
     stamp(directory, settings)
@@ -197,15 +217,18 @@ def paired_gain(before: Score, after: Score) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
-def table(cfg: DictConfig, rows: dict[str, dict[float, Score]], random_score: Score | None,
-          start: str, final: str) -> str:
+def table(
+    cfg: DictConfig, rows: dict[str, dict[float, Score]], random_score: Score | None, start: str, final: str
+) -> str:
     """The before/after table as text: a row per policy, a column per temperature, then the gains."""
     temps = [float(t) for t in cfg.held_out.temperatures]
     seeds = held_out_range(cfg)
     names = {0.0: "greedy"}
     header = ["policy".ljust(22)] + [(names.get(t, f"sampled T={t:g}")).ljust(16) for t in temps]
-    lines = [f"held-out: {len(seeds)} tasks of {cfg.env.name} (seeds {seeds.start}..{seeds.stop - 1}, never trained on)",
-             "  ".join(header)]
+    lines = [
+        f"held-out: {len(seeds)} tasks of {cfg.env.name} (seeds {seeds.start}..{seeds.stop - 1}, never trained on)",
+        "  ".join(header),
+    ]
 
     def cell(score: Score | None) -> str:
         return (f"{score.success:.3f} ± {score.se:.3f}" if score is not None else "").ljust(16)
@@ -225,16 +248,28 @@ def table(cfg: DictConfig, rows: dict[str, dict[float, Score]], random_score: Sc
     for t in temps:
         shares = {label: by_temp[t].malformed() for label, by_temp in rows.items() if t in by_temp}
         if any(shares.values()):
-            lines.append(f"malformed replies, {names.get(t, f'T={t:g}')}, turns 1/2/...: " + "; ".join(
-                f"{label} {' / '.join(f'{100 * s:.0f}%' for s in share)}" for label, share in shares.items() if share))
+            lines.append(
+                f"malformed replies, {names.get(t, f'T={t:g}')}, turns 1/2/...: "
+                + "; ".join(
+                    f"{label} {' / '.join(f'{100 * s:.0f}%' for s in share)}"
+                    for label, share in shares.items()
+                    if share
+                )
+            )
     return "\n".join(lines)
 
 
 def save(path: Path, rows: dict[str, dict[float, Score]], random_score: Score | None, extra: dict[str, Any]) -> None:
-    data = {"policies": {label: {str(t): {**asdict(s), "success": s.success, "se": s.se} for t, s in by.items()}
-                         for label, by in rows.items()},
-            "random_policy": ({**asdict(random_score), "success": random_score.success, "se": random_score.se}
-                              if random_score else None), **extra}
+    data = {
+        "policies": {
+            label: {str(t): {**asdict(s), "success": s.success, "se": s.se} for t, s in by.items()}
+            for label, by in rows.items()
+        },
+        "random_policy": (
+            {**asdict(random_score), "success": random_score.success, "se": random_score.se} if random_score else None
+        ),
+        **extra,
+    }
     path.write_text(json.dumps(data, indent=1))
 
 
@@ -243,5 +278,7 @@ def load_scores(path: Path, label: str) -> dict[float, Score]:
     if not path.is_file():
         return {}
     saved = json.loads(path.read_text()).get("policies", {}).get(label, {})
-    return {float(t): Score(s["label"], s["temperature"], s["per_task"], s.get("seconds", 0.0), s.get("turns", {}))
-            for t, s in saved.items()}
+    return {
+        float(t): Score(s["label"], s["temperature"], s["per_task"], s.get("seconds", 0.0), s.get("turns", {}))
+        for t, s in saved.items()
+    }

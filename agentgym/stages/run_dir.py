@@ -35,11 +35,11 @@ class RunError(ValueError):
 
 @dataclass
 class Run:
-    directory: Path       # the run directory (holds config.yaml)
-    cfg: DictConfig       # the config the run saved
-    model: str            # the model directory PATH stands for
-    model_source: str     # how it was chosen, for the printout
-    root: Path | None     # the run's working directory, when it can be told
+    directory: Path  # the run directory (holds config.yaml)
+    cfg: DictConfig  # the config the run saved
+    model: str  # the model directory PATH stands for
+    model_source: str  # how it was chosen, for the printout
+    root: Path | None  # the run's working directory, when it can be told
 
     def path(self, value: str) -> str:
         """``value`` as seen from here: unchanged when it exists from here (or is absolute), else under
@@ -61,8 +61,10 @@ def is_model_dir(path: Path) -> bool:
 def find_run(path: str | Path) -> Run:
     given = Path(path).expanduser()
     if not given.exists():
-        raise RunError(f"{path} does not exist: pass a run directory (trainer.default_local_dir of `agentgym train`, "
-                       f"holding {CONFIG_FILE}) or a checkpoint or model directory inside one")
+        raise RunError(
+            f"{path} does not exist: pass a run directory (trainer.default_local_dir of `agentgym train`, "
+            f"holding {CONFIG_FILE}) or a checkpoint or model directory inside one"
+        )
     given = given.resolve()
     for directory in [given, *given.parents]:
         file = directory / CONFIG_FILE
@@ -74,8 +76,10 @@ def find_run(path: str | Path) -> Run:
             if is_train_config(cfg):  # an SFT run's config (the warm start's) sits inside the run: go on up
                 break
     else:
-        raise RunError(f"no {CONFIG_FILE} of an `agentgym train` run in {path} or above it: pass the run directory "
-                       "(trainer.default_local_dir; the summary's `run dir:`) or a directory inside it")
+        raise RunError(
+            f"no {CONFIG_FILE} of an `agentgym train` run in {path} or above it: pass the run directory "
+            "(trainer.default_local_dir; the summary's `run dir:`) or a directory inside it"
+        )
     root = _working_directory(directory, str(cfg.trainer.default_local_dir))
     run = Run(directory, cfg, "", "", root)
     run.model, run.model_source = _model(run, given)
@@ -87,9 +91,9 @@ def _working_directory(run_dir: Path, configured: str) -> Path | None:
     if Path(configured).is_absolute():
         return None
     parts = Path(configured).parts
-    if run_dir.parts[-len(parts):] != parts:
+    if run_dir.parts[-len(parts) :] != parts:
         return None
-    return Path(*run_dir.parts[:-len(parts)])
+    return Path(*run_dir.parts[: -len(parts)])
 
 
 def _model(run: Run, given: Path) -> tuple[str, str]:
@@ -101,8 +105,10 @@ def _model(run: Run, given: Path) -> tuple[str, str]:
     if given != run.directory:
         if is_model_dir(given / "huggingface"):
             return str(given / "huggingface"), "its huggingface/"
-        raise RunError(f"{given} holds no model: pass the run directory {run.directory}, a global_step_N checkpoint "
-                       "or a model directory (config.json) inside it")
+        raise RunError(
+            f"{given} holds no model: pass the run directory {run.directory}, a global_step_N checkpoint "
+            "or a model directory (config.json) inside it"
+        )
     if is_model_dir(run.directory / "huggingface"):
         return str(run.directory / "huggingface"), "the run's final model"
     from agentgym.trainer.checkpoint import CheckpointError, latest_checkpoint
@@ -112,9 +118,11 @@ def _model(run: Run, given: Path) -> tuple[str, str]:
     except CheckpointError as exc:
         raise RunError(str(exc)) from None
     if latest is None:
-        raise RunError(f"the run {run.directory} has no final model (huggingface/: the run did not finish, or "
-                       "trainer.save_hf_model=false) and no checkpoint: train it to the end, or pass a model with "
-                       "--model")
+        raise RunError(
+            f"the run {run.directory} has no final model (huggingface/: the run did not finish, or "
+            "trainer.save_hf_model=false) and no checkpoint: train it to the end, or pass a model with "
+            "--model"
+        )
     return checkpoint_model(run, latest), f"its latest checkpoint {latest.name} (no final model)"
 
 
@@ -126,8 +134,10 @@ def checkpoint_model(run: Run, step_dir: Path) -> str:
         return str(actor / "huggingface")
     weights = actor / "model.pt"
     if not weights.is_file():
-        raise RunError(f"checkpoint {step_dir} holds no actor weights (actor/model.pt): its "
-                       "actor.checkpoint.save_contents had no 'model'; pass another checkpoint")
+        raise RunError(
+            f"checkpoint {step_dir} holds no actor weights (actor/model.pt): its "
+            "actor.checkpoint.save_contents had no 'model'; pass another checkpoint"
+        )
     target = Path(tempfile.mkdtemp(prefix=f"agentgym-{step_dir.name}-"))
     atexit.register(shutil.rmtree, target, True)
     export_checkpoint(weights, run.cfg, target, run.path(str(run.cfg.actor_rollout_ref.model.path)))
@@ -151,7 +161,9 @@ def export_checkpoint(weights: Path, cfg: DictConfig, target: Path, start_model:
     else:
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if k != "lm_head.weight"]:  # a tied head is not saved twice
-            raise RunError(f"{weights} does not fit the run's start model {start_model} (missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]})")
+            raise RunError(
+                f"{weights} does not fit the run's start model {start_model} (missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]})"
+            )
     model.save_pretrained(target)
     load_tokenizer(start_model).save_pretrained(target)

@@ -41,8 +41,9 @@ from agentgym.types import Trajectory
 log = logging.getLogger("agentgym.trainer")
 
 
-def load_sft_config(config_file: str | None = None, overrides: Sequence[str] = (),
-                    directory: str | None = None, warn: bool = True) -> DictConfig:
+def load_sft_config(
+    config_file: str | None = None, overrides: Sequence[str] = (), directory: str | None = None, warn: bool = True
+) -> DictConfig:
     """``configs/sft.yaml`` + ``config_file`` + overrides, checked; veRL's ``sft_trainer.yaml`` keys that
     agentgym lacks are understood through ``agentgym.compat.verl_sft`` (each no-effect key warned about)."""
     from agentgym.compat.verl_sft import sft_key_policy
@@ -62,28 +63,40 @@ def load_sft_config(config_file: str | None = None, overrides: Sequence[str] = (
         from agentgym.preflight import cuda_devices
 
         if cuda_devices() == 0:
-            raise ConfigError("trainer.device=cuda but this machine has no CUDA device (torch.cuda.is_available() is "
-                              "False); set trainer.device=auto (the GPU when there is one, else the CPU) or cpu")
+            raise ConfigError(
+                "trainer.device=cuda but this machine has no CUDA device (torch.cuda.is_available() is "
+                "False); set trainer.device=auto (the GPU when there is one, else the CPU) or cpu"
+            )
     from agentgym.preflight import _importable
 
-    missing = [f"{why}: pip install {package}" for package, why in (
-        ("peft", f"model.lora_rank={cfg.model.lora_rank}") if int(cfg.model.lora_rank or 0) > 0 else (None, ""),
-        ("wandb", "trainer.logger has wandb") if "wandb" in cfg.trainer.logger else (None, ""),
-        ("tensorboard", "trainer.logger has tensorboard") if "tensorboard" in cfg.trainer.logger else (None, ""),
-    ) if package and not _importable(package)]
+    missing = [
+        f"{why}: pip install {package}"
+        for package, why in (
+            ("peft", f"model.lora_rank={cfg.model.lora_rank}") if int(cfg.model.lora_rank or 0) > 0 else (None, ""),
+            ("wandb", "trainer.logger has wandb") if "wandb" in cfg.trainer.logger else (None, ""),
+            ("tensorboard", "trainer.logger has tensorboard") if "tensorboard" in cfg.trainer.logger else (None, ""),
+        )
+        if package and not _importable(package)
+    ]
     if missing:
         raise ConfigError("the config needs packages that are not installed:\n  " + "\n  ".join(missing))
     if cfg.data.multiturn.enable:
         cfg.data.messages_key = cfg.data.multiturn.messages_key
         cfg.data.tools_key = cfg.data.multiturn.tools_key
-    choices = {"data.truncation": ("error", "skip"), "optim.lr_scheduler": ("constant", "cosine"),
-               "model.strategy": ("auto", "fsdp2", "dp"), "trainer.device": ("auto", "cpu", "cuda")}
+    choices = {
+        "data.truncation": ("error", "skip"),
+        "optim.lr_scheduler": ("constant", "cosine"),
+        "model.strategy": ("auto", "fsdp2", "dp"),
+        "trainer.device": ("auto", "cpu", "cuda"),
+    }
     for key, allowed in choices.items():
         if OmegaConf.select(cfg, key) not in allowed:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r} is not one of {', '.join(allowed)}")
     if not cfg.data.train_files:
-        raise ConfigError("no data to train on: pass data.train_files=<.jsonl/.parquet of chat messages> "
-                          "(demonstrations: agentgym demos --env ENV -o demos.jsonl)")
+        raise ConfigError(
+            "no data to train on: pass data.train_files=<.jsonl/.parquet of chat messages> "
+            "(demonstrations: agentgym demos --env ENV -o demos.jsonl)"
+        )
     world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     if world > 1 and not cfg.trainer.use_ray:
         raise ConfigError(f"{world} ranks need trainer.use_ray=true (without Ray, SFT runs one rank in this process)")
@@ -100,20 +113,34 @@ def worker_config(cfg: DictConfig) -> dict[str, Any]:
     optim = cfg.optim
     micro = int(cfg.data.micro_batch_size_per_gpu)
     return {
-        "trainer": {key: OmegaConf.select(cfg, f"trainer.{key}") for key in
-                    ("device", "seed", "cpu_threads_per_worker", "nnodes", "n_gpus_per_node")},
+        "trainer": {
+            key: OmegaConf.select(cfg, f"trainer.{key}")
+            for key in ("device", "seed", "cpu_threads_per_worker", "nnodes", "n_gpus_per_node")
+        },
         "actor_rollout_ref": {
-            "model": {"path": str(cfg.model.partial_pretrain), "dtype": str(cfg.model.dtype),
-                      "enable_gradient_checkpointing": bool(cfg.model.enable_gradient_checkpointing),
-                      "lora_rank": int(cfg.model.lora_rank), "lora_alpha": float(cfg.model.lora_alpha),
-                      "target_modules": OmegaConf.to_container(cfg.model.target_modules)
-                      if OmegaConf.is_config(cfg.model.target_modules) else cfg.model.target_modules,
-                      "lora_export_merged": True},  # RL continues from a whole model
+            "model": {
+                "path": str(cfg.model.partial_pretrain),
+                "dtype": str(cfg.model.dtype),
+                "enable_gradient_checkpointing": bool(cfg.model.enable_gradient_checkpointing),
+                "lora_rank": int(cfg.model.lora_rank),
+                "lora_alpha": float(cfg.model.lora_alpha),
+                "target_modules": OmegaConf.to_container(cfg.model.target_modules)
+                if OmegaConf.is_config(cfg.model.target_modules)
+                else cfg.model.target_modules,
+                "lora_export_merged": True,
+            },  # RL continues from a whole model
             "actor": {
                 "strategy": str(cfg.model.strategy),
-                "optim": {"lr": float(optim.lr), "betas": list(optim.betas), "weight_decay": float(optim.weight_decay),
-                          "eps": 1e-8, "lr_warmup_steps": -1, "lr_warmup_steps_ratio": float(optim.warmup_steps_ratio),
-                          "warmup_style": str(optim.lr_scheduler), "min_lr_ratio": float(optim.min_lr_ratio)},
+                "optim": {
+                    "lr": float(optim.lr),
+                    "betas": list(optim.betas),
+                    "weight_decay": float(optim.weight_decay),
+                    "eps": 1e-8,
+                    "lr_warmup_steps": -1,
+                    "lr_warmup_steps_ratio": float(optim.warmup_steps_ratio),
+                    "warmup_style": str(optim.lr_scheduler),
+                    "min_lr_ratio": float(optim.min_lr_ratio),
+                },
                 "ppo_micro_batch_size_per_gpu": micro,
                 "log_prob_micro_batch_size_per_gpu": micro,
                 "grad_clip": float(optim.clip_grad),
@@ -139,29 +166,43 @@ class SFTTrainer:
         try:
             tokenizer = load_tokenizer(path)
         except ValueError as exc:  # no chat template
-            raise SFTDataError(f"{exc}. Give the model a tokenizer with a chat_template (tokenizer_config.json), "
-                               f"or start from one that has it (model.partial_pretrain=tiny works offline)") from None
+            raise SFTDataError(
+                f"{exc}. Give the model a tokenizer with a chat_template (tokenizer_config.json), "
+                f"or start from one that has it (model.partial_pretrain=tiny works offline)"
+            ) from None
         template_kwargs = OmegaConf.to_container(cfg.data.apply_chat_template_kwargs) or None
         self.chat = ChatTokenizer(tokenizer, template_kwargs=template_kwargs)
-        self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                                else tokenizer.eos_token_id or 0)
+        self.pad_token_id = int(
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0
+        )
         data = cfg.data
-        common = {"messages_key": data.messages_key, "prompt_key": data.prompt_key, "response_key": data.response_key,
-                  "prompt_dict_keys": _files(data.prompt_dict_keys), "response_dict_keys": _files(data.response_dict_keys),
-                  "tools_key_name": data.tools_key, "max_length": int(data.max_length),
-                  "truncation": str(data.truncation), "expect_env": data.env}
-        self.train_set, self.skipped = load_sft_trajectories(_files(data.train_files), self.chat,
-                                                             max_samples=int(data.train_max_samples), **common)
+        common = {
+            "messages_key": data.messages_key,
+            "prompt_key": data.prompt_key,
+            "response_key": data.response_key,
+            "prompt_dict_keys": _files(data.prompt_dict_keys),
+            "response_dict_keys": _files(data.response_dict_keys),
+            "tools_key_name": data.tools_key,
+            "max_length": int(data.max_length),
+            "truncation": str(data.truncation),
+            "expect_env": data.env,
+        }
+        self.train_set, self.skipped = load_sft_trajectories(
+            _files(data.train_files), self.chat, max_samples=int(data.train_max_samples), **common
+        )
         self.val_set: list[Trajectory] = []
         if data.val_files:
-            self.val_set, _ = load_sft_trajectories(_files(data.val_files), self.chat,
-                                                    max_samples=int(data.val_max_samples), **common)
+            self.val_set, _ = load_sft_trajectories(
+                _files(data.val_files), self.chat, max_samples=int(data.val_max_samples), **common
+            )
             if data.val_batch_size:
                 self.val_set = self.val_set[: int(data.val_batch_size)]
         self.batch_size = int(data.train_batch_size)
         if len(self.train_set) < self.batch_size:
-            raise SFTDataError(f"{len(self.train_set)} conversations, fewer than data.train_batch_size="
-                               f"{self.batch_size}; lower it or give more data")
+            raise SFTDataError(
+                f"{len(self.train_set)} conversations, fewer than data.train_batch_size="
+                f"{self.batch_size}; lower it or give more data"
+            )
         self.steps_per_epoch = len(self.train_set) // self.batch_size
         steps = cfg.trainer.total_training_steps
         self.total_steps = int(steps) if steps is not None else self.steps_per_epoch * int(cfg.trainer.total_epochs)
@@ -196,10 +237,12 @@ class SFTTrainer:
             return {}
         nll = tokens = 0.0
         for start in range(0, len(self.val_set), self.batch_size):
-            batch, _ = build_batch(self.val_set[start:start + self.batch_size], self.pad_token_id)
+            batch, _ = build_batch(self.val_set[start : start + self.batch_size], self.pad_token_id)
             batch, _ = pad_for_workers(batch, self.world_size, [1])
-            shards = [list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
-                      for r in range(self.world_size)]
+            shards = [
+                list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
+                for r in range(self.world_size)
+            ]
             for out in self.actor.call("sft_loss", self.actor.put(batch.tensors), per_rank=[(s,) for s in shards]):
                 nll += out["nll"]
                 tokens += out["tokens"]
@@ -218,11 +261,23 @@ class SFTTrainer:
             state = checkpoint.load_trainer_state(resumed)
             self.actor.call("load_checkpoint", str(resumed))
             self.global_step = int(state["global_step"])
-        tracking = Tracking(list(cfg.logger) if "jsonl" in cfg.logger else [*cfg.logger, "jsonl"], self.run_dir,
-                            str(cfg.project_name), str(cfg.experiment_name), OmegaConf.to_container(self.cfg))
+        tracking = Tracking(
+            list(cfg.logger) if "jsonl" in cfg.logger else [*cfg.logger, "jsonl"],
+            self.run_dir,
+            str(cfg.project_name),
+            str(cfg.experiment_name),
+            OmegaConf.to_container(self.cfg),
+        )
         test_freq, save_freq = int(cfg.test_freq), int(cfg.save_freq)
-        bar = progress_bar(total=self.total_steps, initial=self.global_step, desc="sft", unit="step",
-                           dynamic_ncols=True, disable=not self.show_progress, file=sys.stderr)
+        bar = progress_bar(
+            total=self.total_steps,
+            initial=self.global_step,
+            desc="sft",
+            unit="step",
+            dynamic_ncols=True,
+            disable=not self.show_progress,
+            file=sys.stderr,
+        )
         started = time.perf_counter()
         last: dict[str, float] = {}
         last_val: dict[str, float] = {}
@@ -230,8 +285,9 @@ class SFTTrainer:
             epoch = self.global_step // self.steps_per_epoch
             while self.global_step < self.total_steps:
                 skip = self.global_step - epoch * self.steps_per_epoch  # batches of this epoch already trained
-                for k, trajectories in enumerate(iter_batches(self.train_set, self.batch_size, int(cfg.seed), epoch,
-                                                              bool(self.cfg.data.shuffle))):
+                for k, trajectories in enumerate(
+                    iter_batches(self.train_set, self.batch_size, int(cfg.seed), epoch, bool(self.cfg.data.shuffle))
+                ):
                     if k < skip:
                         continue
                     if self.global_step >= self.total_steps:
@@ -240,8 +296,13 @@ class SFTTrainer:
                     metrics = self.step(trajectories)
                     self.global_step += 1
                     seconds = time.perf_counter() - step_started
-                    metrics.update({"timing_s/step": seconds, "sft/epoch": float(epoch),
-                                    "perf/tokens_per_s": metrics["perf/update_tokens"] / max(seconds, 1e-9)})
+                    metrics.update(
+                        {
+                            "timing_s/step": seconds,
+                            "sft/epoch": float(epoch),
+                            "perf/tokens_per_s": metrics["perf/update_tokens"] / max(seconds, 1e-9),
+                        }
+                    )
                     final = self.global_step == self.total_steps
                     if (test_freq > 0 and self.global_step % test_freq == 0) or final:
                         last_val = self.validate() or last_val
@@ -261,9 +322,17 @@ class SFTTrainer:
             hf_dir = self.run_dir / "huggingface"
             self.actor.call("save_hf", str(hf_dir))
         curves = _curves(self.run_dir)
-        return {"steps": self.global_step, "seconds": time.perf_counter() - started, "metrics": last,
-                "val_metrics": last_val, "run_dir": str(self.run_dir), "hf_model": str(hf_dir) if hf_dir else None,
-                "conversations": len(self.train_set), "skipped_too_long": self.skipped, "curves": curves}
+        return {
+            "steps": self.global_step,
+            "seconds": time.perf_counter() - started,
+            "metrics": last,
+            "val_metrics": last_val,
+            "run_dir": str(self.run_dir),
+            "hf_model": str(hf_dir) if hf_dir else None,
+            "conversations": len(self.train_set),
+            "skipped_too_long": self.skipped,
+            "curves": curves,
+        }
 
     def save_checkpoint(self) -> None:
         directory = checkpoint.step_dir(self.run_dir, self.global_step)
@@ -323,9 +392,12 @@ def sft_command(args: argparse.Namespace) -> int:
         print(f"agentgym sft: {exc}", file=sys.stderr)
         return 2
     world = trainer.world_size
-    print(f"agentgym sft: {len(trainer.train_set)} conversations ({trainer.skipped} too long, left out) | model "
-          f"{cfg.model.partial_pretrain} | {trainer.total_steps} steps of {trainer.batch_size} "
-          f"({trainer.steps_per_epoch} per epoch) | {world} rank(s) | run dir {trainer.run_dir}", flush=True)
+    print(
+        f"agentgym sft: {len(trainer.train_set)} conversations ({trainer.skipped} too long, left out) | model "
+        f"{cfg.model.partial_pretrain} | {trainer.total_steps} steps of {trainer.batch_size} "
+        f"({trainer.steps_per_epoch} per epoch) | {world} rank(s) | run dir {trainer.run_dir}",
+        flush=True,
+    )
     try:
         summary = trainer.fit()
     finally:
@@ -338,8 +410,10 @@ def sft_command(args: argparse.Namespace) -> int:
         line += f" | val loss {summary['val_metrics']['val/sft/loss']:.4f}"
     print(line)
     if summary["hf_model"]:
-        print(f"  final model: {summary['hf_model']}\n  continue with RL: agentgym train --env ENV "
-              f"actor_rollout_ref.model.path={summary['hf_model']}")
+        print(
+            f"  final model: {summary['hf_model']}\n  continue with RL: agentgym train --env ENV "
+            f"actor_rollout_ref.model.path={summary['hf_model']}"
+        )
     if summary["curves"]:
         print(f"  curves:      {summary['curves']}")
     if metrics and not math.isfinite(metrics["sft/loss"]):

@@ -40,8 +40,10 @@ def read_rows(files: str | Sequence[str]) -> list[dict[str, Any]]:
         elif p.is_file():
             paths.append(p)
         else:
-            raise SFTDataError(f"no data at {p}: pass data.train_files=<.jsonl/.parquet file or directory> "
-                               f"(e.g. written by `agentgym demos --env sokoban -o demos.jsonl`)")
+            raise SFTDataError(
+                f"no data at {p}: pass data.train_files=<.jsonl/.parquet file or directory> "
+                f"(e.g. written by `agentgym demos --env sokoban -o demos.jsonl`)"
+            )
     rows: list[dict[str, Any]] = []
     for p in paths:
         if p.suffix == ".parquet":
@@ -67,16 +69,23 @@ def read_rows(files: str | Sequence[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def conversation(row: dict[str, Any], messages_key: str | None = "messages", prompt_key: str | None = None,
-                 response_key: str | None = None, prompt_dict_keys: Sequence[str] | None = None,
-                 response_dict_keys: Sequence[str] | None = None) -> list[Message]:
+def conversation(
+    row: dict[str, Any],
+    messages_key: str | None = "messages",
+    prompt_key: str | None = None,
+    response_key: str | None = None,
+    prompt_dict_keys: Sequence[str] | None = None,
+    response_dict_keys: Sequence[str] | None = None,
+) -> list[Message]:
     """The row's messages: ``row[messages_key]``, or a prompt and a response (veRL's SFT keys; a column
     holding a mapping is read at ``prompt_dict_keys`` / ``response_dict_keys``)."""
     where = row.get("_where", "a row")
     if prompt_key or response_key:
         if not (prompt_key and response_key) or prompt_key not in row or response_key not in row:
-            raise SFTDataError(f"{where}: data.prompt_key and data.response_key must both name columns of the "
-                               f"row (it has {sorted(k for k in row if k != '_where')})")
+            raise SFTDataError(
+                f"{where}: data.prompt_key and data.response_key must both name columns of the "
+                f"row (it has {sorted(k for k in row if k != '_where')})"
+            )
         prompt = _field(row, prompt_key, prompt_dict_keys, "prompt", where)
         response = _field(row, response_key, response_dict_keys, "response", where)
         if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
@@ -84,8 +93,9 @@ def conversation(row: dict[str, Any], messages_key: str | None = "messages", pro
         elif isinstance(prompt, str):
             messages = [{"role": "user", "content": prompt}]
         else:
-            raise SFTDataError(_not_text(where, "prompt", prompt_key, prompt_dict_keys, prompt, "or a list of chat "
-                                                                                              "messages"))
+            raise SFTDataError(
+                _not_text(where, "prompt", prompt_key, prompt_dict_keys, prompt, "or a list of chat messages")
+            )
         if not isinstance(response, str):
             raise SFTDataError(_not_text(where, "response", response_key, response_dict_keys, response, ""))
         return messages + [{"role": "assistant", "content": response}]
@@ -94,9 +104,11 @@ def conversation(row: dict[str, Any], messages_key: str | None = "messages", pro
         with contextlib.suppress(ValueError):
             messages = json.loads(messages)
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-        raise SFTDataError(f"{where}: data.messages_key={messages_key!r} must hold a list of chat messages; set "
-                           f"data.messages_key, or data.prompt_key and data.response_key "
-                           f"(the row has {sorted(k for k in row if k != '_where')})")
+        raise SFTDataError(
+            f"{where}: data.messages_key={messages_key!r} must hold a list of chat messages; set "
+            f"data.messages_key, or data.prompt_key and data.response_key "
+            f"(the row has {sorted(k for k in row if k != '_where')})"
+        )
     return messages
 
 
@@ -119,21 +131,32 @@ def _not_text(where: str, which: str, key: str, dict_keys: Sequence[str] | None,
     """The refusal of a prompt or response column that does not hold text: it is never stringified."""
     path = ".".join([key, *list(dict_keys or ())])
     if isinstance(value, dict):
-        hint = (f"; pick the text inside it with data.{which}_dict_keys=[{next(iter(value), 'KEY')}] "
-                f"(its keys: {', '.join(map(str, value))})")
+        hint = (
+            f"; pick the text inside it with data.{which}_dict_keys=[{next(iter(value), 'KEY')}] "
+            f"(its keys: {', '.join(map(str, value))})"
+        )
     else:
         hint = f"; point data.{which}_key at a column that holds text"
-    return (f"{where}: the {which} at {path} is a {type(value).__name__}, not text {also}".rstrip()
-            + f" (agentgym never trains on str() of it){hint}")
+    return (
+        f"{where}: the {which} at {path} is a {type(value).__name__}, not text {also}".rstrip()
+        + f" (agentgym never trains on str() of it){hint}"
+    )
 
 
-def to_trajectory(messages: Sequence[Message], chat: ChatTokenizer, tools: Sequence[dict[str, Any]] | None = None,
-                  where: str = "a row", group_id: str = "") -> Trajectory:
+def to_trajectory(
+    messages: Sequence[Message],
+    chat: ChatTokenizer,
+    tools: Sequence[dict[str, Any]] | None = None,
+    where: str = "a row",
+    group_id: str = "",
+) -> Trajectory:
     """One conversation as a trajectory whose loss mask is 1 exactly on the assistant tokens."""
     first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
     if first is None:
-        raise SFTDataError(f"{where}: the conversation has no assistant message, so nothing to learn from; "
-                           f"every row needs at least one reply")
+        raise SFTDataError(
+            f"{where}: the conversation has no assistant message, so nothing to learn from; "
+            f"every row needs at least one reply"
+        )
     if first == 0:
         raise SFTDataError(f"{where}: the conversation starts with an assistant message; it needs a prompt first")
     tkey = tools_key(tools)
@@ -148,18 +171,33 @@ def to_trajectory(messages: Sequence[Message], chat: ChatTokenizer, tools: Seque
             delta = chat.delta_ids(pending, tools, traj.turns[-1].response_ids[-1], tkey=tkey)
             pending = []
         ids = chat.assistant_ids(message, tools)
-        traj.turns.append(Turn(prompt_ids=list(delta), response_ids=ids, logprobs=[0.0] * len(ids),
-                               observation=[], response_text=chat.decode(ids)))
+        traj.turns.append(
+            Turn(
+                prompt_ids=list(delta),
+                response_ids=ids,
+                logprobs=[0.0] * len(ids),
+                observation=[],
+                response_text=chat.decode(ids),
+            )
+        )
     return traj
 
 
-def load_sft_trajectories(files: str | Sequence[str], chat: ChatTokenizer, *, messages_key: str | None = "messages",
-                          prompt_key: str | None = None, response_key: str | None = None,
-                          prompt_dict_keys: Sequence[str] | None = None,
-                          response_dict_keys: Sequence[str] | None = None,
-                          tools_key_name: str | None = "tools", max_length: int | None = None,
-                          truncation: str = "error", expect_env: str | None = None,
-                          max_samples: int = -1) -> tuple[list[Trajectory], int]:
+def load_sft_trajectories(
+    files: str | Sequence[str],
+    chat: ChatTokenizer,
+    *,
+    messages_key: str | None = "messages",
+    prompt_key: str | None = None,
+    response_key: str | None = None,
+    prompt_dict_keys: Sequence[str] | None = None,
+    response_dict_keys: Sequence[str] | None = None,
+    tools_key_name: str | None = "tools",
+    max_length: int | None = None,
+    truncation: str = "error",
+    expect_env: str | None = None,
+    max_samples: int = -1,
+) -> tuple[list[Trajectory], int]:
     """The data's conversations as trajectories, and how many were left out as too long
     (``truncation=error`` refuses the data instead; veRL's ``data.truncation``).
 
@@ -174,8 +212,10 @@ def load_sft_trajectories(files: str | Sequence[str], chat: ChatTokenizer, *, me
         where = str(row.get("_where", "a row"))
         env = row.get("env")
         if expect_env and env and str(env) != expect_env:
-            raise SFTDataError(f"{where}: these demonstrations are for env {env!r}, not {expect_env!r}; write "
-                               f"demos for this env with `agentgym demos --env {expect_env} -o FILE`")
+            raise SFTDataError(
+                f"{where}: these demonstrations are for env {env!r}, not {expect_env!r}; write "
+                f"demos for this env with `agentgym demos --env {expect_env} -o FILE`"
+            )
         tools = row.get(tools_key_name) if tools_key_name else None
         if isinstance(tools, str):
             tools = json.loads(tools)
@@ -184,8 +224,10 @@ def load_sft_trajectories(files: str | Sequence[str], chat: ChatTokenizer, *, me
         length = len(traj.token_ids())
         if max_length is not None and length > max_length:
             if truncation == "error":
-                raise SFTDataError(f"{where}: {length} tokens > data.max_length={max_length}; raise data.max_length "
-                                   f"or set data.truncation=skip to leave such rows out")
+                raise SFTDataError(
+                    f"{where}: {length} tokens > data.max_length={max_length}; raise data.max_length "
+                    f"or set data.truncation=skip to leave such rows out"
+                )
             too_long += 1
             continue
         out.append(traj)
@@ -194,8 +236,9 @@ def load_sft_trajectories(files: str | Sequence[str], chat: ChatTokenizer, *, me
     return out, too_long
 
 
-def iter_batches(items: Sequence[Any], batch_size: int, seed: int, epoch: int, shuffle: bool = True
-                 ) -> Iterable[list[Any]]:
+def iter_batches(
+    items: Sequence[Any], batch_size: int, seed: int, epoch: int, shuffle: bool = True
+) -> Iterable[list[Any]]:
     """``items`` in batches of ``batch_size`` (the last incomplete one dropped), order seeded per epoch."""
     import random
 
@@ -203,4 +246,4 @@ def iter_batches(items: Sequence[Any], batch_size: int, seed: int, epoch: int, s
     if shuffle:
         random.Random(seed * 1_000_003 + epoch).shuffle(order)
     for start in range(0, len(order) - batch_size + 1, batch_size):
-        yield [items[i] for i in order[start:start + batch_size]]
+        yield [items[i] for i in order[start : start + batch_size]]

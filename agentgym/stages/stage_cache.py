@@ -34,5 +34,6 @@ def is_cached(directory: Path, settings: dict[str, Any], output: Path) -> bool:
 
 def stamp(directory: Path, settings: dict[str, Any], **facts: Any) -> None:
     """Mark the stage in ``directory`` done for these settings (write after its output)."""
-    (directory / "stage.json").write_text(json.dumps({"key": settings_key(settings), "settings": settings, **facts},
-                                                      indent=1, default=str))
+    (directory / "stage.json").write_text(
+        json.dumps({"key": settings_key(settings), "settings": settings, **facts}, indent=1, default=str)
+    )

@@ -36,7 +36,6 @@ def _check_env(name: str) -> None:
         raise ConfigError(str(exc)) from None
 
 
-
 class ProgressSafeHandler(logging.Handler):
     """Writes log records to stderr above the progress bar (``tqdm.write``) instead of into it."""
 
@@ -74,11 +73,23 @@ def summary_text(summary: dict[str, Any]) -> str:
     lines = [f"done: {summary['steps']} steps in {summary['seconds']:.0f} s"]
     run, flat = summary.get("steps_run", 0), summary.get("flat_reward_steps", 0)
     if run and flat == run:
-        lines[0] += (f", but the policy learned nothing: every group got identical rewards at every step "
-                     f"({flat} of {run}), so all advantages were zero (see the warning above)")
-    keys = ("reward/mean", "outcome_reward/mean", "success_rate", "response_length/mean", "turns/mean",
-            "actor/pg_loss", "actor/entropy", "actor/grad_norm", "timing_s/step", "weight_sync/save_s",
-            "weight_sync/load_s")
+        lines[0] += (
+            f", but the policy learned nothing: every group got identical rewards at every step "
+            f"({flat} of {run}), so all advantages were zero (see the warning above)"
+        )
+    keys = (
+        "reward/mean",
+        "outcome_reward/mean",
+        "success_rate",
+        "response_length/mean",
+        "turns/mean",
+        "actor/pg_loss",
+        "actor/entropy",
+        "actor/grad_norm",
+        "timing_s/step",
+        "weight_sync/save_s",
+        "weight_sync/load_s",
+    )
     shown = [f"{k} {metrics[k]:.4g}" for k in keys if k in metrics]
     if shown:
         lines.append("  last step: " + " | ".join(shown))
@@ -89,8 +100,10 @@ def summary_text(summary: dict[str, Any]) -> str:
     if summary.get("checkpoint"):
         lines.append(f"  checkpoint:  {summary['checkpoint']} (resume: run the same command again)")
     if summary.get("hf_model"):
-        lines.append(f"  final model: {summary['hf_model']} (agentgym serve --model {summary['hf_model']}; score it "
-                     f"with the run's env settings: agentgym eval --run {summary['run_dir']})")
+        lines.append(
+            f"  final model: {summary['hf_model']} (agentgym serve --model {summary['hf_model']}; score it "
+            f"with the run's env settings: agentgym eval --run {summary['run_dir']})"
+        )
     if summary.get("curves"):
         lines.append(f"  curves:      {summary['curves']} (agentgym plot {summary['run_dir']})")
     if summary.get("lag_histogram"):
@@ -124,14 +137,23 @@ def train_command(args: argparse.Namespace) -> int:
         try:
             from agentgym.stages.config_command import resolve_command_line
 
-            line = resolve_command_line(getattr(args, "config", None), list(args.overrides or ()),
-                                        getattr(args, "config_path", None), getattr(args, "config_name", None))
+            line = resolve_command_line(
+                getattr(args, "config", None),
+                list(args.overrides or ()),
+                getattr(args, "config_path", None),
+                getattr(args, "config_name", None),
+            )
             for note in line.notes:
                 print(f"agentgym train: {note}", file=sys.stderr, flush=True)
             config_name = line.config_name or ("async_ppo_trainer" if getattr(args, "async_", False) else None)
             try:
-                cfg = load_config(env=env, config_file=line.config_file, overrides=line.overrides, agent=agent,
-                                  config_name=config_name)
+                cfg = load_config(
+                    env=env,
+                    config_file=line.config_file,
+                    overrides=line.overrides,
+                    agent=agent,
+                    config_name=config_name,
+                )
             finally:
                 line.delete()
             from agentgym.gateway.agent_flows import resolve_agent_flow
@@ -144,8 +166,10 @@ def train_command(args: argparse.Namespace) -> int:
             plan = preflight(cfg, agent)
             if agent is None:
                 if not cfg.env.name and not cfg.env.tags:
-                    raise ConfigError("no env to train on: pass --env NAME (see `agentgym envs`), data.train_files=FILE "
-                                      "(veRL rows: the env is chosen from their data_source) or --agent MODULE:FUNCTION")
+                    raise ConfigError(
+                        "no env to train on: pass --env NAME (see `agentgym envs`), data.train_files=FILE "
+                        "(veRL rows: the env is chosen from their data_source) or --agent MODULE:FUNCTION"
+                    )
                 for name in _env_names(cfg):  # before the stages, which look the env up too
                     _check_env(name)
             check_stages(cfg)
@@ -189,7 +213,9 @@ def check_stages(cfg: DictConfig) -> None:
     if cfg.held_out.enable:
         if not cfg.env.name or cfg.env.tags:
             raise ConfigError("held_out needs one env (env.name); set held_out.enable=false")
-        held_out.check_disjoint(cfg, {"RL task": held_out.rl_seed_range(cfg), "demonstration": warm_start.demo_seeds(cfg)})
+        held_out.check_disjoint(
+            cfg, {"RL task": held_out.rl_seed_range(cfg), "demonstration": warm_start.demo_seeds(cfg)}
+        )
 
 
 def run_start_stages(cfg: DictConfig) -> dict[float, Any]:
@@ -212,16 +238,21 @@ def held_out_report(cfg: DictConfig, start: dict[float, Any], summary: dict[str,
     if not summary.get("hf_model"):
         print("held-out: no final model to score (trainer.save_hf_model is off)", flush=True)
         return
-    final = {float(t): held_out.score_model(cfg, str(summary["hf_model"]), float(t), f"held-out RL T={float(t):g}")
-             for t in cfg.held_out.temperatures}  # not cached: the final model is written anew by every run
+    final = {
+        float(t): held_out.score_model(cfg, str(summary["hf_model"]), float(t), f"held-out RL T={float(t):g}")
+        for t in cfg.held_out.temperatures
+    }  # not cached: the final model is written anew by every run
     random_score = held_out.score_random(cfg) if cfg.held_out.random_policy else None
     start_label = "after SFT" if cfg.warm_start.enable else "before RL"
     rows = {start_label: start, "after RL": final}
     text = held_out.table(cfg, rows, random_score, start_label, "after RL")
     run_dir = Path(str(summary["run_dir"]))
-    held_out.save(run_dir / "held_out.json", rows, random_score,
-                  {"table": text, "start_model": str(cfg.actor_rollout_ref.model.path),
-                   "final_model": str(summary["hf_model"])})
+    held_out.save(
+        run_dir / "held_out.json",
+        rows,
+        random_score,
+        {"table": text, "start_model": str(cfg.actor_rollout_ref.model.path), "final_model": str(summary["hf_model"])},
+    )
     (run_dir / "held_out.txt").write_text(text + "\n")
     print(f"\n{text}\n  (written to {run_dir / 'held_out.txt'})", flush=True)
 
@@ -266,9 +297,13 @@ def exit_without_stuck_threads(code: int, timeout: float, before: set[threading.
     stuck = [t.name for t in started if t.is_alive()]
     if not stuck:
         return code
-    print(f"agentgym train: {len(stuck)} thread(s) still running {timeout:g} s after the run ended "
-          f"({', '.join(sorted(stuck)[:5])}): a hung env call or agent? Exiting without waiting for them "
-          "(trainer.shutdown_timeout).", file=sys.stderr, flush=True)
+    print(
+        f"agentgym train: {len(stuck)} thread(s) still running {timeout:g} s after the run ended "
+        f"({', '.join(sorted(stuck)[:5])}): a hung env call or agent? Exiting without waiting for them "
+        "(trainer.shutdown_timeout).",
+        file=sys.stderr,
+        flush=True,
+    )
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

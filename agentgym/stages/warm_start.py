@@ -55,8 +55,10 @@ def check(cfg: DictConfig) -> None:
         if not Path(str(ws.demos_file)).is_file():
             raise ConfigError(f"warm_start.demos_file={ws.demos_file} does not exist")
     elif has_expert(env_spec(str(cfg.env.name)).load()) is False:
-        raise ConfigError(f"env {cfg.env.name!r} has no expert to write demonstrations: set warm_start.enable=false "
-                          "(RL from actor_rollout_ref.model.path as it is), or give warm_start.demos_file=FILE")
+        raise ConfigError(
+            f"env {cfg.env.name!r} has no expert to write demonstrations: set warm_start.enable=false "
+            "(RL from actor_rollout_ref.model.path as it is), or give warm_start.demos_file=FILE"
+        )
     elif int(ws.demos) < 1:
         raise ConfigError(f"warm_start.demos={ws.demos}: give a positive number of expert episodes")
     try:
@@ -76,20 +78,36 @@ def write_demos_stage(cfg: DictConfig, show_progress: bool = True) -> Path:
     path = directory / "demos.jsonl"
     env_kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True) or {}
     turns = cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns
-    settings = {"env": str(cfg.env.name), "env_kwargs": env_kwargs, "n": int(ws.demos),
-                "seed": int(ws.demo_seed_start), "max_turns": turns}
+    settings = {
+        "env": str(cfg.env.name),
+        "env_kwargs": env_kwargs,
+        "n": int(ws.demos),
+        "seed": int(ws.demo_seed_start),
+        "max_turns": turns,
+    }
     if is_cached(directory, settings, path):
         print(f"warm start: demos cached ({path})", flush=True)
         return path
     directory.mkdir(parents=True, exist_ok=True)
-    stats = write_demos(str(cfg.env.name), int(ws.demos), path, seed=int(ws.demo_seed_start), env_kwargs=env_kwargs,
-                        max_turns=int(turns) if turns else None, progress=show_progress)
+    stats = write_demos(
+        str(cfg.env.name),
+        int(ws.demos),
+        path,
+        seed=int(ws.demo_seed_start),
+        env_kwargs=env_kwargs,
+        max_turns=int(turns) if turns else None,
+        progress=show_progress,
+    )
     if not stats.written:
-        raise ConfigError(f"the expert of {cfg.env.name} solved none of {stats.episodes} episodes within "
-                          f"{turns} turns: raise actor_rollout_ref.rollout.multi_turn.max_assistant_turns or the env's "
-                          "step budget (env.kwargs)")
-    print(f"warm start: {stats.written} demonstrations (expert solved {stats.solved} of {stats.episodes}) -> {path}",
-          flush=True)
+        raise ConfigError(
+            f"the expert of {cfg.env.name} solved none of {stats.episodes} episodes within "
+            f"{turns} turns: raise actor_rollout_ref.rollout.multi_turn.max_assistant_turns or the env's "
+            "step budget (env.kwargs)"
+        )
+    print(
+        f"warm start: {stats.written} demonstrations (expert solved {stats.solved} of {stats.episodes}) -> {path}",
+        flush=True,
+    )
     stamp(directory, settings, written=stats.written, solved=stats.solved)
     return path
 
@@ -100,10 +118,14 @@ def sft_config(cfg: DictConfig, demos: Path, base_model: str) -> DictConfig:
 
     overrides = OmegaConf.to_container(cfg.warm_start.sft, resolve=True) or {}
     dotted = [f"{k}={json.dumps(v)}" for k, v in _flatten(overrides).items()]
-    dotted += [f"data.train_files={json.dumps(str(demos))}", f"model.partial_pretrain={json.dumps(base_model)}",
-               f"trainer.default_local_dir={json.dumps(str(warm_start_dir(cfg) / 'sft'))}",
-               f"trainer.cpu_threads_per_worker={json.dumps(cfg.trainer.cpu_threads_per_worker)}",
-               f"trainer.seed={int(cfg.trainer.seed)}", "trainer.logger=[jsonl]"]
+    dotted += [
+        f"data.train_files={json.dumps(str(demos))}",
+        f"model.partial_pretrain={json.dumps(base_model)}",
+        f"trainer.default_local_dir={json.dumps(str(warm_start_dir(cfg) / 'sft'))}",
+        f"trainer.cpu_threads_per_worker={json.dumps(cfg.trainer.cpu_threads_per_worker)}",
+        f"trainer.seed={int(cfg.trainer.seed)}",
+        "trainer.logger=[jsonl]",
+    ]
     if not cfg.warm_start.demos_file:
         dotted.append(f"data.env={json.dumps(str(cfg.env.name))}")
     return load_sft_config(overrides=dotted)
@@ -133,8 +155,11 @@ def sft_stage(cfg: DictConfig, demos: Path, base_model: str, show_progress: bool
     if directory.exists():  # a different or an unfinished SFT: start it over
         shutil.rmtree(directory)
     trainer = SFTTrainer(sft_cfg, show_progress=show_progress)
-    print(f"warm start: SFT on {len(trainer.train_set)} demonstrations, {trainer.total_steps} steps of "
-          f"{trainer.batch_size} from {base_model}", flush=True)
+    print(
+        f"warm start: SFT on {len(trainer.train_set)} demonstrations, {trainer.total_steps} steps of "
+        f"{trainer.batch_size} from {base_model}",
+        flush=True,
+    )
     try:
         summary = trainer.fit()
     finally:

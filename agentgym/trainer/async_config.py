@@ -52,15 +52,26 @@ class AsyncSettings:
     @classmethod
     def from_cfg(cls, cfg: Any) -> AsyncSettings:
         a = cfg.async_training
-        return cls(float(a.staleness_threshold), int(a.trigger_parameter_sync_step), int(a.require_batches),
-                   bool(a.partial_rollout), bool(a.use_rollout_log_probs),
-                   None if a.max_queue_size is None else int(a.max_queue_size), bool(a.checkpoint_engine.enable),
-                   int(a.checkpoint_engine.device_buffer_size_M), int(cfg.rollout.nnodes),
-                   int(cfg.rollout.n_gpus_per_node))
+        return cls(
+            float(a.staleness_threshold),
+            int(a.trigger_parameter_sync_step),
+            int(a.require_batches),
+            bool(a.partial_rollout),
+            bool(a.use_rollout_log_probs),
+            None if a.max_queue_size is None else int(a.max_queue_size),
+            bool(a.checkpoint_engine.enable),
+            int(a.checkpoint_engine.device_buffer_size_M),
+            int(cfg.rollout.nnodes),
+            int(cfg.rollout.n_gpus_per_node),
+        )
 
     def plan(self, batch_tasks: int, total_steps: int | None) -> StalenessPlan:
-        return StalenessPlan(batch_tasks, self.trigger_parameter_sync_step, self.staleness_threshold,
-                             None if total_steps is None else total_steps * batch_tasks)
+        return StalenessPlan(
+            batch_tasks,
+            self.trigger_parameter_sync_step,
+            self.staleness_threshold,
+            None if total_steps is None else total_steps * batch_tasks,
+        )
 
 
 def is_async(cfg: Any) -> bool:
@@ -72,48 +83,65 @@ def validate_async(cfg: Any) -> None:
     that cannot run (see the module docstring)."""
     correction = cfg.algorithm.rollout_correction
     if correction.rollout_is is not None and correction.rollout_is not in ("token", "sequence"):
-        raise ConfigError(f"algorithm.rollout_correction.rollout_is={correction.rollout_is!r} is not one of "
-                          "token, sequence or null")
+        raise ConfigError(
+            f"algorithm.rollout_correction.rollout_is={correction.rollout_is!r} is not one of token, sequence or null"
+        )
     if not float(correction.rollout_is_threshold) > 0:
         raise ConfigError("algorithm.rollout_correction.rollout_is_threshold must be > 0")
     if correction.rollout_is is not None and not cfg.actor_rollout_ref.actor.use_rollout_log_probs:
         which = "async_training" if is_async(cfg) else "actor_rollout_ref.actor"
-        raise ConfigError(f"algorithm.rollout_correction.rollout_is={correction.rollout_is} weighs by the servers' "
-                          f"logprobs as the behaviour policy's: set {which}.use_rollout_log_probs=true")
+        raise ConfigError(
+            f"algorithm.rollout_correction.rollout_is={correction.rollout_is} weighs by the servers' "
+            f"logprobs as the behaviour policy's: set {which}.use_rollout_log_probs=true"
+        )
     if not is_async(cfg):
         for key, value in SYNC_VALUES.items():
             if OmegaConf.select(cfg, key) != value:
-                raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} belongs to the asynchronous trainer: run "
-                                  f"agentgym train --async (or actor_rollout_ref.hybrid_engine=false), or leave "
-                                  f"{key} at {value}")
+                raise ConfigError(
+                    f"{key}={OmegaConf.select(cfg, key)} belongs to the asynchronous trainer: run "
+                    f"agentgym train --async (or actor_rollout_ref.hybrid_engine=false), or leave "
+                    f"{key} at {value}"
+                )
         return
     if cfg.algorithm.filter_groups.enable:
-        raise ConfigError("algorithm.filter_groups (dynamic sampling) runs in the synchronous trainer only: leave it "
-                          "false with agentgym train --async")
+        raise ConfigError(
+            "algorithm.filter_groups (dynamic sampling) runs in the synchronous trainer only: leave it "
+            "false with agentgym train --async"
+        )
     a = cfg.async_training
-    ints = {"async_training.trigger_parameter_sync_step": a.trigger_parameter_sync_step,
-            "async_training.require_batches": a.require_batches,
-            "async_training.checkpoint_engine.device_buffer_size_M": a.checkpoint_engine.device_buffer_size_M,
-            "rollout.nnodes": cfg.rollout.nnodes, "rollout.n_gpus_per_node": cfg.rollout.n_gpus_per_node}
+    ints = {
+        "async_training.trigger_parameter_sync_step": a.trigger_parameter_sync_step,
+        "async_training.require_batches": a.require_batches,
+        "async_training.checkpoint_engine.device_buffer_size_M": a.checkpoint_engine.device_buffer_size_M,
+        "rollout.nnodes": cfg.rollout.nnodes,
+        "rollout.n_gpus_per_node": cfg.rollout.n_gpus_per_node,
+    }
     for key, value in ints.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     if not isinstance(a.staleness_threshold, (int, float)) or a.staleness_threshold < 0:
         raise ConfigError(f"async_training.staleness_threshold must be a number >= 0, got {a.staleness_threshold!r}")
     b = int(cfg.data.train_batch_size)
-    if a.max_queue_size is not None and (not isinstance(a.max_queue_size, int) or
-                                         a.max_queue_size < int(a.require_batches) * b):
-        raise ConfigError(f"async_training.max_queue_size={a.max_queue_size} must hold the groups the trainer takes at "
-                          f"once: at least require_batches * data.train_batch_size = {int(a.require_batches) * b} "
-                          f"(or null)")
+    if a.max_queue_size is not None and (
+        not isinstance(a.max_queue_size, int) or a.max_queue_size < int(a.require_batches) * b
+    ):
+        raise ConfigError(
+            f"async_training.max_queue_size={a.max_queue_size} must hold the groups the trainer takes at "
+            f"once: at least require_batches * data.train_batch_size = {int(a.require_batches) * b} "
+            f"(or null)"
+        )
     if bool(a.use_rollout_log_probs) != bool(cfg.actor_rollout_ref.actor.use_rollout_log_probs):
-        raise ConfigError("in the asynchronous trainer actor_rollout_ref.actor.use_rollout_log_probs follows "
-                          "async_training.use_rollout_log_probs; set that one")
+        raise ConfigError(
+            "in the asynchronous trainer actor_rollout_ref.actor.use_rollout_log_probs follows "
+            "async_training.use_rollout_log_probs; set that one"
+        )
     rollout = cfg.actor_rollout_ref.rollout
     servers = int(rollout.num_servers) * int(rollout.tensor_model_parallel_size)
     slots = int(cfg.rollout.nnodes) * int(cfg.rollout.n_gpus_per_node)
     if not rollout.server_urls and servers > slots:
-        raise ConfigError(f"actor_rollout_ref.rollout.num_servers * tensor_model_parallel_size = {servers} devices do "
-                          f"not fit the rollout pool rollout.nnodes * rollout.n_gpus_per_node = {slots}")
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.num_servers * tensor_model_parallel_size = {servers} devices do "
+            f"not fit the rollout pool rollout.nnodes * rollout.n_gpus_per_node = {slots}"
+        )
     if not cfg.trainer.use_ray and int(cfg.rollout.nnodes) != 1:
         raise ConfigError("rollout.nnodes > 1 places servers on other nodes with Ray: set trainer.use_ray=true")

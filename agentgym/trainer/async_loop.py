@@ -49,9 +49,18 @@ Push = Callable[[int, Any, bool], Awaitable[dict[str, float]]]
 class AsyncCoordinator:
     """Admission, the pool, batch choice and weight pushes of asynchronous training."""
 
-    def __init__(self, source: Any, pool: PoolClient, plan: StalenessPlan, push: Push, *,
-                 partial_rollout: bool = False, snapshot: Callable[[], Any] | None = None,
-                 max_tasks_in_flight: int = 64, version: int = 0) -> None:
+    def __init__(
+        self,
+        source: Any,
+        pool: PoolClient,
+        plan: StalenessPlan,
+        push: Push,
+        *,
+        partial_rollout: bool = False,
+        snapshot: Callable[[], Any] | None = None,
+        max_tasks_in_flight: int = 64,
+        version: int = 0,
+    ) -> None:
         self.source = source
         self.pool = pool
         self.plan = plan
@@ -99,6 +108,7 @@ class AsyncCoordinator:
 
     async def _wait(self, after: int, timeout: float = 1.0) -> None:
         """Until something changed since ``self._changes == after`` (or ``timeout`` s)."""
+
         async def until() -> None:
             while self._changes <= after:
                 self._changed.clear()
@@ -109,13 +119,17 @@ class AsyncCoordinator:
 
     def _check(self) -> None:
         if self._failure is not None:
-            raise RuntimeError(f"the rollout side of asynchronous training failed: "
-                               f"{type(self._failure).__name__}: {self._failure}") from self._failure
+            raise RuntimeError(
+                f"the rollout side of asynchronous training failed: {type(self._failure).__name__}: {self._failure}"
+            ) from self._failure
 
     # ---- the rollout side ------------------------------------------------------------------------
     def admission_open(self) -> bool:
-        return not self.closed_for and self.plan.may_admit(self.started, self.version) and \
-            len(self.in_flight) < self.max_tasks_in_flight
+        return (
+            not self.closed_for
+            and self.plan.may_admit(self.started, self.version)
+            and len(self.in_flight) < self.max_tasks_in_flight
+        )
 
     async def _produce(self) -> None:
         total = self.plan.total_tasks
@@ -289,8 +303,13 @@ class AsyncCoordinator:
             await self._drain()
             self._check()
             state_fn = getattr(self.source, "state_dict", None)
-            return {"started": self.started, "version": self.version, "queue": list(self.queue),
-                    "pool": await self.pool.state_dict(), "source": state_fn() if state_fn else None}
+            return {
+                "started": self.started,
+                "version": self.version,
+                "queue": list(self.queue),
+                "pool": await self.pool.state_dict(),
+                "source": state_fn() if state_fn else None,
+            }
         finally:
             self.closed_for.discard("checkpoint")
             self._wake()

@@ -46,8 +46,9 @@ class AsyncCollector:
         self.source = source
         self.last_metrics: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
-        self._batches: collections.deque[tuple[int, list[Trajectory], dict[str, float], list[dict[str, Any]]]] = \
+        self._batches: collections.deque[tuple[int, list[Trajectory], dict[str, float], list[dict[str, Any]]]] = (
             collections.deque()
+        )
         self.step_groups: list[dict[str, Any]] = []
         self._pending_state: dict[str, Any] | None = None
 
@@ -84,7 +85,7 @@ class AsyncCollector:
         coordinator = self.trainer.run(self.trainer.coordinator_ready())
         state = self.trainer.run(coordinator.checkpoint_state())
         for _, trajectories, _, groups in self._batches:  # taken (require_batches) but not trained yet: back
-            for info in groups:                            # into the saved pool, to be trained after a resume
+            for info in groups:  # into the saved pool, to be trained after a resume
                 mine = [t.to_dict() for t in trajectories if t.group_id == info["group_id"]]
                 state["pool"]["groups"].append({**info, "size": 1, "sessions": [mine]})
         return {"async": state}
@@ -133,8 +134,14 @@ class AsyncWeightSync:
 class AsyncPPOTrainer(PPOTrainer):
     """``PPOTrainer`` with ``hybrid_engine=false`` (see the module docstring)."""
 
-    def __init__(self, cfg: DictConfig, source: Any, servers: Any = None, pad_token_id: int | None = None,
-                 show_progress: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        source: Any,
+        servers: Any = None,
+        pad_token_id: int | None = None,
+        show_progress: bool = True,
+    ) -> None:
         self.settings = AsyncSettings.from_cfg(cfg)
         self.collector = AsyncCollector(self, source)
         self.coordinator: AsyncCoordinator | None = None
@@ -168,17 +175,21 @@ class AsyncPPOTrainer(PPOTrainer):
             rollout = self.cfg.actor_rollout_ref.rollout
             n = int(rollout.n)
             pool = DataPool(max_queue_size=s.max_queue_size, group_size=n)  # n: sessions of a group pushed
-            if self.use_ray:                                                # from outside (a gateway process)
+            if self.use_ray:  # from outside (a gateway process)
                 from agentgym.rollout.data_pool import create_pool_actor
 
                 self.pool_actor = create_pool_actor(max_queue_size=s.max_queue_size, group_size=n)
                 pool = self.pool_actor
             sync = self.weight_sync
             coordinator = AsyncCoordinator(
-                self.collector.source, PoolClient(pool), s.plan(int(self.cfg.data.train_batch_size), self.total_steps),
-                sync.push_now, partial_rollout=s.partial_rollout,
+                self.collector.source,
+                PoolClient(pool),
+                s.plan(int(self.cfg.data.train_batch_size), self.total_steps),
+                sync.push_now,
+                partial_rollout=s.partial_rollout,
                 snapshot=sync.snapshot if s.checkpoint_engine and sync.inner is not None else None,
-                max_tasks_in_flight=max(1, int(rollout.concurrency) // n))
+                max_tasks_in_flight=max(1, int(rollout.concurrency) // n),
+            )
             if self.collector._pending_state is not None:
                 await coordinator.load_state_dict(self.collector._pending_state)
                 self.collector._pending_state = None
@@ -197,8 +208,13 @@ class AsyncPPOTrainer(PPOTrainer):
         which version (a resumed run writes the steps after its checkpoint again: the last line wins)."""
         import json
 
-        record = {"step": step, "groups": [{"ticket": g.get("ticket"), "version": g.get("version"),
-                                            "task": g.get("task")} for g in self.collector.step_groups]}
+        record = {
+            "step": step,
+            "groups": [
+                {"ticket": g.get("ticket"), "version": g.get("version"), "task": g.get("task")}
+                for g in self.collector.step_groups
+            ],
+        }
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.run_dir / "async_batches.jsonl", "a") as f:
             f.write(json.dumps(record, default=str) + "\n")
@@ -209,8 +225,10 @@ class AsyncPPOTrainer(PPOTrainer):
             self.run(self.coordinator.wait_push())
             summary["lag_histogram"] = dict(sorted(self.coordinator.lag_histogram.items()))
         if self.use_ray and self.actor is not None:  # where the pools landed
-            summary["placement"] = {"trainer": self.actor.call("node_id"),
-                                    "rollout": [i["node_id"] for i in getattr(self.servers, "infos", [])]}
+            summary["placement"] = {
+                "trainer": self.actor.call("node_id"),
+                "rollout": [i["node_id"] for i in getattr(self.servers, "infos", [])],
+            }
         return summary
 
     def shutdown(self) -> None:

@@ -175,8 +175,11 @@ def add_pad_rows(batch: Batch, count: int) -> Batch:
             pad.tensors[key] = torch.zeros_like(pad.tensors[key])
     pad.tensors["valid"] = torch.zeros_like(pad.tensors["valid"])
     tensors = {k: torch.cat([batch.tensors[k], pad.tensors[k]]) for k in batch.tensors}
-    return Batch(tensors, batch.uid + [f"pad-{i}" for i in range(count)] if batch.uid else [],
-                 batch.step_keys + [[] for _ in range(count)] if batch.step_keys else [])
+    return Batch(
+        tensors,
+        batch.uid + [f"pad-{i}" for i in range(count)] if batch.uid else [],
+        batch.step_keys + [[] for _ in range(count)] if batch.step_keys else [],
+    )
 
 
 def pad_for_workers(batch: Batch, world_size: int, num_mini_batches: Sequence[int]) -> tuple[Batch, list[int]]:
@@ -256,8 +259,14 @@ def micro_batch_cost(lengths: Sequence[int], packed: bool) -> int:
     return int(sum(lengths)) if packed else int(max(lengths)) * len(lengths)
 
 
-def micro_batches(rows: Sequence[int], lengths: Sequence[int] | torch.Tensor, size: int,
-                  max_tokens: int | None = None, packed: bool = False, count: int | None = None) -> list[list[int]]:
+def micro_batches(
+    rows: Sequence[int],
+    lengths: Sequence[int] | torch.Tensor,
+    size: int,
+    max_tokens: int | None = None,
+    packed: bool = False,
+    count: int | None = None,
+) -> list[list[int]]:
     """``rows`` cut into micro-batches: ``size`` rows each in order, or with ``max_tokens`` (veRL's
     ``use_dynamic_bsz``) by token budget. ``lengths[r]``: row r's tokens (``attention_mask`` sum).
 
@@ -267,7 +276,7 @@ def micro_batches(rows: Sequence[int], lengths: Sequence[int] | torch.Tensor, si
     many (every rank of a sharded model must run the same number of passes)."""
     rows = list(rows)
     if max_tokens is None:
-        return [rows[i: i + size] for i in range(0, len(rows), max(1, size))] or [[]]
+        return [rows[i : i + size] for i in range(0, len(rows), max(1, size))] or [[]]
     length = [int(x) for x in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
     bins: list[list[int]] = []
     for row in sorted(rows, key=lambda r: -length[r]):
@@ -283,15 +292,20 @@ def micro_batches(rows: Sequence[int], lengths: Sequence[int] | torch.Tensor, si
         if len(bins[largest]) < 2:
             raise ValueError(f"cannot make {count} micro-batches of {len(rows)} rows")
         half = len(bins[largest]) // 2
-        bins[largest:largest + 1] = [bins[largest][:half], bins[largest][half:]]
+        bins[largest : largest + 1] = [bins[largest][:half], bins[largest][half:]]
     return bins
 
 
-def padding_report(rows: Sequence[int], lengths: Sequence[int] | torch.Tensor, micros: list[list[int]],
-                   packed: bool = False) -> dict[str, float]:
+def padding_report(
+    rows: Sequence[int], lengths: Sequence[int] | torch.Tensor, micros: list[list[int]], packed: bool = False
+) -> dict[str, float]:
     """Real tokens, computed tokens and the padding share of a micro-batch plan (for benchmarks and metrics)."""
     length = [int(x) for x in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
     real = sum(length[r] for r in rows)
     computed = sum(micro_batch_cost([length[r] for r in m], packed) for m in micros)
-    return {"tokens": float(real), "computed_tokens": float(computed), "micro_batches": float(len(micros)),
-            "padding_frac": (computed - real) / computed if computed else 0.0}
+    return {
+        "tokens": float(real),
+        "computed_tokens": float(computed),
+        "micro_batches": float(len(micros)),
+        "padding_frac": (computed - real) / computed if computed else 0.0,
+    }

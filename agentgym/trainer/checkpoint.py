@@ -72,18 +72,26 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
 
 def _choices(root: str | os.PathLike[str]) -> str:
     found = sorted((p for p in Path(root).glob("global_step_*") if (p / STATE_FILE).is_file()), key=step_of)
-    where = (f"Checkpoints here: {', '.join(p.name for p in found)}; resume from one with "
-             f"trainer.resume_mode=resume_path trainer.resume_from_path={found[-1]}" if found else
-             "There is no complete checkpoint here")
-    return (f"{where}, or start over with trainer.resume_mode=disable (or another trainer.default_local_dir). "
-            f"agentgym never silently restarts from step 0 over a run that has checkpoints.")
+    where = (
+        f"Checkpoints here: {', '.join(p.name for p in found)}; resume from one with "
+        f"trainer.resume_mode=resume_path trainer.resume_from_path={found[-1]}"
+        if found
+        else "There is no complete checkpoint here"
+    )
+    return (
+        f"{where}, or start over with trainer.resume_mode=disable (or another trainer.default_local_dir). "
+        f"agentgym never silently restarts from step 0 over a run that has checkpoints."
+    )
 
 
 def write_manifest(directory: str | os.PathLike[str]) -> Path:
     """``manifest.json``: the size and SHA-256 of every file in the checkpoint ``directory``."""
     directory = Path(directory)
-    files = {str(f.relative_to(directory)): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
-             for f in sorted(directory.rglob("*")) if f.is_file() and f.name != MANIFEST_FILE}
+    files = {
+        str(f.relative_to(directory)): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        for f in sorted(directory.rglob("*"))
+        if f.is_file() and f.name != MANIFEST_FILE
+    }
     target = directory / MANIFEST_FILE
     tmp = target.with_name(MANIFEST_FILE + ".tmp")
     tmp.write_text(json.dumps({"files": files}, indent=1))
@@ -96,8 +104,9 @@ def verify_manifest(directory: str | os.PathLike[str]) -> None:
     directory = Path(directory)
     manifest = directory / MANIFEST_FILE
     if not manifest.is_file():
-        log.warning("%s has no %s (written by an older agentgym): its files cannot be checked", directory,
-                    MANIFEST_FILE)
+        log.warning(
+            "%s has no %s (written by an older agentgym): its files cannot be checked", directory, MANIFEST_FILE
+        )
         return
     try:
         files = json.loads(manifest.read_text())["files"]
@@ -113,8 +122,9 @@ def verify_manifest(directory: str | os.PathLike[str]) -> None:
             problem = "does not match the SHA-256 recorded when it was saved (the file is corrupt)"
         else:
             continue
-        raise CheckpointError(f"checkpoint {directory} cannot be resumed: {name} {problem}. "
-                              f"{_choices(directory.parent)}")
+        raise CheckpointError(
+            f"checkpoint {directory} cannot be resumed: {name} {problem}. {_choices(directory.parent)}"
+        )
 
 
 def _sha256(path: Path) -> str:
@@ -131,8 +141,9 @@ def resume_dir(root: str | os.PathLike[str], mode: str, path: str | None = None)
             raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
         target = Path(path)
         if not (target / STATE_FILE).is_file():
-            raise FileNotFoundError(f"trainer.resume_from_path={path} holds no {STATE_FILE}; "
-                                    "point it at a global_step_N directory")
+            raise FileNotFoundError(
+                f"trainer.resume_from_path={path} holds no {STATE_FILE}; point it at a global_step_N directory"
+            )
         verify_manifest(target)
         return target
     return latest_checkpoint(root)

@@ -83,8 +83,15 @@ def compose_training(
     config_name: str | None = None,
 ) -> Composition:
     """``load_config`` without the warnings: the composition (which keys the user set) resolved and validated."""
-    composition = compose(env, config_file, overrides, directory, env_group="agent" if agent and env is None else None,
-                          key_policy=verl_key_policy, config_name=config_name)
+    composition = compose(
+        env,
+        config_file,
+        overrides,
+        directory,
+        env_group="agent" if agent and env is None else None,
+        key_policy=verl_key_policy,
+        config_name=config_name,
+    )
     for key, theirs, ours, why in verl_values(lambda k: OmegaConf.select(composition.cfg, k)):
         OmegaConf.update(composition.cfg, key, ours, merge=False)
         composition.notes.append(f"{key}={theirs}: {why} ({key}={ours})")
@@ -92,8 +99,10 @@ def compose_training(
         if OmegaConf.select(composition.cfg, key) is None:
             default = _train_default(key, directory)
             OmegaConf.update(composition.cfg, key, default, merge=False)
-            composition.notes.append(f"{key}=null (veRL leaves it for the launch script to set): agentgym's default "
-                                     f"{default} ({MEMORY_ONLY})")
+            composition.notes.append(
+                f"{key}=null (veRL leaves it for the launch script to set): agentgym's default "
+                f"{default} ({MEMORY_ONLY})"
+            )
     resolve(composition.cfg, agent=agent)
     validate(composition.cfg)
     return composition
@@ -127,8 +136,13 @@ def resolve(cfg: DictConfig, agent: str | None = None) -> DictConfig:
         critic.enable = cfg.algorithm.adv_estimator == "gae"
     if critic.model.path is None:
         critic.model.path = cfg.actor_rollout_ref.model.path
-    for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "loss_agg_mode",
-                "use_dynamic_bsz"):
+    for key in (
+        "ppo_mini_batch_size",
+        "ppo_micro_batch_size_per_gpu",
+        "ppo_epochs",
+        "loss_agg_mode",
+        "use_dynamic_bsz",
+    ):
         if critic[key] is None:
             critic[key] = actor[key]
     for optim in (actor.optim, critic.optim):
@@ -187,9 +201,11 @@ def check_kl_estimator(key: str, value: str) -> None:
     than at the first update."""
     base = value[:-1] if value.endswith("+") else value
     if base == "full":
-        raise ConfigError(f"{key}={value!r}: the exact KL needs every vocabulary token's log-prob, which the "
-                          f"trainer does not keep (veRL does not implement it either); use low_var_kl (k3), kl (k1) "
-                          f"or mse (k2)")
+        raise ConfigError(
+            f"{key}={value!r}: the exact KL needs every vocabulary token's log-prob, which the "
+            f"trainer does not keep (veRL does not implement it either); use low_var_kl (k3), kl (k1) "
+            f"or mse (k2)"
+        )
     if base not in algos.KL_PENALTY_TYPES:
         raise _choice_error(key, value, [k for k in algos.KL_PENALTY_TYPES if k != "full"])
 
@@ -214,8 +230,10 @@ def validate(cfg: DictConfig) -> None:
                     raise _choice_error(f"{section}.checkpoint.{which} item", item, CHECKPOINT_CONTENTS)
     check_reward_sources(cfg)
     if cfg.reward_model.enable and cfg.judge.enable and cfg.judge.combine == "replace":
-        raise ConfigError("reward_model.enable=true and judge.enable=true with judge.combine=replace: the judge's "
-                          "score would replace the reward model's. Use one of the two, or judge.combine=add to sum them")
+        raise ConfigError(
+            "reward_model.enable=true and judge.enable=true with judge.combine=replace: the judge's "
+            "score would replace the reward model's. Use one of the two, or judge.combine=add to sum them"
+        )
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir>/global_step_N")
     if not cfg.trainer.use_ray and world_size(cfg) != 1:
@@ -240,13 +258,23 @@ def validate(cfg: DictConfig) -> None:
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     check_batch_sizes(
-        cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, actor.ppo_mini_batch_size,
-        actor.ppo_micro_batch_size_per_gpu, world_size(cfg), "actor_rollout_ref.actor", actor.use_dynamic_bsz,
+        cfg.data.train_batch_size,
+        cfg.actor_rollout_ref.rollout.n,
+        actor.ppo_mini_batch_size,
+        actor.ppo_micro_batch_size_per_gpu,
+        world_size(cfg),
+        "actor_rollout_ref.actor",
+        actor.use_dynamic_bsz,
     )
     if cfg.critic.enable:
         check_batch_sizes(
-            cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, cfg.critic.ppo_mini_batch_size,
-            cfg.critic.ppo_micro_batch_size_per_gpu, world_size(cfg), "critic", cfg.critic.use_dynamic_bsz,
+            cfg.data.train_batch_size,
+            cfg.actor_rollout_ref.rollout.n,
+            cfg.critic.ppo_mini_batch_size,
+            cfg.critic.ppo_micro_batch_size_per_gpu,
+            world_size(cfg),
+            "critic",
+            cfg.critic.use_dynamic_bsz,
         )
     for key, registry in (
         ("algorithm.adv_estimator", algos.ADV_ESTIMATOR_REGISTRY),
@@ -285,8 +313,9 @@ def check_reward_sources(cfg: DictConfig) -> None:
         settings.from_cfg(cfg)
 
 
-def check_batch_sizes(train_batch_size: int, n: int, mini: int, micro: int, workers: int, section: str,
-                      dynamic: bool = False) -> None:
+def check_batch_sizes(
+    train_batch_size: int, n: int, mini: int, micro: int, workers: int, section: str, dynamic: bool = False
+) -> None:
     """veRL's batch arithmetic: the step's ``train_batch_size * n`` trajectories split into
     mini-batches of ``ppo_mini_batch_size * n``, each split evenly over the workers, each
     worker's share into micro-batches of ``ppo_micro_batch_size_per_gpu`` (one micro-batch

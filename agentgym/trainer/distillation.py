@@ -45,8 +45,13 @@ def teacher_log_probs(trajectories: Sequence[Trajectory], batch: Batch) -> tuple
     return teacher, scored * mask
 
 
-def distill_advantages(cfg: DictConfig, batch: Batch, trajectories: Sequence[Trajectory], advantages: torch.Tensor,
-                       metrics: dict[str, float]) -> torch.Tensor:
+def distill_advantages(
+    cfg: DictConfig,
+    batch: Batch,
+    trajectories: Sequence[Trajectory],
+    advantages: torch.Tensor,
+    metrics: dict[str, float],
+) -> torch.Tensor:
     """``advantages`` with the distillation term (``distillation.kl_coef``, ``env_coef``) when
     ``distillation.enable``; unchanged otherwise. Adds ``distill/*`` to ``metrics``."""
     d = cfg.get("distillation")
@@ -54,8 +59,15 @@ def distill_advantages(cfg: DictConfig, batch: Batch, trajectories: Sequence[Tra
         return advantages
     teacher, scored = teacher_log_probs(trajectories, batch)
     clip = d.get("clip")
-    out, extra = compute_distillation_advantage(advantages, batch["rollout_log_probs"], teacher, scored,
-                                                float(d.kl_coef), float(d.env_coef), None if clip is None else float(clip))
+    out, extra = compute_distillation_advantage(
+        advantages,
+        batch["rollout_log_probs"],
+        teacher,
+        scored,
+        float(d.kl_coef),
+        float(d.env_coef),
+        None if clip is None else float(clip),
+    )
     metrics.update(extra)
     return out
 

@@ -48,8 +48,15 @@ def has_spread(group: list[Trajectory], metric: str, turn_reward_coef: float, ou
 class DynamicSamplingSource:
     """A trajectory source that keeps only groups with a score spread, sampling more rounds to fill a step."""
 
-    def __init__(self, source: Any, train_batch_size: int, metric: str = "score", max_rounds: int = 4,
-                 turn_reward_coef: float = 1.0, outcome_reward_coef: float = 1.0) -> None:
+    def __init__(
+        self,
+        source: Any,
+        train_batch_size: int,
+        metric: str = "score",
+        max_rounds: int = 4,
+        turn_reward_coef: float = 1.0,
+        outcome_reward_coef: float = 1.0,
+    ) -> None:
         self.source = source
         self.train_batch_size = int(train_batch_size)
         self.metric = metric
@@ -61,8 +68,14 @@ class DynamicSamplingSource:
     @classmethod
     def from_cfg(cls, cfg: Any, source: Any) -> DynamicSamplingSource:
         fg = cfg.algorithm.filter_groups
-        return cls(source, int(cfg.data.train_batch_size), str(fg.metric), int(fg.max_num_gen_batches),
-                   float(cfg.algorithm.turn_reward_coef), float(cfg.algorithm.outcome_reward_coef))
+        return cls(
+            source,
+            int(cfg.data.train_batch_size),
+            str(fg.metric),
+            int(fg.max_num_gen_batches),
+            float(cfg.algorithm.turn_reward_coef),
+            float(cfg.algorithm.outcome_reward_coef),
+        )
 
     def __getattr__(self, name: str) -> Any:  # validate, state_dict, steps_per_epoch, aclose, last_metrics, ...
         return getattr(self.__dict__["source"], name)

@@ -30,8 +30,9 @@ class TrainingFailed(RuntimeError):
     """The run cannot go on (its rollouts keep failing); the message says why and what to check."""
 
 
-def failed_episode_check(trajectories: Sequence[Trajectory], step: int, max_frac: float,
-                         dead_servers: Sequence[str] = ()) -> dict[str, float]:
+def failed_episode_check(
+    trajectories: Sequence[Trajectory], step: int, max_frac: float, dead_servers: Sequence[str] = ()
+) -> dict[str, float]:
     """``rollout/failed_episode_frac``; raises ``TrainingFailed`` when it is over ``max_frac``."""
     if not trajectories:
         return {}
@@ -41,12 +42,13 @@ def failed_episode_check(trajectories: Sequence[Trajectory], step: int, max_frac
         return {"rollout/failed_episode_frac": frac}
     reasons = collections.Counter(_reason(t.failure or "") for t in failed)
     reason, count = reasons.most_common(1)[0]
-    where = (f" Not answering /health: {', '.join(dead_servers)}." if dead_servers else "")
+    where = f" Not answering /health: {', '.join(dead_servers)}." if dead_servers else ""
     raise TrainingFailed(
         f"step {step}: {len(failed)} of {len(trajectories)} episodes failed, more than "
         f"trainer.max_failed_episode_frac={max_frac:g}; stopping the run.{where} Commonest failure "
         f"({count} of {len(failed)}): {reason}. Fix the cause and run the same command again to resume from "
-        f"the last checkpoint (or raise trainer.max_failed_episode_frac to tolerate more failures).")
+        f"the last checkpoint (or raise trainer.max_failed_episode_frac to tolerate more failures)."
+    )
 
 
 def _reason(failure: str) -> str:
@@ -61,14 +63,20 @@ def stale_trajectories(trajectories: Sequence[Trajectory], expected_version: int
 
 def refuse_stale(stale: Sequence[Trajectory], expected_version: int) -> str:
     """Mark ``stale`` trajectories failed (never trained on); returns a warning naming what happened."""
-    versions = sorted({turn.weight_version for t in stale for turn in t.turns if turn.weight_version < expected_version})
+    versions = sorted(
+        {turn.weight_version for t in stale for turn in t.turns if turn.weight_version < expected_version}
+    )
     for traj in stale:
         traj.status = "failed"
-        traj.failure = (f"stale: sampled by weight version {min(versions)}, the trainer is at version "
-                        f"{expected_version} (did a policy server restart?); not trained on")
-    return (f"{len(stale)} trajectories were sampled by weight version(s) {versions} although the servers were "
-            f"sent version {expected_version}: a policy server lost its weights (restarted?). They are not "
-            f"trained on, and the current weights are pushed to every server again.")
+        traj.failure = (
+            f"stale: sampled by weight version {min(versions)}, the trainer is at version "
+            f"{expected_version} (did a policy server restart?); not trained on"
+        )
+    return (
+        f"{len(stale)} trajectories were sampled by weight version(s) {versions} although the servers were "
+        f"sent version {expected_version}: a policy server lost its weights (restarted?). They are not "
+        f"trained on, and the current weights are pushed to every server again."
+    )
 
 
 async def dead_servers(client: Any) -> list[str]:

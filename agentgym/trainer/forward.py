@@ -30,8 +30,9 @@ def _response_positions(micro: Tensors) -> tuple[torch.Tensor, int, int, int]:
     return offsets, seq_len, first, resp_len
 
 
-def policy_forward(model: nn.Module, micro: Tensors, with_entropy: bool = False,
-                   entropy_grad: bool = False, packed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def policy_forward(
+    model: nn.Module, micro: Tensors, with_entropy: bool = False, entropy_grad: bool = False, packed: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each row's response tokens, ``(b, R)`` (0 past the row's end), and the
     per-token entropy when asked. Only the logits of response positions are computed
     (``logits_to_keep``), which matters with a large vocabulary. ``packed``: the rows run as one
@@ -43,8 +44,7 @@ def policy_forward(model: nn.Module, micro: Tensors, with_entropy: bool = False,
     offsets, seq_len, first, resp_len = _response_positions(micro)
     input_ids = micro["input_ids"][:, :seq_len]
     attention_mask = micro["attention_mask"][:, :seq_len]
-    out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=seq_len - first,
-                use_cache=False)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=seq_len - first, use_cache=False)
     logits = out.logits
     vocab = logits.shape[-1]
     logits = torch.gather(logits, 1, offsets.unsqueeze(-1).expand(-1, -1, vocab)).float()

@@ -53,16 +53,22 @@ def pack(micro: Tensors) -> Packed:
     return Packed(input_ids, mask.view(1, 1, total, total), position_ids, predict_at, valid)
 
 
-def packed_policy_forward(model: nn.Module, micro: Tensors, with_entropy: bool = False,
-                          entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def packed_policy_forward(
+    model: nn.Module, micro: Tensors, with_entropy: bool = False, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``forward.policy_forward`` on the packed micro-batch: each row's response log-probs ``(b, R)``
     (0 past the row's end) and entropies; logits only where a response token is predicted."""
     from agentgym.trainer import algos
 
     packed = pack(micro)
     b, width = packed.predict_at.shape
-    out = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
-                position_ids=packed.position_ids, logits_to_keep=packed.predict_at.reshape(-1), use_cache=False)
+    out = model(
+        input_ids=packed.input_ids,
+        attention_mask=packed.attention_mask,
+        position_ids=packed.position_ids,
+        logits_to_keep=packed.predict_at.reshape(-1),
+        use_cache=False,
+    )
     logits = out.logits.reshape(b, width, -1).float()
     targets = micro["responses"][:, :width]
     if targets.shape[1] < width:
@@ -83,8 +89,12 @@ def packed_policy_forward(model: nn.Module, micro: Tensors, with_entropy: bool =
 def packed_value_forward(model: nn.Module, micro: Tensors) -> torch.Tensor:
     """``forward.value_forward`` on the packed micro-batch: ``V(s_t)`` per response token, ``(b, R)``."""
     packed = pack(micro)
-    hidden = model.body(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
-                        position_ids=packed.position_ids, use_cache=False).last_hidden_state
+    hidden = model.body(
+        input_ids=packed.input_ids,
+        attention_mask=packed.attention_mask,
+        position_ids=packed.position_ids,
+        use_cache=False,
+    ).last_hidden_state
     values = model.value_head(hidden).squeeze(-1)[0].float()
     picked = values[packed.predict_at]
     return _to_width(torch.where(packed.valid, picked, torch.zeros_like(picked)), micro)

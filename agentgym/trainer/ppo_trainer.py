@@ -108,8 +108,14 @@ def init_ray(cfg: DictConfig) -> None:
 class PPOTrainer:
     """Owns the loop; the maths is in ``algos``, the model work in the worker groups."""
 
-    def __init__(self, cfg: DictConfig, source: Any, servers: Any = None, pad_token_id: int | None = None,
-                 show_progress: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        source: Any,
+        servers: Any = None,
+        pad_token_id: int | None = None,
+        show_progress: bool = True,
+    ) -> None:
         self.cfg = cfg
         self.source = source
         self.servers = servers
@@ -127,8 +133,9 @@ class PPOTrainer:
             pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.pad_token_id = int(pad_token_id or 0)
         kl = cfg.algorithm.kl_ctrl
-        self.kl_ctrl = algos.get_kl_controller(type=kl.type, kl_coef=float(kl.kl_coef),
-                                               target_kl=float(kl.target_kl), horizon=float(kl.horizon))
+        self.kl_ctrl = algos.get_kl_controller(
+            type=kl.type, kl_coef=float(kl.kl_coef), target_kl=float(kl.target_kl), horizon=float(kl.horizon)
+        )
         self.global_step = 0
         self.actor: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
@@ -223,8 +230,11 @@ class PPOTrainer:
 
         with timer("batch", timing):
             batch, skipped = build_batch(
-                trajectories, self.pad_token_id, float(cfg.algorithm.turn_reward_coef),
-                float(cfg.algorithm.outcome_reward_coef), int(cfg.data.max_prompt_length),
+                trajectories,
+                self.pad_token_id,
+                float(cfg.algorithm.turn_reward_coef),
+                float(cfg.algorithm.outcome_reward_coef),
+                int(cfg.data.max_prompt_length),
                 int(cfg.data.max_response_length),
             )
             rows = len(batch)
@@ -233,11 +243,16 @@ class PPOTrainer:
             actor_minis = max(1, rows // (int(actor_cfg.ppo_mini_batch_size) * n))
             critic_minis = max(1, rows // (int(cfg.critic.ppo_mini_batch_size) * n)) if self.critic else 1
             batch, pad_rows = pad_for_workers(batch, self.world_size, [actor_minis, critic_minis])
-            shards = [list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
-                      for r in range(self.world_size)]
+            shards = [
+                list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
+                for r in range(self.world_size)
+            ]
         if not bool(batch["valid"].any()):
-            log.warning("step %d: no trajectory in the batch can be trained on (%s); skipping the update",
-                        step, ", ".join(f"{k}: {v}" for k, v in skipped.items()))
+            log.warning(
+                "step %d: no trajectory in the batch can be trained on (%s); skipping the update",
+                step,
+                ", ".join(f"{k}: {v}" for k, v in skipped.items()),
+            )
             timing["timing_s/step"] = time.perf_counter() - step_start
             metrics.update(timing)
             metrics["batch/trainable"] = 0.0
@@ -245,8 +260,11 @@ class PPOTrainer:
         epochs = int(actor_cfg.ppo_epochs)
         on_policy_single_pass = epochs == 1 and actor_minis == 1
         correction = RolloutCorrection.from_cfg(cfg)  # decoupled PPO needs the proximal policy's log-probs
-        need_old = correction.enabled or not actor_cfg.use_rollout_log_probs and (
-            not on_policy_single_pass or cfg.algorithm.use_kl_in_reward)
+        need_old = (
+            correction.enabled
+            or not actor_cfg.use_rollout_log_probs
+            and (not on_policy_single_pass or cfg.algorithm.use_kl_in_reward)
+        )
 
         # ---- log-probs, reference, values (actor and critic groups work at the same time) ----
         shared = self.actor.put(batch.tensors)
@@ -265,8 +283,13 @@ class PPOTrainer:
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
         if correction.enabled:
             batch["rollout_is_weights"], is_metrics = rollout_is_weights(
-                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], correction.rollout_is,
-                correction.rollout_is_threshold, correction.rollout_is_batch_normalize)
+                batch["old_log_probs"],
+                batch["rollout_log_probs"],
+                batch["response_mask"],
+                correction.rollout_is,
+                correction.rollout_is_threshold,
+                correction.rollout_is_batch_normalize,
+            )
             metrics.update(is_metrics)
         if uses_reference(cfg):
             with timer("ref", timing):
@@ -284,22 +307,32 @@ class PPOTrainer:
             metrics.update(shaping_metrics)
             if cfg.algorithm.use_kl_in_reward:
                 old = batch["old_log_probs"] if "old_log_probs" in batch.tensors else batch["rollout_log_probs"]
-                rewards, kl_metrics = algos.apply_kl_penalty(rewards, old, batch["ref_log_prob"], mask,
-                                                             self.kl_ctrl, str(cfg.algorithm.kl_penalty))
+                rewards, kl_metrics = algos.apply_kl_penalty(
+                    rewards, old, batch["ref_log_prob"], mask, self.kl_ctrl, str(cfg.algorithm.kl_penalty)
+                )
                 metrics.update(kl_metrics)
             batch["token_level_rewards"] = rewards
             advantages, returns = algos.compute_advantage(
-                str(cfg.algorithm.adv_estimator), token_level_rewards=rewards, response_mask=mask,
-                values=batch.tensors.get("values"), index=np.array(batch.uid, dtype=object),
-                gamma=float(cfg.algorithm.gamma), lam=float(cfg.algorithm.lam),
+                str(cfg.algorithm.adv_estimator),
+                token_level_rewards=rewards,
+                response_mask=mask,
+                values=batch.tensors.get("values"),
+                index=np.array(batch.uid, dtype=object),
+                gamma=float(cfg.algorithm.gamma),
+                lam=float(cfg.algorithm.lam),
                 norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo),
-                turn_index=batch["turn_index"], step_keys=batch.step_keys,
-                reward_baselines=(algos.reward_baselines_of(trajectories, len(batch))
-                                  if cfg.algorithm.adv_estimator == "remax" else None),
+                turn_index=batch["turn_index"],
+                step_keys=batch.step_keys,
+                reward_baselines=(
+                    algos.reward_baselines_of(trajectories, len(batch))
+                    if cfg.algorithm.adv_estimator == "remax"
+                    else None
+                ),
                 **OmegaConf.to_container(cfg.algorithm.gigpo, resolve=True),
             )
             advantages, adv_metrics = algos.postprocess_advantages(
-                advantages, mask, bool(cfg.algorithm.whiten_advantages), cfg.algorithm.advantage_clip)
+                advantages, mask, bool(cfg.algorithm.whiten_advantages), cfg.algorithm.advantage_clip
+            )
             metrics.update(adv_metrics)
             advantages = distill_advantages(cfg, batch, trajectories, advantages, metrics)  # a teacher's, per token
             batch["advantages"] = advantages * mask
@@ -314,18 +347,38 @@ class PPOTrainer:
         scale = float(cfg.data.max_response_length)
         critic_update = None
         if self.critic is not None:
-            critic_plan = update_plan(mask, rows, pad_rows, critic_minis, int(cfg.critic.ppo_epochs),
-                                      self.world_size, bool(actor_cfg.shuffle), plan_seed,
-                                      str(cfg.critic.loss_agg_mode), scale)
+            critic_plan = update_plan(
+                mask,
+                rows,
+                pad_rows,
+                critic_minis,
+                int(cfg.critic.ppo_epochs),
+                self.world_size,
+                bool(actor_cfg.shuffle),
+                plan_seed,
+                str(cfg.critic.loss_agg_mode),
+                scale,
+            )
             critic_started = time.perf_counter()
             critic_update = self.critic.call_async("update_critic", shared, per_rank=[(p,) for p in critic_plan])
-        actor_plan = update_plan(mask, rows, pad_rows, actor_minis, epochs, self.world_size,
-                                 bool(actor_cfg.shuffle), plan_seed, str(actor_cfg.loss_agg_mode), scale)
+        actor_plan = update_plan(
+            mask,
+            rows,
+            pad_rows,
+            actor_minis,
+            epochs,
+            self.world_size,
+            bool(actor_cfg.shuffle),
+            plan_seed,
+            str(actor_cfg.loss_agg_mode),
+            scale,
+        )
         actor_metrics: dict[str, float] = {}
         if step >= int(cfg.trainer.critic_warmup):  # veRL: the actor waits critic_warmup steps for the critic
             with timer("update_actor", timing):
-                actor_metrics = mean_of_dicts(self.actor.call("update_actor", shared,
-                                                            per_rank=[(p,) for p in actor_plan]))
+                actor_metrics = mean_of_dicts(
+                    self.actor.call("update_actor", shared, per_rank=[(p,) for p in actor_plan])
+                )
         update_tokens = actor_metrics.pop("perf/update_tokens", 0.0) * self.world_size
         actor_metrics.pop("perf/update_s", None)
         metrics.update(actor_metrics)
@@ -340,7 +393,7 @@ class PPOTrainer:
 
         timing["timing_s/step"] = time.perf_counter() - step_start
         metrics.update(timing)
-        total_tokens = float(batch["attention_mask"][: rows].sum())
+        total_tokens = float(batch["attention_mask"][:rows].sum())
         metrics["perf/total_tokens"] = total_tokens
         metrics["perf/throughput_tokens_per_s"] = total_tokens / timing["timing_s/step"]
         metrics["perf/update_tokens_per_s"] = update_tokens / max(timing.get("timing_s/update_actor", 0.0), 1e-9)
@@ -376,25 +429,48 @@ class PPOTrainer:
         if a.reward_norm == "running" and not hasattr(self, "reward_moments"):
             self.reward_moments = algos.RunningMoments()
         return algos.shape_rewards(
-            batch["token_level_scores"], batch["response_mask"], batch.uid, tags,
-            grouping=str(a.reward_normalization.grouping), method=str(a.reward_normalization.method),
-            reward_norm_mode=a.reward_norm, reward_shift=bool(a.reward_shift), reward_scale=bool(a.reward_scale),
-            reward_clip=a.reward_clip, running=getattr(self, "reward_moments", None), valid=batch["valid"])
+            batch["token_level_scores"],
+            batch["response_mask"],
+            batch.uid,
+            tags,
+            grouping=str(a.reward_normalization.grouping),
+            method=str(a.reward_normalization.method),
+            reward_norm_mode=a.reward_norm,
+            reward_shift=bool(a.reward_shift),
+            reward_scale=bool(a.reward_scale),
+            reward_clip=a.reward_clip,
+            running=getattr(self, "reward_moments", None),
+            valid=batch["valid"],
+        )
 
-    def check_flat_rewards(self, step: int, spread: GroupRewardSpread, advantages: torch.Tensor | None = None,
-                           mask: torch.Tensor | None = None) -> bool:
+    def check_flat_rewards(
+        self,
+        step: int,
+        spread: GroupRewardSpread,
+        advantages: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> bool:
         """Count a step whose groups all got identical rewards (so its advantages are zero), and
         warn about it the first time in a run. Returns whether the step was flat."""
         flat = advantages_vanish(spread, str(self.cfg.algorithm.adv_estimator), advantages, mask) and not distilling(
-            self.cfg)  # the teacher's advantages remain
+            self.cfg
+        )  # the teacher's advantages remain
         if flat:
             self.flat_steps += 1
             if not self.warned_flat:
                 self.warned_flat = True
                 rollout = self.cfg.actor_rollout_ref.rollout
-                log.warning("%s", flat_rewards_warning(
-                    spread, step, str(self.cfg.actor_rollout_ref.model.path), OmegaConf.select(self.cfg, "env.name"),
-                    int(rollout.n), float(rollout.temperature)))
+                log.warning(
+                    "%s",
+                    flat_rewards_warning(
+                        spread,
+                        step,
+                        str(self.cfg.actor_rollout_ref.model.path),
+                        OmegaConf.select(self.cfg, "env.name"),
+                        int(rollout.n),
+                        float(rollout.temperature),
+                    ),
+                )
         return flat
 
     def _batch_metrics(self, batch: Batch, spread: GroupRewardSpread | None = None) -> dict[str, float]:
@@ -468,7 +544,8 @@ class PPOTrainer:
                 f"the checkpoint {directory} continues RL from another start model than this run's "
                 f"({self.cfg.actor_rollout_ref.model.path}: its files differ from those the checkpoint started "
                 f"from). Start over with trainer.resume_mode=disable or another trainer.default_local_dir; to "
-                f"resume it anyway: trainer.resume_mode=resume_path trainer.resume_from_path={directory}")
+                f"resume it anyway: trainer.resume_mode=resume_path trainer.resume_from_path={directory}"
+            )
         self.actor.call("load_checkpoint", str(directory))
         if self.critic is not None:
             self.critic.call("load_checkpoint", str(directory))
@@ -506,9 +583,15 @@ class PPOTrainer:
             np.random.seed(seed)
             torch.manual_seed(seed)
         resume_step = self.global_step if resumed_from is not None else None
-        self.tracking = Tracking(list(cfg.logger), self.run_dir, str(cfg.project_name), str(cfg.experiment_name),
-                                 OmegaConf.to_container(self.cfg, resolve=True), resume_step,
-                                 getattr(self, "resumed_metrics", None))
+        self.tracking = Tracking(
+            list(cfg.logger),
+            self.run_dir,
+            str(cfg.project_name),
+            str(cfg.experiment_name),
+            OmegaConf.to_container(self.cfg, resolve=True),
+            resume_step,
+            getattr(self, "resumed_metrics", None),
+        )
         if resume_step is not None:  # steps after the checkpoint are taken again: their samples too
             truncate_jsonl(self.run_dir / "samples.jsonl", resume_step)
         test_freq, save_freq = int(cfg.test_freq), int(cfg.save_freq)
@@ -516,9 +599,12 @@ class PPOTrainer:
         if resumed_from is not None:
             print(f"resuming from {resumed_from} at step {self.global_step}", flush=True)
             if self.global_step >= self.total_steps:
-                print(f"this run already reached trainer.total_training_steps={self.total_steps}; raise it to "
-                      f"train further, or start over with trainer.resume_mode=disable (or another "
-                      f"trainer.default_local_dir)", flush=True)
+                print(
+                    f"this run already reached trainer.total_training_steps={self.total_steps}; raise it to "
+                    f"train further, or start over with trainer.resume_mode=disable (or another "
+                    f"trainer.default_local_dir)",
+                    flush=True,
+                )
         if cfg.val_before_train and self.global_step == 0:
             val = self.validate(0)
             if val:

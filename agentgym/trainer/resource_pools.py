@@ -41,8 +41,11 @@ def pool_placement_group(kind: str, nnodes: int, per_node: int, gpu: bool, timeo
     if ray.cluster_resources().get(label):
         bundle[label] = 1.0
     count = int(nnodes) * int(per_node)
-    group = placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_PACK" if nnodes == 1 else "PACK",
-                            name=f"agentgym-{kind}-pool-{os.getpid()}")
+    group = placement_group(
+        [dict(bundle) for _ in range(count)],
+        strategy="STRICT_PACK" if nnodes == 1 else "PACK",
+        name=f"agentgym-{kind}-pool-{os.getpid()}",
+    )
     try:
         ray.get(group.ready(), timeout=timeout)
     except Exception:
@@ -50,7 +53,8 @@ def pool_placement_group(kind: str, nnodes: int, per_node: int, gpu: bool, timeo
         raise RuntimeError(
             f"the {kind} pool ({count} bundles of {bundle}) cannot be placed on this Ray cluster "
             f"(resources: {ray.available_resources()}); lower {kind}.nnodes/n_gpus_per_node, or add nodes"
-            + (f" offering {label}" if label in bundle else "")) from None
+            + (f" offering {label}" if label in bundle else "")
+        ) from None
     return group
 
 
@@ -140,8 +144,11 @@ class RayRolloutServers:
         try:
             for i in range(int(rollout.num_servers)):
                 strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=i * tp)
-                self.actors.append(remote.options(num_cpus=0 if gpu else 1, num_gpus=tp if gpu else 0,
-                                                  scheduling_strategy=strategy).remote(self.backend, model, kwargs))
+                self.actors.append(
+                    remote.options(
+                        num_cpus=0 if gpu else 1, num_gpus=tp if gpu else 0, scheduling_strategy=strategy
+                    ).remote(self.backend, model, kwargs)
+                )
             self.infos = ray.get([a.info.remote() for a in self.actors])
         except BaseException:
             self.stop()

@@ -52,9 +52,14 @@ class RolloutCorrection:
         return self.rollout_is is not None
 
 
-def rollout_is_weights(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-                       level: str = "token", threshold: float = 2.0, batch_normalize: bool = False
-                       ) -> tuple[torch.Tensor, dict[str, float]]:
+def rollout_is_weights(
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str = "token",
+    threshold: float = 2.0,
+    batch_normalize: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated importance weights ``pi_old / pi_behav`` per token (0 where the mask is 0) and metrics."""
     if level not in LEVELS:
         raise ValueError(f"algorithm.rollout_correction.rollout_is must be one of {LEVELS} or null, got {level!r}")

@@ -24,8 +24,7 @@ def describe(cfg: DictConfig, steps: int | None = None) -> str:
     a = cfg.actor_rollout_ref
     if steps is None:
         steps = cfg.trainer.total_training_steps
-    length = (f"{steps} steps" if steps is not None
-              else f"{cfg.trainer.total_epochs} epoch(s) of the env's tasks")
+    length = f"{steps} steps" if steps is not None else f"{cfg.trainer.total_epochs} epoch(s) of the env's tasks"
     target = cfg.env.name if cfg.env.name else (f"envs {', '.join(cfg.env.tags)}" if cfg.env.tags else "an agent")
     return (
         f"agentgym train: {target} | model {a.model.path} | {cfg.algorithm.adv_estimator}"
@@ -43,14 +42,17 @@ def _describe_async(cfg: DictConfig) -> str:
 
     s = AsyncSettings.from_cfg(cfg)
     plan = s.plan(int(cfg.data.train_batch_size), None)
-    return (f"\n  asynchronous: push every {s.trigger_parameter_sync_step} update(s), staleness_threshold "
-            f"{s.staleness_threshold:g} -> at most {plan.budget} tasks beyond those trained, version lag <= "
-            f"{plan.max_lag}; partial_rollout {str(s.partial_rollout).lower()}; rollout pool "
-            f"{s.rollout_nnodes}x{s.rollout_n_gpus_per_node}")
+    return (
+        f"\n  asynchronous: push every {s.trigger_parameter_sync_step} update(s), staleness_threshold "
+        f"{s.staleness_threshold:g} -> at most {plan.budget} tasks beyond those trained, version lag <= "
+        f"{plan.max_lag}; partial_rollout {str(s.partial_rollout).lower()}; rollout pool "
+        f"{s.rollout_nnodes}x{s.rollout_n_gpus_per_node}"
+    )
 
 
-def train(cfg: DictConfig, source: Any = None, servers: Any = None, show_progress: bool = True,
-          prepared: bool = False) -> dict[str, Any]:
+def train(
+    cfg: DictConfig, source: Any = None, servers: Any = None, show_progress: bool = True, prepared: bool = False
+) -> dict[str, Any]:
     """Run a training config to the end; returns the trainer's summary.
 
     ``source``: a ``TrajectorySource`` (default: ``EnvRolloutSource`` over ``env.name``, or one per
@@ -128,8 +130,10 @@ def flow_source(cfg: DictConfig, servers: Any, agent: Any = None) -> Any:
 def env_source(cfg: DictConfig, client: Any) -> Any:
     """The trajectory source of an env run: one env, or several by tag (``env.tags``)."""
     if not cfg.env.name and not cfg.env.tags:
-        raise ConfigError("no env to train on: pass --env NAME (see `agentgym envs`), data.train_files=FILE "
-                          "(veRL rows), or --agent MODULE:FUNCTION")
+        raise ConfigError(
+            "no env to train on: pass --env NAME (see `agentgym envs`), data.train_files=FILE "
+            "(veRL rows), or --agent MODULE:FUNCTION"
+        )
     from agentgym.model import load_tokenizer
     from agentgym.rollout.chat import ChatTokenizer
 
@@ -168,16 +172,27 @@ def validate_only(trainer: Any) -> dict[str, Any]:
     cfg = trainer.cfg
     trainer.run_dir.mkdir(parents=True, exist_ok=True)
     val = trainer.validate(0)
-    tracking = Tracking(list(cfg.trainer.logger), trainer.run_dir, str(cfg.trainer.project_name),
-                        str(cfg.trainer.experiment_name))
+    tracking = Tracking(
+        list(cfg.trainer.logger), trainer.run_dir, str(cfg.trainer.project_name), str(cfg.trainer.experiment_name)
+    )
     try:
         tracking.log(val, 0)
     finally:
         tracking.close()
-    return {"steps": 0, "seconds": time.perf_counter() - started, "metrics": {}, "val_metrics": val,
-            "run_dir": str(trainer.run_dir), "checkpoint": None, "hf_model": None,
-            "metrics_file": str(tracking.jsonl_path) if tracking.jsonl_path else None, "tensorboard": None,
-            "samples_file": str(trainer.run_dir / "samples.jsonl"), "steps_run": 0, "flat_reward_steps": 0}
+    return {
+        "steps": 0,
+        "seconds": time.perf_counter() - started,
+        "metrics": {},
+        "val_metrics": val,
+        "run_dir": str(trainer.run_dir),
+        "checkpoint": None,
+        "hf_model": None,
+        "metrics_file": str(tracking.jsonl_path) if tracking.jsonl_path else None,
+        "tensorboard": None,
+        "samples_file": str(trainer.run_dir / "samples.jsonl"),
+        "steps_run": 0,
+        "flat_reward_steps": 0,
+    }
 
 
 def write_ray_timeline(cfg: DictConfig) -> None:

@@ -43,10 +43,10 @@ from typing import Any
 class StalenessPlan:
     """The numbers of admission control (see the module docstring)."""
 
-    batch_tasks: int                  # b
-    sync_every: int = 1               # K
+    batch_tasks: int  # b
+    sync_every: int = 1  # K
     staleness_threshold: float = 0.0  # s
-    total_tasks: int | None = None    # tasks the run trains on (steps * b); None: endless
+    total_tasks: int | None = None  # tasks the run trains on (steps * b); None: endless
 
     def __post_init__(self) -> None:
         if self.batch_tasks < 1 or self.sync_every < 1:
@@ -86,8 +86,14 @@ class Choice:
     deadline_wait: bool = False
 
 
-def select_batch(groups: Sequence[dict[str, Any]], step: int, plan: StalenessPlan, version: int, started: int,
-                 size: int | None = None) -> Choice:
+def select_batch(
+    groups: Sequence[dict[str, Any]],
+    step: int,
+    plan: StalenessPlan,
+    version: int,
+    started: int,
+    size: int | None = None,
+) -> Choice:
     """The ``size`` (default ``b``) groups update ``step`` trains on, from the pool's ``groups_info``.
 
     ``groups``: every unconsumed group (complete or running) with ``ticket`` (None: pushed from outside
@@ -134,5 +140,8 @@ def lag_stats(step: int, oldest_versions: Sequence[int | None]) -> dict[str, flo
     lags = [step - 1 - v for v in oldest_versions if v is not None]
     if not lags:
         return {}
-    return {"async/version_lag/min": float(min(lags)), "async/version_lag/mean": float(sum(lags) / len(lags)),
-            "async/version_lag/max": float(max(lags))}
+    return {
+        "async/version_lag/min": float(min(lags)),
+        "async/version_lag/mean": float(sum(lags) / len(lags)),
+        "async/version_lag/max": float(max(lags)),
+    }

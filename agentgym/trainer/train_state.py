@@ -27,8 +27,12 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -61,9 +65,17 @@ def lr_lambda(optim: dict[str, Any], total_steps: int) -> Callable[[int], float]
 class TrainState:
     """A model with its optimizer and lr schedule, and the rank-sharing strategy's plumbing."""
 
-    def __init__(self, module: nn.Module, optim: dict[str, Any], total_steps: int, strategy: str,
-                 world_size: int, device: str, fsdp_config: dict[str, Any] | None = None,
-                 layer_classes: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        optim: dict[str, Any],
+        total_steps: int,
+        strategy: str,
+        world_size: int,
+        device: str,
+        fsdp_config: dict[str, Any] | None = None,
+        layer_classes: Sequence[str] = (),
+    ) -> None:
         self.strategy = strategy
         self.world_size = world_size
         self.device = device
@@ -107,8 +119,9 @@ class TrainState:
         if self.strategy == "fsdp2":
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True,
-                                                                              cpu_offload=not on_device))
+            return get_model_state_dict(
+                self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=not on_device)
+            )
         return {k: v.detach() if on_device else v.detach().to("cpu") for k, v in self.module.state_dict().items()}
 
     def save(self, directory: Path, rank: int, contents: Sequence[str] = CONTENTS) -> None:
@@ -126,8 +139,9 @@ class TrainState:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_state = get_model_state_dict(self.module, options=options) if "model" in contents else None
-        optim_state = (get_optimizer_state_dict(self.module, self.optimizer, options=options)
-                       if "optimizer" in contents else None)
+        optim_state = (
+            get_optimizer_state_dict(self.module, self.optimizer, options=options) if "optimizer" in contents else None
+        )
         rngs = _gather_objects(rng_state(), self.world_size) if "extra" in contents else None
         if rank != 0:
             return
@@ -137,8 +151,15 @@ class TrainState:
         if optim_state is not None:
             torch.save(optim_state, directory / "optim.pt")
         if rngs is not None:
-            torch.save({"scheduler": self.scheduler.state_dict(), "rng": rngs, "strategy": self.strategy,
-                        "world_size": self.world_size}, directory / "extra.pt")
+            torch.save(
+                {
+                    "scheduler": self.scheduler.state_dict(),
+                    "rng": rngs,
+                    "strategy": self.strategy,
+                    "world_size": self.world_size,
+                },
+                directory / "extra.pt",
+            )
 
     def load(self, directory: Path, rank: int, contents: Sequence[str] = CONTENTS) -> None:
         """Read back what ``save`` wrote, whatever strategy and number of ranks wrote it (every rank
@@ -157,11 +178,13 @@ class TrainState:
                 raise FileNotFoundError(
                     f"no {parts[part].name} in {directory} (found {found}); point trainer.resume_from_path at a "
                     "global_step_N directory written by agentgym train, and load only what its "
-                    "checkpoint.save_contents held (set checkpoint.load_contents to match)")
+                    "checkpoint.save_contents held (set checkpoint.load_contents to match)"
+                )
         options = StateDictOptions(full_state_dict=True)
         if "model" in contents:
-            set_model_state_dict(self.module, torch.load(parts["model"], map_location="cpu", weights_only=False),
-                                 options=options)
+            set_model_state_dict(
+                self.module, torch.load(parts["model"], map_location="cpu", weights_only=False), options=options
+            )
         if "optimizer" in contents:
             optim_state = torch.load(parts["optimizer"], map_location="cpu", weights_only=False)
             if self.strategy == "dp" and all(isinstance(k, int) for k in optim_state.get("state", {})):

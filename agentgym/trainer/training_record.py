@@ -59,21 +59,36 @@ def training_record(cfg: DictConfig, step: int) -> dict[str, Any]:
         "agentgym_version": agentgym_version(),
         "step": int(step),
         "run_dir": str(Path(str(cfg.trainer.default_local_dir)).resolve()),
-        "env": {"name": cfg.env.name, "kwargs": kwargs, "val_kwargs": val_kwargs,
-                "eval_kwargs": {**kwargs, **val_kwargs}, "val_seed_start": int(cfg.env.val_seed_start)},
-        "rollout": {"max_assistant_turns": rollout.multi_turn.max_assistant_turns,
-                    "max_tokens_per_turn": rollout.max_tokens_per_turn, "temperature": rollout.temperature,
-                    "top_p": rollout.top_p, "top_k": rollout.top_k, "do_sample": rollout.do_sample, "n": rollout.n,
-                    "val_kwargs": _plain(rollout.val_kwargs)},
-        "data": {"max_prompt_length": int(cfg.data.max_prompt_length),
-                 "max_response_length": int(cfg.data.max_response_length),
-                 "apply_chat_template_kwargs": _plain(cfg.data.apply_chat_template_kwargs) or {}},
+        "env": {
+            "name": cfg.env.name,
+            "kwargs": kwargs,
+            "val_kwargs": val_kwargs,
+            "eval_kwargs": {**kwargs, **val_kwargs},
+            "val_seed_start": int(cfg.env.val_seed_start),
+        },
+        "rollout": {
+            "max_assistant_turns": rollout.multi_turn.max_assistant_turns,
+            "max_tokens_per_turn": rollout.max_tokens_per_turn,
+            "temperature": rollout.temperature,
+            "top_p": rollout.top_p,
+            "top_k": rollout.top_k,
+            "do_sample": rollout.do_sample,
+            "n": rollout.n,
+            "val_kwargs": _plain(rollout.val_kwargs),
+        },
+        "data": {
+            "max_prompt_length": int(cfg.data.max_prompt_length),
+            "max_response_length": int(cfg.data.max_response_length),
+            "apply_chat_template_kwargs": _plain(cfg.data.apply_chat_template_kwargs) or {},
+        },
         "model": {"start": start, "export": "full"},
     }
     if lora_rank > 0:
         record["model"].update(
-            export="lora_merged" if model.get("lora_export_merged") else "lora_adapter", base=start,
-            lora={"rank": lora_rank, "alpha": float(model.lora_alpha), "target_modules": _plain(model.target_modules)})
+            export="lora_merged" if model.get("lora_export_merged") else "lora_adapter",
+            base=start,
+            lora={"rank": lora_rank, "alpha": float(model.lora_alpha), "target_modules": _plain(model.target_modules)},
+        )
     return record
 
 

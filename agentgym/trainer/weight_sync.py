@@ -84,10 +84,12 @@ class RolloutServers:
             else:
                 from agentgym.compat.engine_args import engine_server_kwargs
 
-                kwargs.update(gpu_memory_utilization=float(rollout.gpu_memory_utilization),
-                              tensor_parallel_size=int(rollout.tensor_model_parallel_size),
-                              max_model_len=int(cfg.data.max_prompt_length + cfg.data.max_response_length),
-                              **engine_server_kwargs(cfg))
+                kwargs.update(
+                    gpu_memory_utilization=float(rollout.gpu_memory_utilization),
+                    tensor_parallel_size=int(rollout.tensor_model_parallel_size),
+                    max_model_len=int(cfg.data.max_prompt_length + cfg.data.max_response_length),
+                    **engine_server_kwargs(cfg),
+                )
                 if self.lora_name:
                     from agentgym.client.weights import VLLMWeights
 
@@ -101,8 +103,12 @@ class RolloutServers:
                 raise
             urls = [h.url for h in self.handles]
         self.urls = urls
-        self.client = PolicyClient(urls, backend=self.backend, admin_key=self.admin_key,
-                                   model=self.lora_name or (self.handles[0].model if self.handles else None))
+        self.client = PolicyClient(
+            urls,
+            backend=self.backend,
+            admin_key=self.admin_key,
+            model=self.lora_name or (self.handles[0].model if self.handles else None),
+        )
         self.bucket_mb = float(cfg.async_training.checkpoint_engine.device_buffer_size_M)
 
     def remote_urls(self) -> list[str]:
@@ -116,8 +122,9 @@ class RolloutServers:
 
         if self.backend != "embedded" or not self.handles:
             return False
-        return all(isinstance(h, EmbeddedServerHandle) or getattr(h, "backend", None) == "embedded"
-                   for h in self.handles)
+        return all(
+            isinstance(h, EmbeddedServerHandle) or getattr(h, "backend", None) == "embedded" for h in self.handles
+        )
 
     def in_process_handles(self) -> list[Any]:
         """Embedded servers running in this process (they take a state dict directly)."""
@@ -179,8 +186,10 @@ class RolloutServers:
         try:
             await asyncio.gather(*jobs)
         except (WeightUpdateError, NotImplementedError) as exc:
-            raise RuntimeError(f"{exc}; partial rollout needs servers that abort generations ({self.backend} "
-                               "servers: SGLang's /pause_generation, vLLM's /pause?mode=abort, or agentgym's)") from None
+            raise RuntimeError(
+                f"{exc}; partial rollout needs servers that abort generations ({self.backend} "
+                "servers: SGLang's /pause_generation, vLLM's /pause?mode=abort, or agentgym's)"
+            ) from None
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -195,8 +204,9 @@ class RolloutServers:
 class WeightSync:
     """Pushes the actor's weights to every rollout server with a version number."""
 
-    def __init__(self, servers: RolloutServers, actor: Any, model_path: str,
-                 directory: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, servers: RolloutServers, actor: Any, model_path: str, directory: str | os.PathLike[str] | None = None
+    ) -> None:
         from agentgym.model.weights import push_dir
 
         self.servers = servers
@@ -259,9 +269,13 @@ class WeightSync:
         done = time.perf_counter()
         self.version = version
         if hasattr(self.servers, "last_buckets"):  # servers on the rollout pool: the push went in buckets
-            return {"weight_sync/save_s": saved - started, "weight_sync/load_s": done - saved,
-                    "weight_sync/mb": size / 2**20, "weight_sync/version": float(version),
-                    "weight_sync/buckets": float(self.servers.last_buckets)}
+            return {
+                "weight_sync/save_s": saved - started,
+                "weight_sync/load_s": done - saved,
+                "weight_sync/mb": size / 2**20,
+                "weight_sync/version": float(version),
+                "weight_sync/buckets": float(self.servers.last_buckets),
+            }
         return {
             "weight_sync/save_s": saved - started,
             "weight_sync/load_s": done - saved,
@@ -286,9 +300,14 @@ class WeightSync:
         if abort:
             await self.servers.pause_abort()
         try:
-            await asyncio.gather(*(asyncio.to_thread(h.update_weights, state, version) if h in local else
-                                   asyncio.to_thread(h.weights.update_from_shared, h.url, handles, version)
-                                   for h in self.servers.handles))
+            await asyncio.gather(
+                *(
+                    asyncio.to_thread(h.update_weights, state, version)
+                    if h in local
+                    else asyncio.to_thread(h.weights.update_from_shared, h.url, handles, version)
+                    for h in self.servers.handles
+                )
+            )
         finally:
             if abort:
                 await self.servers.resume()
@@ -313,8 +332,9 @@ class WeightSync:
             return self.shared_bytes
         state = await asyncio.to_thread(self.actor.call_rank0, "full_state_dict")
         size = self.shared_bytes = float(sum(t.numel() * t.element_size() for t in state.values()))
-        bound = await asyncio.gather(*(asyncio.wrap_future(h.engine.share_weights(state, version))
-                                       for h in self.servers.handles))
+        bound = await asyncio.gather(
+            *(asyncio.wrap_future(h.engine.share_weights(state, version)) for h in self.servers.handles)
+        )
         if all(b is not False for b in bound):
             self.shared = True
         else:  # a server that could not bind: copy, and stop trying to share
@@ -331,14 +351,22 @@ class WeightSync:
         saved = time.perf_counter()
         adapter = VLLMWeights()
         try:
-            await asyncio.gather(*(asyncio.to_thread(adapter.load_lora_adapter, url, self.servers.lora_name,
-                                                     str(directory), version) for url in self.servers.urls))
+            await asyncio.gather(
+                *(
+                    asyncio.to_thread(adapter.load_lora_adapter, url, self.servers.lora_name, str(directory), version)
+                    for url in self.servers.urls
+                )
+            )
         finally:
             shutil.rmtree(self._adapter_directory(version - 1), ignore_errors=True)
         size = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
         self._record(version)
-        return {"weight_sync/save_s": saved - started, "weight_sync/load_s": time.perf_counter() - saved,
-                "weight_sync/mb": size / 2**20, "weight_sync/version": float(version)}
+        return {
+            "weight_sync/save_s": saved - started,
+            "weight_sync/load_s": time.perf_counter() - saved,
+            "weight_sync/mb": size / 2**20,
+            "weight_sync/version": float(version),
+        }
 
     def _adapter_directory(self, version: int | str) -> Path:
         """Where the LoRA adapter of ``version`` is written, beside the push directory (``"*"``: a glob

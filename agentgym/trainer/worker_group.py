@@ -15,8 +15,16 @@ class WorkerGroup:
     single object in this process. ``call`` runs a method on every rank and returns the
     results in rank order; ``per_rank`` arguments give each rank its own value."""
 
-    def __init__(self, cls: type[Worker], config: dict[str, Any], world_size: int, use_ray: bool,
-                 name: str = "", num_gpus: float = 0.0, placement_group: Any = None) -> None:
+    def __init__(
+        self,
+        cls: type[Worker],
+        config: dict[str, Any],
+        world_size: int,
+        use_ray: bool,
+        name: str = "",
+        num_gpus: float = 0.0,
+        placement_group: Any = None,
+    ) -> None:
         self.cls = cls
         self.world_size = world_size
         self.use_ray = use_ray
@@ -32,7 +40,8 @@ class WorkerGroup:
                     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
                     options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                        placement_group, placement_group_bundle_index=rank)
+                        placement_group, placement_group_bundle_index=rank
+                    )
                 self.workers.append(remote.options(**options).remote(config, rank, world_size))
         else:
             if world_size != 1:
@@ -42,8 +51,9 @@ class WorkerGroup:
             host, port = self.call_rank0("rendezvous_address")
             self.call("init_distributed", host, port)
 
-    def call_async(self, method: str, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None,
-                   **kwargs: Any) -> Any:
+    def call_async(
+        self, method: str, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None, **kwargs: Any
+    ) -> Any:
         """Start ``method`` on every rank; returns something ``get`` turns into the results."""
         if self.use_ray:
             futures = []
@@ -61,7 +71,9 @@ class WorkerGroup:
             return ray.get(pending)
         return pending
 
-    def call(self, method: str, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None, **kwargs: Any) -> list[Any]:
+    def call(
+        self, method: str, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None, **kwargs: Any
+    ) -> list[Any]:
         return self.get(self.call_async(method, *args, per_rank=per_rank, **kwargs))
 
     def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -114,8 +114,7 @@ class Worker:
         backend = "nccl" if self.device == "cuda" else "gloo"
         if self.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
-                                world_size=self.world_size)
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world_size)
 
     def micro_batches(self, batch: Tensors, rows: Sequence[int], section: dict[str, Any]) -> list[list[int]]:
         """``rows`` (this rank's share of a mini-batch) cut into micro-batches: by row count, or by
@@ -183,8 +182,16 @@ class PolicyWorker(Worker):
             actor = lora.wrap(actor, self.lora)
             with_ref = False
         layers = layer_classes(actor)
-        self.actor = TrainState(actor, cfg["actor"]["optim"], total_steps, self.strategy, self.world_size,
-                                self.device, cfg["actor"].get("fsdp_config"), layers)
+        self.actor = TrainState(
+            actor,
+            cfg["actor"]["optim"],
+            total_steps,
+            self.strategy,
+            self.world_size,
+            self.device,
+            cfg["actor"].get("fsdp_config"),
+            layers,
+        )
         self.ref = None
         if with_ref:
             ref = load_causal_lm(path, dtype=dtype, device="cpu").eval()
@@ -193,8 +200,16 @@ class PolicyWorker(Worker):
             ref.to(self.device)
             if self.strategy == "fsdp2":
                 ref_offload = (cfg.get("ref", {}).get("fsdp_config") or {}).get("param_offload", False)
-                shard(ref, {**(cfg["actor"].get("fsdp_config") or {}), "param_offload": ref_offload,
-                            "optimizer_offload": False}, self.device, layers)
+                shard(
+                    ref,
+                    {
+                        **(cfg["actor"].get("fsdp_config") or {}),
+                        "param_offload": ref_offload,
+                        "optimizer_offload": False,
+                    },
+                    self.device,
+                    layers,
+                )
             self.ref = ref
 
     # ---- log-probs ------------------------------------------------------------------------------
@@ -206,8 +221,9 @@ class PolicyWorker(Worker):
         model.eval()
         outs, ents = [], []
         for chunk in chunks(rows, size):
-            lp, ent = policy_forward(model, select_rows(batch, chunk, self.device), with_entropy=with_entropy,
-                                     packed=self.packed)
+            lp, ent = policy_forward(
+                model, select_rows(batch, chunk, self.device), with_entropy=with_entropy, packed=self.packed
+            )
             outs.append(lp.cpu())
             ents.append(ent.cpu() if ent is not None else torch.zeros_like(lp).cpu())
         model.train()
@@ -226,8 +242,10 @@ class PolicyWorker(Worker):
         if self.ref is None:
             raise RuntimeError("the reference policy was not loaded (no KL term is on)")
         size = int(self.config["actor_rollout_ref"]["ref"].get("log_prob_micro_batch_size_per_gpu", 16))
-        outs = [policy_forward(self.ref, select_rows(batch, chunk, self.device), packed=self.packed)[0].cpu()
-                for chunk in chunks(rows, size)]
+        outs = [
+            policy_forward(self.ref, select_rows(batch, chunk, self.device), packed=self.packed)[0].cpu()
+            for chunk in chunks(rows, size)
+        ]
         return {"ref_log_prob": torch.cat(outs)}
 
     # ---- the update -------------------------------------------------------------------------------
@@ -265,16 +283,23 @@ class PolicyWorker(Worker):
             for i, chunk in enumerate(micros):
                 micro = select_rows(batch, chunk, self.device)
                 state.set_gradient_sync(i == len(micros) - 1)
-                log_prob, entropy = policy_forward(model, micro, with_entropy=True, entropy_grad=entropy_coeff != 0,
-                                                   packed=self.packed)
+                log_prob, entropy = policy_forward(
+                    model, micro, with_entropy=True, entropy_grad=entropy_coeff != 0, packed=self.packed
+                )
                 mask = micro["response_mask"]
                 # One epoch over one mini-batch: the weights have not moved since the rollout's
                 # old log-probs would have been computed, so they are this pass's own, detached.
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
                 loss, metrics = algos.compute_actor_loss(
-                    old, log_prob, micro["advantages"], mask, entropy=entropy,
-                    ref_log_prob=micro.get("ref_log_prob"), rollout_is_weights=micro.get("rollout_is_weights"),
-                    global_batch_info=entry["global"], episode_scores=micro["token_level_scores"].sum(-1),
+                    old,
+                    log_prob,
+                    micro["advantages"],
+                    mask,
+                    entropy=entropy,
+                    ref_log_prob=micro.get("ref_log_prob"),
+                    rollout_is_weights=micro.get("rollout_is_weights"),
+                    global_batch_info=entry["global"],
+                    episode_scores=micro["token_level_scores"].sum(-1),
                     **loss_kwargs,
                 )
                 loss.backward()
@@ -322,8 +347,13 @@ class PolicyWorker(Worker):
             norms.append(state.step(cfg.get("grad_clip")))
             losses.append(total)
             state.scheduler.step()
-        return {"sft/loss": float(np.mean(losses)), "sft/grad_norm": float(np.mean(norms)), "sft/lr": state.lr,
-                "perf/update_tokens": float(tokens), "perf/update_s": time.perf_counter() - started}
+        return {
+            "sft/loss": float(np.mean(losses)),
+            "sft/grad_norm": float(np.mean(norms)),
+            "sft/lr": state.lr,
+            "perf/update_tokens": float(tokens),
+            "perf/update_s": time.perf_counter() - started,
+        }
 
     @torch.no_grad()
     def sft_loss(self, batch: Tensors, rows: Sequence[int]) -> dict[str, float]:
@@ -411,8 +441,11 @@ class PolicyWorker(Worker):
             self.save_hf(str(Path(directory) / "actor" / "huggingface"))
 
     def load_checkpoint(self, directory: str) -> None:
-        self.actor.load(Path(directory) / "actor", self.rank,
-                        self.checkpoint_contents("actor_rollout_ref", "actor", "load_contents"))
+        self.actor.load(
+            Path(directory) / "actor",
+            self.rank,
+            self.checkpoint_contents("actor_rollout_ref", "actor", "load_contents"),
+        )
 
 
 class CriticWorker(Worker):
@@ -422,19 +455,34 @@ class CriticWorker(Worker):
         cfg = self.config["critic"]
         dtype = getattr(torch, self.config["actor_rollout_ref"]["model"].get("dtype", "float32"))
         model = ValueModel(str(cfg["model"]["path"]), dtype=dtype).train()
-        fsdp = {**(self.config["actor_rollout_ref"]["actor"].get("fsdp_config") or {}),
-                **{k: v for k, v in ((cfg.get("model") or {}).get("fsdp_config") or {}).items()
-                   if k in ("param_offload", "optimizer_offload")}}
-        self.critic = TrainState(model, cfg["optim"], total_steps, self.strategy, self.world_size, self.device,
-                                 fsdp, layer_classes(model.body))
+        fsdp = {
+            **(self.config["actor_rollout_ref"]["actor"].get("fsdp_config") or {}),
+            **{
+                k: v
+                for k, v in ((cfg.get("model") or {}).get("fsdp_config") or {}).items()
+                if k in ("param_offload", "optimizer_offload")
+            },
+        }
+        self.critic = TrainState(
+            model,
+            cfg["optim"],
+            total_steps,
+            self.strategy,
+            self.world_size,
+            self.device,
+            fsdp,
+            layer_classes(model.body),
+        )
 
     @torch.no_grad()
     def compute_values(self, batch: Tensors, rows: Sequence[int]) -> Tensors:
         size = int(self.config["critic"].get("forward_micro_batch_size_per_gpu", 16))
         model = self.critic.module
         model.eval()
-        outs = [value_forward(model, select_rows(batch, chunk, self.device), self.packed).cpu()
-                for chunk in chunks(rows, size)]
+        outs = [
+            value_forward(model, select_rows(batch, chunk, self.device), self.packed).cpu()
+            for chunk in chunks(rows, size)
+        ]
         model.train()
         return {"values": torch.cat(outs)}
 
@@ -452,8 +500,13 @@ class CriticWorker(Worker):
                 vpreds = value_forward(model, micro, self.packed)
                 mask = micro["response_mask"]
                 vf_loss, vf_clipfrac = algos.compute_value_loss(
-                    vpreds, micro["returns"], micro["values"], mask, float(cfg["cliprange_value"]),
-                    cfg["loss_agg_mode"], global_batch_info=entry["global"],
+                    vpreds,
+                    micro["returns"],
+                    micro["values"],
+                    mask,
+                    float(cfg["cliprange_value"]),
+                    cfg["loss_agg_mode"],
+                    global_batch_info=entry["global"],
                 )
                 vf_loss.backward()
                 losses.append(float(vf_loss.detach()))

@@ -29,7 +29,7 @@ PROJECT_DIR = Path(agentgym.__file__).resolve().parents[1]
 
 # Starts a process without subprocess/os.fork, which the weak mode's audit hook refuses (the
 # review's `_posixsubprocess.fork_exec` escape); under the strong mode it is just another spawn.
-SPAWN = r'''
+SPAWN = r"""
 import os, sys, _posixsubprocess
 def spawn(argv, env=None, setsid=False):
     errpipe_read, errpipe_write = os.pipe()
@@ -44,7 +44,7 @@ def spawn(argv, env=None, setsid=False):
     if failed:
         raise OSError(failed.decode(errors="replace"))
     return pid
-'''
+"""
 
 
 def probe(body: str, spawn: bool = False, **values: object) -> str:
@@ -68,7 +68,7 @@ def run_code(strong: None) -> Callable[[str], object]:
     return PythonTool(timeout_s=PROBE_TIMEOUT_S, memory_mb=PROBE_MEMORY_MB, max_output_chars=20_000).run
 
 
-PARENT = r'''
+PARENT = r"""
 import os, sys
 from agentgym.envs.tools.python import PythonTool
 secret = "".join(reversed(os.environ["PROBE_SECRET_REVERSED"]))  # built at run time: only in this heap
@@ -77,18 +77,24 @@ result = PythonTool(timeout_s={timeout}, memory_mb={memory}, max_output_chars=20
 print(result.stdout)
 print(result.stderr)
 print("parent survived", len(secret))
-'''
+"""
 
 
 def run_in_throwaway_parent(code: str, secret: str = "", env_secret: str = "") -> subprocess.CompletedProcess[str]:
     """Run ``code`` through the tool from a separate Python process (so a probe that kills its parent
     kills that process, not pytest). The parent holds ``secret`` in its heap only and ``env_secret``
     in its environment; ``PARENT_PID`` in ``code`` becomes its pid."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(PROJECT_DIR),
-           "AGENTGYM_SANDBOX": "strong", "PROBE_SECRET_REVERSED": secret[::-1], "PROBE_ENV_SECRET": env_secret}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": str(PROJECT_DIR),
+        "AGENTGYM_SANDBOX": "strong",
+        "PROBE_SECRET_REVERSED": secret[::-1],
+        "PROBE_ENV_SECRET": env_secret,
+    }
     script = PARENT.format(timeout=PROBE_TIMEOUT_S, memory=PROBE_MEMORY_MB)
-    return subprocess.run([sys.executable, "-c", script], input=code, env=env, cwd=PROJECT_DIR, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", script], input=code, env=env, cwd=PROJECT_DIR, capture_output=True, text=True, timeout=60
+    )
 
 
 def processes_with(mark: str, wait_s: float = 1.0) -> list[psutil.Process]:

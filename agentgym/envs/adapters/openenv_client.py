@@ -38,10 +38,19 @@ class OpenEnvError(RuntimeError):
 class OpenEnvClientEnv(TextEnv):
     """Any running OpenEnv server as a text env (``base_url=``)."""
 
-    def __init__(self, base_url: str, action_field: str | None = None, observation_field: str | None = None,
-                 action_format: str = "text", outcome: str = "last", system_prompt: str | None = None,
-                 reset_kwargs: dict[str, Any] | None = None, max_turns: int | None = None,
-                 timeout_s: float = 300.0, render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        action_field: str | None = None,
+        observation_field: str | None = None,
+        action_format: str = "text",
+        outcome: str = "last",
+        system_prompt: str | None = None,
+        reset_kwargs: dict[str, Any] | None = None,
+        max_turns: int | None = None,
+        timeout_s: float = 300.0,
+        render_mode: str | None = None,
+    ) -> None:
         super().__init__(render_mode=render_mode)
         if action_format not in ("text", "json"):
             raise ValueError(f"action_format must be 'text' or 'json', got {action_format!r}")
@@ -61,12 +70,15 @@ class OpenEnvClientEnv(TextEnv):
         schema = self._get("/schema")
         props = (schema.get("action") or {}).get("properties") or {}
         self.agentgym_server = set(props) == {"message"} and "messages" in (
-            (schema.get("observation") or {}).get("properties") or {})
+            (schema.get("observation") or {}).get("properties") or {}
+        )
         required = (schema.get("action") or {}).get("required") or list(props)
         self.action_field = action_field or (required[0] if len(required) == 1 else None)
         if action_format == "text" and self.action_field is None:
-            raise ValueError(f"{self.base_url}'s actions have fields {sorted(props)}: name the one the reply goes "
-                             "in (action_field=...) or send replies as JSON objects (action_format='json')")
+            raise ValueError(
+                f"{self.base_url}'s actions have fields {sorted(props)}: name the one the reply goes "
+                "in (action_field=...) or send replies as JSON objects (action_format='json')"
+            )
         state = {}
         if self.agentgym_server:
             state = self._get("/state")
@@ -117,8 +129,11 @@ class OpenEnvClientEnv(TextEnv):
         if field is None:
             texts = [k for k, v in observation.items() if isinstance(v, str)]
             field = texts[0] if len(texts) == 1 else None
-        text = str(observation.get(field, "")) if field else json.dumps(
-            {k: v for k, v in observation.items() if v is not None}, default=str)
+        text = (
+            str(observation.get(field, ""))
+            if field
+            else json.dumps({k: v for k, v in observation.items() if v is not None}, default=str)
+        )
         messages: list[Message] = []
         if first and self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
@@ -140,8 +155,9 @@ class OpenEnvClientEnv(TextEnv):
         return {self.action_field: text}
 
     # ---- TextEnv -------------------------------------------------------------------------
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         super().reset(seed=seed)
         data: dict[str, Any] = {**self.reset_kwargs}
         if seed is not None:

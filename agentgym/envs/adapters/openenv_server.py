@@ -42,20 +42,35 @@ from typing import Any
 from fastapi import Body, FastAPI, HTTPException, WebSocket, WebSocketDisconnect
 
 ACTION_SCHEMA = {
-    "title": "AgentgymAction", "type": "object", "required": ["message"],
-    "properties": {"message": {"description": "the assistant's reply: text, or an OpenAI message dict "
-                                              "(content and/or tool_calls)",
-                               "anyOf": [{"type": "string"}, {"type": "object"}]}},
+    "title": "AgentgymAction",
+    "type": "object",
+    "required": ["message"],
+    "properties": {
+        "message": {
+            "description": "the assistant's reply: text, or an OpenAI message dict (content and/or tool_calls)",
+            "anyOf": [{"type": "string"}, {"type": "object"}],
+        }
+    },
 }
 OBSERVATION_SCHEMA = {
-    "title": "AgentgymObservation", "type": "object",
-    "properties": {"messages": {"type": "array", "items": {"type": "object"},
-                                "description": "the new chat messages since the last step"},
-                   "info": {"type": "object"}, "truncated": {"type": "boolean"},
-                   "episode_id": {"type": "string"}},
+    "title": "AgentgymObservation",
+    "type": "object",
+    "properties": {
+        "messages": {
+            "type": "array",
+            "items": {"type": "object"},
+            "description": "the new chat messages since the last step",
+        },
+        "info": {"type": "object"},
+        "truncated": {"type": "boolean"},
+        "episode_id": {"type": "string"},
+    },
 }
-STATE_SCHEMA = {"title": "AgentgymState", "type": "object",
-                "properties": {"episode_id": {"type": "string"}, "step_count": {"type": "integer"}}}
+STATE_SCHEMA = {
+    "title": "AgentgymState",
+    "type": "object",
+    "properties": {"episode_id": {"type": "string"}, "step_count": {"type": "integer"}},
+}
 
 
 def jsonable(value: Any) -> Any:
@@ -88,18 +103,32 @@ class _Session:
             messages, info = await asyncio.to_thread(self.env.reset, seed=seed, options=options)
         self.step_count = 0
         self.done = False
-        return {"observation": {"messages": jsonable(list(messages)), "info": jsonable(dict(info or {})),
-                                "truncated": False, "episode_id": self.episode_id},
-                "reward": None, "done": False}
+        return {
+            "observation": {
+                "messages": jsonable(list(messages)),
+                "info": jsonable(dict(info or {})),
+                "truncated": False,
+                "episode_id": self.episode_id,
+            },
+            "reward": None,
+            "done": False,
+        }
 
     async def step(self, action: Any) -> dict[str, Any]:
         async with self.lock:
             messages, reward, terminated, truncated, info = await asyncio.to_thread(self.env.step, action)
         self.step_count += 1
         self.done = bool(terminated or truncated)
-        return {"observation": {"messages": jsonable(list(messages)), "info": jsonable(dict(info or {})),
-                                "truncated": bool(truncated), "episode_id": self.episode_id},
-                "reward": float(reward), "done": self.done}
+        return {
+            "observation": {
+                "messages": jsonable(list(messages)),
+                "info": jsonable(dict(info or {})),
+                "truncated": bool(truncated),
+                "episode_id": self.episode_id,
+            },
+            "reward": float(reward),
+            "done": self.done,
+        }
 
     def state(self, describe: dict[str, Any]) -> dict[str, Any]:
         return {"episode_id": self.episode_id, "step_count": self.step_count, "done": self.done, **describe}
@@ -111,13 +140,16 @@ class _Session:
 
 def _action(data: dict[str, Any]) -> Any:
     if "message" not in data:
-        raise ValueError("a step's action is {'message': <text or assistant message dict>}; got keys "
-                         f"{sorted(data)}")
+        raise ValueError(f"a step's action is {{'message': <text or assistant message dict>}}; got keys {sorted(data)}")
     return data["message"]
 
 
-def create_app(env_name: str, env_kwargs: dict[str, Any] | None = None, max_sessions: int = 1024,
-               factory: Callable[[], Any] | None = None) -> Any:
+def create_app(
+    env_name: str,
+    env_kwargs: dict[str, Any] | None = None,
+    max_sessions: int = 1024,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
     """The FastAPI app serving ``env_name`` (or ``factory``'s envs) with OpenEnv's API."""
     from agentgym.registry import env_spec, make
 
@@ -129,13 +161,18 @@ def create_app(env_name: str, env_kwargs: dict[str, Any] | None = None, max_sess
     probe = build()
     num_tasks = probe.num_tasks() if hasattr(probe, "num_tasks") else None
     agents = getattr(probe, "agents", None)
-    describe = {"env": env_name, "num_tasks": num_tasks, "max_turns": getattr(probe, "max_turns", None),
-                "agents": list(agents) if agents else None}
+    describe = {
+        "env": env_name,
+        "num_tasks": num_tasks,
+        "max_turns": getattr(probe, "max_turns", None),
+        "agents": list(agents) if agents else None,
+    }
     idle: list[Any] = [probe]
     episodes: OrderedDict[str, _Session] = OrderedDict()
     active = itertools.count()
-    app = FastAPI(title=f"agentgym env-serve: {env_name}",
-                  description="An agentgym env behind OpenEnv's HTTP/WebSocket API")
+    app = FastAPI(
+        title=f"agentgym env-serve: {env_name}", description="An agentgym env behind OpenEnv's HTTP/WebSocket API"
+    )
     app.state.sessions = 0
     app.state.describe = describe
 
@@ -157,8 +194,7 @@ def create_app(env_name: str, env_kwargs: dict[str, Any] | None = None, max_sess
         import importlib.metadata
 
         version = importlib.metadata.version("agentgym")
-        return {"name": env_name, "description": description, "version": version, "author": "agentgym",
-                **describe}
+        return {"name": env_name, "description": description, "version": version, "author": "agentgym", **describe}
 
     @app.get("/schema")
     async def schema() -> dict[str, Any]:
@@ -222,9 +258,17 @@ def create_app(env_name: str, env_kwargs: dict[str, Any] | None = None, max_sess
     async def ws(websocket: WebSocket) -> None:
         await websocket.accept()
         if app.state.sessions >= max_sessions:
-            await websocket.send_text(json.dumps({"type": "error", "data": {
-                "message": f"env server full: {max_sessions} sessions (agentgym env-serve --max-sessions)",
-                "code": "CAPACITY_REACHED"}}))
+            await websocket.send_text(
+                json.dumps(
+                    {
+                        "type": "error",
+                        "data": {
+                            "message": f"env server full: {max_sessions} sessions (agentgym env-serve --max-sessions)",
+                            "code": "CAPACITY_REACHED",
+                        },
+                    }
+                )
+            )
             await websocket.close()
             return
         app.state.sessions += 1
@@ -239,8 +283,10 @@ def create_app(env_name: str, env_kwargs: dict[str, Any] | None = None, max_sess
                     kind = message.get("type")
                     data = message.get("data") or {}
                     if kind == "reset":
-                        reply = {"type": "observation", "data": await session.reset(data.get("seed"),
-                                                                                     data.get("options"))}
+                        reply = {
+                            "type": "observation",
+                            "data": await session.reset(data.get("seed"), data.get("options")),
+                        }
                     elif kind == "step":
                         reply = {"type": "observation", "data": await session.step(_action(data))}
                     elif kind == "state":
@@ -248,12 +294,16 @@ def create_app(env_name: str, env_kwargs: dict[str, Any] | None = None, max_sess
                     elif kind == "close":
                         break
                     else:
-                        reply = {"type": "error", "data": {"message": f"Unknown message type: {kind}",
-                                                           "code": "UNKNOWN_TYPE"}}
+                        reply = {
+                            "type": "error",
+                            "data": {"message": f"Unknown message type: {kind}", "code": "UNKNOWN_TYPE"},
+                        }
                 except Exception as exc:  # noqa: BLE001 - the client hears about it; the session goes on
                     healthy = False
-                    reply = {"type": "error", "data": {"message": f"{type(exc).__name__}: {exc}",
-                                                       "code": "EXECUTION_ERROR"}}
+                    reply = {
+                        "type": "error",
+                        "data": {"message": f"{type(exc).__name__}: {exc}", "code": "EXECUTION_ERROR"},
+                    }
                 await websocket.send_text(json.dumps(reply))
         except WebSocketDisconnect:
             pass
@@ -284,10 +334,15 @@ def env_serve_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - a bad --env-arg, a missing package: say so
-        print(f"error: could not build env {args.env!r} with {env_kwargs}: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+        print(
+            f"error: could not build env {args.env!r} with {env_kwargs}: {type(exc).__name__}: {exc}", file=sys.stderr
+        )
         return 2
-    print(f"serving {args.env} with OpenEnv's API at http://{args.host}:{args.port} "
-          f"(WebSocket /ws, POST /reset /step, GET /state /health /schema)", file=sys.stderr, flush=True)
+    print(
+        f"serving {args.env} with OpenEnv's API at http://{args.host}:{args.port} "
+        f"(WebSocket /ws, POST /reset /step, GET /state /health /schema)",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", ws_max_size=1 << 26)
     return 0

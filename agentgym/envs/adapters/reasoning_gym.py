@@ -28,8 +28,14 @@ class ReasoningGymEnv(TextEnv):
 
     max_turns = 1
 
-    def __init__(self, task: str, system_prompt: str | None = "default", tag: str = "answer",
-                 render_mode: str | None = None, **dataset_kwargs: Any) -> None:
+    def __init__(
+        self,
+        task: str,
+        system_prompt: str | None = "default",
+        tag: str = "answer",
+        render_mode: str | None = None,
+        **dataset_kwargs: Any,
+    ) -> None:
         super().__init__(render_mode=render_mode)
         import reasoning_gym
         from reasoning_gym.utils import SYSTEM_PROMPTS
@@ -45,8 +51,9 @@ class ReasoningGymEnv(TextEnv):
     def num_tasks(self) -> int:
         return len(self.dataset)
 
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         """The row ``options["index"]`` (else ``seed % size``, else a random one) as a prompt."""
         super().reset(seed=seed)
         size = len(self.dataset)
@@ -77,9 +84,15 @@ class ReasoningGymEnv(TextEnv):
             raise RuntimeError("call reset() before step()")
         self._reply = reply_text(action)
         score, answer = self.score(self._reply)
-        info = {"index": self.index, "data_source": f"rg/{self.task_name}", "outcome_reward": score,
-                "success": score >= 1.0, "answer": answer, "ground_truth": self.entry.get("answer"),
-                "metrics": {"score": score, "answer_found": float(answer is not None)}}
+        info = {
+            "index": self.index,
+            "data_source": f"rg/{self.task_name}",
+            "outcome_reward": score,
+            "success": score >= 1.0,
+            "answer": answer,
+            "ground_truth": self.entry.get("answer"),
+            "metrics": {"score": score, "answer_found": float(answer is not None)},
+        }
         return [], 0.0, True, False, info
 
     def render(self) -> str | None:
@@ -104,8 +117,12 @@ class ReasoningGymFamily(EnvFamily):
         from reasoning_gym.factory import DATASETS
 
         doc = (DATASETS[member][0].__doc__ or "").strip().splitlines()
-        return EnvSpec(name=f"rg/{member}", entry_point=ReasoningGymEnv, kwargs={"task": member},
-                       description=f"reasoning-gym: {doc[0] if doc else member}")
+        return EnvSpec(
+            name=f"rg/{member}",
+            entry_point=ReasoningGymEnv,
+            kwargs={"task": member},
+            description=f"reasoning-gym: {doc[0] if doc else member}",
+        )
 
 
 FAMILY = ReasoningGymFamily()

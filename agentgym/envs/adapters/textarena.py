@@ -54,9 +54,10 @@ class RandomMoveAgent:
         self.first = first
 
     def __call__(self, observation: str) -> str:
-        tail = observation[observation.rfind("[GAME]"):] if "[GAME]" in observation else observation
-        moves = _MOVE.findall(tail) or [m for m in _BRACKETED.findall(tail)
-                                          if m not in ("[GAME]",) and not m.startswith("[Player")]
+        tail = observation[observation.rfind("[GAME]") :] if "[GAME]" in observation else observation
+        moves = _MOVE.findall(tail) or [
+            m for m in _BRACKETED.findall(tail) if m not in ("[GAME]",) and not m.startswith("[Player")
+        ]
         if not moves:
             return "[0]"
         return moves[0] if self.first else self.rng.choice(moves)
@@ -66,8 +67,9 @@ class PolicyServerAgent:
     """A second policy as the opponent: an OpenAI-compatible server's chat completions, with the
     game's conversation for its seat kept across turns."""
 
-    def __init__(self, url: str, model: str = "default", system_prompt: str | None = None,
-                 timeout: float = 120.0, **request: Any) -> None:
+    def __init__(
+        self, url: str, model: str = "default", system_prompt: str | None = None, timeout: float = 120.0, **request: Any
+    ) -> None:
         import httpx
 
         self.url = url.rstrip("/")
@@ -82,8 +84,9 @@ class PolicyServerAgent:
 
     def __call__(self, observation: str) -> str:
         self.messages.append({"role": "user", "content": observation})
-        response = self.http.post(f"{self.url}/v1/chat/completions",
-                                  json={"model": self.model, "messages": self.messages, **self.request})
+        response = self.http.post(
+            f"{self.url}/v1/chat/completions", json={"model": self.model, "messages": self.messages, **self.request}
+        )
         response.raise_for_status()
         text = response.json()["choices"][0]["message"].get("content") or ""
         self.messages.append({"role": "assistant", "content": text})
@@ -96,10 +99,20 @@ class PolicyServerAgent:
 class TextArenaEnv(TextEnv):
     """A TextArena game: one player, or two against a fixed opponent, or in self-play."""
 
-    def __init__(self, game: str, num_players: int | None = None, opponent: str | Callable[[str], str] = "random",
-                 seat: int | None = None, self_play: bool = False, system_prompt: str | None = None,
-                 opponent_model: str = "default", opponent_kwargs: dict[str, Any] | None = None,
-                 max_turns: int | None = None, render_mode: str | None = None, **game_kwargs: Any) -> None:
+    def __init__(
+        self,
+        game: str,
+        num_players: int | None = None,
+        opponent: str | Callable[[str], str] = "random",
+        seat: int | None = None,
+        self_play: bool = False,
+        system_prompt: str | None = None,
+        opponent_model: str = "default",
+        opponent_kwargs: dict[str, Any] | None = None,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+        **game_kwargs: Any,
+    ) -> None:
         super().__init__(render_mode=render_mode)
         import textarena as ta
         from textarena.agents.basic_agents import STANDARD_GAME_PROMPT
@@ -191,8 +204,9 @@ class TextArenaEnv(TextEnv):
         return True, step_info
 
     # ---- TextEnv -------------------------------------------------------------------------
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         super().reset(seed=seed)
         self._reset_game(seed)
         self.done = False
@@ -228,8 +242,9 @@ class TextArenaEnv(TextEnv):
             if self.opponent is not None and isinstance(self.opponent, PolicyServerAgent):
                 self.opponent.reset()
                 return self.opponent
-            agent = PolicyServerAgent(spec, model=self.opponent_model, system_prompt=self.system_prompt,
-                                      **self.opponent_kwargs)
+            agent = PolicyServerAgent(
+                spec, model=self.opponent_model, system_prompt=self.system_prompt, **self.opponent_kwargs
+            )
             agent.reset()
             return agent
         target = import_object(spec)
@@ -245,10 +260,15 @@ class TextArenaEnv(TextEnv):
             if done:
                 result = self._finish()
                 outcomes = {_agent_name(p): r for p, r in self.last_rewards.items()}
-                info.update(outcome_rewards=outcomes, successes={a: r > 0 for a, r in outcomes.items()},
-                            metrics={"draw": float(all(r == 0 for r in outcomes.values())),
-                                     "invalid_move": float(any(result["invalid"].values()))},
-                            reason=result["reason"])
+                info.update(
+                    outcome_rewards=outcomes,
+                    successes={a: r > 0 for a, r in outcomes.items()},
+                    metrics={
+                        "draw": float(all(r == 0 for r in outcomes.values())),
+                        "invalid_move": float(any(result["invalid"].values())),
+                    },
+                    reason=result["reason"],
+                )
                 return [], 0.0, True, False, info
             player, raw = self._observe()
             info["agent"] = _agent_name(player)
@@ -262,9 +282,15 @@ class TextArenaEnv(TextEnv):
             return self._messages_for(self.seat, self._pending), 0.0, False, False, info
         result = self._finish()
         reward = self.last_rewards.get(self.seat, 0.0)
-        info.update(outcome_reward=reward, success=reward > 0, reason=result["reason"],
-                    metrics={"invalid_move": result["invalid"].get(self.seat, 0.0),
-                             "opponent_moves": float(len(self._opponent_log))})
+        info.update(
+            outcome_reward=reward,
+            success=reward > 0,
+            reason=result["reason"],
+            metrics={
+                "invalid_move": result["invalid"].get(self.seat, 0.0),
+                "opponent_moves": float(len(self._opponent_log)),
+            },
+        )
         return [], 0.0, True, False, info
 
     def close(self) -> None:
@@ -286,8 +312,9 @@ class TextArenaFamily(EnvFamily):
         return sorted(ENV_REGISTRY)
 
     def member_spec(self, member: str) -> EnvSpec:
-        return EnvSpec(name=f"ta/{member}", entry_point=TextArenaEnv, kwargs={"game": member},
-                       description=f"TextArena {member}")
+        return EnvSpec(
+            name=f"ta/{member}", entry_point=TextArenaEnv, kwargs={"game": member}, description=f"TextArena {member}"
+        )
 
 
 FAMILY = TextArenaFamily()

@@ -68,9 +68,10 @@ def to_openai(message: Any) -> Message:
     if isinstance(out["content"], list):  # content parts: keep the text
         out["content"] = "".join(p.get("text", "") for p in out["content"] if isinstance(p, dict))
     if data.get("tool_calls"):
-        out["tool_calls"] = [{"id": c["id"], "type": "function",
-                              "function": {"name": c["name"], "arguments": c["arguments"]}}
-                             for c in data["tool_calls"]]
+        out["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in data["tool_calls"]
+        ]
     if data.get("tool_call_id"):
         out["tool_call_id"] = data["tool_call_id"]
     return out  # type: ignore[return-value]
@@ -79,8 +80,14 @@ def to_openai(message: Any) -> Message:
 def tool_schema(tool: Any) -> dict[str, Any]:
     """A verifiers ``Tool`` (name, description, parameters) as an OpenAI tool schema."""
     data = tool.model_dump(exclude_none=True) if hasattr(tool, "model_dump") else dict(tool)
-    return {"type": "function", "function": {"name": data["name"], "description": data.get("description", ""),
-                                             "parameters": data.get("parameters") or {"type": "object"}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": data["name"],
+            "description": data.get("description", ""),
+            "parameters": data.get("parameters") or {"type": "object"},
+        },
+    }
 
 
 def _bridge_client_class() -> type:
@@ -103,8 +110,9 @@ def _bridge_client_class() -> type:
         async def to_native_prompt(self, messages: Any) -> tuple[Any, dict]:
             return messages, {}
 
-        async def get_native_response(self, prompt: Any, model: str, sampling_args: Any, tools: Any = None,
-                                      **kwargs: Any) -> Any:
+        async def get_native_response(
+            self, prompt: Any, model: str, sampling_args: Any, tools: Any = None, **kwargs: Any
+        ) -> Any:
             raise NotImplementedError  # get_response is overridden
 
         async def raise_from_native_response(self, response: Any) -> None:
@@ -116,18 +124,29 @@ def _bridge_client_class() -> type:
         async def close(self) -> None:
             return None
 
-        async def get_response(self, prompt: Any, model: str, sampling_args: Any, tools: Any = None,
-                               **kwargs: Any) -> Any:
+        async def get_response(
+            self, prompt: Any, model: str, sampling_args: Any, tools: Any = None, **kwargs: Any
+        ) -> Any:
             loop = asyncio.get_running_loop()
             reply: asyncio.Future = loop.create_future()
             self.env._turns.put(("prompt", (list(prompt), list(tools or [])), (loop, reply)))
             action = await reply
-            calls = [ToolCall(id=c.get("id") or f"call_{i}", name=c["function"]["name"],
-                              arguments=c["function"]["arguments"] if isinstance(c["function"]["arguments"], str)
-                              else json.dumps(c["function"]["arguments"]))
-                     for i, c in enumerate(action.get("tool_calls") or [])]
-            message = ResponseMessage(content=action.get("content") or "", tool_calls=calls or None,
-                                      finish_reason="tool_calls" if calls else "stop", is_truncated=False)
+            calls = [
+                ToolCall(
+                    id=c.get("id") or f"call_{i}",
+                    name=c["function"]["name"],
+                    arguments=c["function"]["arguments"]
+                    if isinstance(c["function"]["arguments"], str)
+                    else json.dumps(c["function"]["arguments"]),
+                )
+                for i, c in enumerate(action.get("tool_calls") or [])
+            ]
+            message = ResponseMessage(
+                content=action.get("content") or "",
+                tool_calls=calls or None,
+                finish_reason="tool_calls" if calls else "stop",
+                is_truncated=False,
+            )
             return Response(id=f"agentgym-{time.time_ns()}", created=int(time.time()), model=model, message=message)
 
     return BridgeClient
@@ -136,8 +155,14 @@ def _bridge_client_class() -> type:
 class VerifiersEnv(TextEnv):
     """A verifiers environment: its rollout loop, env responses, tools and rubric, the policy as its model."""
 
-    def __init__(self, module: str, split: str = "train", timeout_s: float | None = 600.0,
-                 render_mode: str | None = None, **env_args: Any) -> None:
+    def __init__(
+        self,
+        module: str,
+        split: str = "train",
+        timeout_s: float | None = 600.0,
+        render_mode: str | None = None,
+        **env_args: Any,
+    ) -> None:
         super().__init__(render_mode=render_mode)
         import verifiers as vf
 
@@ -174,7 +199,9 @@ class VerifiersEnv(TextEnv):
         try:
             return self._turns.get(timeout=self.timeout_s)
         except queue.Empty:
-            raise TimeoutError(f"the verifiers rollout did not ask for a reply or finish within {self.timeout_s}s") from None
+            raise TimeoutError(
+                f"the verifiers rollout did not ask for a reply or finish within {self.timeout_s}s"
+            ) from None
 
     def _stop(self) -> None:
         if self._rollout is not None and not self._rollout.done():
@@ -184,8 +211,9 @@ class VerifiersEnv(TextEnv):
         self._turns = queue.Queue()
 
     # ---- TextEnv -------------------------------------------------------------------------
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         super().reset(seed=seed)
         self._stop()
         if options and options.get("index") is not None:
@@ -217,7 +245,7 @@ class VerifiersEnv(TextEnv):
         info: dict[str, Any] = {"index": self.index, "data_source": f"vf/{self.module}"}
         if kind == "prompt":
             prompt, _tools = value
-            new = prompt[self._prompt_len + 1:]  # after the previous prompt and the model's reply
+            new = prompt[self._prompt_len + 1 :]  # after the previous prompt and the model's reply
             self._reply, self._prompt_len = reply, len(prompt)
             return [to_openai(m) for m in new], 0.0, False, False, info
         if kind == "error":
@@ -228,8 +256,12 @@ class VerifiersEnv(TextEnv):
         reward = float(output.get("reward") or 0.0)
         metrics = {k: float(v) for k, v in (output.get("metrics") or {}).items() if isinstance(v, (int, float))}
         threshold = float(getattr(self.vf_env, "pass_threshold", 0.5))
-        info.update(outcome_reward=reward, success=reward >= threshold, metrics=metrics,
-                    stop_condition=output.get("stop_condition"))
+        info.update(
+            outcome_reward=reward,
+            success=reward >= threshold,
+            metrics=metrics,
+            stop_condition=output.get("stop_condition"),
+        )
         if output.get("error"):
             info["error"] = str(output["error"])
         truncated = bool(output.get("is_truncated")) and output.get("stop_condition") != "no_tools_called"
@@ -260,8 +292,12 @@ class VerifiersFamily(EnvFamily):
         return sorted(found)
 
     def member_spec(self, member: str) -> EnvSpec:
-        return EnvSpec(name=f"vf/{member}", entry_point=VerifiersEnv, kwargs={"module": member},
-                       description=f"verifiers environment {member}")
+        return EnvSpec(
+            name=f"vf/{member}",
+            entry_point=VerifiersEnv,
+            kwargs={"module": member},
+            description=f"verifiers environment {member}",
+        )
 
 
 FAMILY = VerifiersFamily()

@@ -1,8 +1,8 @@
 """Rule-based rewards: final-answer extraction, numeric equivalence and veRL-style ``compute_score``.
 
-    from agentgym.envs.rewards import compute_score
-    compute_score("... #### 72", "72")            # 1.0
-    compute_score("so it is 72.", "72", method="flexible")  # 1.0
+from agentgym.envs.rewards import compute_score
+compute_score("... #### 72", "72")            # 1.0
+compute_score("so it is 72.", "72", method="flexible")  # 1.0
 """
 
 from agentgym.envs.rewards.equivalence import answers_match, parse_number

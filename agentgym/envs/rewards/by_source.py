@@ -31,8 +31,14 @@ from agentgym.envs.rewards.gsm8k import compute_score as gsm8k_score
 ComputeScore = Callable[..., Any]
 
 GSM8K_SOURCES = ("openai/gsm8k",)
-MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math",
-                "math_dapo", "math_dapo_reasoning")
+MATH_SOURCES = (
+    "lighteval/MATH",
+    "DigitalLearningGmbH/MATH-lighteval",
+    "HuggingFaceH4/MATH-500",
+    "math",
+    "math_dapo",
+    "math_dapo_reasoning",
+)
 
 
 class UnknownDataSource(ValueError):
@@ -50,8 +56,9 @@ def math_score(solution_str: str, ground_truth: str) -> float:
     return 1.0 if answer is not None and answers_match(answer, str(ground_truth)) else 0.0
 
 
-def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
-                          extra_info: dict[str, Any] | None = None, **_: Any) -> float:
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None, **_: Any
+) -> float:
     """The built-in rule for ``data_source`` (see the module docstring)."""
     if data_source in GSM8K_SOURCES:
         return gsm8k_score(solution_str, str(ground_truth))
@@ -60,7 +67,8 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: Any
     raise UnknownDataSource(
         f"no built-in reward for data_source={data_source!r} (built in: {', '.join(GSM8K_SOURCES + MATH_SOURCES)}, "
         f"aime*). Pass a reward function: custom_reward_function.path=FILE.py custom_reward_function.name="
-        f"compute_score, with compute_score(data_source, solution_str, ground_truth, extra_info)")
+        f"compute_score, with compute_score(data_source, solution_str, ground_truth, extra_info)"
+    )
 
 
 def load_compute_score(path: str | os.PathLike[str], name: str = "compute_score") -> ComputeScore:
@@ -68,8 +76,10 @@ def load_compute_score(path: str | os.PathLike[str], name: str = "compute_score"
     ``ValueError`` when the file, the function or its signature is wrong."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ValueError(f"custom_reward_function.path={path} is not a file; give the path of a .py file that "
-                         f"defines {name}(data_source, solution_str, ground_truth, extra_info)")
+        raise ValueError(
+            f"custom_reward_function.path={path} is not a file; give the path of a .py file that "
+            f"defines {name}(data_source, solution_str, ground_truth, extra_info)"
+        )
     module_name = f"agentgym_custom_reward_{abs(hash(str(file.resolve())))}"
     module = sys.modules.get(module_name)
     if module is None:
@@ -82,13 +92,16 @@ def load_compute_score(path: str | os.PathLike[str], name: str = "compute_score"
             spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[module_name]
-            raise ValueError(f"custom_reward_function.path={path} failed to import: {type(exc).__name__}: {exc}") \
-                from exc
+            raise ValueError(
+                f"custom_reward_function.path={path} failed to import: {type(exc).__name__}: {exc}"
+            ) from exc
     fn = getattr(module, name, None)
     if not callable(fn):
         found = [n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")]
-        raise ValueError(f"{path} has no function {name!r} (custom_reward_function.name); it defines: "
-                         f"{', '.join(found) or 'no functions'}")
+        raise ValueError(
+            f"{path} has no function {name!r} (custom_reward_function.name); it defines: "
+            f"{', '.join(found) or 'no functions'}"
+        )
     return fn
 
 
@@ -110,10 +123,12 @@ class RewardFunction:
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "name": self.name, "_fn": None}
 
-    def __call__(self, data_source: str, solution_str: str, ground_truth: Any,
-                 extra_info: dict[str, Any] | None = None) -> tuple[float, dict[str, float]]:
-        result = self.function()(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
-                                 extra_info=extra_info or {})
+    def __call__(
+        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
+    ) -> tuple[float, dict[str, float]]:
+        result = self.function()(
+            data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info or {}
+        )
         if isinstance(result, dict):
             if "score" not in result:
                 raise ValueError(f"reward function {self.name!r} returned a dict without 'score': {result!r}")

@@ -57,7 +57,11 @@ def _decimal(text: str) -> Fraction | None:
     if match is None or not (match.group(2) or match.group(3)):
         return None
     sign, whole, fraction, exponent = (group or "" for group in match.groups())
-    digits, fraction, exponent = (whole + fraction).replace("_", ""), fraction.replace("_", ""), exponent.replace("_", "")
+    digits, fraction, exponent = (
+        (whole + fraction).replace("_", ""),
+        fraction.replace("_", ""),
+        exponent.replace("_", ""),
+    )
     if len(digits) > MAX_DIGITS or len(exponent) > 8:
         return None
     power = int(exponent or 0) - len(fraction)

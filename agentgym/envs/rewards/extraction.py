@@ -57,7 +57,7 @@ def extract_boxed(text: str) -> str | None:
     matches = list(_BOXED_RE.finditer(text))
     if not matches:
         return None
-    rest = text[matches[-1].end():]
+    rest = text[matches[-1].end() :]
     stripped = rest.lstrip()
     if not stripped.startswith("{"):
         # "\boxed 42": the token after the command

@@ -42,8 +42,10 @@ class Tool:
     @property
     def schema(self) -> dict[str, Any]:
         """The OpenAI tool schema: ``{"type": "function", "function": {name, description, parameters}}``."""
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     def execute(self, arguments: dict[str, Any]) -> tuple[str, float, dict[str, float]]:
         """Run the tool on parsed ``arguments``; returns ``(text, reward, metrics)``."""

@@ -26,8 +26,14 @@ MAX_LOG10 = 300  # the same bound on a power's result, checked before it is comp
 ROUND_DIGITS = 400  # round(x, n) of any allowed x is the same for every n beyond +-this
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.BitXor: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.BitXor: operator.pow,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
@@ -39,7 +45,13 @@ def _round(number: Any, ndigits: Any = None) -> Any:
 
 
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "abs": abs, "round": _round, "min": min, "max": max, "sqrt": math.sqrt, "floor": math.floor, "ceil": math.ceil,
+    "abs": abs,
+    "round": _round,
+    "min": min,
+    "max": max,
+    "sqrt": math.sqrt,
+    "floor": math.floor,
+    "ceil": math.ceil,
 }
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
@@ -79,14 +91,20 @@ def _evaluate(node: ast.AST) -> Any:
             raise ToolError("division by zero") from None
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_evaluate(node.operand))
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS and not node.keywords:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _FUNCTIONS
+        and not node.keywords
+    ):
         args = [_evaluate(a) for a in node.args]
         try:
             return _check_size(_FUNCTIONS[node.func.id](*args))
         except (TypeError, ValueError, OverflowError) as exc:
             raise ToolError(f"{node.func.id}: {exc}") from None
-    raise ToolError(f"unsupported syntax {ast.unparse(node)!r}; use numbers, + - * / // % ** ( ) "
-                    f"and {', '.join(_FUNCTIONS)}")
+    raise ToolError(
+        f"unsupported syntax {ast.unparse(node)!r}; use numbers, + - * / // % ** ( ) and {', '.join(_FUNCTIONS)}"
+    )
 
 
 def format_number(value: int | float) -> str:
@@ -129,7 +147,9 @@ class CalculatorTool(Tool):
     )
     parameters: ClassVar[dict[str, Any]] = {
         "type": "object",
-        "properties": {"expression": {"type": "string", "description": "the arithmetic expression, e.g. '3 * (4 + 5)'"}},
+        "properties": {
+            "expression": {"type": "string", "description": "the arithmetic expression, e.g. '3 * (4 + 5)'"}
+        },
         "required": ["expression"],
     }
 

@@ -63,11 +63,16 @@ def _call_parts(call: Any) -> tuple[str, str, Any]:
     function = function if isinstance(function, dict) else {}
     call_id = call.get("id") if isinstance(call, dict) else None
     name = function.get("name")
-    return (call_id if isinstance(call_id, str) and call_id else "call", name if isinstance(name, str) else "",
-            function.get("arguments"))
+    return (
+        call_id if isinstance(call_id, str) and call_id else "call",
+        name if isinstance(name, str) else "",
+        function.get("arguments"),
+    )
 
 
-def _run_with_timeout(tool: Tool, arguments: dict[str, Any], timeout_s: float | None) -> tuple[str, float, dict[str, float]]:
+def _run_with_timeout(
+    tool: Tool, arguments: dict[str, Any], timeout_s: float | None
+) -> tuple[str, float, dict[str, float]]:
     """``tool.execute(arguments)``, on a daemon thread when ``timeout_s`` is set (a stuck tool is
     abandoned, not killed: tools that run code must enforce their own limits, as PythonTool does)."""
     if timeout_s is None:
@@ -117,18 +122,30 @@ class Toolbox:
         call_id, name, raw = _call_parts(call)
         tool = self.tools.get(name)
         if tool is None:
-            return CallResult(call_id, name, f"Error: unknown tool {name[:80]!r}. Available tools: "
-                              f"{', '.join(self.tools) or 'none'}.", error="unknown_tool")
+            return CallResult(
+                call_id,
+                name,
+                f"Error: unknown tool {name[:80]!r}. Available tools: {', '.join(self.tools) or 'none'}.",
+                error="unknown_tool",
+            )
         try:
             arguments = load_json(raw) if isinstance(raw, str) else raw
             if arguments is None:
                 arguments = {}
         except ValueError as exc:
-            return CallResult(call_id, name, f"Error: the arguments of {name} are not valid JSON ({exc}); "
-                              "pass a JSON object.", error="bad_arguments")
+            return CallResult(
+                call_id,
+                name,
+                f"Error: the arguments of {name} are not valid JSON ({exc}); pass a JSON object.",
+                error="bad_arguments",
+            )
         if not isinstance(arguments, dict):
-            return CallResult(call_id, name, f"Error: the arguments of {name} must be a JSON object, "
-                              f"got {type(arguments).__name__}.", error="bad_arguments")
+            return CallResult(
+                call_id,
+                name,
+                f"Error: the arguments of {name} must be a JSON object, got {type(arguments).__name__}.",
+                error="bad_arguments",
+            )
         start = time.perf_counter()
         try:
             text, reward, metrics = _run_with_timeout(tool, arguments, self.call_timeout_s)
@@ -143,15 +160,21 @@ class Toolbox:
         result.text = truncate(result.text, self.max_output_chars)
         return result
 
-    def run_turn(self, calls: list[dict[str, Any]], errors: list[str], used: int, id_prefix: str = "call_") -> list[CallResult]:
+    def run_turn(
+        self, calls: list[dict[str, Any]], errors: list[str], used: int, id_prefix: str = "call_"
+    ) -> list[CallResult]:
         """Results for one assistant turn, in order: each parse error, then each call (calls past
         ``max_calls_per_turn`` or the episode budget — ``used`` calls so far — are refused)."""
-        results = [CallResult(f"{id_prefix}error{i}", "", f"Error: {err}", error="parse") for i, err in enumerate(errors)]
+        results = [
+            CallResult(f"{id_prefix}error{i}", "", f"Error: {err}", error="parse") for i, err in enumerate(errors)
+        ]
         for i, call in enumerate(calls):
             if i >= self.max_calls_per_turn:
                 results.append(self._refused(call, f"at most {self.max_calls_per_turn} tool calls per turn"))
             elif used >= self.max_calls_per_episode:
-                results.append(self._refused(call, f"the budget of {self.max_calls_per_episode} tool calls is used up; answer now"))
+                results.append(
+                    self._refused(call, f"the budget of {self.max_calls_per_episode} tool calls is used up; answer now")
+                )
             else:
                 results.append(self.execute(call))
                 used += 1
@@ -169,8 +192,10 @@ class Toolbox:
 
 def call_metrics(results: list[CallResult]) -> dict[str, float]:
     """Counts for logging: ``tool_calls``, ``tool_errors`` and ``tool_errors/<kind>``."""
-    metrics: dict[str, float] = {"tool_calls": float(len(results)),
-                                 "tool_errors": float(sum(not r.ok for r in results))}
+    metrics: dict[str, float] = {
+        "tool_calls": float(len(results)),
+        "tool_errors": float(sum(not r.ok for r in results)),
+    }
     for r in results:
         if r.error:
             metrics[f"tool_errors/{r.error}"] = metrics.get(f"tool_errors/{r.error}", 0.0) + 1.0

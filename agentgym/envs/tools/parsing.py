@@ -69,7 +69,7 @@ def _unfence(body: str) -> str:
     """The JSON inside a Markdown code fence (```` ```json ... ``` ````), else ``body`` as it is."""
     if len(body) < 2 * len(FENCE) or not (body.startswith(FENCE) and body.endswith(FENCE)):
         return body
-    inner = body[len(FENCE):-len(FENCE)]
+    inner = body[len(FENCE) : -len(FENCE)]
     return (inner[4:] if inner.startswith("json") else inner).strip()
 
 
@@ -124,7 +124,7 @@ def parse_tool_calls(text: str, id_prefix: str = "call_") -> tuple[str, list[dic
             errors.append(f"tool call {block}: {OPEN} is never closed with {CLOSE}; {FORMAT_HINT}")
             break
         try:
-            name, arguments = _parse_body(text[start + len(OPEN):end])
+            name, arguments = _parse_body(text[start + len(OPEN) : end])
             calls.append(make_tool_call(f"{id_prefix}{len(calls)}", name, arguments))
         except ValueError as exc:
             errors.append(f"tool call {block}: {exc}; {FORMAT_HINT}")
@@ -144,7 +144,9 @@ def normalize_tool_calls(raw: Any, id_prefix: str = "call_") -> tuple[list[dict[
         function = item.get("function") if isinstance(item, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str) or not name:
-            errors.append(f"tool call {i + 1}: expected {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}")
+            errors.append(
+                f"tool call {i + 1}: expected {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}"
+            )
             continue
         call_id = item.get("id")
         if not isinstance(call_id, str) or not call_id:

@@ -48,11 +48,11 @@ class PythonTool(Tool):
     # What the model is told, per sandbox mode (each states only what that mode enforces).
     DESCRIPTIONS: ClassVar[dict[str, str]] = {
         "strong": "Run a Python 3 program and return what it prints (stdout and stderr). Use print() to see values. "
-                  "Each call starts fresh in an isolated sandbox without network: the working directory (/tmp) is "
-                  "private and emptied after the call, the rest of the file system is read-only, and time, memory, "
-                  "disk and processes are limited.",
+        "Each call starts fresh in an isolated sandbox without network: the working directory (/tmp) is "
+        "private and emptied after the call, the rest of the file system is read-only, and time, memory, "
+        "disk and processes are limited.",
         "weak": "Run a Python 3 program and return what it prints (stdout and stderr). Use print() to see values. "
-                "No network, no subprocesses, no writing outside the working directory; each call starts fresh.",
+        "No network, no subprocesses, no writing outside the working directory; each call starts fresh.",
     }
     description: ClassVar[str] = DESCRIPTIONS["strong"]
     parameters: ClassVar[dict[str, Any]] = {
@@ -93,9 +93,15 @@ class PythonTool(Tool):
     def run(self, code: str) -> SandboxResult:
         """Run ``code`` under this tool's limits; the raw result."""
         return run_python(
-            code, timeout_s=self.timeout_s, memory_mb=self.memory_mb, max_processes=self.max_processes,
-            max_output_bytes=4 * self.max_output_chars, max_file_mb=self.max_file_mb,
-            isolate_network=self.isolate_network, use_cgroup=self.use_cgroup, max_disk_mb=self.max_disk_mb,
+            code,
+            timeout_s=self.timeout_s,
+            memory_mb=self.memory_mb,
+            max_processes=self.max_processes,
+            max_output_bytes=4 * self.max_output_chars,
+            max_file_mb=self.max_file_mb,
+            isolate_network=self.isolate_network,
+            use_cgroup=self.use_cgroup,
+            max_disk_mb=self.max_disk_mb,
             mode=self.mode,
         )
 
@@ -104,14 +110,24 @@ class PythonTool(Tool):
         if not isinstance(code, str) or not code.strip():
             raise ToolError('python needs {"code": "<program>"}', kind="bad_arguments")
         result = self.run(code)
-        metrics = {"python_seconds": result.seconds, "python_timeouts": float(result.timed_out),
-                   "python_failures": float(not result.ok)}
+        metrics = {
+            "python_seconds": result.seconds,
+            "python_timeouts": float(result.timed_out),
+            "python_failures": float(not result.ok),
+        }
         output = describe(result, self.max_output_chars)
         if result.timed_out:
             tail = f"\nOutput before the timeout:\n{output}" if output else ""
-            raise ToolError(f"the program did not finish within {self.timeout_s:g} s and was stopped.{tail}",
-                            kind="timeout", metrics=metrics)
+            raise ToolError(
+                f"the program did not finish within {self.timeout_s:g} s and was stopped.{tail}",
+                kind="timeout",
+                metrics=metrics,
+            )
         if result.exit_code != 0:
-            how = f"was killed by signal {-result.exit_code}" if (result.exit_code or 0) < 0 else f"exited with status {result.exit_code}"
+            how = (
+                f"was killed by signal {-result.exit_code}"
+                if (result.exit_code or 0) < 0
+                else f"exited with status {result.exit_code}"
+            )
             raise ToolError(f"the program {how}.\n{output}".rstrip(), kind="code_error", metrics=metrics)
         return output or "(no output: use print() to show results)", 0.0, metrics

@@ -22,9 +22,18 @@ from pathlib import Path
 import torch
 
 _DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
 }
 
 
@@ -35,7 +44,9 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
         header.pop("__metadata__", None)
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if os.fstat(f.fileno()).st_size > 8 + length else None
+        mapped = (
+            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if os.fstat(f.fileno()).st_size > 8 + length else None
+        )
     tensors: dict[str, torch.Tensor] = {}
     for name, info in header.items():
         dtype = _DTYPES[info["dtype"]]

@@ -38,12 +38,12 @@ def offline_policy(key: str, value: Any) -> tuple[str, str] | None:
     return apply_rules(OFFLINE_RULES, key, value)
 
 
-def load_offline_config(base_file: str, overrides: Sequence[str], config_file: str | None = None
-                        ) -> tuple[DictConfig, dict[str, str]]:
+def load_offline_config(
+    base_file: str, overrides: Sequence[str], config_file: str | None = None
+) -> tuple[DictConfig, dict[str, str]]:
     """``configs/<base_file>``, ``config_file`` and dotted overrides (veRL keys it lacks: ignored with a reason
     or refused)."""
-    composition = compose(config_file=config_file, overrides=overrides, base_file=base_file,
-                          key_policy=offline_policy)
+    composition = compose(config_file=config_file, overrides=overrides, base_file=base_file, key_policy=offline_policy)
     return composition.cfg, composition.ignored
 
 

@@ -31,8 +31,10 @@ def check(cfg: DictConfig) -> None:
     if int(data.n_samples) < 1:
         raise ConfigError(f"data.n_samples must be at least 1, got {data.n_samples}")
     if (not rollout.do_sample or float(rollout.temperature) == 0.0) and int(data.n_samples) != 1:
-        raise ConfigError("greedy decoding (rollout.do_sample=false or rollout.temperature=0) gives the same response "
-                          f"every time: set data.n_samples=1 (got {data.n_samples})")
+        raise ConfigError(
+            "greedy decoding (rollout.do_sample=false or rollout.temperature=0) gives the same response "
+            f"every time: set data.n_samples=1 (got {data.n_samples})"
+        )
     if rollout.name not in ("embedded", "vllm", "sglang"):
         raise ConfigError(f"rollout.name={rollout.name!r} is not one of embedded, vllm, sglang")
 
@@ -44,18 +46,25 @@ async def sample_all(cfg: DictConfig, rows: list[dict[str, Any]], client: Any, c
 
     data, rollout = cfg.data, cfg.rollout
     greedy = not rollout.do_sample
-    sampling = SamplingParams(max_tokens=int(rollout.response_length),
-                              temperature=0.0 if greedy else float(rollout.temperature),
-                              top_p=float(rollout.top_p), top_k=int(rollout.top_k))
+    sampling = SamplingParams(
+        max_tokens=int(rollout.response_length),
+        temperature=0.0 if greedy else float(rollout.temperature),
+        top_p=float(rollout.top_p),
+        top_k=int(rollout.top_k),
+    )
     prompts = []
     for i, row in enumerate(rows):
         if data.prompt_key not in row:
-            raise ConfigError(f"row {i} of {data.path} has no {data.prompt_key!r} column (data.prompt_key); columns: "
-                              f"{', '.join(sorted(row))}")
+            raise ConfigError(
+                f"row {i} of {data.path} has no {data.prompt_key!r} column (data.prompt_key); columns: "
+                f"{', '.join(sorted(row))}"
+            )
         ids = chat.prompt_ids(as_messages(row[data.prompt_key], f"{data.path}:{i}"))
         if len(ids) > int(rollout.prompt_length):
-            raise ConfigError(f"row {i} of {data.path}: the prompt has {len(ids)} tokens, more than "
-                              f"rollout.prompt_length={rollout.prompt_length}; raise it")
+            raise ConfigError(
+                f"row {i} of {data.path}: the prompt has {len(ids)} tokens, more than "
+                f"rollout.prompt_length={rollout.prompt_length}; raise it"
+            )
         prompts.append(ids)
     n = int(data.n_samples)
     out: list[list[str]] = [[""] * n for _ in rows]
@@ -96,8 +105,11 @@ def generate(cfg: DictConfig) -> tuple[str, int]:
         if rollout.name == "embedded":
             kwargs["max_batch_size"] = max(1, min(int(cfg.data.batch_size), 256))
         else:
-            kwargs.update(gpu_memory_utilization=float(rollout.gpu_memory_utilization),
-                          tensor_parallel_size=int(rollout.tensor_model_parallel_size), **rollout_engine_kwargs(rollout))
+            kwargs.update(
+                gpu_memory_utilization=float(rollout.gpu_memory_utilization),
+                tensor_parallel_size=int(rollout.tensor_model_parallel_size),
+                **rollout_engine_kwargs(rollout),
+            )
         handle = start_policy_server(str(rollout.name), str(cfg.model.path), port=0, **kwargs)
         urls = [handle.url]
     try:
@@ -125,7 +137,9 @@ def generate_command(args: argparse.Namespace) -> int:
 
     quiet_transformers()
     try:
-        cfg, ignored = load_offline_config("generation.yaml", list(args.overrides or ()), config_file_of(args, "generation"))
+        cfg, ignored = load_offline_config(
+            "generation.yaml", list(args.overrides or ()), config_file_of(args, "generation")
+        )
         for key, reason in sorted(ignored.items()):
             print(f"agentgym generate: warning: {key}: no effect ({reason})", file=sys.stderr)
         check(cfg)

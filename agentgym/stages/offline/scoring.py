@@ -50,8 +50,9 @@ def score_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> dict[str, float]:
         try:
             scores = [reward(source, str(r), ground_truth)[0] for r in responses]
         except UnknownDataSource as exc:
-            raise ConfigError(str(exc).replace("custom_reward_function.path=FILE.py", "custom_reward_function.path=FILE")
-                              ) from None
+            raise ConfigError(
+                str(exc).replace("custom_reward_function.path=FILE.py", "custom_reward_function.path=FILE")
+            ) from None
         by_source[source].append(sum(scores) / len(scores) if scores else 0.0)
     return {f"test_score/{source}": sum(v) / len(v) for source, v in sorted(by_source.items())}
 
@@ -59,12 +60,16 @@ def score_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> dict[str, float]:
 def offline_eval_command(args: argparse.Namespace) -> int:
     """``agentgym eval`` with dotted overrides and no ``--env``: score a responses file."""
     try:
-        cfg, ignored = load_offline_config("evaluation.yaml", list(args.overrides or ()), config_file_of(args, "evaluation"))
+        cfg, ignored = load_offline_config(
+            "evaluation.yaml", list(args.overrides or ()), config_file_of(args, "evaluation")
+        )
         for key, reason in sorted(ignored.items()):
             print(f"agentgym eval: warning: {key}: no effect ({reason})", file=sys.stderr)
         if not cfg.data.path:
-            raise ConfigError("agentgym eval needs --env NAME (episodes against a policy) or data.path=FILE "
-                              "(score the responses in a file, as veRL's main_eval)")
+            raise ConfigError(
+                "agentgym eval needs --env NAME (episodes against a policy) or data.path=FILE "
+                "(score the responses in a file, as veRL's main_eval)"
+            )
         result = score_rows(cfg, read_table(str(cfg.data.path)))
     except ConfigError as exc:
         print(f"agentgym eval: {exc}", file=sys.stderr)

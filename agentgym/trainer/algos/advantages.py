@@ -302,8 +302,10 @@ def compute_grpo_passk_outcome_advantage(
         advantages = torch.zeros_like(scores)
         for group_id, rows in group_rows(index, scores.shape[0]).items():
             if len(rows) < 2:
-                raise ValueError(f"grpo_passk needs at least 2 replies per task (actor_rollout_ref.rollout.n >= 2); "
-                                 f"group {group_id!r} has {len(rows)}")
+                raise ValueError(
+                    f"grpo_passk needs at least 2 replies per task (actor_rollout_ref.rollout.n >= 2); "
+                    f"group {group_id!r} has {len(rows)}"
+                )
             rows_t = torch.tensor(rows, device=scores.device)
             group = scores[rows_t]
             top, top_index = torch.topk(group, 2)
@@ -350,7 +352,8 @@ def reward_baselines_of(trajectories: Sequence[Any], rows: int) -> Tensor:
         raise ValueError(
             f"algorithm.adv_estimator=remax needs a greedy baseline episode per task, and {len(missing)} of "
             f"{len(trajectories)} trajectories have none: the baseline is rolled out by env runs (--env, "
-            f"data.train_files); an --agent run or several env tags cannot use remax (try grpo or rloo)")
+            f"data.train_files); an --agent run or several env tags cannot use remax (try grpo or rloo)"
+        )
     values = [float(t.metrics["reward_baseline"]) for t in trajectories]
     return torch.tensor(values + [0.0] * (rows - len(values)), dtype=torch.float32)
 
@@ -368,9 +371,7 @@ def compute_advantage(adv_estimator: str, **inputs: Any) -> tuple[Tensor, Tensor
     fn = get_adv_estimator_fn(adv_estimator)
     params = inspect.signature(fn).parameters
     kwargs = {k: v for k, v in inputs.items() if k in params and v is not None}
-    missing = [
-        name for name, p in params.items() if p.default is inspect.Parameter.empty and name not in kwargs
-    ]
+    missing = [name for name, p in params.items() if p.default is inspect.Parameter.empty and name not in kwargs]
     if missing:
         raise ValueError(
             f"adv_estimator {adv_estimator!r} needs {', '.join(missing)}; "

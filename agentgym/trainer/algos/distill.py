@@ -24,9 +24,15 @@ def reverse_kl(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
     return student_log_probs - teacher_log_probs
 
 
-def compute_distillation_advantage(advantages: Tensor, student_log_probs: Tensor, teacher_log_probs: Tensor,
-                                   response_mask: Tensor, kl_coef: float = 1.0, env_coef: float = 1.0,
-                                   clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
+def compute_distillation_advantage(
+    advantages: Tensor,
+    student_log_probs: Tensor,
+    teacher_log_probs: Tensor,
+    response_mask: Tensor,
+    kl_coef: float = 1.0,
+    env_coef: float = 1.0,
+    clip: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """``env_coef * advantages - kl_coef * reverse_kl`` on the tokens of ``response_mask`` (the sampled
     tokens the teacher scored), ``env_coef * advantages`` elsewhere; and the ``distill/*`` metrics.
     ``clip``: each token's reverse KL is clipped to ``[-clip, clip]`` first (a token the teacher finds
@@ -37,8 +43,10 @@ def compute_distillation_advantage(advantages: Tensor, student_log_probs: Tensor
     out = env_coef * advantages - kl_coef * pushed
     metrics = {}
     if bool(mask.any()):
-        metrics = {"distill/reverse_kl": float(masked_mean(rkl, mask)),
-                   "distill/teacher_log_prob": float(masked_mean(teacher_log_probs, mask)),
-                   "distill/student_log_prob": float(masked_mean(student_log_probs, mask)),
-                   "distill/scored_tokens": float(mask.sum())}
+        metrics = {
+            "distill/reverse_kl": float(masked_mean(rkl, mask)),
+            "distill/teacher_log_prob": float(masked_mean(teacher_log_probs, mask)),
+            "distill/student_log_prob": float(masked_mean(student_log_probs, mask)),
+            "distill/scored_tokens": float(mask.sum()),
+        }
     return out, metrics

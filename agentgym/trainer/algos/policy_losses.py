@@ -124,8 +124,10 @@ def compute_policy_loss_topr(
     positive = (episode_scores > 0).to(log_prob.dtype).unsqueeze(-1).expand_as(log_prob)
     negative = 1.0 - positive
     truncated = torch.clamp(ratio, 0.0, 1.0).detach()
-    pg_losses = (topr_positive_weight * -advantages * log_prob * positive
-                 + topr_negative_weight * -truncated * advantages * log_prob * negative)
+    pg_losses = (
+        topr_positive_weight * -advantages * log_prob * positive
+        + topr_negative_weight * -truncated * advantages * log_prob * negative
+    )
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
@@ -304,8 +306,11 @@ def compute_actor_loss(
     """
     extra: dict[str, Any] = {"dual_clip": dual_clip} if loss_mode == "vanilla" else {}
     if loss_mode == "topr":
-        extra = {"episode_scores": episode_scores, "topr_positive_weight": topr_positive_weight,
-                 "topr_negative_weight": topr_negative_weight}
+        extra = {
+            "episode_scores": episode_scores,
+            "topr_positive_weight": topr_positive_weight,
+            "topr_negative_weight": topr_negative_weight,
+        }
     pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = get_policy_loss_fn(loss_mode)(
         old_log_prob,
         log_prob,
@@ -337,9 +342,7 @@ def compute_actor_loss(
     if use_kl_loss:
         if ref_log_prob is None:
             raise ValueError("use_kl_loss needs ref_log_prob (the reference policy's log-probs)")
-        kl_loss = compute_kl_loss(
-            log_prob, ref_log_prob, response_mask, kl_loss_type, loss_agg_mode, global_batch_info
-        )
+        kl_loss = compute_kl_loss(log_prob, ref_log_prob, response_mask, kl_loss_type, loss_agg_mode, global_batch_info)
         loss = loss + kl_loss_coef * kl_loss
         metrics["actor/kl_loss"] = kl_loss.detach().item()
         metrics["actor/kl_coef"] = kl_loss_coef

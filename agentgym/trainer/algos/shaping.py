@@ -48,8 +48,9 @@ def normalize_group(scores: Tensor, method: str) -> Tensor:
     return normalized.clamp(-1, 3) if method == "asym_clip" else normalized
 
 
-def normalize_scores(scores: Tensor, groups: Sequence[Hashable], tags: Sequence[Hashable], grouping: str,
-                     method: str) -> Tensor:
+def normalize_scores(
+    scores: Tensor, groups: Sequence[Hashable], tags: Sequence[Hashable], grouping: str, method: str
+) -> Tensor:
     """Scores normalised per group of ``grouping`` (``state``: ``groups``, ``inductive``: ``tags``)."""
     if grouping not in GROUPINGS:
         raise ValueError(f"reward_normalization.grouping must be one of {GROUPINGS}, got {grouping!r}")
@@ -86,8 +87,14 @@ class RunningMoments:
         return (self.m2 / (self.count - 1)) ** 0.5 if self.count > 1 else 1.0
 
 
-def reward_norm(scores: Tensor, groups: Sequence[Hashable], mode: str | None, shift: bool = False,
-                scale: bool = False, running: RunningMoments | None = None) -> Tensor:
+def reward_norm(
+    scores: Tensor,
+    groups: Sequence[Hashable],
+    mode: str | None,
+    shift: bool = False,
+    scale: bool = False,
+    running: RunningMoments | None = None,
+) -> Tensor:
     """ROLL's ``reward_norm``: ``batch`` / ``group`` normalise over the batch / each group (mean only
     with ``shift``); ``running`` uses ``running`` moments, updated with these scores first."""
     if mode is None:
@@ -117,11 +124,21 @@ def shaping_enabled(method: str, mode: str | None, clip: float | None) -> bool:
     return method != "identity" or mode is not None or bool(clip)
 
 
-def shape_rewards(token_level_scores: Tensor, response_mask: Tensor, groups: Sequence[Hashable],
-                  tags: Sequence[Hashable], *, grouping: str = "state", method: str = "identity",
-                  reward_norm_mode: str | None = None, reward_shift: bool = False, reward_scale: bool = False,
-                  reward_clip: float | None = None, running: RunningMoments | None = None,
-                  valid: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+def shape_rewards(
+    token_level_scores: Tensor,
+    response_mask: Tensor,
+    groups: Sequence[Hashable],
+    tags: Sequence[Hashable],
+    *,
+    grouping: str = "state",
+    method: str = "identity",
+    reward_norm_mode: str | None = None,
+    reward_shift: bool = False,
+    reward_scale: bool = False,
+    reward_clip: float | None = None,
+    running: RunningMoments | None = None,
+    valid: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """The token rewards with ROLL's shaping applied (see the module docstring) and its metrics.
     Rows not ``valid`` (untrainable, padding) are left out of every statistic and keep 0."""
     if not shaping_enabled(method, reward_norm_mode, reward_clip):
@@ -146,8 +163,9 @@ def shape_rewards(token_level_scores: Tensor, response_mask: Tensor, groups: Seq
     return out, metrics
 
 
-def postprocess_advantages(advantages: Tensor, response_mask: Tensor, whiten: bool = False,
-                           clip: float | None = None) -> tuple[Tensor, dict[str, float]]:
+def postprocess_advantages(
+    advantages: Tensor, response_mask: Tensor, whiten: bool = False, clip: float | None = None
+) -> tuple[Tensor, dict[str, float]]:
     """ROLL's ``whiten_advantages`` (over the batch's sampled tokens) then ``advantage_clip``."""
     metrics: dict[str, float] = {}
     mask = response_mask.to(advantages.dtype)

@@ -101,4 +101,8 @@ def masked_stats(name: str, values: Tensor, mask: Tensor) -> dict[str, float]:
     if mask.sum() == 0:
         return {}
     picked = values[mask.bool()]
-    return {f"{name}/mean": float(picked.mean()), f"{name}/max": float(picked.max()), f"{name}/min": float(picked.min())}
+    return {
+        f"{name}/mean": float(picked.mean()),
+        f"{name}/max": float(picked.max()),
+        f"{name}/min": float(picked.min()),
+    }

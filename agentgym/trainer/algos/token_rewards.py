@@ -16,9 +16,7 @@ Tensor = torch.Tensor
 # ---- turn-level credit: rewards onto tokens ------------------------------------------
 
 
-def token_level_scores_from_rewards(
-    token_rewards: Sequence[Sequence[float]], response_mask: Tensor
-) -> Tensor:
+def token_level_scores_from_rewards(token_rewards: Sequence[Sequence[float]], response_mask: Tensor) -> Tensor:
     """Build veRL's ``token_level_scores`` ``(batch, seq)`` from per-token reward lists.
 
     Row i of ``token_rewards`` lines up with row i of ``response_mask`` (it may be shorter:
@@ -81,9 +79,7 @@ def trajectories_to_token_rewards(
     longest = max((len(m) for m in masks), default=0)
     width = longest if response_length is None else response_length
     if longest > width:
-        raise ValueError(
-            f"a trajectory's response region has {longest} tokens, more than response_length={width}"
-        )
+        raise ValueError(f"a trajectory's response region has {longest} tokens, more than response_length={width}")
     response_mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
     response_mask = response_mask.reshape(len(masks), width)
     return token_level_scores_from_rewards(rewards, response_mask), response_mask

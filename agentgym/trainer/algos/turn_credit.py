@@ -43,8 +43,9 @@ GIGPO_MODES = ("mean_std_norm", "mean_norm")
 STEP_GROUPINGS = ("state", "turn")
 
 
-def normalise_in_groups(values: Sequence[float], keys: Sequence[Hashable], mode: str = "mean_std_norm",
-                        epsilon: float = 1e-6) -> list[float]:
+def normalise_in_groups(
+    values: Sequence[float], keys: Sequence[Hashable], mode: str = "mean_std_norm", epsilon: float = 1e-6
+) -> list[float]:
     """Each value against the others sharing its key; 0 for a key held by one value or by equal values."""
     if mode not in GIGPO_MODES:
         raise unknown_name("algorithm.gigpo.mode", mode, list(GIGPO_MODES))
@@ -120,8 +121,12 @@ def compute_gigpo_advantage(
                 flat_keys.append((ids[row], key))
                 where.append((row, k))
         step = normalise_in_groups(flat_values, flat_keys, mode, epsilon)
-        per_turn = torch.zeros(len(returns), max((len(r) for r in returns), default=0) + 1,
-                               dtype=token_level_rewards.dtype, device=token_level_rewards.device)
+        per_turn = torch.zeros(
+            len(returns),
+            max((len(r) for r in returns), default=0) + 1,
+            dtype=token_level_rewards.dtype,
+            device=token_level_rewards.device,
+        )
         for (row, k), value in zip(where, step):
             per_turn[row, k] = episode_advantage_w * episode[row] + step_advantage_w * value
         # padding and observation tokens (turn -1) read the spare last column, which stays 0

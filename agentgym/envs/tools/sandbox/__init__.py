@@ -68,8 +68,10 @@ def resolve_mode(mode: str | None = None) -> str:
     """``mode`` if given, else ``$AGENTGYM_SANDBOX``, else ``"strong"``; checked against ``MODES``."""
     chosen = (mode or os.environ.get(MODE_ENV) or "strong").strip().lower()
     if chosen not in MODES:
-        raise ValueError(f"unknown sandbox mode {chosen!r} (from {'the argument' if mode else MODE_ENV}); "
-                         f"use one of {', '.join(MODES)}")
+        raise ValueError(
+            f"unknown sandbox mode {chosen!r} (from {'the argument' if mode else MODE_ENV}); "
+            f"use one of {', '.join(MODES)}"
+        )
     return chosen
 
 
@@ -87,9 +89,12 @@ def check_mode(mode: str | None = None) -> str:
             raise
     elif not _warned_weak:
         _warned_weak = True
-        logger.warning("The Python tool runs in the WEAK sandbox (%s=weak): an in-process guard-rail, not an "
-                       "isolation boundary; code that means to can read, write and signal as this user (uid %d).",
-                       MODE_ENV, os.geteuid())
+        logger.warning(
+            "The Python tool runs in the WEAK sandbox (%s=weak): an in-process guard-rail, not an "
+            "isolation boundary; code that means to can read, write and signal as this user (uid %d).",
+            MODE_ENV,
+            os.geteuid(),
+        )
     return chosen
 
 
@@ -119,13 +124,37 @@ def run_python(
     """
     if resolve_mode(mode) == "strong":
         require_strong()
-        return run_strong(code, timeout_s=timeout_s, memory_mb=memory_mb, max_processes=max_processes,
-                          max_output_bytes=max_output_bytes, max_file_mb=max_file_mb, max_disk_mb=max_disk_mb,
-                          python=python, use_cgroup=use_cgroup)
-    return run_weak(code, timeout_s=timeout_s, memory_mb=memory_mb, max_processes=max_processes,
-                    max_output_bytes=max_output_bytes, max_file_mb=max_file_mb, python=python,
-                    isolate_network=isolate_network, use_cgroup=use_cgroup)
+        return run_strong(
+            code,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            max_processes=max_processes,
+            max_output_bytes=max_output_bytes,
+            max_file_mb=max_file_mb,
+            max_disk_mb=max_disk_mb,
+            python=python,
+            use_cgroup=use_cgroup,
+        )
+    return run_weak(
+        code,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        max_processes=max_processes,
+        max_output_bytes=max_output_bytes,
+        max_file_mb=max_file_mb,
+        python=python,
+        isolate_network=isolate_network,
+        use_cgroup=use_cgroup,
+    )
 
 
-__all__ = ["MODES", "MODE_ENV", "SandboxResult", "SandboxUnavailable", "check_mode", "resolve_mode", "run_python",
-           "strong_problem"]
+__all__ = [
+    "MODES",
+    "MODE_ENV",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "check_mode",
+    "resolve_mode",
+    "run_python",
+    "strong_problem",
+]

@@ -49,15 +49,26 @@ SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup
 PATH = "/usr/local/bin:/usr/bin:/bin"
 # Read-only views of the system, besides /usr and the interpreter's own directories.
 SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives",
-             "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/mime.types")
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`) on a kernel that allows "
-                "namespaces, or opt into the weaker in-process guard-rail with AGENTGYM_SANDBOX=weak "
-                "(or the python tool's option sandbox=weak)")
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/alternatives",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/mime.types",
+)
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`) on a kernel that allows "
+    "namespaces, or opt into the weaker in-process guard-rail with AGENTGYM_SANDBOX=weak "
+    "(or the python tool's option sandbox=weak)"
+)
 
 # Runs as the sandbox user inside the namespaces: read the snippet from stdin, run it as __main__.
 # argv: [-c, *site_packages_dirs]
-BOOTSTRAP = r'''
+BOOTSTRAP = r"""
 import os, sys
 sys.path.extend(sys.argv[1:])  # site-packages, added without running .pth files (python -S)
 with open(0, "rb", closefd=False) as _f:
@@ -79,7 +90,7 @@ except BaseException as _exc:  # the traceback without this bootstrap's frames, 
     _te.stack = traceback.StackSummary.from_list([f for f in _te.stack if f.filename != "<string>"])
     sys.stderr.write("".join(_te.format()))
     sys.exit(1)
-'''
+"""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -89,8 +100,14 @@ class SandboxUnavailable(RuntimeError):
 def _python_roots(python: str | None) -> list[str]:
     """Directories the interpreter needs, as absolute paths (its prefixes, venv, site-packages)."""
     if python is None:
-        paths = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *site_packages(),
-                 os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+        paths = {
+            sys.prefix,
+            sys.exec_prefix,
+            sys.base_prefix,
+            sys.base_exec_prefix,
+            *site_packages(),
+            os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+        }
     else:
         exe = os.path.abspath(python)
         venv = os.path.dirname(os.path.dirname(exe))
@@ -128,9 +145,17 @@ def _bind_roots(roots: list[str], made: set[str]) -> list[str]:
 def bwrap_argv(python: str | None, disk_bytes: int, seccomp_fd: int | None) -> tuple[list[str], list[str]]:
     """``(argv, layers)``: the bubblewrap command line that runs the bootstrap, and the layers it adds."""
     as_root = os.geteuid() == 0
-    argv = [shutil.which("bwrap") or "bwrap",
-            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--clearenv"]
+    argv = [
+        shutil.which("bwrap") or "bwrap",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+    ]
     layers = ["namespaces"]
     if as_root:
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
@@ -160,8 +185,15 @@ def bwrap_argv(python: str | None, disk_bytes: int, seccomp_fd: int | None) -> t
     argv += _bind_roots(late, made)
     argv += ["--remount-ro", "/", "--chdir", "/tmp"]
     layers += ["read-only-root", "tmpfs-quota"]
-    env = {"PATH": PATH, "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {
+        "PATH": PATH,
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
     for name, value in env.items():
         argv += ["--setenv", name, value]
     if seccomp_fd is not None:
@@ -169,8 +201,16 @@ def bwrap_argv(python: str | None, disk_bytes: int, seccomp_fd: int | None) -> t
         layers.append("seccomp")
     argv.append("--")
     if as_root:
-        argv += [shutil.which("setpriv") or "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}",
-                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        argv += [
+            shutil.which("setpriv") or "setpriv",
+            f"--reuid={SANDBOX_UID}",
+            f"--regid={SANDBOX_GID}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
     if python is None:
         argv += [sys.executable, "-I", "-B", "-S", "-u", "-X", "utf8", "-c", BOOTSTRAP, *site_packages()]
     else:
@@ -185,20 +225,31 @@ def _exit_code(returncode: int | None) -> int | None:
     return returncode
 
 
-def run_strong(code: str, timeout_s: float, memory_mb: int, max_processes: int, max_output_bytes: int,
-               max_file_mb: int, max_disk_mb: int, python: str | None = None, use_cgroup: bool = True) -> SandboxResult:
+def run_strong(
+    code: str,
+    timeout_s: float,
+    memory_mb: int,
+    max_processes: int,
+    max_output_bytes: int,
+    max_file_mb: int,
+    max_disk_mb: int,
+    python: str | None = None,
+    use_cgroup: bool = True,
+) -> SandboxResult:
     """Run ``code`` in the bubblewrap sandbox (see the package docstring for what it guarantees)."""
     start = time.perf_counter()
     disk_bytes = max_disk_mb << 20
-    limits = capped({
-        resource.RLIMIT_AS: memory_mb << 20,
-        resource.RLIMIT_CPU: math.ceil(timeout_s) + 1,
-        resource.RLIMIT_FSIZE: max_file_mb << 20,
-        resource.RLIMIT_NOFILE: 256,
-        resource.RLIMIT_CORE: 0,
-        resource.RLIMIT_RTPRIO: 0,  # no real-time scheduling, whatever the caller was allowed
-        resource.RLIMIT_NICE: 0,  # no raising its own priority
-    })
+    limits = capped(
+        {
+            resource.RLIMIT_AS: memory_mb << 20,
+            resource.RLIMIT_CPU: math.ceil(timeout_s) + 1,
+            resource.RLIMIT_FSIZE: max_file_mb << 20,
+            resource.RLIMIT_NOFILE: 256,
+            resource.RLIMIT_CORE: 0,
+            resource.RLIMIT_RTPRIO: 0,  # no real-time scheduling, whatever the caller was allowed
+            resource.RLIMIT_NICE: 0,  # no raising its own priority
+        }
+    )
     program = filter_program()
     snippet = os.memfd_create("agentgym-snippet")
     filter_read = filter_write = -1
@@ -214,18 +265,26 @@ def run_strong(code: str, timeout_s: float, memory_mb: int, max_processes: int, 
             argv, layers = bwrap_argv(python, disk_bytes, filter_read if program is not None else None)
             run_limits = dict(limits)
             # the tasks beyond the code's own: bwrap's monitor and its init (pid 1 inside)
-            cgroups, cgroup_layers = (make_run_cgroups(max_processes + 2, (memory_mb << 20) + 2 * disk_bytes)
-                                      if use_cgroup else ([], []))
+            cgroups, cgroup_layers = (
+                make_run_cgroups(max_processes + 2, (memory_mb << 20) + 2 * disk_bytes) if use_cgroup else ([], [])
+            )
             layers += ["rlimits", "session", *cgroup_layers]
             if "cgroup" not in cgroup_layers:
                 uid = SANDBOX_UID if os.geteuid() == 0 else os.geteuid()
                 run_limits.update(capped({resource.RLIMIT_NPROC: user_task_count(uid) + max_processes}))
                 layers.append("nproc")
             try:
-                outcome = run_child(argv, cwd="/", env={"PATH": PATH}, stdin=snippet,
-                                    preexec=make_preexec(run_limits, [c.join for c in cgroups]), cgroups=cgroups,
-                                    timeout_s=timeout_s, max_output_bytes=max_output_bytes,
-                                    pass_fds=(filter_read,) if program is not None else ())
+                outcome = run_child(
+                    argv,
+                    cwd="/",
+                    env={"PATH": PATH},
+                    stdin=snippet,
+                    preexec=make_preexec(run_limits, [c.join for c in cgroups]),
+                    cgroups=cgroups,
+                    timeout_s=timeout_s,
+                    max_output_bytes=max_output_bytes,
+                    pass_fds=(filter_read,) if program is not None else (),
+                )
             except subprocess.SubprocessError:  # joining a cgroup failed in the child: retry without
                 if cgroups:
                     forget_cgroups()
@@ -238,9 +297,14 @@ def run_strong(code: str, timeout_s: float, memory_mb: int, max_processes: int, 
     finally:
         os.close(snippet)
     return SandboxResult(
-        stdout=outcome.stdout, stderr=outcome.stderr, exit_code=_exit_code(outcome.returncode),
-        timed_out=outcome.timed_out, seconds=time.perf_counter() - start, output_truncated=outcome.truncated,
-        layers=layers, mode="strong",
+        stdout=outcome.stdout,
+        stderr=outcome.stderr,
+        exit_code=_exit_code(outcome.returncode),
+        timed_out=outcome.timed_out,
+        seconds=time.perf_counter() - start,
+        output_truncated=outcome.truncated,
+        layers=layers,
+        mode="strong",
     )
 
 
@@ -263,8 +327,15 @@ def strong_problem() -> str | None:
             problem = "`setpriv` (util-linux) is not installed; it drops root to an unprivileged user"
         else:
             try:
-                result = run_strong("print('sandbox-ok')", timeout_s=30, memory_mb=1024, max_processes=8,
-                                    max_output_bytes=4000, max_file_mb=1, max_disk_mb=1)
+                result = run_strong(
+                    "print('sandbox-ok')",
+                    timeout_s=30,
+                    memory_mb=1024,
+                    max_processes=8,
+                    max_output_bytes=4000,
+                    max_file_mb=1,
+                    max_disk_mb=1,
+                )
             except OSError as exc:
                 problem = f"starting bwrap failed: {exc}"
             else:
@@ -279,5 +350,6 @@ def require_strong() -> None:
     """Raise ``SandboxUnavailable`` (saying what is missing and what to do) unless the strong mode works."""
     problem = strong_problem()
     if problem is not None:
-        raise SandboxUnavailable(f"The Python tool's strong sandbox cannot run here: {problem}. "
-                                 f"To fix this, {INSTALL_HINT}.")
+        raise SandboxUnavailable(
+            f"The Python tool's strong sandbox cannot run here: {problem}. To fix this, {INSTALL_HINT}."
+        )

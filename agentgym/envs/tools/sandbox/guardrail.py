@@ -51,7 +51,7 @@ CLONE_NEWUSER = 0x10000000
 
 # Runs first in the child: install the audit hook, then execute the snippet as __main__.
 # argv: [-c, snippet_path, scratch_dir, *site_packages_dirs]
-BOOTSTRAP = r'''
+BOOTSTRAP = r"""
 import os, sys
 def _sandbox(scratch):
     import ctypes  # imported (and its libraries loaded) before the hook refuses dlopen
@@ -93,11 +93,17 @@ def _sandbox(scratch):
         if event == "open":
             path, flags = args[0], args[2]
             if not isinstance(path, int) and flags & write_flags and not inside(path):
-                raise PermissionError(f"sandbox: writing outside the scratch directory is not allowed ({fsdecode(path)})")
+                raise PermissionError(
+                    f"sandbox: writing outside the scratch directory is not allowed "
+                    f"({fsdecode(path)})"
+                )
         elif event in path_events:
             for i in path_events[event]:
                 if i < len(args) and not inside(args[i]):
-                    raise PermissionError(f"sandbox: changing files outside the scratch directory is not allowed ({event})")
+                    raise PermissionError(
+                        f"sandbox: changing files outside the scratch directory is not "
+                        f"allowed ({event})"
+                    )
         elif event in ("os.kill", "os.killpg") and args[0] not in (0, me):
             raise PermissionError(f"sandbox: signalling other processes is not allowed ({event})")
 
@@ -122,7 +128,7 @@ except BaseException as _exc:  # the traceback without this bootstrap's frames
     _te.stack = traceback.StackSummary.from_list([f for f in _te.stack if f.filename != "<string>"])
     sys.stderr.write("".join(_te.format()))
     sys.exit(1)
-'''
+"""
 
 _netns_lock = threading.Lock()
 _netns_flags: int | None = None  # 0: unavailable
@@ -155,20 +161,31 @@ def _unshare_fn(flags: int) -> Callable[[], None]:
     return unshare
 
 
-def run_weak(code: str, timeout_s: float, memory_mb: int, max_processes: int, max_output_bytes: int,
-             max_file_mb: int, python: str | None, isolate_network: bool, use_cgroup: bool) -> SandboxResult:
+def run_weak(
+    code: str,
+    timeout_s: float,
+    memory_mb: int,
+    max_processes: int,
+    max_output_bytes: int,
+    max_file_mb: int,
+    python: str | None,
+    isolate_network: bool,
+    use_cgroup: bool,
+) -> SandboxResult:
     """Run ``code`` under the audit hook and the OS layers this machine allows (see the module doc)."""
     global _netns_flags
     start = time.perf_counter()
-    limits = capped({
-        resource.RLIMIT_AS: memory_mb << 20,
-        resource.RLIMIT_CPU: math.ceil(timeout_s) + 1,
-        resource.RLIMIT_FSIZE: max_file_mb << 20,
-        resource.RLIMIT_NOFILE: 256,
-        resource.RLIMIT_CORE: 0,
-        resource.RLIMIT_RTPRIO: 0,  # no real-time scheduling, whatever the caller was allowed
-        resource.RLIMIT_NICE: 0,  # no raising its own priority
-    })
+    limits = capped(
+        {
+            resource.RLIMIT_AS: memory_mb << 20,
+            resource.RLIMIT_CPU: math.ceil(timeout_s) + 1,
+            resource.RLIMIT_FSIZE: max_file_mb << 20,
+            resource.RLIMIT_NOFILE: 256,
+            resource.RLIMIT_CORE: 0,
+            resource.RLIMIT_RTPRIO: 0,  # no real-time scheduling, whatever the caller was allowed
+            resource.RLIMIT_NICE: 0,  # no raising its own priority
+        }
+    )
     run_dir = make_run_dir()
     try:
         scratch = run_dir / "scratch"
@@ -176,12 +193,29 @@ def run_weak(code: str, timeout_s: float, memory_mb: int, max_processes: int, ma
         snippet = run_dir / "main.py"
         snippet.write_text(code, encoding="utf-8")
         env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch),
-            "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(scratch),
+            "TMPDIR": str(scratch),
+            "LANG": "C.UTF-8",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
         }
         if python is None:  # this interpreter: skip site's .pth processing (~20 ms), pass its site-packages
-            argv = [sys.executable, "-I", "-B", "-S", "-u", "-X", "utf8", "-c", BOOTSTRAP, str(snippet), str(scratch),
-                    *site_packages()]
+            argv = [
+                sys.executable,
+                "-I",
+                "-B",
+                "-S",
+                "-u",
+                "-X",
+                "utf8",
+                "-c",
+                BOOTSTRAP,
+                str(snippet),
+                str(scratch),
+                *site_packages(),
+            ]
         else:
             argv = [python, "-I", "-B", "-u", "-X", "utf8", "-c", BOOTSTRAP, str(snippet), str(scratch)]
         while True:  # a layer that fails at start is switched off for this process and the start retried
@@ -194,9 +228,16 @@ def run_weak(code: str, timeout_s: float, memory_mb: int, max_processes: int, ma
                 run_limits.update(capped({resource.RLIMIT_NPROC: user_task_count(os.geteuid()) + max_processes}))
                 layers.append("nproc")
             try:
-                outcome = run_child(argv, cwd=scratch, env=env, stdin=None,
-                                    preexec=make_preexec(run_limits, [c.join for c in cgroups], netns),
-                                    cgroups=cgroups, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
+                outcome = run_child(
+                    argv,
+                    cwd=scratch,
+                    env=env,
+                    stdin=None,
+                    preexec=make_preexec(run_limits, [c.join for c in cgroups], netns),
+                    cgroups=cgroups,
+                    timeout_s=timeout_s,
+                    max_output_bytes=max_output_bytes,
+                )
             except subprocess.SubprocessError:  # a layer failed inside the child before exec
                 if cgroups:
                     forget_cgroups()
@@ -210,6 +251,12 @@ def run_weak(code: str, timeout_s: float, memory_mb: int, max_processes: int, ma
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     return SandboxResult(
-        stdout=outcome.stdout, stderr=outcome.stderr, exit_code=outcome.returncode, timed_out=outcome.timed_out,
-        seconds=time.perf_counter() - start, output_truncated=outcome.truncated, layers=layers, mode="weak",
+        stdout=outcome.stdout,
+        stderr=outcome.stderr,
+        exit_code=outcome.returncode,
+        timed_out=outcome.timed_out,
+        seconds=time.perf_counter() - start,
+        output_truncated=outcome.truncated,
+        layers=layers,
+        mode="weak",
     )

@@ -85,8 +85,11 @@ def probe_cgroup(controller: str) -> tuple[Path, str] | None:
             return _cgroup_parents[controller]
         _cgroup_parents[controller] = None
         v2 = _own_cgroup("").lstrip("/")
-        candidates = [Path("/sys/fs/cgroup") / controller / _own_cgroup(controller).lstrip("/"),
-                      Path("/sys/fs/cgroup") / v2, Path("/sys/fs/cgroup/unified") / v2]
+        candidates = [
+            Path("/sys/fs/cgroup") / controller / _own_cgroup(controller).lstrip("/"),
+            Path("/sys/fs/cgroup") / v2,
+            Path("/sys/fs/cgroup/unified") / v2,
+        ]
         for parent in candidates:
             remove_stale_cgroups(parent)
             probe = parent / f"agentgym-probe-{os.getpid()}"
@@ -338,9 +341,18 @@ class Outcome:
     truncated: bool
 
 
-def run_child(argv: list[str], *, cwd: str | Path, env: dict[str, str], stdin: int | IO[bytes] | None,
-              preexec: Callable[[], None], cgroups: list[RunCgroup], timeout_s: float,
-              max_output_bytes: int, pass_fds: tuple[int, ...] = ()) -> Outcome:
+def run_child(
+    argv: list[str],
+    *,
+    cwd: str | Path,
+    env: dict[str, str],
+    stdin: int | IO[bytes] | None,
+    preexec: Callable[[], None],
+    cgroups: list[RunCgroup],
+    timeout_s: float,
+    max_output_bytes: int,
+    pass_fds: tuple[int, ...] = (),
+) -> Outcome:
     """Start ``argv`` in its own session with ``preexec``, wait up to ``timeout_s``, then kill its
     process group and every task left in ``cgroups``; its output is read back from nameless files
     in the temp directory. The cgroups are removed afterwards. Raises ``subprocess.SubprocessError``
@@ -352,8 +364,16 @@ def run_child(argv: list[str], *, cwd: str | Path, env: dict[str, str], stdin: i
             cleanup.callback(cgroup.remove)
             cleanup.callback(cgroup.kill_all)
         proc = subprocess.Popen(  # preexec_fn: needed for the cgroups, limits and unshare
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL if stdin is None else stdin, stdout=out,
-            stderr=err, start_new_session=True, close_fds=True, pass_fds=pass_fds, preexec_fn=preexec,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL if stdin is None else stdin,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=pass_fds,
+            preexec_fn=preexec,
         )
         cleanup.callback(kill_session, proc)
         timed_out = not wait_unreaped(proc, timeout_s)

@@ -39,22 +39,50 @@ RET_ERRNO = 0x00050000
 # x86_64 numbers of the refused calls, with why.
 REFUSED_X86_64 = {
     # namespaces of its own (a user namespace hands out capabilities inside it)
-    "unshare": 272, "setns": 308,
+    "unshare": 272,
+    "setns": 308,
     # mounts (need privileges the sandbox lacks; refused before the kernel looks further)
-    "mount": 165, "umount2": 166, "pivot_root": 155, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+    "mount": 165,
+    "umount2": 166,
+    "pivot_root": 155,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
     # kernel keyrings: shared by every process of a uid, so state would outlive the call
-    "add_key": 248, "request_key": 249, "keyctl": 250,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
     # large kernel interfaces with a history of privilege escalations
-    "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
-    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "bpf": 321,
+    "perf_event_open": 298,
+    "userfaultfd": 323,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
     # looking into or steering other processes, and the kernel log
-    "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "syslog": 103,
+    "ptrace": 101,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
+    "syslog": 103,
     # file handles (open_by_handle_at was the classic container escape)
-    "name_to_handle_at": 303, "open_by_handle_at": 304,
+    "name_to_handle_at": 303,
+    "open_by_handle_at": 304,
     # whole-machine operations (privileged anyway)
-    "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
-    "reboot": 169, "swapon": 167, "swapoff": 168, "acct": 163, "sethostname": 170, "setdomainname": 171,
+    "kexec_load": 246,
+    "kexec_file_load": 320,
+    "init_module": 175,
+    "finit_module": 313,
+    "delete_module": 176,
+    "reboot": 169,
+    "swapon": 167,
+    "swapoff": 168,
+    "acct": 163,
+    "sethostname": 170,
+    "setdomainname": 171,
 }
 CLONE_X86_64 = 56
 CLONE3_X86_64 = 435
@@ -79,18 +107,23 @@ def filter_program() -> bytes | None:
         _insn(_JEQ, 1, 0, SOCKET_X86_64),  # socket(domain, ...) or socketpair(domain, ...):
         _insn(_JEQ, 0, 4, SOCKETPAIR_X86_64),
         _insn(_LD_W_ABS, 0, 0, _ARG0),  # the domain
-        _insn(_JEQ, 0, 1, AF_UNIX), _insn(_RET, 0, 0, RET_ALLOW),
+        _insn(_JEQ, 0, 1, AF_UNIX),
+        _insn(_RET, 0, 0, RET_ALLOW),
         _insn(_RET, 0, 0, deny),
-        _insn(_JEQ, 0, 1, CLONE3_X86_64), _insn(_RET, 0, 0, RET_ERRNO | errno.ENOSYS),
+        _insn(_JEQ, 0, 1, CLONE3_X86_64),
+        _insn(_RET, 0, 0, RET_ERRNO | errno.ENOSYS),
         _insn(_JEQ, 0, 3, CLONE_X86_64),  # clone(flags, ...): refuse CLONE_NEWUSER
         _insn(_LD_W_ABS, 0, 0, _ARG0),  # the low 32 bits of flags (little-endian)
-        _insn(_JSET, 0, 1, CLONE_NEWUSER), _insn(_RET, 0, 0, deny),
+        _insn(_JSET, 0, 1, CLONE_NEWUSER),
+        _insn(_RET, 0, 0, deny),
         _insn(_RET, 0, 0, RET_ALLOW),
     ]
     head = [
         _insn(_LD_W_ABS, 0, 0, _ARCH),
-        _insn(_JEQ, 1, 0, AUDIT_ARCH_X86_64), _insn(_RET, 0, 0, RET_KILL_PROCESS),  # i386 calls: no
+        _insn(_JEQ, 1, 0, AUDIT_ARCH_X86_64),
+        _insn(_RET, 0, 0, RET_KILL_PROCESS),  # i386 calls: no
         _insn(_LD_W_ABS, 0, 0, _NR),
-        _insn(_JGE, 0, 1, X32_SYSCALL_BIT), _insn(_RET, 0, 0, deny),  # the x32 ABI: no
+        _insn(_JGE, 0, 1, X32_SYSCALL_BIT),
+        _insn(_RET, 0, 0, deny),  # the x32 ABI: no
     ]
     return b"".join(head + body)

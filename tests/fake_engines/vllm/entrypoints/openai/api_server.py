@@ -44,15 +44,18 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["--serve-fd"]:
         serve(int(argv[1]), argv[2])
         return
-    options = {flag: value for flag, value in zip(argv, argv[1:]) if flag.startswith("--") and not value.startswith("--")}
+    options = {
+        flag: value for flag, value in zip(argv, argv[1:]) if flag.startswith("--") and not value.startswith("--")
+    }
     host, port = options.get("--host", "127.0.0.1"), int(options.get("--port", "8000"))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
     sock.bind((host, port))
     sock.listen(16)
     model = options.get("--served-model-name") or options.get("--model", "model")
-    child = subprocess.Popen([sys.executable, "-m", MODULE, "--serve-fd", str(sock.fileno()), model],
-                             pass_fds=[sock.fileno()])
+    child = subprocess.Popen(
+        [sys.executable, "-m", MODULE, "--serve-fd", str(sock.fileno()), model], pass_fds=[sock.fileno()]
+    )
     record = os.environ.get("FAKE_VLLM_RECORD")
     if record:
         with open(record, "w") as f:
