@@ -3,8 +3,8 @@
 You are the policy: each line you type is the assistant's reply. A line starting with
 ``{`` is read as a JSON message dict, so tool calls can be typed::
 
-    {"tool_calls": [{"id": "1", "type": "function", "function": {"name": "move", "arguments": "{\\"direction\\":
-    \\"up\\"}"}}]}
+    {"tool_calls": [{"id": "1", "type": "function",
+                     "function": {"name": "move", "arguments": "{\\"direction\\": \\"up\\"}"}}]}
 
 ``quit`` (or end of input) stops; the episode summary is printed either way.
 """
