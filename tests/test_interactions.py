@@ -8,7 +8,7 @@ import re
 import textwrap
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 from uuid import uuid4
 
 import pytest
@@ -40,7 +40,13 @@ class VerlStyleInteraction(_VerlBaseStub):
         self._instance_dict: dict[str, dict] = {}
         self.finalized: list[str] = []
 
-    async def start_interaction(self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs) -> str:  # noqa: UP045 - written as veRL writes it
+    # written as veRL writes it (typing.Optional)
+    async def start_interaction(
+        self,
+        instance_id: Optional[str] = None,  # noqa: UP045
+        ground_truth: Optional[str] = None,  # noqa: UP045
+        **kwargs,
+    ) -> str:
         if instance_id is None:
             instance_id = str(uuid4())
         self._instance_dict[instance_id] = {"response": "", "ground_truth": ground_truth, "reward": 0.0}
