@@ -11,6 +11,7 @@ the end of every run. matplotlib (the ``plot`` extra) draws off-screen (Agg back
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -252,7 +253,19 @@ def plot_run(
     return target
 
 
-def plot_command(args: Any) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holding metrics.jsonl) or a metrics file")
+    parser.add_argument(
+        "-m",
+        "--metric",
+        action="append",
+        metavar="METRIC",
+        help="a metric to plot (repeatable; its val/ twin is drawn too); default: the usual panels",
+    )
+    parser.add_argument("-o", "--output", default=None, help="PNG to write (default: RUN_DIR/curves.png)")
+
+
+def run(args: argparse.Namespace) -> int:
     """``agentgym plot RUN_DIR [-m METRIC ...] [-o curves.png]``."""
     import sys
 

@@ -4,7 +4,6 @@ job's LoRA command ends with its held-out table, which ``agentgym eval --run`` r
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import shutil
@@ -76,7 +75,6 @@ def test_the_lora_main_job_ends_with_its_table_and_eval_run_reproduces_it(tmp_pa
     from agentgym.cli import main
     from agentgym.rollout.runner import RolloutRunner
     from agentgym.rollout.storage import read_trajectories
-    from agentgym.stages.train_command import train_command
 
     seen: dict[str, list] = {}
     original = RolloutRunner.run
@@ -108,10 +106,7 @@ def test_the_lora_main_job_ends_with_its_table_and_eval_run_reproduces_it(tmp_pa
         "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=all-linear",
     ]
-    args = argparse.Namespace(
-        env="sokoban", agent=None, config=None, config_name=None, async_=False, overrides=overrides
-    )
-    assert train_command(args) == 0
+    assert main(["train", "--env", "sokoban", *overrides]) == 0
     out = capsys.readouterr().out
     assert "held-out: 4 tasks of sokoban" in out and "after RL - after SFT" in out
     exported = run_dir / "huggingface"

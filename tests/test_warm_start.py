@@ -3,14 +3,13 @@ cached under the run dir; bad settings refused before any work."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
 import pytest
 
+from agentgym.cli import main
 from agentgym.stages import held_out
-from agentgym.stages.train_command import train_command
 from agentgym.trainer.config import load_config
 
 SMALL = [
@@ -31,15 +30,7 @@ SMALL = [
 
 
 def _train(run_dir, *overrides):
-    args = argparse.Namespace(
-        env="sokoban",
-        agent=None,
-        config=None,
-        config_name=None,
-        async_=False,
-        overrides=[f"trainer.default_local_dir={run_dir}", *SMALL, *overrides],
-    )
-    return train_command(args)
+    return main(["train", "--env", "sokoban", f"trainer.default_local_dir={run_dir}", *SMALL, *overrides])
 
 
 def test_main_job_stages_run_in_order_and_are_cached(tmp_path, capsys):

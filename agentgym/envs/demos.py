@@ -264,14 +264,31 @@ def _differing(written: dict[str, Any], wanted: dict[str, Any]) -> str:
 # ---- the command line ----------------------------------------------------------------------------
 
 
-def demos_command(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from agentgym.envs import env_args
+
+    parser.add_argument("--env", required=True, help="registered env with an expert (see `agentgym envs`)")
+    parser.add_argument("--n", type=int, required=True, help="episodes to play (tasks seed .. seed+n-1)")
+    parser.add_argument("-o", "--out", required=True, help="output JSONL file")
+    parser.add_argument("--seed", type=int, default=0, help="first seed (keep held-out seeds out of the range)")
+    parser.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=env_args.HELP)
+    parser.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help="turns per episode: the same limit the policy is trained and evaluated with",
+    )
+    parser.add_argument("--keep-failures", action="store_true", help="also write episodes the expert did not solve")
+
+
+def run(args: argparse.Namespace) -> int:
     """``agentgym demos --env NAME --n N -o FILE [--seed S] [--env-arg K=V ...] [--max-turns T]
     [--keep-failures]``: write demonstrations; exit status 2 on bad input, 1 when none was solved."""
     from agentgym.registry import UnknownNameError
 
     try:
         try:
-            env_kwargs = parse_env_args(getattr(args, "env_arg", None))
+            env_kwargs = parse_env_args(args.env_arg)
         except ValueError as exc:
             raise DemoError(str(exc)) from None
         stats = write_demos(
@@ -280,8 +297,8 @@ def demos_command(args: argparse.Namespace) -> int:
             args.out,
             seed=args.seed,
             env_kwargs=env_kwargs,
-            max_turns=getattr(args, "max_turns", None),
-            keep_failures=getattr(args, "keep_failures", False),
+            max_turns=args.max_turns,
+            keep_failures=args.keep_failures,
         )
     except (DemoError, UnknownNameError) as exc:
         print(f"agentgym demos: error: {exc}", file=sys.stderr)

@@ -11,6 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+HELP = (
+    "env constructor argument (repeatable); VALUE is YAML: 20, [6,6], false, null (None: the env's "
+    "default); KEY= with nothing after '=' is the empty string (agentgym/envs/env_args.py)"
+)
+"""The help of every command's ``--env-arg``."""
+
 
 def parse_env_args(pairs: Sequence[str] | None) -> dict[str, Any]:
     """``["dim_room=[8,8]", "num_boxes=2", "system_prompt="]`` -> ``{"dim_room": [8, 8], "num_boxes": 2,

@@ -11,12 +11,32 @@ You are the policy: each line you type is the assistant's reply. A line starting
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
 QUIT_WORDS = frozenset({"quit", "exit", ":q"})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from agentgym.envs import env_args
+
+    parser.add_argument("--env", required=True, help="registered env name (see `agentgym envs`)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=env_args.HELP)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``agentgym play --env NAME [--seed S] [--env-arg K=V ...]``."""
+    from agentgym.envs.env_args import parse_env_args
+
+    try:
+        env_kwargs = parse_env_args(args.env_arg)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return play(args.env, seed=args.seed, env_kwargs=env_kwargs)
 
 
 def play(

@@ -8,9 +8,10 @@ server on ``--model`` when none is given; ``--model`` also names the tokenizer w
 template renders the prompts). ``rollout``
 saves token-exact trajectories (``--out``, .jsonl or .parquet) and prints batch metrics;
 ``eval`` prints success rate, mean reward, pass@k (unbiased estimator), mean turns and tokens,
-overall and per data source, and saves trajectories too when ``--out`` is given. With ``--run DIR``
-the settings come from a finished run (``agentgym.stages.from_run`` fills ``args`` before
-``run_command``: ``env_kwargs``, ``chat_template_kwargs`` and the flags the run supplies).
+overall and per data source, and saves trajectories too when ``--out`` is given. The command line
+(``agentgym.stages.rollout_command``, ``eval_command``) declares the flags; ``agentgym.stages.from_run``
+settles ``args`` before ``run_command``: ``env_kwargs``, ``chat_template_kwargs``, ``max_model_len`` and,
+with ``--run DIR``, the flags the finished run supplies.
 """
 
 from __future__ import annotations
@@ -25,44 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agentgym.types import Trajectory
 
-DEFAULT_TASKS = {"rollout": 8, "eval_seeds": 32}
-# The flags a finished run can supply (``--run``: agentgym.stages.from_run) default to None on the command
-# line ("not given"); these are the values of those not given, per command.
-FLAG_DEFAULTS: dict[str, dict[str, Any]] = {
-    "rollout": {
-        "model": "tiny",
-        "n": 8,
-        "seed": 0,
-        "max_tokens": 256,
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": -1,
-        "concurrency": 64,
-        "env_executor": "thread",
-    },
-    "eval": {
-        "model": "tiny",
-        "n": 1,
-        "seed": 0,
-        "max_tokens": 256,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "top_k": -1,
-        "concurrency": 64,
-        "env_executor": "thread",
-    },
-}
-
-
-def fill_defaults(args: argparse.Namespace, mode: str) -> None:
-    """Give every flag of ``FLAG_DEFAULTS`` that is still None its default; ``max_model_len`` (the embedded
-    server's context) follows from ``--prompt-length`` and ``--response-length`` when both are known."""
-    for dest, value in FLAG_DEFAULTS[mode].items():
-        if getattr(args, dest, None) is None:
-            setattr(args, dest, value)
-    prompt, response = getattr(args, "prompt_length", None), getattr(args, "response_length", None)
-    if getattr(args, "max_model_len", None) is None and prompt is not None and response is not None:
-        args.max_model_len = int(prompt) + int(response)
+EVAL_SEEDS = 32  # tasks `agentgym eval` runs on an env of seeds (no dataset) without --tasks
 
 
 def parse_env_args(pairs: list[str] | None) -> dict[str, Any]:
@@ -121,12 +85,13 @@ async def _main(
     from agentgym.rollout.runner import RolloutConfig, RolloutRunner
     from agentgym.rollout.storage import TrajectoryWriter
 
-    fill_defaults(args, mode)
-    env_kwargs = getattr(args, "env_kwargs", None)
-    if env_kwargs is None:
-        env_kwargs = parse_env_args(args.env_arg)
-    chat = ChatTokenizer(load_tokenizer(args.model), template_kwargs=getattr(args, "chat_template_kwargs", None))
-    lengths = {k: int(v) for k in ("prompt_length", "response_length") if (v := getattr(args, k, None)) is not None}
+    env_kwargs = args.env_kwargs
+    chat = ChatTokenizer(load_tokenizer(args.model), template_kwargs=args.chat_template_kwargs)
+    lengths = {
+        k: int(v)
+        for k, v in (("prompt_length", args.prompt_length), ("response_length", args.response_length))
+        if v is not None
+    }
     config = RolloutConfig(
         n=args.n,
         temperature=args.temperature,
@@ -136,10 +101,10 @@ async def _main(
         max_turns=args.max_turns,
         max_concurrency=args.concurrency,
         seed=args.seed,
-        sampling_seed=getattr(args, "sampling_seed", None),
+        sampling_seed=args.sampling_seed,
         env_executor=args.env_executor,
-        env_workers=getattr(args, "env_workers", None),
-        env_urls=list(getattr(args, "env_url", None) or ()),
+        env_workers=args.env_workers,
+        env_urls=list(args.env_url or ()),
         **lengths,
     )
     writer = None
@@ -156,12 +121,9 @@ async def _main(
                 file=sys.stderr,
             )
             return 2
-        count = args.tasks
+        count = args.tasks  # rollout's has a default; eval's is the env's dataset
         if count is None:
-            if mode == "eval":
-                count = info["num_tasks"] if info["num_tasks"] is not None else DEFAULT_TASKS["eval_seeds"]
-            else:
-                count = DEFAULT_TASKS["rollout"]
+            count = info["num_tasks"] if info["num_tasks"] is not None else EVAL_SEEDS
         tasks = await runner.tasks(count)
         if args.out:
             writer = TrajectoryWriter(args.out)

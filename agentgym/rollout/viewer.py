@@ -15,6 +15,7 @@ tokenizer the page shows each turn's decoded text instead.
 
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import math
@@ -137,7 +138,18 @@ def _finite(value: Any) -> Any:
     return str(value)
 
 
-def view_command(args: Any) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "path",
+        metavar="TRAJECTORIES",
+        help=".jsonl/.parquet trajectories (agentgym rollout --out, a run's samples.jsonl)",
+    )
+    parser.add_argument("-o", "--output", default=None, help="HTML file to write (default: beside the input)")
+    parser.add_argument("--model", default="tiny", help="the tokenizer that made the token ids (default: %(default)s)")
+    parser.add_argument("--limit", type=int, default=2000, help="at most this many episodes (default %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
     """``agentgym view TRAJECTORIES [-o view.html] [--model tiny] [--limit N]``."""
     import sys
 

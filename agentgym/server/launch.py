@@ -151,12 +151,11 @@ def limit_flags(limits: ServerLimits) -> list[str]:
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
-    defaults = ServerLimits()
     return ServerLimits(
-        max_body_bytes=getattr(args, "max_body_bytes", None) or defaults.max_body_bytes,
-        max_prompt_chars=getattr(args, "max_prompt_chars", None),
-        allow_client_chat_template=bool(getattr(args, "allow_client_chat_template", False)),
-        max_pause_s=getattr(args, "max_pause_s", None) or defaults.max_pause_s,
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_chars=args.max_prompt_chars,
+        allow_client_chat_template=args.allow_client_chat_template,
+        max_pause_s=args.max_pause_s,
     )
 
 
@@ -174,9 +173,9 @@ def start_policy_server(
 
 # ---- agentgym serve --------------------------------------------------------------------------------
 def serve_command(args: argparse.Namespace) -> int:
-    """``agentgym serve``: run a policy server in the foreground until Ctrl-C or SIGTERM (a vLLM
-    or SGLang server goes down with it, its whole process group)."""
-    dtype = getattr(args, "dtype", None)
+    """``agentgym serve`` (its flags: ``agentgym.stages.serve_command``): run a policy server in the foreground
+    until Ctrl-C or SIGTERM (a vLLM or SGLang server goes down with it, its whole process group)."""
+    dtype = args.dtype
     if args.engine != "embedded":
         from agentgym.server.engines import start_engine_server
 
@@ -192,9 +191,9 @@ def serve_command(args: argparse.Namespace) -> int:
                 max_model_len=args.max_model_len,
                 tool_call_parser=args.tool_call_parser,
                 log_path=None,
-                served_model_name=getattr(args, "served_model_name", None),
+                served_model_name=args.served_model_name,
                 dtype=dtype,
-                extra_args=getattr(args, "engine_arg", None) or (),
+                extra_args=args.engine_arg,
             )
         except (RuntimeError, TimeoutError) as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -216,7 +215,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from agentgym.server.app import build_app
     from agentgym.server.http_timeouts import timed_protocol
 
-    admin_key = getattr(args, "admin_key", None) or admin_key_from_env()
+    admin_key = args.admin_key or admin_key_from_env()
     generated = admin_key is None
     admin_key = admin_key or new_admin_key()
     limits = limits_from_args(args)
@@ -227,7 +226,7 @@ def serve_command(args: argparse.Namespace) -> int:
         dtype=dtype,
         max_batch_size=args.max_batch_size,
         max_model_len=args.max_model_len,
-        served_model_name=getattr(args, "served_model_name", None),
+        served_model_name=args.served_model_name,
     )
     app = build_app(engine, admin_key=admin_key, limits=limits)
     print(

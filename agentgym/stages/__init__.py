@@ -12,6 +12,8 @@ and prepare models outside it.
                        main_eval)
 * ``config_command.py`` ``agentgym config --from SYSTEM FILE`` (translation: ``agentgym.compat``)
 * ``run_dir.py``       a finished run on disk: its saved config and the model a path inside it stands for
+* ``rollout_command.py``, ``eval_command.py``, ``serve_command.py`` ``agentgym rollout``, ``eval`` and
+                       ``serve``: their flags, an embedded server when none is given
 * ``from_run.py``      ``agentgym eval/rollout/serve --run DIR``: a run's settings under the flags given
 * ``compare.py``       ``agentgym compare RUN ...``: held-out tables side by side (paired SE) and curves
 

@@ -319,7 +319,21 @@ def compare(
     return text, target
 
 
-def compare_command(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run directories (holding held_out.json, metrics.jsonl)"
+    )
+    parser.add_argument(
+        "-m",
+        "--metric",
+        action="append",
+        metavar="METRIC",
+        help="a metric to plot (repeatable; its val/ twin is drawn too); default: the usual panels",
+    )
+    parser.add_argument("-o", "--output", default="compare.png", help="PNG to write (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
     """``agentgym compare RUN_A RUN_B ... [-o compare.png] [-m METRIC ...]``."""
     try:
         text, path = compare(args.runs, args.output, args.metric or ())

@@ -145,10 +145,46 @@ def check_loads(text: str) -> None:
         Path(f.name).unlink(missing_ok=True)
 
 
-def config_command(args: argparse.Namespace) -> int:
+def hydra_arguments(parser: argparse.ArgumentParser, name_help: str) -> None:
+    """Hydra's ``--config-path DIR --config-name NAME`` (also ``=`` forms, and ROLL's ``--config_path``)."""
+    parser.add_argument(
+        "--config-path",
+        "--config_path",
+        "-cp",
+        dest="config_path",
+        default=None,
+        metavar="DIR",
+        help="Hydra's config directory (relative to the working directory)",
+    )
+    parser.add_argument(
+        "--config-name", "--config_name", "-cn", dest="config_name", default=None, metavar="NAME", help=name_help
+    )
+
+
+def config_file_of(args: argparse.Namespace, base: str) -> str | None:
+    """``--config FILE``, or Hydra's ``--config-path DIR --config-name NAME`` (``NAME`` = ``base``: the default)."""
+    if args.config_path or (args.config_name and args.config_name != base):
+        if args.config:
+            raise ConfigError("give the config once: --config FILE, or --config-path DIR --config-name NAME")
+        return str(hydra_config_file(args.config_path, args.config_name))
+    return args.config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="from_system", required=True, choices=list(SYSTEMS))
+    parser.add_argument(
+        "file", nargs="?", default=None, help="their YAML config (or --config-path DIR --config-name NAME)"
+    )
+    hydra_arguments(parser, "with --config-path: their file DIR/NAME.yaml (Hydra's form)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="their keys, applied to the file first")
+    parser.add_argument("-o", "--output", default=None, help="write the agentgym config here (default: stdout)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``agentgym config --from SYSTEM FILE [KEY=VALUE ...] [-o OUT]``."""
     system, path = args.from_system, args.file
     try:
-        if getattr(args, "config_path", None) or getattr(args, "config_name", None):
+        if args.config_path or args.config_name:
             if path:
                 raise ConfigError("give their file once: FILE, or --config-path DIR --config-name NAME")
             path = str(hydra_config_file(args.config_path, args.config_name))
@@ -163,7 +199,7 @@ def config_command(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        translation = translate_file(system, path, list(getattr(args, "overrides", None) or ()))
+        translation = translate_file(system, path, list(args.overrides or ()))
     except (ValueError, OSError) as exc:
         print(f"agentgym config: cannot read {path}: {exc}", file=sys.stderr)
         return 2

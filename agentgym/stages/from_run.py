@@ -29,9 +29,18 @@ from omegaconf import OmegaConf
 
 from agentgym.stages.run_dir import Run, RunError, find_run
 
-__all__ = ["RunError", "settle_rollout_args", "settle_serve_args", "trained_otherwise"]
+__all__ = ["Given", "RunError", "settle_rollout_args", "settle_serve_args", "trained_otherwise"]
 
 HELD_OUT_EXECUTORS = ("thread", "inline", "process")  # what runs here without anything else (as held_out.py)
+
+
+class Given(argparse.Action):
+    """The action of a flag ``--run`` can supply: stores the value and adds the flag's dest to ``args.given``
+    (give the parser ``set_defaults(given=frozenset())``), so that the run fills only the flags not given."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = namespace.given | {self.dest}
 
 
 def _plain(node: Any) -> Any:
@@ -106,17 +115,20 @@ def run_settings(run: Run, mode: str) -> dict[str, tuple[Any, str]]:
 
 
 def settle_rollout_args(args: argparse.Namespace, mode: str) -> None:
-    """Fill ``args`` of ``agentgym eval``/``rollout``: from ``--run`` under the flags given, then the
-    commands' own defaults; prints what ``--run`` chose. Without ``--run``, warns when ``--model`` was
-    trained with other env arguments. Raises ``RunError``."""
-    from agentgym.rollout.commands import fill_defaults, parse_env_args
+    """Fill ``args`` of ``agentgym eval``/``rollout``: from ``--run`` under the flags given (a setting the run
+    leaves null keeps the flag's default); prints what ``--run`` chose. Sets ``env_kwargs`` and
+    ``max_model_len`` (the embedded server's context: ``--prompt-length`` + ``--response-length`` when both
+    are known). Without ``--run``, warns when ``--model`` was trained with other env arguments. Raises
+    ``RunError``."""
+    from agentgym.rollout.commands import parse_env_args
 
-    given_env_args = parse_env_args(getattr(args, "env_arg", None))
-    if not getattr(args, "run", None):
+    given_env_args = parse_env_args(args.env_arg)
+    args.chat_template_kwargs = None
+    if not args.run:
         if args.env is None:
             raise RunError(f"agentgym {mode} needs --env NAME (see `agentgym envs`) or --run DIR (a finished run)")
-        fill_defaults(args, mode)
         args.env_kwargs = given_env_args
+        args.max_model_len = _context(args)
         for line in trained_otherwise(args, given_env_args):
             print(f"warning: {line}", file=sys.stderr)
         return
@@ -125,11 +137,13 @@ def settle_rollout_args(args: argparse.Namespace, mode: str) -> None:
     settings = run_settings(run, mode)
     other_env = args.env is not None and args.env != settings["env"][0]
     for dest, (value, source) in settings.items():
-        if getattr(args, dest, None) is None:
+        if dest in args.given:
+            rows.append((dest, _show(getattr(args, dest)), "flag"))
+        elif value is None:  # the run leaves it to the default
+            rows.append((dest, _show(getattr(args, dest)), f"default ({source}: null)"))
+        else:
             setattr(args, dest, value)
             rows.append((dest, _show(value), f"run: {source}"))
-        else:
-            rows.append((dest, _show(getattr(args, dest)), "flag"))
     if args.env is None:
         raise RunError(
             f"the run {run.directory} trained no single env (env.name is null: several env tags or an "
@@ -147,8 +161,14 @@ def settle_rollout_args(args: argparse.Namespace, mode: str) -> None:
     rows.insert(2, ("env kwargs", json.dumps(args.env_kwargs, default=str), source))
     args.chat_template_kwargs = _plain(run.cfg.data.apply_chat_template_kwargs) or {}
     rows.append(("chat template kwargs", json.dumps(args.chat_template_kwargs), "run: data.apply_chat_template_kwargs"))
-    fill_defaults(args, mode)
+    args.max_model_len = _context(args)
     _print_used(f"{mode} --run {run.directory}", rows)
+
+
+def _context(args: argparse.Namespace) -> int | None:
+    if args.prompt_length is None or args.response_length is None:
+        return None
+    return int(args.prompt_length) + int(args.response_length)
 
 
 def _show(value: Any) -> str:
@@ -171,7 +191,7 @@ def trained_otherwise(args: argparse.Namespace, given_env_args: dict[str, Any]) 
 
     from agentgym.trainer.training_record import FILE, read_training_record
 
-    model = getattr(args, "model", None)
+    model = args.model
     if not model or not Path(str(model)).is_dir():
         return []
     record = read_training_record(model)
@@ -189,13 +209,12 @@ def trained_otherwise(args: argparse.Namespace, given_env_args: dict[str, Any]) 
         if _comparable(then) != _comparable(now):
             differ.append(f"{key}={_yaml(then)} in training, {_yaml(now)} here")
     rollout = record.get("rollout") or {}
-    for flag, key in (("max_turns", "max_assistant_turns"), ("max_tokens", "max_tokens_per_turn")):
-        if rollout.get(key) is not None and getattr(args, flag, None) != rollout[key]:
-            now = getattr(args, flag, None)
-            differ.append(
-                f"--{flag.replace('_', '-')} {rollout[key]} in training, "
-                f"{'the env default' if now is None else now} here"
-            )
+    for flag, now, key in (
+        ("--max-turns", args.max_turns, "max_assistant_turns"),
+        ("--max-tokens", args.max_tokens, "max_tokens_per_turn"),
+    ):
+        if rollout.get(key) is not None and now != rollout[key]:
+            differ.append(f"{flag} {rollout[key]} in training, {'the env default' if now is None else now} here")
     if not differ:
         return []
     run_dir = record.get("run_dir")
@@ -248,22 +267,20 @@ def _yaml(value: Any) -> str:
 def settle_serve_args(args: argparse.Namespace) -> None:
     """``agentgym serve --run DIR``: the run's model and context length (``data.max_prompt_length +
     data.max_response_length``) unless given; prints them. Raises ``RunError``."""
-    if getattr(args, "run", None):
+    if args.run:
         run = find_run(args.run)
         rows = []
-        if args.model is None:
+        if "model" in args.given:
+            rows.append(("model", args.model, "flag"))
+        else:
             args.model = run.model
             rows.append(("model", run.model, run.model_source))
-        else:
-            rows.append(("model", args.model, "flag"))
         if args.max_model_len is None:
             args.max_model_len = int(run.cfg.data.max_prompt_length) + int(run.cfg.data.max_response_length)
             rows.append(("max model len", str(args.max_model_len), "run: data.max_prompt_length + max_response_length"))
         else:
             rows.append(("max model len", str(args.max_model_len), "flag"))
         _print_used(f"serve --run {run.directory}", rows)
-    if args.model is None:
-        args.model = "tiny"
     if args.engine != "embedded":
         from agentgym.model.loading import adapter_base
 

@@ -371,9 +371,28 @@ def run_sft(cfg: DictConfig, show_progress: bool = True) -> dict[str, Any]:
         trainer.shutdown()
 
 
-def sft_command(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from agentgym.stages.config_command import hydra_arguments
+
+    parser.add_argument(
+        "--config", "--config-file", default=None, help="a YAML config to start from (default: configs/sft.yaml)"
+    )
+    hydra_arguments(parser, "with --config-path: the file DIR/NAME.yaml (Hydra's form); sft_trainer: configs/sft.yaml")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted config overrides (veRL's sft_trainer keys), e.g. data.train_files=demos.jsonl "
+        "model.partial_pretrain=tiny",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
     """``agentgym sft [--config FILE] KEY=VALUE ...``."""
-    from agentgym.config import hydra_config_file
+    import os
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from agentgym.stages.config_command import config_file_of
 
     if not log.handlers and not logging.getLogger().handlers:  # the key notes, readable on the command line
         handler = logging.StreamHandler(sys.stderr)
@@ -381,12 +400,7 @@ def sft_command(args: argparse.Namespace) -> int:
         handler.setFormatter(logging.Formatter("agentgym sft: warning: %(message)s"))
         log.addHandler(handler)
     try:
-        config_file, name = getattr(args, "config", None), getattr(args, "config_name", None)
-        if getattr(args, "config_path", None) or (name and name != "sft_trainer"):
-            if config_file:
-                raise ConfigError("give the config once: --config FILE, or --config-path DIR --config-name NAME")
-            config_file = str(hydra_config_file(getattr(args, "config_path", None), name))
-        cfg = load_sft_config(config_file, list(args.overrides or ()))
+        cfg = load_sft_config(config_file_of(args, "sft_trainer"), list(args.overrides or ()))
         trainer = SFTTrainer(cfg)
     except (ConfigError, SFTDataError) as exc:
         print(f"agentgym sft: {exc}", file=sys.stderr)

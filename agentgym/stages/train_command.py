@@ -117,7 +117,34 @@ def summary_text(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def train_command(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from agentgym.stages.config_command import hydra_arguments
+
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--env", help="registered env name; picks configs/env/<name>.yaml when present")
+    target.add_argument("--agent", metavar="MODULE:FUNCTION", help="train an OpenAI-client agent through the gateway")
+    parser.add_argument(
+        "--config",
+        "--config-file",
+        default=None,
+        help="a YAML config to start from (default: configs/train.yaml); a ROLL, ChatLearn, Claw-R1 or "
+        "Hydra-composed veRL file is translated first (as `agentgym config --from`)",
+    )
+    hydra_arguments(
+        parser,
+        "a named config beside configs/train.yaml (e.g. async_ppo_trainer); with --config-path, "
+        "the file DIR/NAME.yaml (Hydra's form)",
+    )
+    parser.add_argument(
+        "--async",
+        dest="async_",
+        action="store_true",
+        help="asynchronous training: rollout and training overlap (--config-name async_ppo_trainer)",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, veRL names")
+
+
+def run(args: argparse.Namespace) -> int:
     """The ``agentgym train`` subcommand. Exit codes: 0 done, 1 the run stopped (its rollouts kept
     failing, or a checkpoint cannot be resumed: the message says why), 2 a bad config, 128 + N a signal."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -126,8 +153,7 @@ def train_command(args: argparse.Namespace) -> int:
     from agentgym.trainer.workers import quiet_transformers
 
     quiet_transformers()  # no per-load progress bars between our own progress lines
-    env = getattr(args, "env", None)
-    agent = getattr(args, "agent", None)
+    env, agent = args.env, args.agent
     threads_before = set(threading.enumerate())
     handler = show_trainer_warnings()
     restore_signals = exit_on_signals()
@@ -138,14 +164,14 @@ def train_command(args: argparse.Namespace) -> int:
             from agentgym.stages.config_command import resolve_command_line
 
             line = resolve_command_line(
-                getattr(args, "config", None),
+                args.config,
                 list(args.overrides or ()),
-                getattr(args, "config_path", None),
-                getattr(args, "config_name", None),
+                args.config_path,
+                args.config_name,
             )
             for note in line.notes:
                 print(f"agentgym train: {note}", file=sys.stderr, flush=True)
-            config_name = line.config_name or ("async_ppo_trainer" if getattr(args, "async_", False) else None)
+            config_name = line.config_name or ("async_ppo_trainer" if args.async_ else None)
             try:
                 cfg = load_config(
                     env=env,

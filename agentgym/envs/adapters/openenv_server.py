@@ -316,7 +316,17 @@ def create_app(
     return app
 
 
-def env_serve_command(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from agentgym.envs import env_args
+
+    parser.add_argument("--env", required=True, help="registered env name (see `agentgym envs`)")
+    parser.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=env_args.HELP)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8010)
+    parser.add_argument("--max-sessions", type=int, default=1024, help="most env instances alive at once")
+
+
+def run(args: argparse.Namespace) -> int:
     """``agentgym env-serve --env NAME [--env-arg K=V] [--host] [--port] [--max-sessions]``."""
     import uvicorn
 

@@ -47,18 +47,6 @@ def load_offline_config(
     return composition.cfg, composition.ignored
 
 
-def config_file_of(args: Any, base: str) -> str | None:
-    """``--config FILE``, or Hydra's ``--config-path DIR --config-name NAME`` (``NAME`` = ``base``: the default)."""
-    from agentgym.config import hydra_config_file
-
-    config_file, name = getattr(args, "config", None), getattr(args, "config_name", None)
-    if getattr(args, "config_path", None) or (name and name != base):
-        if config_file:
-            raise ConfigError("give the config once: --config FILE, or --config-path DIR --config-name NAME")
-        return str(hydra_config_file(getattr(args, "config_path", None), name))
-    return config_file
-
-
 def read_table(path: str) -> list[dict[str, Any]]:
     """Rows of a ``.parquet`` / ``.jsonl`` / ``.json`` file (a clear error when it is missing)."""
     from agentgym.envs.data import DataError, read_rows

@@ -21,7 +21,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError
-from agentgym.stages.offline.common import config_file_of, load_offline_config, read_table, write_table
+from agentgym.stages.config_command import config_file_of, hydra_arguments
+from agentgym.stages.offline.common import load_offline_config, read_table, write_table
 
 
 def check(cfg: DictConfig) -> None:
@@ -131,7 +132,20 @@ def generate(cfg: DictConfig) -> tuple[str, int]:
     return str(target), sum(len(r) for r in responses)
 
 
-def generate_command(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", "--config-file", default=None, help="a YAML config (default: configs/generation.yaml)"
+    )
+    hydra_arguments(parser, "with --config-path: the file DIR/NAME.yaml (Hydra's form)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="configs/generation.yaml keys: data.path=FILE data.output_path=OUT data.n_samples=N ...",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
     """The ``agentgym generate`` subcommand."""
     from agentgym.trainer.workers import quiet_transformers
 

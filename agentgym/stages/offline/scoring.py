@@ -22,7 +22,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from agentgym.config import ConfigError
-from agentgym.stages.offline.common import config_file_of, load_offline_config, read_table
+from agentgym.stages.config_command import config_file_of
+from agentgym.stages.offline.common import load_offline_config, read_table
 
 
 def score_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> dict[str, float]:
