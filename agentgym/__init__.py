@@ -7,8 +7,8 @@ result = agentgym.train(env="sokoban")  # `agentgym train --env sokoban`; return
 """
 
 from agentgym import moved
-from agentgym.api import train
 from agentgym.registry import EnvSpec, env_spec, make, register, registered
+from agentgym.stages.train_api import train
 from agentgym.types import Message, ToolCall, Trajectory, Turn
 
 __version__ = "0.1.0"
