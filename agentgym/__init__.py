@@ -3,10 +3,12 @@
 import agentgym
 env = agentgym.make("sokoban")
 messages, info = env.reset(seed=0)
+result = agentgym.train(env="sokoban")  # `agentgym train --env sokoban`; returns the run's summary
 """
 
 from agentgym import moved
 from agentgym.registry import EnvSpec, env_spec, make, register, registered
+from agentgym.stages.train_api import train
 from agentgym.types import Message, ToolCall, Trajectory, Turn
 
 __version__ = "0.1.0"
@@ -23,4 +25,5 @@ __all__ = [
     "make",
     "register",
     "registered",
+    "train",
 ]

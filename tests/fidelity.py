@@ -1,4 +1,4 @@
-"""The token-fidelity promise in numbers (README, "Token fidelity"): how far a policy server's
+"""The token-fidelity promise in numbers (docs/deploy.md, "Token fidelity"): how far a policy server's
 reported logprob of a sampled token may be from a float32 teacher-forced forward pass of the
 same weights over the same token ids, by the dtype the server computes in.
 

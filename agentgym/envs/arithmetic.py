@@ -12,7 +12,7 @@ random policy answers a uniform number in the result's range.
 
 ``agentgym train --env arithmetic`` (configs/env/arithmetic.yaml, 2-digit sums) runs demos -> SFT ->
 GRPO on it with the tiny model; measured from clean directories it does not show RL learning (the
-figures are in the preset and the README). SmolLM2 learns its one-digit variant
+figures are in the preset and docs/results.md). SmolLM2 learns its one-digit variant
 (configs/env/arithmetic/smollm2-135m.yaml).
 """
 

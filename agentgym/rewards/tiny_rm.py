@@ -8,7 +8,7 @@
 (0 without one, rising with every one): the attention has zero queries and keys, so it averages over
 the whole prefix a value that is 1 on the preferred tokens and 0 elsewhere, and the head reads that
 average back after the final norm. Nothing is trained and nothing is downloaded, so tests and the
-README's example get the same model everywhere. ``chat_template`` gives it a template of its own (to
+docs/rewards.md's example get the same model everywhere. ``chat_template`` gives it a template of its own (to
 exercise ``reward_model.model.input_tokenizer``'s re-rendering).
 
 ``prefer``: texts of one token each (default: the ten digits, so on ``arithmetic`` it prefers replies
