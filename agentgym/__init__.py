@@ -5,13 +5,10 @@ env = agentgym.make("sokoban")
 messages, info = env.reset(seed=0)
 """
 
-from agentgym import moved
 from agentgym.registry import EnvSpec, env_spec, make, register, registered
 from agentgym.types import Message, ToolCall, Trajectory, Turn
 
 __version__ = "0.1.0"
-
-moved.install()
 
 __all__ = [
     "EnvSpec",

@@ -639,7 +639,7 @@ def test_logprob_bytes_are_the_tokens_own_bytes(gw):
 
 
 def test_bad_agent_and_reward_fn_names_say_what_is_wrong():
-    from agentgym.gateway.sessions import resolve_reward_fn
+    from agentgym.gateway.rewards import resolve_reward_fn
 
     with pytest.raises(ValueError, match="package.module:function"):
         load_agent("examples.gsm8k_agent")

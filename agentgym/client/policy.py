@@ -50,8 +50,7 @@ from agentgym.client.dialects import (
     sglang_sample,
 )
 from agentgym.client.http11 import ConnectionPool, TransportError
-from agentgym.client.httpx_pools import HTTPPools, HttpxTransport, transport_for  # noqa: F401 - HTTPPools: re-exported
-from agentgym.client.tls import ssl_context  # noqa: F401 - re-exported
+from agentgym.client.httpx_pools import HttpxTransport, transport_for
 from agentgym.client.versions import known_weight_version, record_weight_version
 from agentgym.types import SamplingParams, TokenSample
 

@@ -40,15 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentgym.envs.tools.parsing import load_json
-from agentgym.gateway.rewards import (  # noqa: F401 - the reward API's old home, still imported from here
-    REWARD_FNS,
-    RewardFn,
-    ground_truth,
-    last_assistant_text,
-    register_reward_fn,
-    resolve_reward_fn,
-    task_reward_fn,
-)
+from agentgym.gateway.rewards import ground_truth, resolve_reward_fn, task_reward_fn
 from agentgym.rollout.chat import ChatTokenizer, tools_key
 from agentgym.server.errors import ERROR_TYPES, APIError
 from agentgym.types import TokenSample, Trajectory, Turn

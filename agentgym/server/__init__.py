@@ -34,6 +34,4 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in ("PolicyClient", "PolicyServerError"):
-        raise AttributeError(f"agentgym.server.{name} moved: from agentgym.client import {name}")
     raise AttributeError(f"module 'agentgym.server' has no attribute {name!r}")
