@@ -24,7 +24,6 @@ from typing import Any
 
 from agentgym.config import ConfigError, hydra_config_file, named_configs, read_yaml
 
-SYSTEMS = ("verl", "roll", "chatlearn", "claw-r1")
 VERL_BASES = {
     "ppo_trainer": "veRL's ppo_trainer.yaml is agentgym's configs/train.yaml",
     "_generated_ppo_trainer": "veRL's ppo_trainer.yaml is agentgym's configs/train.yaml",
