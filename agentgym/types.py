@@ -195,6 +195,18 @@ class Trajectory:
         """Failed episodes are kept for inspection but never trained on."""
         return self.status != "failed" and bool(self.turns)
 
+    @property
+    def success(self) -> bool:
+        """Whether the episode solved its task, the one rule every success rate uses (training's,
+        ``agentgym eval``'s, the held-out table's, dynamic sampling's ``acc``): a failed episode never
+        did; otherwise the env's own verdict where it gave one (``info["success"]``, kept as
+        ``metrics["success"]``), else a positive outcome reward."""
+        if self.status == "failed":
+            return False
+        if "success" in self.metrics:
+            return self.metrics["success"] > 0
+        return self.outcome_reward > 0
+
     def token_ids(self) -> list[int]:
         """The whole sequence: every turn's prompt delta then its sampled tokens."""
         ids: list[int] = []

@@ -371,6 +371,29 @@ def test_rewards_posted_and_computed_are_summed(gw):
     assert summary["finished"] and summary["branches"][0]["num_turns"] == 2
 
 
+def test_training_and_eval_agree_on_a_gateway_trajectorys_success(gw):
+    """One rule (``Trajectory.success``) behind training's success_rate, ``agentgym eval``'s table,
+    the held-out score and dynamic sampling's ``acc``, for gateway trajectories too."""
+    from agentgym.rollout.metrics import summarize
+    from agentgym.tracking import trajectory_metrics
+    from agentgym.trainer.dynamic_sampling import episode_score
+
+    def run(**finish_body) -> Trajectory:
+        info = new_session(gw)
+        client_for(info).chat.completions.create(model="m", messages=[{"role": "user", "content": "CALC: 1 + 1"}])
+        [traj] = finish(gw, info, **finish_body)
+        return traj
+
+    solved, unsolved, crashed = run(reward=1.0), run(reward=0.0), run(reward=1.0, failure="the agent crashed")
+    assert crashed.status == "failed" and crashed.outcome_reward == 1.0  # a reward does not make a failure a success
+    # the same solved episode saved without its success metric (an older file, a hand-built trajectory)
+    unmarked = Trajectory.from_dict({**solved.to_dict(), "metrics": {}})
+    trajectories = [solved, unsolved, crashed, unmarked]
+    assert [t.success for t in trajectories] == [True, False, False, True]
+    assert [episode_score(t, "acc", 1.0, 1.0) for t in trajectories] == [1.0, 0.0, 0.0, 1.0]
+    assert trajectory_metrics(trajectories)["success_rate"] == summarize(trajectories)["success_rate"] == 0.5
+
+
 def test_pause_holds_calls_until_resume(gw):
     info = new_session(gw)
     client = client_for(info)

@@ -636,12 +636,11 @@ class SessionStore:
             sampled_tokens=float(sampled),
             tokens=float(sampled + sum(len(t.prompt_ids) for t in turns)),
             shaped_turns=float(sum(1 for t in turns if t.shaped_by)),  # Turn.shaped_by
-            success=float(status != "failed" and outcome > 0),
         )
         if check and b.kind == "chat":
             metrics["template_mismatch"] = float(self._mismatch(b) is not None)
             self.counts["template_mismatch"] += int(metrics["template_mismatch"])
-        return Trajectory(
+        traj = Trajectory(
             turns=turns,
             outcome_reward=outcome,
             env_id=str(task.get("env") or "gateway"),
@@ -654,6 +653,8 @@ class SessionStore:
             metrics=metrics,
             task={**task, "session_id": session.id, "branch": b.index, "parent": b.parent},
         )
+        traj.metrics["success"] = float(traj.success)  # saved with the trajectory, as the rollout runner does
+        return traj
 
     def _mismatch(self, b: Branch) -> int | None:
         raw = [

@@ -165,7 +165,7 @@ async def run_game(
             seat.traj.messages.extend(seat.pending)  # what the seat was told last (the result)
         seat_infos = {
             name: {
-                "success": successes.get(name, seats[name].traj.outcome_reward > 0),
+                **({"success": successes[name]} if name in successes else {}),
                 "metrics": info.get("metrics") or {},
             }
             for name in seats

@@ -492,12 +492,12 @@ class RolloutRunner:
         m["env_time_s"] = env_time
         m["gen_time_s"] = gen_time
         if traj.status != "failed":
-            m["success"] = float(bool(info.get("success", traj.outcome_reward > 0)))
+            if "success" in info:
+                m["success"] = float(bool(info["success"]))
             for key, value in (info.get("metrics") or {}).items():
                 if isinstance(value, (int, float)):
                     m[f"env/{key}"] = float(value)
-        else:
-            m["success"] = 0.0
+        m["success"] = float(traj.success)
         if check and traj.turns and traj.status != "failed":
             at = self.chat.mismatch(self._raw_messages(traj), tools, traj.token_ids())
             m["template_mismatch"] = 0.0 if at is None else 1.0
