@@ -432,7 +432,7 @@ class PolicyClient:
         """Every server loads the weights saved at ``model_path`` and reports ``version`` from now on.
 
         The embedded server and SGLang take SGLang's ``/update_weights_from_disk``; vLLM servers
-        (started by ``agentgym.server.engines``, with its worker extension) are updated through
+        (started by ``agentgym.server.launchers``, with its worker extension) are updated through
         ``VLLMWeights``: pause, load in every worker, reset the prefix cache, resume.
         """
         if self.backend == "vllm":

@@ -8,7 +8,7 @@
   slowly are closed (the gateway's too).
 * ``handles.py``: ``PolicyServerHandle`` and its kinds (in this process, or a child process).
 * ``launch.py``: ``start_embedded_server`` / ``start_policy_server`` and ``agentgym serve``.
-* ``engines.py``: vLLM and SGLang command lines and start-up; ``vllm_extension/`` holds the
+* ``launchers.py``: vLLM and SGLang command lines and start-up; ``vllm_extension/`` holds the
   module loaded inside vLLM's workers to take pushed weights (standard library, torch and vLLM
   only: it runs in vLLM's environment).
 
