@@ -25,6 +25,7 @@ SOKOBAN_6X6_1
 SOKOBAN_6X6_2
 SOKOBAN_8X8_2
 SOKOBAN_10X10_3
+gsm8k_reward  # agentgym.reward_fns
 FAMILY  # envs/adapters/*: env families, entry points `family/* = module:FAMILY`
 
 # ---- the gymnasium API (envs/base.py: Space subclasses and Env attributes gymnasium reads)
@@ -131,7 +132,6 @@ _.cached_tokens  # per-sequence prefix-cache hits (tests/test_engine_cache.py)
 cached_tokens
 _.cache_hits  # ChatTokenizer's cache counters (benchmarks/rollout.py)
 _.cache_misses
-register_reward_fn
 read_demos
 padding_report  # benchmarks/packing.py
 build_tiny_head64  # tests/test_vllm_real.py and the README's vLLM check

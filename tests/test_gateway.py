@@ -661,6 +661,21 @@ def test_logprob_bytes_are_the_tokens_own_bytes(gw):
     assert spelled.removesuffix("<|im_end|>") == f"echo: {text}"
 
 
+def test_reward_fns_live_in_the_one_registry():
+    import agentgym
+    from agentgym.gateway.rewards import gsm8k_reward, resolve_reward_fn
+
+    def length(messages, task) -> float:
+        return float(len(messages))
+
+    assert resolve_reward_fn("gsm8k") is gsm8k_reward  # the built-in arrives as an agentgym.reward_fns entry point
+    agentgym.register("test_length", length, kind="reward_fn")
+    assert {"gsm8k", "test_length"} <= set(agentgym.registered("reward_fn"))
+    assert resolve_reward_fn("test_length") is length
+    with pytest.raises(ValueError, match="Did you mean 'test_length'"):
+        resolve_reward_fn("test_lenght")
+
+
 def test_bad_agent_and_reward_fn_names_say_what_is_wrong():
     from agentgym.gateway.rewards import resolve_reward_fn
 
