@@ -43,17 +43,17 @@ EpisodeStatus = Literal["ok", "truncated", "failed"]
 
 
 @dataclass
-class SamplingParams:
-    """Sampling settings for one generation, in OpenAI/vLLM names.
+class SamplingFields:
+    """The sampling settings a caller's ``SamplingParams`` and the engine's
+    ``agentgym.server.sampling.GenerationParams`` share, in OpenAI/vLLM names, declared once.
 
-    ``structured``: what the reply is constrained to (``agentgym.client.structured``: a JSON schema,
-    forced tool calls, ...); ``top_logprobs``: how many alternatives to report per sampled token.
-    """
+    ``top_logprobs``: how many alternatives to report per sampled token (the sampled one is always
+    reported)."""
 
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1: no top-k
+    top_k: int = -1  # -1 or 0: no top-k
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
@@ -64,6 +64,16 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     top_logprobs: int = 0
+
+
+@dataclass
+class SamplingParams(SamplingFields):
+    """Sampling settings for one generation, as a client asks for them.
+
+    ``structured``: what the reply is constrained to (``agentgym.client.structured``: a JSON schema,
+    forced tool calls, ...); the server compiles it into the engine's grammar.
+    """
+
     structured: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
