@@ -575,23 +575,3 @@ def _plain(value: Any) -> Any:
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg)
-
-
-_MOVED = (
-    "load_config",
-    "resolve",
-    "validate",
-    "world_size",
-    "uses_reference",
-    "check_batch_sizes",
-    "CHOICES",
-    "LOGGERS",
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        raise ImportError(
-            f"agentgym.config.{name} moved to agentgym.trainer.config (from agentgym.trainer.config import {name})"
-        )
-    raise AttributeError(f"module 'agentgym.config' has no attribute {name!r}")

@@ -165,7 +165,7 @@ def check_engine(cfg: DictConfig) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.name == "embedded" or rollout.server_urls:
         return
-    from agentgym.server.engines import MODULES, engine_available
+    from agentgym.server.launchers import MODULES, engine_available
 
     python = os.environ.get(f"AGENTGYM_{str(rollout.name).upper()}_PYTHON") or sys.executable
     if not engine_available(str(rollout.name), python):

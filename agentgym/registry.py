@@ -1,10 +1,11 @@
-"""One registry for environments, interactions and tools.
+"""One registry for environments, interactions, tools and reward functions.
 
 Built-ins and third-party packages arrive the same way: entry points in the groups
-``agentgym.envs``, ``agentgym.interactions`` and ``agentgym.tools``. Entry points are
-listed without importing them; an object is imported the first time it is asked for.
-An ``agentgym.envs`` entry point names a ``TextEnv`` subclass or an ``EnvSpec``;
-the other groups name a class.
+``agentgym.envs``, ``agentgym.interactions``, ``agentgym.tools`` and ``agentgym.reward_fns``.
+Entry points are listed without importing them; an object is imported the first time it is asked
+for. An ``agentgym.envs`` entry point names a ``TextEnv`` subclass or an ``EnvSpec``; an
+``agentgym.reward_fns`` one a function ``(messages, task) -> reward`` that a gateway session's task
+names (``{"reward_fn": "gsm8k"}``, see ``agentgym.gateway.rewards``); the other groups name a class.
 
 A family of envs whose names are only known once a package is imported (``rg/<task>`` for
 every reasoning-gym dataset) is one entry point named ``<prefix>/*`` that names an
@@ -30,7 +31,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-GROUPS = {"env": "agentgym.envs", "interaction": "agentgym.interactions", "tool": "agentgym.tools"}
+GROUPS = {
+    "env": "agentgym.envs",
+    "interaction": "agentgym.interactions",
+    "tool": "agentgym.tools",
+    "reward_fn": "agentgym.reward_fns",
+}
 
 
 @dataclass(frozen=True)
@@ -270,7 +276,8 @@ def _package_of(value: Any) -> str:
 ENVS = Registry("env")
 INTERACTIONS = Registry("interaction")
 TOOLS = Registry("tool")
-_REGISTRIES = {"env": ENVS, "interaction": INTERACTIONS, "tool": TOOLS}
+REWARD_FNS = Registry("reward_fn")
+_REGISTRIES = {"env": ENVS, "interaction": INTERACTIONS, "tool": TOOLS, "reward_fn": REWARD_FNS}
 
 
 def env_spec(name: str) -> EnvSpec:
@@ -295,7 +302,8 @@ def make(name: str, **kwargs: Any) -> Any:
 def register(
     name: str, entry_point: Any, *, kind: str = "env", kwargs: dict[str, Any] | None = None, description: str = ""
 ) -> None:
-    """Register an env (class, factory, ``"module:attr"`` or ``EnvSpec``), an interaction or a tool."""
+    """Register an env (class, factory, ``"module:attr"`` or ``EnvSpec``), an interaction, a tool or a
+    reward function (``kind="reward_fn"``: ``fn(messages, task) -> float``)."""
     registry = _REGISTRIES.get(kind)
     if registry is None:
         raise ValueError(f"kind must be one of {sorted(_REGISTRIES)}, got {kind!r}")
@@ -311,7 +319,7 @@ def register(
 
 
 def registered(kind: str = "env") -> list[str]:
-    """Sorted names registered for ``kind`` (``env``, ``interaction`` or ``tool``); a family
+    """Sorted names registered for ``kind`` (``env``, ``interaction``, ``tool`` or ``reward_fn``); a family
     appears once, as ``<prefix>/*`` (``env_family(prefix).members()`` lists it)."""
     return _REGISTRIES[kind].names()
 

@@ -250,7 +250,7 @@ def trajectory_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> 
         return sum(xs) / len(xs) if xs else 0.0
 
     rewards = [t.total_reward for t in trajs]
-    success = [float(t.metrics.get("success", float(t.outcome_reward > 0))) for t in trajs]
+    success = [float(t.success) for t in trajs]
     response_lengths = [float(t.response_length()) for t in trajs]
     sampled = [float(sum(len(turn.response_ids) for turn in t.turns)) for t in trajs]
     out = {

@@ -43,17 +43,17 @@ EpisodeStatus = Literal["ok", "truncated", "failed"]
 
 
 @dataclass
-class SamplingParams:
-    """Sampling settings for one generation, in OpenAI/vLLM names.
+class SamplingFields:
+    """The sampling settings a caller's ``SamplingParams`` and the engine's
+    ``agentgym.server.sampling.GenerationParams`` share, in OpenAI/vLLM names, declared once.
 
-    ``structured``: what the reply is constrained to (``agentgym.client.structured``: a JSON schema,
-    forced tool calls, ...); ``top_logprobs``: how many alternatives to report per sampled token.
-    """
+    ``top_logprobs``: how many alternatives to report per sampled token (the sampled one is always
+    reported)."""
 
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1: no top-k
+    top_k: int = -1  # -1 or 0: no top-k
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
@@ -64,6 +64,16 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     top_logprobs: int = 0
+
+
+@dataclass
+class SamplingParams(SamplingFields):
+    """Sampling settings for one generation, as a client asks for them.
+
+    ``structured``: what the reply is constrained to (``agentgym.client.structured``: a JSON schema,
+    forced tool calls, ...); the server compiles it into the engine's grammar.
+    """
+
     structured: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,6 +204,18 @@ class Trajectory:
     def trainable(self) -> bool:
         """Failed episodes are kept for inspection but never trained on."""
         return self.status != "failed" and bool(self.turns)
+
+    @property
+    def success(self) -> bool:
+        """Whether the episode solved its task, the one rule every success rate uses (training's,
+        ``agentgym eval``'s, the held-out table's, dynamic sampling's ``acc``): a failed episode never
+        did; otherwise the env's own verdict where it gave one (``info["success"]``, kept as
+        ``metrics["success"]``), else a positive outcome reward."""
+        if self.status == "failed":
+            return False
+        if "success" in self.metrics:
+            return self.metrics["success"] > 0
+        return self.outcome_reward > 0
 
     def token_ids(self) -> list[int]:
         """The whole sequence: every turn's prompt delta then its sampled tokens."""

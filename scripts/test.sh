@@ -9,5 +9,7 @@ export RAY_AUTH_MODE=disabled
 echo "==> ruff check, ruff format --check (line length 120 enforced)"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+echo "==> vulture (dead code; vulture_whitelist.py lists what is called from outside agentgym)"
+.venv/bin/vulture agentgym vulture_whitelist.py --min-confidence 60
 echo "==> pytest"
 .venv/bin/pytest -q -ra "$@"

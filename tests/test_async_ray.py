@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.trainer.resource_pools import buckets
+from agentgym.model.weights import buckets
 
 ROOT = Path(__file__).resolve().parent.parent
 RAY = Path(sys.executable).with_name("ray")

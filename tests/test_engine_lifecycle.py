@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.server.engines import start_engine_server
 from agentgym.server.handles import free_port
+from agentgym.server.launchers import start_engine_server
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_ENGINES = Path(__file__).resolve().parent / "fake_engines"
@@ -109,7 +109,7 @@ def test_stop_ends_the_whole_group_even_when_its_first_process_is_gone(fake_vllm
 def test_a_program_that_ends_takes_its_engines_with_it(fake_vllm, ending):
     """A program holding a started engine (the trainer, a script) fails, or is sent SIGTERM."""
     program = (
-        f"from agentgym.server.engines import start_engine_server\n"
+        f"from agentgym.server.launchers import start_engine_server\n"
         f"handle = start_engine_server('vllm', {fake_vllm.model!r}, python={fake_vllm.python!r}, timeout=60)\n"
         "print('up', flush=True)\n"
         + ("raise RuntimeError('the run failed')\n" if ending == "exception" else "import time; time.sleep(120)\n")

@@ -17,7 +17,9 @@ from fastapi.responses import JSONResponse
 
 from agentgym.client.weights import SGLangWeights, VLLMWeights
 from agentgym.model import load_causal_lm
-from agentgym.server.engines import (
+from agentgym.server.handles import AppThread, SubprocessServerHandle, free_port
+from agentgym.server.launch import start_embedded_server
+from agentgym.server.launchers import (
     VLLM_EXTENSION,
     VLLM_EXTENSION_DIR,
     engine_available,
@@ -26,8 +28,6 @@ from agentgym.server.engines import (
     start_engine_server,
     vllm_command,
 )
-from agentgym.server.handles import AppThread, SubprocessServerHandle, free_port
-from agentgym.server.launch import start_embedded_server
 
 
 def vllm_extension():

@@ -371,6 +371,29 @@ def test_rewards_posted_and_computed_are_summed(gw):
     assert summary["finished"] and summary["branches"][0]["num_turns"] == 2
 
 
+def test_training_and_eval_agree_on_a_gateway_trajectorys_success(gw):
+    """One rule (``Trajectory.success``) behind training's success_rate, ``agentgym eval``'s table,
+    the held-out score and dynamic sampling's ``acc``, for gateway trajectories too."""
+    from agentgym.rollout.metrics import summarize
+    from agentgym.tracking import trajectory_metrics
+    from agentgym.trainer.dynamic_sampling import episode_score
+
+    def run(**finish_body) -> Trajectory:
+        info = new_session(gw)
+        client_for(info).chat.completions.create(model="m", messages=[{"role": "user", "content": "CALC: 1 + 1"}])
+        [traj] = finish(gw, info, **finish_body)
+        return traj
+
+    solved, unsolved, crashed = run(reward=1.0), run(reward=0.0), run(reward=1.0, failure="the agent crashed")
+    assert crashed.status == "failed" and crashed.outcome_reward == 1.0  # a reward does not make a failure a success
+    # the same solved episode saved without its success metric (an older file, a hand-built trajectory)
+    unmarked = Trajectory.from_dict({**solved.to_dict(), "metrics": {}})
+    trajectories = [solved, unsolved, crashed, unmarked]
+    assert [t.success for t in trajectories] == [True, False, False, True]
+    assert [episode_score(t, "acc", 1.0, 1.0) for t in trajectories] == [1.0, 0.0, 0.0, 1.0]
+    assert trajectory_metrics(trajectories)["success_rate"] == summarize(trajectories)["success_rate"] == 0.5
+
+
 def test_pause_holds_calls_until_resume(gw):
     info = new_session(gw)
     client = client_for(info)
@@ -638,8 +661,23 @@ def test_logprob_bytes_are_the_tokens_own_bytes(gw):
     assert spelled.removesuffix("<|im_end|>") == f"echo: {text}"
 
 
+def test_reward_fns_live_in_the_one_registry():
+    import agentgym
+    from agentgym.gateway.rewards import gsm8k_reward, resolve_reward_fn
+
+    def length(messages, task) -> float:
+        return float(len(messages))
+
+    assert resolve_reward_fn("gsm8k") is gsm8k_reward  # the built-in arrives as an agentgym.reward_fns entry point
+    agentgym.register("test_length", length, kind="reward_fn")
+    assert {"gsm8k", "test_length"} <= set(agentgym.registered("reward_fn"))
+    assert resolve_reward_fn("test_length") is length
+    with pytest.raises(ValueError, match="Did you mean 'test_length'"):
+        resolve_reward_fn("test_lenght")
+
+
 def test_bad_agent_and_reward_fn_names_say_what_is_wrong():
-    from agentgym.gateway.sessions import resolve_reward_fn
+    from agentgym.gateway.rewards import resolve_reward_fn
 
     with pytest.raises(ValueError, match="package.module:function"):
         load_agent("examples.gsm8k_agent")

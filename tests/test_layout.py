@@ -1,5 +1,5 @@
 """The layout holds: one part per folder, arrows between parts that point one way, no cycles,
-no file that has grown past one idea, and old import paths that say where things went.
+and no file that has grown past one idea.
 
 Every import counts, at module level or inside a function (a lazy import hides a cycle from
 Python, not from a reader). docs/ARCHITECTURE.md explains the parts and their arrows.
@@ -8,18 +8,14 @@ Python, not from a reader). docs/ARCHITECTURE.md explains the parts and their ar
 from __future__ import annotations
 
 import ast
-import importlib
 from collections import defaultdict
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "agentgym"
 
 # What each part may import (besides itself). Keep in step with docs/ARCHITECTURE.md.
 ALLOWED = {
     "types": set(),
-    "moved": set(),
     "config": set(),
     "registry": {"types"},
     "model": set(),
@@ -202,35 +198,3 @@ def test_no_file_has_outgrown_one_idea():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}, f"files over {MAX_LINES} lines: split them along their ideas"
-
-
-@pytest.mark.parametrize(
-    "old, new",
-    [
-        ("agentgym.server.client", "agentgym.client"),
-        ("agentgym.server.gateway", "agentgym.gateway"),
-        ("agentgym.server.sessions", "agentgym.gateway.sessions"),
-        ("agentgym.rollout.agent_source", "agentgym.gateway.agent_source"),
-        ("agentgym.envs.interaction_env", "agentgym.interactions.env"),
-        ("agentgym.trainer.warm_start", "agentgym.stages.warm_start"),
-        ("agentgym.trainer.held_out", "agentgym.stages.held_out"),
-        ("agentgym.trainer.compat.verl", "agentgym.compat"),
-        ("agentgym.trainer.rewards", "agentgym.rewards"),
-        ("agentgym.trainer.sources", "agentgym.rollout.sources"),
-        ("agentgym.trainer.main", "agentgym.stages.train_command"),
-        ("agentgym.trainer.loggers", "agentgym.tracking"),
-        ("agentgym.trainer.preflight", "agentgym.preflight"),
-    ],
-)
-def test_a_moved_module_names_its_new_place(old, new):
-    with pytest.raises(ImportError, match=new.replace(".", r"\.")):
-        importlib.import_module(old)
-
-
-def test_moved_names_name_their_new_place():
-    with pytest.raises(ImportError, match=r"agentgym\.trainer\.config"):
-        from agentgym.config import load_config  # noqa: F401
-    import agentgym.server
-
-    with pytest.raises(AttributeError, match=r"from agentgym\.client import PolicyClient"):
-        agentgym.server.PolicyClient  # noqa: B018

@@ -17,7 +17,6 @@ from agentgym.trainer.flat_rewards import (
     advantages_vanish,
     flat_rewards_warning,
     group_reward_spread,
-    zero_variance_group_frac,
 )
 from agentgym.trainer.ppo_trainer import PPOTrainer
 from agentgym.types import Trajectory, Turn
@@ -34,7 +33,7 @@ MIXED = GroupRewardSpread(groups=4, flat=3, low=-0.3, high=-0.3)
 def test_mixed_groups_give_the_share_of_flat_groups():
     scores = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 2.0, 2.0, 3.0, 3.0]
     ids = ["a"] * 3 + ["b"] * 3 + ["c"] * 2 + ["d"] * 4
-    assert zero_variance_group_frac(scores, ids) == pytest.approx(2 / 4)  # a and c flat; b and d not
+    assert group_reward_spread(scores, ids).zero_variance_frac == pytest.approx(2 / 4)  # a and c flat; b and d not
     spread = group_reward_spread(scores, ids)
     assert (spread.groups, spread.flat, spread.low, spread.high) == (4, 2, 0.5, 1.0)
     assert not spread.all_flat
@@ -43,7 +42,7 @@ def test_mixed_groups_give_the_share_of_flat_groups():
 def test_all_equal_rewards_give_one():
     scores = torch.tensor([-0.3] * 8)
     ids = [f"g{i // 4}" for i in range(8)]
-    assert zero_variance_group_frac(scores, ids) == 1.0
+    assert group_reward_spread(scores, ids).zero_variance_frac == 1.0
     assert group_reward_spread(scores, ids).all_flat
 
 
@@ -54,8 +53,8 @@ def test_rows_that_do_not_train_are_left_out_and_groups_of_one_do_not_count():
     spread = group_reward_spread(scores, ids, valid)
     assert (spread.groups, spread.flat, spread.singletons) == (1, 1, 1)  # "a" flat once row 2 is out
     assert spread.zero_variance_frac == 1.0
-    assert zero_variance_group_frac([1.0, 2.0], ["a", "b"]) is None  # rollout.n=1: no group to judge
-    assert zero_variance_group_frac([0.1 + 0.2, 0.3], ["a", "a"]) == 1.0  # float rounding is not variance
+    assert group_reward_spread([1.0, 2.0], ["a", "b"]).zero_variance_frac is None  # rollout.n=1: no group to judge
+    assert group_reward_spread([0.1 + 0.2, 0.3], ["a", "a"]).zero_variance_frac == 1.0  # float rounding is not variance
     with pytest.raises(ValueError):
         group_reward_spread([1.0, 2.0], ["a"])
 

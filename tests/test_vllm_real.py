@@ -26,8 +26,8 @@ from agentgym.client import PolicyClient
 from agentgym.client.weights import VLLMWeights
 from agentgym.model import load_causal_lm
 from agentgym.rollout import RolloutConfig, RolloutRunner
-from agentgym.server.engines import build_tiny_head64, engine_available
 from agentgym.server.handles import free_port
+from agentgym.server.launchers import build_tiny_head64, engine_available
 from agentgym.types import SamplingParams
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

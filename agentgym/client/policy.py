@@ -50,8 +50,7 @@ from agentgym.client.dialects import (
     sglang_sample,
 )
 from agentgym.client.http11 import ConnectionPool, TransportError
-from agentgym.client.httpx_pools import HTTPPools, HttpxTransport, transport_for  # noqa: F401 - HTTPPools: re-exported
-from agentgym.client.tls import ssl_context  # noqa: F401 - re-exported
+from agentgym.client.httpx_pools import HttpxTransport, transport_for
 from agentgym.client.versions import known_weight_version, record_weight_version
 from agentgym.types import SamplingParams, TokenSample
 
@@ -433,7 +432,7 @@ class PolicyClient:
         """Every server loads the weights saved at ``model_path`` and reports ``version`` from now on.
 
         The embedded server and SGLang take SGLang's ``/update_weights_from_disk``; vLLM servers
-        (started by ``agentgym.server.engines``, with its worker extension) are updated through
+        (started by ``agentgym.server.launchers``, with its worker extension) are updated through
         ``VLLMWeights``: pause, load in every worker, reset the prefix cache, resume.
         """
         if self.backend == "vllm":

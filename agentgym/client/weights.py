@@ -13,7 +13,7 @@ a state dict is first written to shared memory as a loadable model directory):
   ``/init_weights_update_group`` + ``/update_weights_from_distributed`` (the trainer
   broadcasts the tensors while the second call is in flight). SGLang drains or aborts
   running requests itself around an update.
-* **vLLM**: a server started by ``agentgym.server.engines`` (dev mode, with agentgym's worker
+* **vLLM**: a server started by ``agentgym.server.launchers`` (dev mode, with agentgym's worker
   extension); an update is ``POST /pause?mode=wait`` (vLLM versions that have it, so
   no response mixes versions), ``POST /collective_rpc {"method": "agentgym_load_weights",
   "args": [path]}``, ``POST /reset_prefix_cache``, ``POST /update_weight_version`` where offered,

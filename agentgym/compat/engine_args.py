@@ -68,7 +68,7 @@ def sglang_flags(rollout: DictConfig) -> list[str]:
 
 
 def engine_server_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    """Keyword arguments for ``agentgym.server.engines.start_engine_server`` (``dtype``, ``extra_args``)
+    """Keyword arguments for ``agentgym.server.launchers.start_engine_server`` (``dtype``, ``extra_args``)
     from the training config's rollout section; ``{}`` for the embedded server."""
     return rollout_engine_kwargs(cfg.actor_rollout_ref.rollout)
 

@@ -1,6 +1,6 @@
 """``TextEnv``: a Gymnasium env whose observations are chat messages and whose action is a reply.
 
-The contract (DESIGN.md):
+The contract:
 
 * ``reset(seed=None, options=None) -> (messages, info)`` — the opening messages (system/user
   prompt). ``info["tools"]`` holds OpenAI tool schemas when the env offers tools.

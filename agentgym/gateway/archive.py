@@ -147,8 +147,6 @@ def matches(
 class Archive(Protocol):
     """The store interface. ``put`` returns once the session is as safe as the archive makes it."""
 
-    durable: bool
-
     async def start(self) -> None: ...
     async def put(self, record: ArchivedSession) -> None: ...
     async def get(self, sid: str) -> ArchivedSession | None: ...
@@ -168,8 +166,6 @@ class Archive(Protocol):
 
 class MemoryArchive:
     """The latest ``keep`` finished sessions, in memory (oldest dropped first)."""
-
-    durable = False
 
     def __init__(self, keep: int = 10_000) -> None:
         self.keep = keep
@@ -236,8 +232,6 @@ class SqliteArchive:
     """Finished sessions in one SQLite file (see the module docstring). Concurrent ``put`` calls are
     committed as one transaction; each returns once its session is committed."""
 
-    durable = True
-
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
         self._db: sqlite3.Connection | None = None
@@ -246,7 +240,6 @@ class SqliteArchive:
         self._writer: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._closing = False
-        self.commits = 0  # transactions so far (a test and stats figure)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         """``fn(connection, *args)`` on the archive's own thread, where every sqlite3 call is made."""
@@ -306,7 +299,6 @@ class SqliteArchive:
                 continue
             try:
                 await self._run(self._insert, [row for row, _ in batch])
-                self.commits += 1
             except Exception as exc:  # every waiting finish learns it was not stored
                 for _, done in batch:
                     if not done.done():

@@ -67,9 +67,6 @@ class GatewayClient:
         body = await self._call("POST", f"/sessions/{sid}/finish", {"failure": failure, "reward": reward})
         return [Trajectory.from_dict(t) for t in body["trajectories"]]
 
-    async def get_session(self, sid: str) -> dict[str, Any]:
-        return await self._call("GET", f"/sessions/{sid}")
-
     async def list_sessions(
         self,
         group_id: str | None = None,

@@ -1,7 +1,8 @@
 """Reward functions a gateway session's task may name, applied at finish to each branch's last reply.
 
-A task names one registered here (``{"reward_fn": "gsm8k", "ground_truth": "72"}``; programs add
-theirs with ``register_reward_fn``), or an import path ``package.module:function`` that the gateway's
+A task names one in the registry (``{"reward_fn": "gsm8k", "ground_truth": "72"}``; programs add
+theirs with ``agentgym.register(name, fn, kind="reward_fn")`` or an ``agentgym.reward_fns`` entry
+point, as envs and tools arrive), or an import path ``package.module:function`` that the gateway's
 operator allowed (``agentgym gateway --reward-fn``, see ``agentgym.gateway.validation``). A task with
 no ``reward_fn`` but a known ``data_source`` uses that source's reward (as veRL does).
 """
@@ -13,7 +14,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from agentgym.gateway.validation import allowed_import
-from agentgym.registry import import_object
+from agentgym.registry import REWARD_FNS, UnknownNameError, import_object
 from agentgym.types import Message
 
 RewardFn = Callable[[list[Message], dict[str, Any]], float]
@@ -49,26 +50,23 @@ def gsm8k_reward(messages: list[Message], task: dict[str, Any]) -> float:
     return compute_score(last_assistant_text(messages), ground_truth(task), **(task.get("reward_kwargs") or {}))
 
 
-REWARD_FNS: dict[str, RewardFn] = {"gsm8k": gsm8k_reward}
 DATA_SOURCE_REWARDS = {"openai/gsm8k": "gsm8k", "gsm8k": "gsm8k"}
 """A task with no ``reward_fn`` but a known ``data_source`` uses that source's reward (as veRL does)."""
-
-
-def register_reward_fn(name: str, fn: RewardFn) -> None:
-    """Make ``{"reward_fn": name}`` in a session's task call ``fn(messages, task)`` at finish."""
-    REWARD_FNS[name] = fn
 
 
 def resolve_reward_fn(name: str, allowed: Collection[str] = ()) -> RewardFn:
     """A registered name (``gsm8k``) or an import path ``package.module:function`` that ``allowed``
     lists (``package.module:*``: any function of that module); see ``agentgym.gateway.validation``."""
-    if name in REWARD_FNS:
-        return REWARD_FNS[name]
-    if ":" in name:
+    if ":" not in name:
+        try:
+            return REWARD_FNS.get(name)
+        except UnknownNameError:
+            pass
+    else:
         if not allowed_import(name, allowed):
             raise ValueError(
                 f"reward_fn {name!r} is not allowed: a task may name a registered reward function "
-                f"({', '.join(sorted(REWARD_FNS))}) or an import path the gateway's operator allowed "
+                f"({', '.join(REWARD_FNS.names())}) or an import path the gateway's operator allowed "
                 "(agentgym gateway --reward-fn package.module:function)"
             )
         try:
@@ -78,10 +76,10 @@ def resolve_reward_fn(name: str, allowed: Collection[str] = ()) -> RewardFn:
         if not callable(fn):
             raise ValueError(f"reward_fn {name!r} is not callable")
         return fn
-    close = difflib.get_close_matches(name, REWARD_FNS, n=1)
+    close = difflib.get_close_matches(name, REWARD_FNS.names(), n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ValueError(
-        f"unknown reward_fn {name!r}; registered: {', '.join(sorted(REWARD_FNS))}, or give "
+        f"unknown reward_fn {name!r}; registered: {', '.join(REWARD_FNS.names())}, or give "
         f"'package.module:function'.{hint}"
     )
 

@@ -40,15 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentgym.envs.tools.parsing import load_json
-from agentgym.gateway.rewards import (  # noqa: F401 - the reward API's old home, still imported from here
-    REWARD_FNS,
-    RewardFn,
-    ground_truth,
-    last_assistant_text,
-    register_reward_fn,
-    resolve_reward_fn,
-    task_reward_fn,
-)
+from agentgym.gateway.rewards import ground_truth, resolve_reward_fn, task_reward_fn
 from agentgym.rollout.chat import ChatTokenizer, tools_key
 from agentgym.server.errors import ERROR_TYPES, APIError
 from agentgym.types import TokenSample, Trajectory, Turn
@@ -644,12 +636,11 @@ class SessionStore:
             sampled_tokens=float(sampled),
             tokens=float(sampled + sum(len(t.prompt_ids) for t in turns)),
             shaped_turns=float(sum(1 for t in turns if t.shaped_by)),  # Turn.shaped_by
-            success=float(status != "failed" and outcome > 0),
         )
         if check and b.kind == "chat":
             metrics["template_mismatch"] = float(self._mismatch(b) is not None)
             self.counts["template_mismatch"] += int(metrics["template_mismatch"])
-        return Trajectory(
+        traj = Trajectory(
             turns=turns,
             outcome_reward=outcome,
             env_id=str(task.get("env") or "gateway"),
@@ -662,6 +653,8 @@ class SessionStore:
             metrics=metrics,
             task={**task, "session_id": session.id, "branch": b.index, "parent": b.parent},
         )
+        traj.metrics["success"] = float(traj.success)  # saved with the trajectory, as the rollout runner does
+        return traj
 
     def _mismatch(self, b: Branch) -> int | None:
         raw = [

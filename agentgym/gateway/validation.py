@@ -6,8 +6,9 @@ a value stored unchecked failed later, for everyone (``sampling.max_tokens: "abc
 model call of the session a 500; ``turn: 0.5`` made ``finish`` raise and lost the session's
 trajectories; a ``NaN`` reward trained).
 
-Reward functions: a task may name one registered with ``register_reward_fn`` (``gsm8k``), or an
-import path ``package.module:function`` that the gateway's operator allowed
+Reward functions: a task may name one in the registry (``gsm8k``; programs add theirs with
+``agentgym.register(name, fn, kind="reward_fn")``), or an import path ``package.module:function``
+that the gateway's operator allowed
 (``Gateway(allowed_reward_fns=[...])``, ``agentgym gateway --reward-fn``; ``package.module:*``
 allows a whole module). Any other import path is refused: a request must not choose what code
 the gateway imports.

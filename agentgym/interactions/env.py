@@ -12,7 +12,7 @@ A row's ``extra_info.interaction_kwargs.name`` names the interaction (rows witho
 3. on the last step ``calculate_score(instance_id)`` is the outcome reward, then
    ``finalize_interaction(instance_id)`` runs.
 
-Turn scores and the outcome are reported apart (DESIGN.md), so the algorithm decides how to
+Turn scores and the outcome are reported apart (see ``agentgym.envs.base``), so the algorithm decides how to
 combine them. The interaction's async methods run on one background event loop shared by
 all envs in the process, so ``step`` works from any thread: plain sync code, a worker thread
 while the main thread runs its own loop, or inside ``loop.run_in_executor``.

@@ -66,10 +66,6 @@ def wrap(model: Any, lora: LoraSettings) -> Any:
     return peft_model
 
 
-def is_lora(model: Any) -> bool:
-    return hasattr(model, "peft_config")
-
-
 def _adapters_only(module: Any, state: dict[str, Any], prefix: str, local_metadata: Any) -> dict[str, Any]:
     for key in [k for k in state if ".lora_" not in k]:
         del state[key]

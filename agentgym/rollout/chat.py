@@ -214,10 +214,6 @@ class ChatTokenizer:
             self._remember(self._prompts, key, ids)
         return list(ids)
 
-    def ends_with_closing(self, response_ids: Sequence[int]) -> bool:
-        """True when the response's last token is the template's end-of-assistant token."""
-        return bool(response_ids) and response_ids[-1] in self._closing_ids
-
     def delta_ids(
         self,
         new_messages: Sequence[Message],

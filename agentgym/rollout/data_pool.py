@@ -8,8 +8,8 @@ session delivers its own trajectories) and, when asynchronous training admitted 
 ``ticket`` and the weight ``version`` the servers held then. A group is *complete* once all its
 deliveries arrived; complete groups are numbered in the order they completed.
 
-Consumers take complete groups: ``take_oldest(k)`` the ``k`` that completed first, ``take(ids)``
-chosen ones (the asynchronous trainer's deadline rule picks them, see
+Consumers take complete groups: ``ready()`` lists them in the order they completed, ``take(ids)``
+takes chosen ones (the asynchronous trainer's deadline rule picks them, see
 ``agentgym.trainer.staleness``). Nothing is ever dropped: ``max_queue_size`` bounds the complete
 groups waiting, and is honoured by the producers' admission (``full()``; they start no new task
 while it holds), not by refusing or discarding finished work. Every trajectory keeps the policy
@@ -118,11 +118,6 @@ class DataPool:
             self._completions += 1
         self._notify()
 
-    def put_group(self, group_id: str, trajectories: Sequence[Trajectory], **meta: Any) -> None:
-        """A whole group in one delivery (the env runner's way)."""
-        self.open_group(group_id, 1, **meta)
-        self.add(group_id, trajectories)
-
     def full(self) -> bool:
         """``max_queue_size`` complete groups are waiting: start no new task until the trainer takes some."""
         return self.max_queue_size is not None and self.ready_count() >= self.max_queue_size
@@ -177,10 +172,6 @@ class DataPool:
             out.append((info, self.pop(group_id)))
         return out
 
-    def take_oldest(self, count: int) -> list[tuple[dict[str, Any], list[Trajectory]]]:
-        """The ``count`` complete groups that completed first (fewer if fewer are complete)."""
-        return self.take(self.ready()[:count])
-
     def pop_complete(self) -> list[list[Trajectory]]:
         """Every complete group, oldest first (see ``pop``)."""
         return [self.pop(g) for g in self.ready()]
@@ -212,15 +203,6 @@ class DataPool:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(until(), timeout)
         return self._changes
-
-    async def wait_complete(self, groups: int, timeout: float | None = None) -> None:
-        """Until at least ``groups`` groups are complete."""
-
-        async def until() -> None:
-            while self.ready_count() < groups:
-                await self.wait_changed(self._changes)
-
-        await asyncio.wait_for(until(), timeout)
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

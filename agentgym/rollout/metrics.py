@@ -85,10 +85,6 @@ def default_ks(n: int) -> list[int]:
     return ks
 
 
-def _success(t: Trajectory) -> bool:
-    return t.metrics.get("success", 0.0) > 0
-
-
 def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
@@ -102,7 +98,7 @@ def _summary(trajs: list[Trajectory], ks: Sequence[int] | None) -> dict[str, flo
         "episodes": float(len(trajs)),
         "failed": float(sum(t.status == "failed" for t in trajs)),
         "truncated": float(sum(t.status == "truncated" for t in trajs)),
-        "success_rate": _mean([float(_success(t)) for t in trajs]),
+        "success_rate": _mean([float(t.success) for t in trajs]),
         "reward/mean": _mean([t.total_reward for t in trajs]),
         "outcome_reward/mean": _mean([t.outcome_reward for t in trajs]),
         "turns/mean": _mean([float(t.num_turns) for t in trajs]),
@@ -112,7 +108,7 @@ def _summary(trajs: list[Trajectory], ks: Sequence[int] | None) -> dict[str, flo
     }
     for k in ks if ks is not None else default_ks(n_min):
         if 0 < k <= n_min:
-            out[f"pass@{k}"] = _mean([pass_at_k(len(g), sum(_success(t) for t in g), k) for g in groups.values()])
+            out[f"pass@{k}"] = _mean([pass_at_k(len(g), sum(t.success for t in g), k) for g in groups.values()])
     return out
 
 

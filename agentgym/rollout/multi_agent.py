@@ -73,8 +73,7 @@ async def run_game(
             task={"seed": task.seed, "index": task.index, "sample": sample, "session": session, "agent": agent},
         )
         seats[agent] = _Seat(traj, session)
-    runner._episodes_started += 1
-    check = cfg.template_check_every > 0 and runner._episodes_started % cfg.template_check_every == 0
+    check = runner.start_episode()
     handle = runner.envs.open()
     healthy = True
     stage = "env.reset"
@@ -165,7 +164,7 @@ async def run_game(
             seat.traj.messages.extend(seat.pending)  # what the seat was told last (the result)
         seat_infos = {
             name: {
-                "success": successes.get(name, seats[name].traj.outcome_reward > 0),
+                **({"success": successes[name]} if name in successes else {}),
                 "metrics": info.get("metrics") or {},
             }
             for name in seats

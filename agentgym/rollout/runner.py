@@ -320,6 +320,13 @@ class RolloutRunner:
             )
         return [await self.run_episode(task, group_id, sample, max_turns=max_turns)]
 
+    def start_episode(self) -> bool:
+        """Count an episode starting (single- or multi-agent); True when its chat template is to be
+        checked (every ``template_check_every``-th episode)."""
+        self._episodes_started += 1
+        every = self.config.template_check_every
+        return every > 0 and self._episodes_started % every == 0
+
     async def run_episode(
         self, task: Task, group_id: str = "", sample: int = 0, max_turns: int | None = None
     ) -> Trajectory:
@@ -334,9 +341,8 @@ class RolloutRunner:
             data_source=self.env_name,
             task={"seed": task.seed, "index": task.index, "sample": sample, "session": session},
         )
-        self._episodes_started += 1
+        check = self.start_episode()
         default_sampling = cfg.sampling()
-        check = cfg.template_check_every > 0 and self._episodes_started % cfg.template_check_every == 0
         handle = self.envs.open()
         healthy = True
         stage = "env.reset"
@@ -492,12 +498,12 @@ class RolloutRunner:
         m["env_time_s"] = env_time
         m["gen_time_s"] = gen_time
         if traj.status != "failed":
-            m["success"] = float(bool(info.get("success", traj.outcome_reward > 0)))
+            if "success" in info:
+                m["success"] = float(bool(info["success"]))
             for key, value in (info.get("metrics") or {}).items():
                 if isinstance(value, (int, float)):
                     m[f"env/{key}"] = float(value)
-        else:
-            m["success"] = 0.0
+        m["success"] = float(traj.success)
         if check and traj.turns and traj.status != "failed":
             at = self.chat.mismatch(self._raw_messages(traj), tools, traj.token_ids())
             m["template_mismatch"] = 0.0 if at is None else 1.0

@@ -8,7 +8,7 @@
   slowly are closed (the gateway's too).
 * ``handles.py``: ``PolicyServerHandle`` and its kinds (in this process, or a child process).
 * ``launch.py``: ``start_embedded_server`` / ``start_policy_server`` and ``agentgym serve``.
-* ``engines.py``: vLLM and SGLang command lines and start-up; ``vllm_extension/`` holds the
+* ``launchers.py``: vLLM and SGLang command lines and start-up; ``vllm_extension/`` holds the
   module loaded inside vLLM's workers to take pushed weights (standard library, torch and vLLM
   only: it runs in vLLM's environment).
 
@@ -34,6 +34,4 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in ("PolicyClient", "PolicyServerError"):
-        raise AttributeError(f"agentgym.server.{name} moved: from agentgym.client import {name}")
     raise AttributeError(f"module 'agentgym.server' has no attribute {name!r}")

@@ -55,7 +55,6 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
         self.generation = kv.generation
         self.pool = torch.cuda.graph_pool_handle() if capture else None
-        self.captured = 0
 
     def buckets(self, rows: int, length: int) -> tuple[int, int]:
         size = next(s for s in self.sizes if s >= rows)
@@ -114,5 +113,4 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits = self._step(size, width)
-        self.captured += 1
         return graph, logits

@@ -85,9 +85,6 @@ class SlotKVCache(Cache):
     def nbytes(self) -> int:
         return self.storage.numel() * self.storage.element_size()
 
-    def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.kv_heads * self.head_dim * self.storage.element_size()
-
     def ensure_length(self, length: int) -> None:
         """Make room for ``length`` tokens per slot (doubling the width, at most ``max_len``)."""
         if length <= self.scratch:

@@ -5,7 +5,7 @@
   (uvicorn in a background thread; weight pushes then skip serialization entirely) or, with
   ``in_process=False``, as ``agentgym serve`` in a child process.
 * ``start_policy_server(engine, model, ...)`` does the same for ``vllm`` and ``sglang``
-  (``agentgym.server.engines``).
+  (``agentgym.server.launchers``).
 """
 
 from __future__ import annotations
@@ -163,10 +163,10 @@ def start_policy_server(
     engine: str = "embedded", model: str = "tiny", port: int = 0, **kwargs: Any
 ) -> PolicyServerHandle:
     """One door to every engine: ``embedded`` (kwargs of ``start_embedded_server``), ``vllm`` or
-    ``sglang`` (kwargs of ``agentgym.server.engines.start_engine_server``)."""
+    ``sglang`` (kwargs of ``agentgym.server.launchers.start_engine_server``)."""
     if engine == "embedded":
         return start_embedded_server(model, port, **kwargs)
-    from agentgym.server.engines import start_engine_server
+    from agentgym.server.launchers import start_engine_server
 
     return start_engine_server(engine, model, port=port, **kwargs)
 
@@ -177,7 +177,7 @@ def serve_command(args: argparse.Namespace) -> int:
     until Ctrl-C or SIGTERM (a vLLM or SGLang server goes down with it, its whole process group)."""
     dtype = args.dtype
     if args.engine != "embedded":
-        from agentgym.server.engines import start_engine_server
+        from agentgym.server.launchers import start_engine_server
 
         print(f"starting {args.engine} on {args.model} (waits for /health) ...", flush=True)
         try:

@@ -120,10 +120,6 @@ class PrefixIndex:
         self._by_hash.clear()
         self._cached.clear()
 
-    def cached_slots(self) -> list[int]:
-        """Slots of finished entries, least recently used first."""
-        return list(self._cached)
-
     def free_slot(self, above: int) -> int | None:
         """A slot holding nothing, at or past ``above``."""
         return next((slot for slot in self.free if slot >= above), None)

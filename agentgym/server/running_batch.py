@@ -20,11 +20,10 @@ import torch
 from agentgym.server.logits_processors import PROCESSED, LogitsProcessors, shaping
 from agentgym.server.sampling import GenerationParams, counter_uniforms, sample_rows, seed_key
 
-TRAITS = ("sampled", "shaped", "filtered", "seeded", "min_tokens", "stop_ids", "host", "grammar", "penalized", "biased")
-
 
 def traits(seq: Any) -> set[str]:
-    """What a sequence asks of a step (see ``TRAITS``)."""
+    """What a sequence asks of a step: a subset of sampled, shaped, filtered, seeded, min_tokens,
+    stop_ids, host, grammar, penalized, biased."""
     p: GenerationParams = seq.params
     out = set()
     if p.temperature > 0:

@@ -10,31 +10,20 @@ unseeded rows get a random seed when they are admitted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from agentgym.types import SamplingFields
+
 
 @dataclass
-class GenerationParams:
-    """What one request asks of the engine, after validation (OpenAI/vLLM names)."""
+class GenerationParams(SamplingFields):
+    """What one request asks of the engine, after validation: the shared sampling fields
+    (``agentgym.types.SamplingFields``) and what only the server decides."""
 
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1 or 0: off
-    min_tokens: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    top_logprobs: int = 0  # how many alternatives to report per token (the sampled one is always reported)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] = field(default_factory=dict)
     grammar: str | None = None  # an llguidance grammar the reply must match (``grammar.py``)
 
 

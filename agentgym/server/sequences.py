@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,7 +84,6 @@ class Request:
         self.done: asyncio.Future[list[Sequence]] = loop.create_future()
         self.sequences: list[Sequence] = []
         self.remaining = n
-        self.arrival = time.monotonic()
 
     # called from the engine thread
     def _emit(self, event: TokenEvent) -> None:

@@ -147,7 +147,7 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
 
     started = time.perf_counter()
     trajectories = asyncio.run(run())
-    by_seed = {t.seed: float(bool(t.metrics.get("success", 0.0))) for t in trajectories}
+    by_seed = {t.seed: float(t.success) for t in trajectories}
     turns = {k: v for k, v in per_turn_metrics(trajectories).items() if k.endswith(("/reached", "/malformed"))}
     return Score(label, temperature, [by_seed.get(s, 0.0) for s in seeds], time.perf_counter() - started, turns)
 

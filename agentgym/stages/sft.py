@@ -363,14 +363,6 @@ def _curves(run_dir: Path) -> str | None:
         return None
 
 
-def run_sft(cfg: DictConfig, show_progress: bool = True) -> dict[str, Any]:
-    trainer = SFTTrainer(cfg, show_progress=show_progress)
-    try:
-        return trainer.fit()
-    finally:
-        trainer.shutdown()
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from agentgym.stages.config_command import hydra_arguments
 

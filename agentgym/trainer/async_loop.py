@@ -81,7 +81,6 @@ class AsyncCoordinator:
         self._producer: asyncio.Task | None = None
         self._push_task: asyncio.Task | None = None
         self._failure: BaseException | None = None
-        self._source_state: Any = None
         # idle accounting: time with no task running (rollout side), time waiting for a batch (trainer)
         now = time.perf_counter()
         self._idle_since: float | None = now

@@ -27,7 +27,7 @@ from agentgym.types import Trajectory
 
 def episode_score(traj: Trajectory, metric: str, turn_reward_coef: float, outcome_reward_coef: float) -> float:
     if metric == "acc":
-        return float(traj.metrics.get("success", float(traj.outcome_reward > 0)))
+        return float(traj.success)
     return turn_reward_coef * sum(t.reward for t in traj.turns) + outcome_reward_coef * traj.outcome_reward
 
 

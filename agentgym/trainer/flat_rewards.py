@@ -79,16 +79,6 @@ def group_reward_spread(
     return GroupRewardSpread(groups, flat, singletons, min(flat_values, default=None), max(flat_values, default=None))
 
 
-def zero_variance_group_frac(
-    scores: Sequence[float] | torch.Tensor,
-    group_ids: Sequence[Hashable],
-    valid: Sequence[bool] | torch.Tensor | None = None,
-) -> float | None:
-    """The share of groups (two or more trainable trajectories) whose rewards are all equal;
-    None when the batch has no such group (e.g. ``rollout.n=1``)."""
-    return group_reward_spread(scores, group_ids, valid).zero_variance_frac
-
-
 def advantages_vanish(
     spread: GroupRewardSpread,
     adv_estimator: str,

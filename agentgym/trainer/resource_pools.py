@@ -26,7 +26,7 @@ import contextlib
 import os
 from typing import Any
 
-from agentgym.model.weights import buckets  # noqa: F401 - the bucketing every bucketed push shares
+from agentgym.model.weights import buckets
 
 POOL_RESOURCE = {"trainer": "agentgym_trainer_pool", "rollout": "agentgym_rollout_pool"}
 

@@ -6,7 +6,7 @@ It runs in vLLM's environment, which need not have agentgym's dependencies (gymn
 fastapi, ...), so this file imports nothing but the standard library, torch and vLLM, and
 sits outside the ``agentgym`` package's import path (importing ``agentgym.anything`` runs
 ``agentgym/__init__.py``, which registers the environments with gymnasium):
-``agentgym.server.engines`` puts this directory alone on the engine's ``PYTHONPATH``.
+``agentgym.server.launchers`` puts this directory alone on the engine's ``PYTHONPATH``.
 tests/test_engines.py imports it with agentgym and its dependencies blocked.
 """
 

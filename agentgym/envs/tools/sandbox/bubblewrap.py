@@ -22,7 +22,6 @@ How it is built, and why that way:
 
 from __future__ import annotations
 
-import math
 import os
 import resource
 import shutil
@@ -41,6 +40,7 @@ from agentgym.envs.tools.sandbox.process import (
     make_run_cgroups,
     run_child,
     site_packages,
+    snippet_limits,
     user_task_count,
 )
 from agentgym.envs.tools.sandbox.seccomp import filter_program
@@ -239,17 +239,7 @@ def run_strong(
     """Run ``code`` in the bubblewrap sandbox (see the package docstring for what it guarantees)."""
     start = time.perf_counter()
     disk_bytes = max_disk_mb << 20
-    limits = capped(
-        {
-            resource.RLIMIT_AS: memory_mb << 20,
-            resource.RLIMIT_CPU: math.ceil(timeout_s) + 1,
-            resource.RLIMIT_FSIZE: max_file_mb << 20,
-            resource.RLIMIT_NOFILE: 256,
-            resource.RLIMIT_CORE: 0,
-            resource.RLIMIT_RTPRIO: 0,  # no real-time scheduling, whatever the caller was allowed
-            resource.RLIMIT_NICE: 0,  # no raising its own priority
-        }
-    )
+    limits = snippet_limits(memory_mb, timeout_s, max_file_mb)
     program = filter_program()
     snippet = os.memfd_create("agentgym-snippet")
     filter_read = filter_write = -1

@@ -23,7 +23,6 @@ and writes memory). The child runs as the caller's user and can read whatever th
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import resource
 import shutil
@@ -43,6 +42,7 @@ from agentgym.envs.tools.sandbox.process import (
     make_run_dir,
     run_child,
     site_packages,
+    snippet_limits,
     user_task_count,
 )
 
@@ -175,17 +175,7 @@ def run_weak(
     """Run ``code`` under the audit hook and the OS layers this machine allows (see the module doc)."""
     global _netns_flags
     start = time.perf_counter()
-    limits = capped(
-        {
-            resource.RLIMIT_AS: memory_mb << 20,
-            resource.RLIMIT_CPU: math.ceil(timeout_s) + 1,
-            resource.RLIMIT_FSIZE: max_file_mb << 20,
-            resource.RLIMIT_NOFILE: 256,
-            resource.RLIMIT_CORE: 0,
-            resource.RLIMIT_RTPRIO: 0,  # no real-time scheduling, whatever the caller was allowed
-            resource.RLIMIT_NICE: 0,  # no raising its own priority
-        }
-    )
+    limits = snippet_limits(memory_mb, timeout_s, max_file_mb)
     run_dir = make_run_dir()
     try:
         scratch = run_dir / "scratch"

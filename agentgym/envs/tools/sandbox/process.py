@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import math
 import os
 import re
 import resource
@@ -240,6 +241,21 @@ def capped(limits: dict[int, int]) -> dict[int, int]:
         hard = resource.getrlimit(which)[1]
         out[which] = value if hard == resource.RLIM_INFINITY else min(value, hard)
     return out
+
+
+def snippet_limits(memory_mb: int, timeout_s: float, max_file_mb: int) -> dict[int, int]:
+    """The resource limits every sandboxed snippet runs under, whichever sandbox runs it (capped)."""
+    return capped(
+        {
+            resource.RLIMIT_AS: memory_mb << 20,
+            resource.RLIMIT_CPU: math.ceil(timeout_s) + 1,
+            resource.RLIMIT_FSIZE: max_file_mb << 20,
+            resource.RLIMIT_NOFILE: 256,
+            resource.RLIMIT_CORE: 0,
+            resource.RLIMIT_RTPRIO: 0,  # no real-time scheduling, whatever the caller was allowed
+            resource.RLIMIT_NICE: 0,  # no raising its own priority
+        }
+    )
 
 
 def make_preexec(limits: dict[int, int], cgroup_joins: list[str], unshare_flags: int = 0) -> Callable[[], None]:
