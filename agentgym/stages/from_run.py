@@ -38,7 +38,7 @@ class Given(argparse.Action):
     """The action of a flag ``--run`` can supply: stores the value and adds the flag's dest to ``args.given``
     (give the parser ``set_defaults(given=frozenset())``), so that the run fills only the flags not given."""
 
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, _option_string: Any = None) -> None:
         setattr(namespace, self.dest, values)
         namespace.given = namespace.given | {self.dest}
 
