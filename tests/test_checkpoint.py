@@ -276,7 +276,7 @@ def test_fsdp2_shards_over_the_workers_device_even_when_an_accelerator_is_visibl
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         model = load_causal_lm("tiny")
-        shard(model, {}, "cpu", layer_classes(model))
+        shard(model, load_config(warn=False).actor_rollout_ref.actor.fsdp_config, "cpu", layer_classes(model))
     finally:
         dist.destroy_process_group()
     assert meshes and all(m is not None and m.device_type == "cpu" for m in meshes)
