@@ -63,13 +63,12 @@ def is_config_receiver(node: ast.expr) -> bool:
     )
 
 
-def offences(path: Path) -> list[str]:
+def offences(source: str, name: str) -> list[str]:
     found = []
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(source, filename=name)):
         if not isinstance(node, ast.Call):
             continue
-        where = f"{path.relative_to(ROOT.parent)}:{node.lineno}"
+        where = f"{name}:{node.lineno}"
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "get" and node.args:
             key = node.args[0]
@@ -78,17 +77,42 @@ def offences(path: Path) -> list[str]:
                 if defaulted or is_config_receiver(func.value):
                     found.append(f"{where}: .get({key.value!r}, ...) on the config: read the attribute")
         elif isinstance(func, ast.Name) and func.id in CASTS and len(node.args) == 1 and not node.keywords:
-            root, parts = chain(node.args[0])
-            through_config = all(p in SECTIONS or p in ("cfg", "config") for p in parts[:-1])
-            if root is not None and parts and root != "args" and through_config and parts[-1] in LEAVES:
-                found.append(f"{where}: {func.id}() of the config value {'.'.join([root, *parts])}: it has its type")
+            values = config_values(node.args[0])
+            if values:
+                found.append(f"{where}: {func.id}() of the config value {values[0]}: it has its type")
     return found
 
 
-def test_the_checker_finds_what_it_looks_for(tmp_path):
-    sample = ROOT / "trainer" / "_sample_for_the_check.py"
-    sample.write_text(
-        "def f(cfg, actor_cfg, rollout, info):\n"
+def config_value(node: ast.expr) -> str | None:
+    """``cfg.data.max_prompt_length`` (a chain through config sections to a config key) as text, else None."""
+    root, parts = chain(node)
+    through_config = all(p in SECTIONS or p in ("cfg", "config") for p in parts[:-1])
+    if root is None or not parts or root == "args" or not through_config or parts[-1] not in LEAVES:
+        return None
+    return ".".join([root, *parts])
+
+
+def config_values(node: ast.expr) -> list[str]:
+    """The config values ``node`` is made of (``a.x``, ``a.x + a.y``, ``a.x or 0``), or [] when anything
+    else takes part in it (``int(ratio * total_steps)`` converts a result, not a config value)."""
+    if isinstance(node, ast.BinOp):
+        left, right = config_values(node.left), config_values(node.right)
+        return [*left, *right] if (left or _constant(node.left)) and (right or _constant(node.right)) else []
+    if isinstance(node, ast.BoolOp):
+        parts = [config_values(v) for v in node.values]
+        ok = all(p or _constant(v) for p, v in zip(parts, node.values))
+        return [name for p in parts for name in p] if ok else []
+    value = config_value(node)
+    return [value] if value else []
+
+
+def _constant(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant)
+
+
+def test_the_checker_finds_what_it_looks_for():
+    sample = (
+        "def f(cfg, actor_cfg, rollout, info, total_steps):\n"
         "    a = cfg.actor_rollout_ref.actor.get('clip_ratio_c', 3.0)\n"
         "    b = int(cfg.data.train_batch_size)\n"
         "    c = float(actor_cfg.optim.lr)\n"
@@ -96,17 +120,17 @@ def test_the_checker_finds_what_it_looks_for(tmp_path):
         "    e = cfg.data.get('train_files')\n"
         "    f = info.get('version')\n"  # a plain dict of non-config facts: fine
         "    g = int(info['global_step'])\n"  # not a config key: fine
-        "    return a, b, c, d, e, f, g\n"
+        "    h = int(cfg.data.max_prompt_length + cfg.data.max_response_length)\n"
+        "    i = int(cfg.model.lora_rank or 0)\n"
+        "    j = int(actor_cfg.optim.lr_warmup_steps_ratio * total_steps)\n"  # a result of the run: fine
+        "    return a, b, c, d, e, f, g, h, i, j\n"
     )
-    try:
-        got = offences(sample)
-    finally:
-        sample.unlink()
-    assert [line.split(":")[1] for line in got] == ["2", "3", "4", "5", "6"], got
+    got = offences(sample, "sample.py")
+    assert [line.split(":")[1] for line in got] == ["2", "3", "4", "5", "6", "9", "10"], got
 
 
 @pytest.mark.parametrize("part", CHECKED)
 def test_no_config_defaults_or_casts_at_call_sites(part):
     paths = [p for p in sorted((ROOT / part).rglob("*.py")) if p.relative_to(ROOT).as_posix() not in EXEMPT]
-    found = [o for path in paths for o in offences(path)]
+    found = [o for path in paths for o in offences(path.read_text(), path.relative_to(ROOT.parent).as_posix())]
     assert not found, "\n".join(found)

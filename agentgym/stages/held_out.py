@@ -105,7 +105,7 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
 
     rollout = cfg.actor_rollout_ref.rollout
     seeds = held_out_range(cfg)
-    max_len = int(cfg.data.max_prompt_length + cfg.data.max_response_length)
+    max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
     concurrency = rollout.concurrency
     # the run's own executor where it needs nothing else; threads for the remote and worker kinds
     executor = str(cfg.env.executor) if cfg.env.executor in ("thread", "inline", "process") else "thread"

@@ -72,7 +72,7 @@ def load_sft_config(
     missing = [
         f"{why}: pip install {package}"
         for package, why in (
-            ("peft", f"model.lora_rank={cfg.model.lora_rank}") if int(cfg.model.lora_rank or 0) > 0 else (None, ""),
+            ("peft", f"model.lora_rank={cfg.model.lora_rank}") if cfg.model.lora_rank > 0 else (None, ""),
             ("wandb", "trainer.logger has wandb") if "wandb" in cfg.trainer.logger else (None, ""),
             ("tensorboard", "trainer.logger has tensorboard") if "tensorboard" in cfg.trainer.logger else (None, ""),
         )

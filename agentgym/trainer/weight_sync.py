@@ -79,7 +79,7 @@ class RolloutServers:
                 kwargs["admin_key"] = self.admin_key
                 if rollout.device:
                     kwargs["device"] = str(rollout.device)
-                kwargs["max_model_len"] = int(cfg.data.max_prompt_length + cfg.data.max_response_length)
+                kwargs["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
                 kwargs["max_batch_size"] = max(1, rollout.concurrency)
             else:
                 from agentgym.compat.engine_args import engine_server_kwargs
@@ -87,7 +87,7 @@ class RolloutServers:
                 kwargs.update(
                     gpu_memory_utilization=rollout.gpu_memory_utilization,
                     tensor_parallel_size=rollout.tensor_model_parallel_size,
-                    max_model_len=int(cfg.data.max_prompt_length + cfg.data.max_response_length),
+                    max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
                     **engine_server_kwargs(cfg),
                 )
                 if self.lora_name:
