@@ -56,11 +56,12 @@ def chain(node: ast.expr) -> tuple[str | None, list[str]]:
 
 
 def is_config_receiver(node: ast.expr) -> bool:
+    """``cfg.data``, ``self.config``, ``actor_cfg``, or a section by its name (``rollout``, ``rollout.val_kwargs``)."""
     root, parts = chain(node)
     names = [root or "", *parts]
-    return any(n in ("cfg", "config") or n.endswith("_cfg") for n in names) and not any(
-        n in ("metrics", "tensors") for n in parts
-    )
+    if any(n in ("metrics", "tensors") for n in parts):
+        return False
+    return any(n in ("cfg", "config") or n.endswith("_cfg") for n in names) or all(n in SECTIONS for n in names)
 
 
 def offences(source: str, name: str) -> list[str]:
@@ -73,8 +74,8 @@ def offences(source: str, name: str) -> list[str]:
         if isinstance(func, ast.Attribute) and func.attr == "get" and node.args:
             key = node.args[0]
             if isinstance(key, ast.Constant) and isinstance(key.value, str):
-                defaulted = len(node.args) > 1 and key.value in LEAVES | SECTIONS
-                if defaulted or is_config_receiver(func.value):
+                known = key.value in LEAVES | SECTIONS
+                if (known and len(node.args) > 1) or (known and is_config_receiver(func.value)):
                     found.append(f"{where}: .get({key.value!r}, ...) on the config: read the attribute")
         elif isinstance(func, ast.Name) and func.id in CASTS and len(node.args) == 1 and not node.keywords:
             values = config_values(node.args[0])
@@ -123,10 +124,12 @@ def test_the_checker_finds_what_it_looks_for():
         "    h = int(cfg.data.max_prompt_length + cfg.data.max_response_length)\n"
         "    i = int(cfg.model.lora_rank or 0)\n"
         "    j = int(actor_cfg.optim.lr_warmup_steps_ratio * total_steps)\n"  # a result of the run: fine
-        "    return a, b, c, d, e, f, g, h, i, j\n"
+        "    k = rollout.get('server_admin_key')\n"
+        "    m = info.get('path')\n"  # a plain dict's key that happens to be a config key's name: fine
+        "    return a, b, c, d, e, f, g, h, i, j, k, m\n"
     )
     got = offences(sample, "sample.py")
-    assert [line.split(":")[1] for line in got] == ["2", "3", "4", "5", "6", "9", "10"], got
+    assert [line.split(":")[1] for line in got] == ["2", "3", "4", "5", "6", "9", "10", "12"], got
 
 
 @pytest.mark.parametrize("part", CHECKED)

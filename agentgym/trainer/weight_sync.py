@@ -69,7 +69,7 @@ class RolloutServers:
         urls = [str(u) for u in rollout.server_urls]
         model = str(cfg.actor_rollout_ref.model.path)
         # the key the servers' weight routes take: given, or from the environment; servers we start get a new one
-        self.admin_key = rollout.get("server_admin_key") or admin_key_from_env()
+        self.admin_key = rollout.server_admin_key or admin_key_from_env()
         if not urls:
             from agentgym.server.launch import start_policy_server
 
