@@ -146,7 +146,6 @@ def test_task_sampler_state_resumes_the_data_order():
 def _actor(strategy: str, world_size: int, device: str = "cpu"):
     """The actor's worker group: ``world_size`` ranks on ``device`` (Ray actors when more than one;
     gloo on the CPU, NCCL on GPUs)."""
-    from omegaconf import OmegaConf
 
     from agentgym.trainer.config import load_config
     from agentgym.trainer.worker_group import WorkerGroup
@@ -166,7 +165,7 @@ def _actor(strategy: str, world_size: int, device: str = "cpu"):
             "actor_rollout_ref.rollout.n=4",
         ],
     )
-    group = WorkerGroup(PolicyWorker, OmegaConf.to_container(cfg, resolve=True), world_size, world_size > 1)
+    group = WorkerGroup(PolicyWorker, cfg, world_size, world_size > 1)
     group.call("init_model", 10, False)
     return group
 
