@@ -146,7 +146,6 @@ def test_task_sampler_state_resumes_the_data_order():
 def _actor(strategy: str, world_size: int, device: str = "cpu"):
     """The actor's worker group: ``world_size`` ranks on ``device`` (Ray actors when more than one;
     gloo on the CPU, NCCL on GPUs)."""
-    from omegaconf import OmegaConf
 
     from agentgym.trainer.config import load_config
     from agentgym.trainer.worker_group import WorkerGroup
@@ -166,7 +165,7 @@ def _actor(strategy: str, world_size: int, device: str = "cpu"):
             "actor_rollout_ref.rollout.n=4",
         ],
     )
-    group = WorkerGroup(PolicyWorker, OmegaConf.to_container(cfg, resolve=True), world_size, world_size > 1)
+    group = WorkerGroup(PolicyWorker, cfg, world_size, world_size > 1)
     group.call("init_model", 10, False)
     return group
 
@@ -276,7 +275,7 @@ def test_fsdp2_shards_over_the_workers_device_even_when_an_accelerator_is_visibl
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         model = load_causal_lm("tiny")
-        shard(model, {}, "cpu", layer_classes(model))
+        shard(model, load_config(warn=False).actor_rollout_ref.actor.fsdp_config, "cpu", layer_classes(model))
     finally:
         dist.destroy_process_group()
     assert meshes and all(m is not None and m.device_type == "cpu" for m in meshes)

@@ -429,10 +429,12 @@ def test_critic_warmup_trains_only_the_critic_first(gsm8k, tmp_path):
 def test_checkpoint_load_contents_picks_the_parts(tmp_path):
     from agentgym.trainer.train_state import TrainState
 
+    optim = load_config(overrides=["actor_rollout_ref.actor.optim.lr=0.1"], warn=False).actor_rollout_ref.actor.optim
+
     def state():
         torch.manual_seed(0)
         module = torch.nn.Linear(2, 2)
-        return TrainState(module, {"lr": 0.1}, 10, "dp", 1, "cpu")
+        return TrainState(module, optim, 10, "dp", 1, "cpu")
 
     saved = state()
     saved.module(torch.ones(1, 2)).sum().backward()
@@ -481,8 +483,10 @@ def test_offload_keys_warn_without_a_gpu_and_shard_with_cpu_offload_on_one(monke
     seen = []
     monkeypatch.setattr("torch.distributed.fsdp.fully_shard", lambda module, **kw: seen.append(kw))
     module = torch.nn.Sequential(torch.nn.Linear(2, 2))
-    train_state.shard(module, {"param_offload": True}, "cuda", ["Linear"])
+    offload = ["actor_rollout_ref.actor.fsdp_config.param_offload=true"]
+    fsdp_config = load_config(overrides=offload, warn=False).actor_rollout_ref.actor.fsdp_config
+    train_state.shard(module, fsdp_config, "cuda", ["Linear"])
     assert seen and all(type(kw["offload_policy"]).__name__ == "CPUOffloadPolicy" for kw in seen)
     seen.clear()
-    train_state.shard(module, {"param_offload": True}, "cpu", ["Linear"])
+    train_state.shard(module, fsdp_config, "cpu", ["Linear"])
     assert all("offload_policy" not in kw for kw in seen)

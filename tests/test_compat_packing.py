@@ -7,7 +7,6 @@ import random
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from agentgym.trainer import algos
 from agentgym.trainer.batch import build_batch, micro_batch_cost, micro_batches, padding_report, update_plan
@@ -117,7 +116,7 @@ def _step(overrides: list[str]) -> dict[str, torch.Tensor]:
     batch["advantages"] = adv
     plan = update_plan(mask, len(batch), [], 1, 1, 1)
     torch.manual_seed(0)
-    group = WorkerGroup(PolicyWorker, OmegaConf.to_container(cfg, resolve=True), 1, False)
+    group = WorkerGroup(PolicyWorker, cfg, 1, False)
     try:
         group.call("init_model", 10, False)
         group.call("update_actor", batch.tensors, per_rank=[(p,) for p in plan])

@@ -161,7 +161,7 @@ def test_rollout_log_prob_micro_batch_size_sets_the_old_log_prob_chunks(monkeypa
 
     monkeypatch.setattr(workers, "policy_forward", fake_forward)
     worker = workers.PolicyWorker.__new__(workers.PolicyWorker)
-    worker.config, worker.device = OmegaConf.to_container(cfg, resolve=True), "cpu"
+    worker.config, worker.device = cfg, "cpu"
     worker.actor = type("S", (), {"module": type("M", (), {"eval": lambda s: s, "train": lambda s: s})()})()
     import torch
 

@@ -112,14 +112,13 @@ def test_the_engine_serves_what_the_lora_model_computes(lean):
 
 
 def policy_worker(tmp_path, **model_keys):
-    from omegaconf import OmegaConf
 
     from agentgym.trainer.config import load_config
     from agentgym.trainer.workers import PolicyWorker
 
     overrides = [f"actor_rollout_ref.model.{k}={v}" for k, v in model_keys.items()]
     cfg = load_config(env="first_letter", overrides=[f"trainer.default_local_dir={tmp_path}", *overrides])
-    worker = PolicyWorker(OmegaConf.to_container(cfg, resolve=True))
+    worker = PolicyWorker(cfg)
     worker.init_model(total_steps=2, with_ref=True)
     return worker
 

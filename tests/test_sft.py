@@ -132,13 +132,9 @@ def test_sft_learns_and_rl_starts_from_its_weights(tmp_path):
     sft_model = trainer.actor.workers[0].actor.module
     with torch.no_grad():
         sft_lp, _ = policy_forward(sft_model.eval(), batch.tensors)
-    rl_config = {
-        "trainer": {"device": "cpu", "seed": 0},
-        "actor_rollout_ref": {
-            "model": {"path": summary["hf_model"]},
-            "actor": {"strategy": "auto", "optim": {"lr": 1e-6}},
-        },
-    }
+    from agentgym.trainer.config import load_config
+
+    rl_config = load_config(overrides=[f"actor_rollout_ref.model.path={summary['hf_model']}", "trainer.device=cpu"])
     rl = WorkerGroup(PolicyWorker, rl_config, 1, False)
     rl.call("init_model", 1, False)
     with torch.no_grad():

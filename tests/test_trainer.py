@@ -10,7 +10,6 @@ import random
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from agentgym.trainer import algos
 from agentgym.trainer.batch import build_batch, pad_for_workers, update_plan
@@ -174,7 +173,7 @@ def _update_once(world_size: int, use_ray: bool, strategy: str = "dp", tmp_path=
     batch, pads = pad_for_workers(batch, world_size, [2])
     # two mini-batches: the second step also checks that AdamW's state agrees
     plan = update_plan(batch["response_mask"], rows, pads, 2, 1, world_size)
-    group = WorkerGroup(PolicyWorker, OmegaConf.to_container(cfg, resolve=True), world_size, use_ray)
+    group = WorkerGroup(PolicyWorker, cfg, world_size, use_ray)
     try:
         group.call("init_model", 10, False)
         metrics = group.call("update_actor", group.put(batch.tensors), per_rank=[(p,) for p in plan])

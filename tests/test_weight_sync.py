@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from agentgym.model import load_causal_lm, load_tokenizer
 from agentgym.model.weights import bind_state_dict, buckets, open_handles, share_handles
@@ -92,7 +93,7 @@ def test_tensors_of_another_dtype_are_not_bound():
 def test_weight_sync_binds_once_then_only_moves_versions():
     trainer = load_causal_lm("tiny")
     worker = SimpleNamespace(
-        config={"actor_rollout_ref": {"hybrid_engine": True}},
+        config=OmegaConf.create({"actor_rollout_ref": {"hybrid_engine": True}}),
         full_state_dict=lambda: {k: v.detach() for k, v in trainer.state_dict().items()},
     )
     actor = SimpleNamespace(use_ray=False, workers=[worker], call_rank0=lambda name: getattr(worker, name)())
@@ -114,7 +115,7 @@ def test_weight_sync_binds_once_then_only_moves_versions():
         out = complete(handle.url)
         assert handle.engine.weight_version == 2 and logprob_gap(trainer, out) < 1e-4
         # the asynchronous trainer trains while servers generate: it never shares
-        worker.config = {"actor_rollout_ref": {"hybrid_engine": False}}
+        worker.config = OmegaConf.create({"actor_rollout_ref": {"hybrid_engine": False}})
         assert not WeightSync(Servers(), actor, "tiny").share
     finally:
         handle.stop()

@@ -92,8 +92,8 @@ def _held_out_tasks(directory: Path) -> dict[str, Any] | None:
         return {
             "env": str(cfg.env.name),
             "env_kwargs": env_kwargs(cfg),
-            "seed_start": int(cfg.env.val_seed_start),
-            "num_tasks": int(cfg.held_out.num_tasks),
+            "seed_start": cfg.env.val_seed_start,
+            "num_tasks": cfg.held_out.num_tasks,
         }
     except Exception:  # noqa: BLE001 - an old or hand-made config: the runs are then not paired
         return None

@@ -52,10 +52,10 @@ def run_env_kwargs(run: Run, mode: str) -> dict[str, Any]:
     as its data); rollout: the training env's. Relative paths found from the run's directory."""
     cfg = run.cfg
     kwargs = dict(_plain(cfg.env.kwargs) or {})
-    files = cfg.data.get("train_files")
+    files = cfg.data.train_files
     if mode == "eval":
         kwargs.update(_plain(cfg.env.val_kwargs) or {})
-        files = cfg.data.get("val_files")
+        files = cfg.data.val_files
     if files:
         kwargs["data_files"] = _plain(files)
 
@@ -75,42 +75,42 @@ def run_settings(run: Run, mode: str) -> dict[str, tuple[Any, str]]:
     rollout = cfg.actor_rollout_ref.rollout
     where = "actor_rollout_ref.rollout.val_kwargs" if mode == "eval" else "actor_rollout_ref.rollout"
     sampling = rollout.val_kwargs if mode == "eval" else rollout
-    greedy = not bool(sampling.get("do_sample", True))
-    executor = str(cfg.env.executor)
+    greedy = not sampling.do_sample
+    executor = cfg.env.executor
     out: dict[str, tuple[Any, str]] = {
         "model": (run.model, run.model_source),
         "env": (cfg.env.name, "env.name"),
-        "n": (int(sampling.n), f"{where}.n"),
+        "n": (sampling.n, f"{where}.n"),
         "temperature": (
-            0.0 if greedy else float(sampling.temperature),
+            0.0 if greedy else sampling.temperature,
             f"{where}.do_sample=false" if greedy else f"{where}.temperature",
         ),
-        "top_p": (float(sampling.top_p), f"{where}.top_p"),
-        "top_k": (int(sampling.top_k), f"{where}.top_k"),
+        "top_p": (sampling.top_p, f"{where}.top_p"),
+        "top_k": (sampling.top_k, f"{where}.top_k"),
         "max_turns": (
             rollout.multi_turn.max_assistant_turns,
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
         ),
         "max_tokens": (rollout.max_tokens_per_turn, "actor_rollout_ref.rollout.max_tokens_per_turn"),
-        "prompt_length": (int(cfg.data.max_prompt_length), "data.max_prompt_length"),
-        "response_length": (int(cfg.data.max_response_length), "data.max_response_length"),
-        "concurrency": (int(rollout.concurrency), "actor_rollout_ref.rollout.concurrency"),
-        "device": (rollout.get("device"), "actor_rollout_ref.rollout.device (null: cuda if available)"),
+        "prompt_length": (cfg.data.max_prompt_length, "data.max_prompt_length"),
+        "response_length": (cfg.data.max_response_length, "data.max_response_length"),
+        "concurrency": (rollout.concurrency, "actor_rollout_ref.rollout.concurrency"),
+        "device": (rollout.device, "actor_rollout_ref.rollout.device (null: cuda if available)"),
         "env_executor": (
             executor if executor in HELD_OUT_EXECUTORS else "thread",
             "env.executor" if executor in HELD_OUT_EXECUTORS else f"env.executor={executor} -> thread",
         ),
     }
     if mode == "eval":
-        out["seed"] = (int(cfg.env.val_seed_start), "env.val_seed_start")
-        out["sampling_seed"] = (int(cfg.trainer.seed), "trainer.seed, as the held-out table samples")
-        if cfg.held_out.get("enable"):
-            out["tasks"] = (int(cfg.held_out.num_tasks), "held_out.num_tasks")
-        elif cfg.data.get("val_batch_size") is not None:
-            out["tasks"] = (int(cfg.data.val_batch_size), "data.val_batch_size")
+        out["seed"] = (cfg.env.val_seed_start, "env.val_seed_start")
+        out["sampling_seed"] = (cfg.trainer.seed, "trainer.seed, as the held-out table samples")
+        if cfg.held_out.enable:
+            out["tasks"] = (cfg.held_out.num_tasks, "held_out.num_tasks")
+        elif cfg.data.val_batch_size is not None:
+            out["tasks"] = (cfg.data.val_batch_size, "data.val_batch_size")
     else:
-        out["seed"] = (int(cfg.env.train_seed_start), "env.train_seed_start")
-        out["sampling_seed"] = (rollout.get("sampling_seed"), "actor_rollout_ref.rollout.sampling_seed")
+        out["seed"] = (cfg.env.train_seed_start, "env.train_seed_start")
+        out["sampling_seed"] = (rollout.sampling_seed, "actor_rollout_ref.rollout.sampling_seed")
     return out
 
 
@@ -276,7 +276,7 @@ def settle_serve_args(args: argparse.Namespace) -> None:
             args.model = run.model
             rows.append(("model", run.model, run.model_source))
         if args.max_model_len is None:
-            args.max_model_len = int(run.cfg.data.max_prompt_length) + int(run.cfg.data.max_response_length)
+            args.max_model_len = run.cfg.data.max_prompt_length + run.cfg.data.max_response_length
             rows.append(("max model len", str(args.max_model_len), "run: data.max_prompt_length + max_response_length"))
         else:
             rows.append(("max model len", str(args.max_model_len), "flag"))

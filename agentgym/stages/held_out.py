@@ -57,8 +57,8 @@ class Score:
 
 
 def held_out_range(cfg: DictConfig) -> range:
-    start = int(cfg.env.val_seed_start)
-    return range(start, start + int(cfg.held_out.num_tasks))
+    start = cfg.env.val_seed_start
+    return range(start, start + cfg.held_out.num_tasks)
 
 
 def rl_seed_range(cfg: DictConfig) -> range | None:
@@ -67,8 +67,8 @@ def rl_seed_range(cfg: DictConfig) -> range | None:
     steps = cfg.trainer.total_training_steps
     if steps is None:
         return None
-    start = int(cfg.env.train_seed_start)
-    return range(start, start + int(steps) * int(cfg.data.train_batch_size))
+    start = cfg.env.train_seed_start
+    return range(start, start + int(steps) * cfg.data.train_batch_size)
 
 
 def check_disjoint(cfg: DictConfig, trained: dict[str, range | None]) -> None:
@@ -105,8 +105,8 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
 
     rollout = cfg.actor_rollout_ref.rollout
     seeds = held_out_range(cfg)
-    max_len = int(cfg.data.max_prompt_length + cfg.data.max_response_length)
-    concurrency = int(rollout.concurrency)
+    max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    concurrency = rollout.concurrency
     # the run's own executor where it needs nothing else; threads for the remote and worker kinds
     executor = str(cfg.env.executor) if cfg.env.executor in ("thread", "inline", "process") else "thread"
 
@@ -124,15 +124,15 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
                 config = RolloutConfig(
                     n=1,
                     temperature=temperature,
-                    max_tokens=int(rollout.max_tokens_per_turn),
-                    prompt_length=int(cfg.data.max_prompt_length),
-                    response_length=int(cfg.data.max_response_length),
+                    max_tokens=rollout.max_tokens_per_turn,
+                    prompt_length=cfg.data.max_prompt_length,
+                    response_length=cfg.data.max_response_length,
                     max_model_len=max_len,
                     max_turns=rollout.multi_turn.max_assistant_turns,
                     max_concurrency=concurrency,
                     seed=seeds.start,
                     env_executor=executor,
-                    sampling_seed=int(cfg.trainer.seed) if temperature > 0 else None,
+                    sampling_seed=cfg.trainer.seed if temperature > 0 else None,
                 )
                 template_kwargs = OmegaConf.to_container(cfg.data.apply_chat_template_kwargs, resolve=True) or None
                 chat = ChatTokenizer(load_tokenizer(model_dir), template_kwargs=template_kwargs)  # as training renders
@@ -164,11 +164,11 @@ def start_scores(cfg: DictConfig, model_dir: str, show_progress: bool = True) ->
         "model": model_key(model_dir),
         "env": str(cfg.env.name),
         "env_kwargs": env_kwargs(cfg),
-        "seeds": [held_out_range(cfg).start, int(cfg.held_out.num_tasks)],
+        "seeds": [held_out_range(cfg).start, cfg.held_out.num_tasks],
         "temperatures": [float(t) for t in cfg.held_out.temperatures],
-        "seed": int(cfg.trainer.seed),
+        "seed": cfg.trainer.seed,
         "rollout": OmegaConf.to_container(cfg.actor_rollout_ref.rollout, resolve=True),
-        "lengths": [int(cfg.data.max_prompt_length), int(cfg.data.max_response_length)],
+        "lengths": [cfg.data.max_prompt_length, cfg.data.max_response_length],
     }
     if is_cached(directory, settings, output):
         print(f"held-out: scores of the start model reused from {output}", flush=True)
@@ -192,7 +192,7 @@ def score_random(cfg: DictConfig) -> Score | None:
     env = make(str(cfg.env.name), **env_kwargs(cfg))
     if not hasattr(env.unwrapped, "random_action"):
         return None
-    rng = random.Random(int(cfg.trainer.seed))
+    rng = random.Random(cfg.trainer.seed)
     turns = cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns
     started = time.perf_counter()
     per_task = []

@@ -80,10 +80,21 @@ def find_run(path: str | Path) -> Run:
             f"no {CONFIG_FILE} of an `agentgym train` run in {path} or above it: pass the run directory "
             "(trainer.default_local_dir; the summary's `run dir:`) or a directory inside it"
         )
-    root = _working_directory(directory, str(cfg.trainer.default_local_dir))
+    cfg = over_defaults(cfg)
+    root = _working_directory(directory, cfg.trainer.default_local_dir)
     run = Run(directory, cfg, "", "", root)
     run.model, run.model_source = _model(run, given)
     return run
+
+
+def over_defaults(saved: DictConfig) -> DictConfig:
+    """A run's saved config over today's training defaults: a key added since the run was saved reads
+    as its default, so the saved config is read like a loaded one."""
+    from agentgym.trainer.config import load_config
+
+    defaults = load_config(warn=False)
+    OmegaConf.set_struct(defaults, False)  # a key the run saved and today's schema lacks is kept
+    return OmegaConf.merge(defaults, saved)
 
 
 def _working_directory(run_dir: Path, configured: str) -> Path | None:

@@ -72,7 +72,7 @@ def load_sft_config(
     missing = [
         f"{why}: pip install {package}"
         for package, why in (
-            ("peft", f"model.lora_rank={cfg.model.lora_rank}") if int(cfg.model.lora_rank or 0) > 0 else (None, ""),
+            ("peft", f"model.lora_rank={cfg.model.lora_rank}") if cfg.model.lora_rank > 0 else (None, ""),
             ("wandb", "trainer.logger has wandb") if "wandb" in cfg.trainer.logger else (None, ""),
             ("tensorboard", "trainer.logger has tensorboard") if "tensorboard" in cfg.trainer.logger else (None, ""),
         )
@@ -97,10 +97,10 @@ def load_sft_config(
             "no data to train on: pass data.train_files=<.jsonl/.parquet of chat messages> "
             "(demonstrations: agentgym demos --env ENV -o demos.jsonl)"
         )
-    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if world > 1 and not cfg.trainer.use_ray:
         raise ConfigError(f"{world} ranks need trainer.use_ray=true (without Ray, SFT runs one rank in this process)")
-    batch, micro = int(cfg.data.train_batch_size), int(cfg.data.micro_batch_size_per_gpu)
+    batch, micro = cfg.data.train_batch_size, cfg.data.micro_batch_size_per_gpu
     if batch < 1 or micro < 1:
         raise ConfigError("data.train_batch_size and data.micro_batch_size_per_gpu must be at least 1")
     if batch % world:
@@ -108,47 +108,47 @@ def load_sft_config(
     return cfg
 
 
-def worker_config(cfg: DictConfig) -> dict[str, Any]:
-    """The RL worker's view of an SFT config (``PolicyWorker`` reads RL's key names)."""
-    optim = cfg.optim
-    micro = int(cfg.data.micro_batch_size_per_gpu)
-    return {
-        "trainer": {
-            key: OmegaConf.select(cfg, f"trainer.{key}")
-            for key in ("device", "seed", "cpu_threads_per_worker", "nnodes", "n_gpus_per_node")
-        },
-        "actor_rollout_ref": {
-            "model": {
-                "path": str(cfg.model.partial_pretrain),
-                "dtype": str(cfg.model.dtype),
-                "enable_gradient_checkpointing": bool(cfg.model.enable_gradient_checkpointing),
-                "lora_rank": int(cfg.model.lora_rank),
-                "lora_alpha": float(cfg.model.lora_alpha),
-                "target_modules": OmegaConf.to_container(cfg.model.target_modules)
-                if OmegaConf.is_config(cfg.model.target_modules)
-                else cfg.model.target_modules,
-                "lora_export_merged": True,
-            },  # RL continues from a whole model
-            "actor": {
-                "strategy": str(cfg.model.strategy),
-                "optim": {
-                    "lr": float(optim.lr),
-                    "betas": list(optim.betas),
-                    "weight_decay": float(optim.weight_decay),
-                    "eps": 1e-8,
-                    "lr_warmup_steps": -1,
-                    "lr_warmup_steps_ratio": float(optim.warmup_steps_ratio),
-                    "warmup_style": str(optim.lr_scheduler),
-                    "min_lr_ratio": float(optim.min_lr_ratio),
-                },
-                "ppo_micro_batch_size_per_gpu": micro,
-                "log_prob_micro_batch_size_per_gpu": micro,
-                "grad_clip": float(optim.clip_grad),
-                "fsdp_config": {"param_dtype": "bfloat16", "reduce_dtype": "float32", "reshard_after_forward": True},
+def worker_config(cfg: DictConfig) -> DictConfig:
+    """The RL worker's view of an SFT config: the training config's defaults (``PolicyWorker`` reads
+    RL's key names) with this run's model, optimizer, batch and trainer settings."""
+    from agentgym.trainer.config import load_config
+
+    optim, model, micro = cfg.optim, cfg.model, cfg.data.micro_batch_size_per_gpu
+    return OmegaConf.merge(
+        load_config(warn=False),
+        {
+            "trainer": {
+                key: cfg.trainer[key]
+                for key in ("device", "seed", "cpu_threads_per_worker", "nnodes", "n_gpus_per_node")
             },
-            "ref": {"log_prob_micro_batch_size_per_gpu": micro},
+            "actor_rollout_ref": {
+                "model": {
+                    "path": model.partial_pretrain,
+                    "dtype": model.dtype,
+                    "enable_gradient_checkpointing": model.enable_gradient_checkpointing,
+                    "lora_rank": model.lora_rank,
+                    "lora_alpha": model.lora_alpha,
+                    "target_modules": model.target_modules,
+                    "lora_export_merged": True,  # RL continues from a whole model
+                },
+                "actor": {
+                    "strategy": model.strategy,
+                    "optim": {
+                        "lr": optim.lr,
+                        "betas": optim.betas,
+                        "weight_decay": optim.weight_decay,
+                        "lr_warmup_steps_ratio": optim.warmup_steps_ratio,
+                        "warmup_style": optim.lr_scheduler,
+                        "min_lr_ratio": optim.min_lr_ratio,
+                    },
+                    "ppo_micro_batch_size_per_gpu": micro,
+                    "log_prob_micro_batch_size_per_gpu": micro,
+                    "grad_clip": optim.clip_grad,
+                },
+                "ref": {"log_prob_micro_batch_size_per_gpu": micro},
+            },
         },
-    }
+    )
 
 
 class SFTTrainer:
@@ -161,7 +161,7 @@ class SFTTrainer:
         self.cfg = cfg
         self.show_progress = show_progress
         self.run_dir = Path(cfg.trainer.default_local_dir)
-        self.world_size = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+        self.world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
         path = str(cfg.model.partial_pretrain)
         try:
             tokenizer = load_tokenizer(path)
@@ -183,21 +183,21 @@ class SFTTrainer:
             "prompt_dict_keys": _files(data.prompt_dict_keys),
             "response_dict_keys": _files(data.response_dict_keys),
             "tools_key_name": data.tools_key,
-            "max_length": int(data.max_length),
+            "max_length": data.max_length,
             "truncation": str(data.truncation),
             "expect_env": data.env,
         }
         self.train_set, self.skipped = load_sft_trajectories(
-            _files(data.train_files), self.chat, max_samples=int(data.train_max_samples), **common
+            _files(data.train_files), self.chat, max_samples=data.train_max_samples, **common
         )
         self.val_set: list[Trajectory] = []
         if data.val_files:
             self.val_set, _ = load_sft_trajectories(
-                _files(data.val_files), self.chat, max_samples=int(data.val_max_samples), **common
+                _files(data.val_files), self.chat, max_samples=data.val_max_samples, **common
             )
             if data.val_batch_size:
-                self.val_set = self.val_set[: int(data.val_batch_size)]
-        self.batch_size = int(data.train_batch_size)
+                self.val_set = self.val_set[: data.val_batch_size]
+        self.batch_size = data.train_batch_size
         if len(self.train_set) < self.batch_size:
             raise SFTDataError(
                 f"{len(self.train_set)} conversations, fewer than data.train_batch_size="
@@ -205,7 +205,7 @@ class SFTTrainer:
             )
         self.steps_per_epoch = len(self.train_set) // self.batch_size
         steps = cfg.trainer.total_training_steps
-        self.total_steps = int(steps) if steps is not None else self.steps_per_epoch * int(cfg.trainer.total_epochs)
+        self.total_steps = steps if steps is not None else self.steps_per_epoch * cfg.trainer.total_epochs
         self.actor: Any = None
         self.global_step = 0
 
@@ -213,7 +213,7 @@ class SFTTrainer:
         from agentgym.trainer.worker_group import WorkerGroup
         from agentgym.trainer.workers import PolicyWorker
 
-        use_ray = bool(self.cfg.trainer.use_ray)
+        use_ray = self.cfg.trainer.use_ray
         if use_ray:
             from agentgym.trainer.ppo_trainer import init_ray
 
@@ -268,7 +268,7 @@ class SFTTrainer:
             str(cfg.experiment_name),
             OmegaConf.to_container(self.cfg),
         )
-        test_freq, save_freq = int(cfg.test_freq), int(cfg.save_freq)
+        test_freq, save_freq = cfg.test_freq, cfg.save_freq
         bar = progress_bar(
             total=self.total_steps,
             initial=self.global_step,
@@ -286,7 +286,7 @@ class SFTTrainer:
             while self.global_step < self.total_steps:
                 skip = self.global_step - epoch * self.steps_per_epoch  # batches of this epoch already trained
                 for k, trajectories in enumerate(
-                    iter_batches(self.train_set, self.batch_size, int(cfg.seed), epoch, bool(self.cfg.data.shuffle))
+                    iter_batches(self.train_set, self.batch_size, cfg.seed, epoch, self.cfg.data.shuffle)
                 ):
                     if k < skip:
                         continue

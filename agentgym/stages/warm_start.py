@@ -37,8 +37,8 @@ def demo_seeds(cfg: DictConfig) -> range | None:
     """The seeds the demonstrations are played on (None with a demos file of the user's)."""
     if not cfg.warm_start.enable or cfg.warm_start.demos_file:
         return None
-    start = int(cfg.warm_start.demo_seed_start)
-    return range(start, start + int(cfg.warm_start.demos))
+    start = cfg.warm_start.demo_seed_start
+    return range(start, start + cfg.warm_start.demos)
 
 
 def check(cfg: DictConfig) -> None:
@@ -59,7 +59,7 @@ def check(cfg: DictConfig) -> None:
             f"env {cfg.env.name!r} has no expert to write demonstrations: set warm_start.enable=false "
             "(RL from actor_rollout_ref.model.path as it is), or give warm_start.demos_file=FILE"
         )
-    elif int(ws.demos) < 1:
+    elif ws.demos < 1:
         raise ConfigError(f"warm_start.demos={ws.demos}: give a positive number of expert episodes")
     try:
         sft_config(cfg, Path("demos.jsonl"), str(cfg.actor_rollout_ref.model.path))
@@ -81,8 +81,8 @@ def write_demos_stage(cfg: DictConfig, show_progress: bool = True) -> Path:
     settings = {
         "env": str(cfg.env.name),
         "env_kwargs": env_kwargs,
-        "n": int(ws.demos),
-        "seed": int(ws.demo_seed_start),
+        "n": ws.demos,
+        "seed": ws.demo_seed_start,
         "max_turns": turns,
     }
     if is_cached(directory, settings, path):
@@ -91,9 +91,9 @@ def write_demos_stage(cfg: DictConfig, show_progress: bool = True) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stats = write_demos(
         str(cfg.env.name),
-        int(ws.demos),
+        ws.demos,
         path,
-        seed=int(ws.demo_seed_start),
+        seed=ws.demo_seed_start,
         env_kwargs=env_kwargs,
         max_turns=int(turns) if turns else None,
         progress=show_progress,
@@ -123,7 +123,7 @@ def sft_config(cfg: DictConfig, demos: Path, base_model: str) -> DictConfig:
         f"model.partial_pretrain={json.dumps(base_model)}",
         f"trainer.default_local_dir={json.dumps(str(warm_start_dir(cfg) / 'sft'))}",
         f"trainer.cpu_threads_per_worker={json.dumps(cfg.trainer.cpu_threads_per_worker)}",
-        f"trainer.seed={int(cfg.trainer.seed)}",
+        f"trainer.seed={cfg.trainer.seed}",
         "trainer.logger=[jsonl]",
     ]
     if not cfg.warm_start.demos_file:
@@ -178,6 +178,4 @@ def run_warm_start(cfg: DictConfig, show_progress: bool = True) -> Path:
     demos = write_demos_stage(cfg, show_progress)
     model = sft_stage(cfg, demos, base, show_progress)
     cfg.actor_rollout_ref.model.path = str(model)
-    if cfg.actor_rollout_ref.ref.get("path") is not None:
-        cfg.actor_rollout_ref.ref.path = str(model)
     return model

@@ -53,16 +53,16 @@ class AsyncSettings:
     def from_cfg(cls, cfg: Any) -> AsyncSettings:
         a = cfg.async_training
         return cls(
-            float(a.staleness_threshold),
-            int(a.trigger_parameter_sync_step),
-            int(a.require_batches),
-            bool(a.partial_rollout),
-            bool(a.use_rollout_log_probs),
-            None if a.max_queue_size is None else int(a.max_queue_size),
-            bool(a.checkpoint_engine.enable),
-            int(a.checkpoint_engine.device_buffer_size_M),
-            int(cfg.rollout.nnodes),
-            int(cfg.rollout.n_gpus_per_node),
+            a.staleness_threshold,
+            a.trigger_parameter_sync_step,
+            a.require_batches,
+            a.partial_rollout,
+            a.use_rollout_log_probs,
+            a.max_queue_size,
+            a.checkpoint_engine.enable,
+            a.checkpoint_engine.device_buffer_size_M,
+            cfg.rollout.nnodes,
+            cfg.rollout.n_gpus_per_node,
         )
 
     def plan(self, batch_tasks: int, total_steps: int | None) -> StalenessPlan:
@@ -75,7 +75,7 @@ class AsyncSettings:
 
 
 def is_async(cfg: Any) -> bool:
-    return not bool(cfg.actor_rollout_ref.hybrid_engine)
+    return not cfg.actor_rollout_ref.hybrid_engine
 
 
 def validate_async(cfg: Any) -> None:
@@ -86,7 +86,7 @@ def validate_async(cfg: Any) -> None:
         raise ConfigError(
             f"algorithm.rollout_correction.rollout_is={correction.rollout_is!r} is not one of token, sequence or null"
         )
-    if not float(correction.rollout_is_threshold) > 0:
+    if not correction.rollout_is_threshold > 0:
         raise ConfigError("algorithm.rollout_correction.rollout_is_threshold must be > 0")
     if correction.rollout_is is not None and not cfg.actor_rollout_ref.actor.use_rollout_log_probs:
         which = "async_training" if is_async(cfg) else "actor_rollout_ref.actor"
@@ -121,27 +121,27 @@ def validate_async(cfg: Any) -> None:
             raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     if not isinstance(a.staleness_threshold, (int, float)) or a.staleness_threshold < 0:
         raise ConfigError(f"async_training.staleness_threshold must be a number >= 0, got {a.staleness_threshold!r}")
-    b = int(cfg.data.train_batch_size)
+    b = cfg.data.train_batch_size
     if a.max_queue_size is not None and (
-        not isinstance(a.max_queue_size, int) or a.max_queue_size < int(a.require_batches) * b
+        not isinstance(a.max_queue_size, int) or a.max_queue_size < a.require_batches * b
     ):
         raise ConfigError(
             f"async_training.max_queue_size={a.max_queue_size} must hold the groups the trainer takes at "
-            f"once: at least require_batches * data.train_batch_size = {int(a.require_batches) * b} "
+            f"once: at least require_batches * data.train_batch_size = {a.require_batches * b} "
             f"(or null)"
         )
-    if bool(a.use_rollout_log_probs) != bool(cfg.actor_rollout_ref.actor.use_rollout_log_probs):
+    if a.use_rollout_log_probs != cfg.actor_rollout_ref.actor.use_rollout_log_probs:
         raise ConfigError(
             "in the asynchronous trainer actor_rollout_ref.actor.use_rollout_log_probs follows "
             "async_training.use_rollout_log_probs; set that one"
         )
     rollout = cfg.actor_rollout_ref.rollout
-    servers = int(rollout.num_servers) * int(rollout.tensor_model_parallel_size)
-    slots = int(cfg.rollout.nnodes) * int(cfg.rollout.n_gpus_per_node)
+    servers = rollout.num_servers * rollout.tensor_model_parallel_size
+    slots = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
     if not rollout.server_urls and servers > slots:
         raise ConfigError(
             f"actor_rollout_ref.rollout.num_servers * tensor_model_parallel_size = {servers} devices do "
             f"not fit the rollout pool rollout.nnodes * rollout.n_gpus_per_node = {slots}"
         )
-    if not cfg.trainer.use_ray and int(cfg.rollout.nnodes) != 1:
+    if not cfg.trainer.use_ray and cfg.rollout.nnodes != 1:
         raise ConfigError("rollout.nnodes > 1 places servers on other nodes with Ray: set trainer.use_ray=true")

@@ -173,7 +173,7 @@ class AsyncPPOTrainer(PPOTrainer):
         if self.coordinator is None:
             s = self.settings
             rollout = self.cfg.actor_rollout_ref.rollout
-            n = int(rollout.n)
+            n = rollout.n
             pool = DataPool(max_queue_size=s.max_queue_size, group_size=n)  # n: sessions of a group pushed
             if self.use_ray:  # from outside (a gateway process)
                 from agentgym.rollout.data_pool import create_pool_actor
@@ -184,11 +184,11 @@ class AsyncPPOTrainer(PPOTrainer):
             coordinator = AsyncCoordinator(
                 self.collector.source,
                 PoolClient(pool),
-                s.plan(int(self.cfg.data.train_batch_size), self.total_steps),
+                s.plan(self.cfg.data.train_batch_size, self.total_steps),
                 sync.push_now,
                 partial_rollout=s.partial_rollout,
                 snapshot=sync.snapshot if s.checkpoint_engine and sync.inner is not None else None,
-                max_tasks_in_flight=max(1, int(rollout.concurrency) // n),
+                max_tasks_in_flight=max(1, rollout.concurrency // n),
             )
             if self.collector._pending_state is not None:
                 await coordinator.load_state_dict(self.collector._pending_state)

@@ -54,19 +54,12 @@ def distill_advantages(
 ) -> torch.Tensor:
     """``advantages`` with the distillation term (``distillation.kl_coef``, ``env_coef``) when
     ``distillation.enable``; unchanged otherwise. Adds ``distill/*`` to ``metrics``."""
-    d = cfg.get("distillation")
-    if d is None or not d.enable:
+    d = cfg.distillation
+    if not d.enable:
         return advantages
     teacher, scored = teacher_log_probs(trajectories, batch)
-    clip = d.get("clip")
     out, extra = compute_distillation_advantage(
-        advantages,
-        batch["rollout_log_probs"],
-        teacher,
-        scored,
-        float(d.kl_coef),
-        float(d.env_coef),
-        None if clip is None else float(clip),
+        advantages, batch["rollout_log_probs"], teacher, scored, d.kl_coef, d.env_coef, d.clip
     )
     metrics.update(extra)
     return out
@@ -74,4 +67,4 @@ def distill_advantages(
 
 def distilling(cfg: DictConfig) -> bool:
     """Whether a teacher's per-token advantages are added (so a step with flat env rewards still teaches)."""
-    return bool(cfg.get("distillation") and cfg.distillation.enable)
+    return cfg.distillation.enable

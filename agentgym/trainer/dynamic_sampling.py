@@ -70,11 +70,11 @@ class DynamicSamplingSource:
         fg = cfg.algorithm.filter_groups
         return cls(
             source,
-            int(cfg.data.train_batch_size),
-            str(fg.metric),
-            int(fg.max_num_gen_batches),
-            float(cfg.algorithm.turn_reward_coef),
-            float(cfg.algorithm.outcome_reward_coef),
+            cfg.data.train_batch_size,
+            fg.metric,
+            fg.max_num_gen_batches,
+            cfg.algorithm.turn_reward_coef,
+            cfg.algorithm.outcome_reward_coef,
         )
 
     def __getattr__(self, name: str) -> Any:  # validate, state_dict, steps_per_epoch, aclose, last_metrics, ...

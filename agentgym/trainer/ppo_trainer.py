@@ -120,7 +120,7 @@ class PPOTrainer:
         self.source = source
         self.servers = servers
         self.world_size = world_size(cfg)
-        self.use_ray = bool(cfg.trainer.use_ray)
+        self.use_ray = cfg.trainer.use_ray
         self.run_dir = Path(cfg.trainer.default_local_dir)
         # the files RL starts from, saved with each checkpoint: a resume from other ones is refused
         self.start_model = model_key(str(cfg.actor_rollout_ref.model.path))
@@ -134,7 +134,7 @@ class PPOTrainer:
         self.pad_token_id = int(pad_token_id or 0)
         kl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.get_kl_controller(
-            type=kl.type, kl_coef=float(kl.kl_coef), target_kl=float(kl.target_kl), horizon=float(kl.horizon)
+            type=kl.type, kl_coef=kl.kl_coef, target_kl=kl.target_kl, horizon=kl.horizon
         )
         self.global_step = 0
         self.actor: WorkerGroup | None = None
@@ -157,7 +157,7 @@ class PPOTrainer:
     def compute_total_steps(self) -> int:
         cfg = self.cfg.trainer
         if cfg.total_training_steps is not None:
-            return int(cfg.total_training_steps)
+            return cfg.total_training_steps
         per_epoch = getattr(self.source, "steps_per_epoch", None)
         if per_epoch is None and hasattr(self.source, "steps_per_epoch_async"):
             per_epoch = self.run(self.source.steps_per_epoch_async())
@@ -166,22 +166,23 @@ class PPOTrainer:
                 "this trajectory source has no epochs (its tasks are generated from seeds): "
                 "set trainer.total_training_steps"
             )
-        return int(per_epoch) * int(cfg.total_epochs)
+        return int(per_epoch) * cfg.total_epochs
 
     def init_workers(self) -> None:
         """Start Ray (unless ``trainer.use_ray=false``) and the actor/ref and critic groups."""
         self.total_steps = self.compute_total_steps()
         if self.use_ray:
             init_ray(self.cfg)
-        plain = OmegaConf.to_container(self.cfg, resolve=True)
         cuda = self.cfg.trainer.device == "cuda" or (self.cfg.trainer.device == "auto" and torch.cuda.is_available())
         groups = 2 if self.cfg.critic.enable else 1
         num_gpus = 1.0 / groups if cuda and self.use_ray else 0.0
         bundles = self.worker_bundles(num_gpus)
-        self.actor = WorkerGroup(PolicyWorker, plain, self.world_size, self.use_ray, "actor", num_gpus, bundles)
+        self.actor = WorkerGroup(PolicyWorker, self.cfg, self.world_size, self.use_ray, "actor", num_gpus, bundles)
         pending = [self.actor.call_async("init_model", self.total_steps, uses_reference(self.cfg))]
         if self.cfg.critic.enable:
-            self.critic = WorkerGroup(CriticWorker, plain, self.world_size, self.use_ray, "critic", num_gpus, bundles)
+            self.critic = WorkerGroup(
+                CriticWorker, self.cfg, self.world_size, self.use_ray, "critic", num_gpus, bundles
+            )
             pending.append(self.critic.call_async("init_model", self.total_steps))
         self.actor.get(pending[0])
         if self.critic is not None:
@@ -206,7 +207,7 @@ class PPOTrainer:
     def train_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         actor_cfg = cfg.actor_rollout_ref.actor
-        n = int(cfg.actor_rollout_ref.rollout.n)
+        n = cfg.actor_rollout_ref.rollout.n
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         step_start = time.perf_counter()
@@ -226,22 +227,22 @@ class PPOTrainer:
         for key in ("template_mismatch", "throughput/episodes_per_s"):
             if key in getattr(self.source, "last_metrics", {}):
                 metrics[f"rollout/{key}"] = float(self.source.last_metrics[key])
-        write_samples(self.run_dir / "samples.jsonl", trajectories, step, int(cfg.trainer.log_samples))
+        write_samples(self.run_dir / "samples.jsonl", trajectories, step, cfg.trainer.log_samples)
 
         with timer("batch", timing):
             batch, skipped = build_batch(
                 trajectories,
                 self.pad_token_id,
-                float(cfg.algorithm.turn_reward_coef),
-                float(cfg.algorithm.outcome_reward_coef),
-                int(cfg.data.max_prompt_length),
-                int(cfg.data.max_response_length),
+                cfg.algorithm.turn_reward_coef,
+                cfg.algorithm.outcome_reward_coef,
+                cfg.data.max_prompt_length,
+                cfg.data.max_response_length,
             )
             rows = len(batch)
             for reason, count in skipped.items():
                 metrics[f"batch/skipped_{reason}"] = float(count)
-            actor_minis = max(1, rows // (int(actor_cfg.ppo_mini_batch_size) * n))
-            critic_minis = max(1, rows // (int(cfg.critic.ppo_mini_batch_size) * n)) if self.critic else 1
+            actor_minis = max(1, rows // (actor_cfg.ppo_mini_batch_size * n))
+            critic_minis = max(1, rows // (cfg.critic.ppo_mini_batch_size * n)) if self.critic else 1
             batch, pad_rows = pad_for_workers(batch, self.world_size, [actor_minis, critic_minis])
             shards = [
                 list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
@@ -257,7 +258,7 @@ class PPOTrainer:
             metrics.update(timing)
             metrics["batch/trainable"] = 0.0
             return metrics
-        epochs = int(actor_cfg.ppo_epochs)
+        epochs = actor_cfg.ppo_epochs
         on_policy_single_pass = epochs == 1 and actor_minis == 1
         correction = RolloutCorrection.from_cfg(cfg)  # decoupled PPO needs the proximal policy's log-probs
         need_old = (
@@ -318,9 +319,9 @@ class PPOTrainer:
                 response_mask=mask,
                 values=batch.tensors.get("values"),
                 index=np.array(batch.uid, dtype=object),
-                gamma=float(cfg.algorithm.gamma),
-                lam=float(cfg.algorithm.lam),
-                norm_adv_by_std_in_grpo=bool(cfg.algorithm.norm_adv_by_std_in_grpo),
+                gamma=cfg.algorithm.gamma,
+                lam=cfg.algorithm.lam,
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
                 turn_index=batch["turn_index"],
                 step_keys=batch.step_keys,
                 reward_baselines=(
@@ -331,7 +332,7 @@ class PPOTrainer:
                 **OmegaConf.to_container(cfg.algorithm.gigpo, resolve=True),
             )
             advantages, adv_metrics = algos.postprocess_advantages(
-                advantages, mask, bool(cfg.algorithm.whiten_advantages), cfg.algorithm.advantage_clip
+                advantages, mask, cfg.algorithm.whiten_advantages, cfg.algorithm.advantage_clip
             )
             metrics.update(adv_metrics)
             advantages = distill_advantages(cfg, batch, trajectories, advantages, metrics)  # a teacher's, per token
@@ -343,8 +344,8 @@ class PPOTrainer:
 
         # ---- updates --------------------------------------------------------------------------
         shared = self.actor.put(batch.tensors)
-        plan_seed = int(cfg.trainer.seed) * 100_003 + step
-        scale = float(cfg.data.max_response_length)
+        plan_seed = cfg.trainer.seed * 100_003 + step
+        scale = cfg.data.max_response_length
         critic_update = None
         if self.critic is not None:
             critic_plan = update_plan(
@@ -352,9 +353,9 @@ class PPOTrainer:
                 rows,
                 pad_rows,
                 critic_minis,
-                int(cfg.critic.ppo_epochs),
+                cfg.critic.ppo_epochs,
                 self.world_size,
-                bool(actor_cfg.shuffle),
+                actor_cfg.shuffle,
                 plan_seed,
                 str(cfg.critic.loss_agg_mode),
                 scale,
@@ -368,13 +369,13 @@ class PPOTrainer:
             actor_minis,
             epochs,
             self.world_size,
-            bool(actor_cfg.shuffle),
+            actor_cfg.shuffle,
             plan_seed,
             str(actor_cfg.loss_agg_mode),
             scale,
         )
         actor_metrics: dict[str, float] = {}
-        if step >= int(cfg.trainer.critic_warmup):  # veRL: the actor waits critic_warmup steps for the critic
+        if step >= cfg.trainer.critic_warmup:  # veRL: the actor waits critic_warmup steps for the critic
             with timer("update_actor", timing):
                 actor_metrics = mean_of_dicts(
                     self.actor.call("update_actor", shared, per_rank=[(p,) for p in actor_plan])
@@ -436,8 +437,8 @@ class PPOTrainer:
             grouping=str(a.reward_normalization.grouping),
             method=str(a.reward_normalization.method),
             reward_norm_mode=a.reward_norm,
-            reward_shift=bool(a.reward_shift),
-            reward_scale=bool(a.reward_scale),
+            reward_shift=a.reward_shift,
+            reward_scale=a.reward_scale,
             reward_clip=a.reward_clip,
             running=getattr(self, "reward_moments", None),
             valid=batch["valid"],
@@ -467,8 +468,8 @@ class PPOTrainer:
                         step,
                         str(self.cfg.actor_rollout_ref.model.path),
                         OmegaConf.select(self.cfg, "env.name"),
-                        int(rollout.n),
-                        float(rollout.temperature),
+                        rollout.n,
+                        rollout.temperature,
                     ),
                 )
         return flat
@@ -506,7 +507,7 @@ class PPOTrainer:
         metrics = trajectory_metrics(trajectories, prefix="val/")
         metrics.update(per_source_metrics(trajectories, "val/"))
         metrics["timing_s/validate"] = time.perf_counter() - started
-        write_samples(self.run_dir / "samples.jsonl", trajectories, step, int(self.cfg.trainer.log_samples), "val")
+        write_samples(self.run_dir / "samples.jsonl", trajectories, step, self.cfg.trainer.log_samples, "val")
         return metrics
 
     # ---- checkpoints ----------------------------------------------------------------------------
@@ -577,7 +578,7 @@ class PPOTrainer:
             if self.weight_sync is not None:  # the servers still hold the initial weights
                 self.run(self.weight_sync.push(self.global_step))
             log.info("resumed from %s (step %d)", resumed_from, self.global_step)
-        seed = int(cfg.seed)
+        seed = cfg.seed
         if resumed_from is None:
             random.seed(seed)
             np.random.seed(seed)
@@ -594,7 +595,7 @@ class PPOTrainer:
         )
         if resume_step is not None:  # steps after the checkpoint are taken again: their samples too
             truncate_jsonl(self.run_dir / "samples.jsonl", resume_step)
-        test_freq, save_freq = int(cfg.test_freq), int(cfg.save_freq)
+        test_freq, save_freq = cfg.test_freq, cfg.save_freq
         started = time.perf_counter()
         if resumed_from is not None:
             print(f"resuming from {resumed_from} at step {self.global_step}", flush=True)

@@ -63,7 +63,7 @@ def trainer_pool(cfg: Any, world_size: int, num_gpus: float) -> Any:
     from agentgym.trainer.ppo_trainer import init_ray
 
     init_ray(cfg)
-    return pool_placement_group("trainer", int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node), num_gpus > 0)
+    return pool_placement_group("trainer", cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, num_gpus > 0)
 
 
 class PolicyServerActor:
@@ -127,22 +127,22 @@ class RayRolloutServers:
         init_ray(cfg)
         rollout = cfg.actor_rollout_ref.rollout
         self.backend = str(rollout.name)
-        self.bucket_mb = float(cfg.async_training.checkpoint_engine.device_buffer_size_M)
+        self.bucket_mb = cfg.async_training.checkpoint_engine.device_buffer_size_M
         model = str(cfg.actor_rollout_ref.model.path)
         gpu = str(rollout.device or "") == "cuda" or (not rollout.device and _cluster_has_gpus())
-        tp = int(rollout.tensor_model_parallel_size)
-        self.group = pool_placement_group("rollout", int(cfg.rollout.nnodes), int(cfg.rollout.n_gpus_per_node), gpu)
-        kwargs: dict[str, Any] = {"max_model_len": int(cfg.data.max_prompt_length + cfg.data.max_response_length)}
+        tp = rollout.tensor_model_parallel_size
+        self.group = pool_placement_group("rollout", cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, gpu)
+        kwargs: dict[str, Any] = {"max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length}
         if self.backend == "embedded":
-            kwargs["max_batch_size"] = max(1, int(rollout.concurrency))
+            kwargs["max_batch_size"] = max(1, rollout.concurrency)
             if rollout.device:
                 kwargs["device"] = str(rollout.device)
         else:
-            kwargs.update(gpu_memory_utilization=float(rollout.gpu_memory_utilization), tensor_parallel_size=tp)
+            kwargs.update(gpu_memory_utilization=rollout.gpu_memory_utilization, tensor_parallel_size=tp)
         remote = ray.remote(PolicyServerActor)
         self.actors: list[Any] = []
         try:
-            for i in range(int(rollout.num_servers)):
+            for i in range(rollout.num_servers):
                 strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=i * tp)
                 self.actors.append(
                     remote.options(

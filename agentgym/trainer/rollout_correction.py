@@ -45,7 +45,7 @@ class RolloutCorrection:
     @classmethod
     def from_cfg(cls, cfg: Any) -> RolloutCorrection:
         section = cfg.algorithm.rollout_correction
-        return cls(section.rollout_is, float(section.rollout_is_threshold), bool(section.rollout_is_batch_normalize))
+        return cls(section.rollout_is, section.rollout_is_threshold, section.rollout_is_batch_normalize)
 
     @property
     def enabled(self) -> bool:

@@ -41,7 +41,7 @@ def _describe_async(cfg: DictConfig) -> str:
     from agentgym.trainer.async_config import AsyncSettings
 
     s = AsyncSettings.from_cfg(cfg)
-    plan = s.plan(int(cfg.data.train_batch_size), None)
+    plan = s.plan(cfg.data.train_batch_size, None)
     return (
         f"\n  asynchronous: push every {s.trigger_parameter_sync_step} update(s), staleness_threshold "
         f"{s.staleness_threshold:g} -> at most {plan.budget} tasks beyond those trained, version lag <= "
@@ -197,7 +197,7 @@ def validate_only(trainer: Any) -> dict[str, Any]:
 
 def write_ray_timeline(cfg: DictConfig) -> None:
     """``ray_init.timeline_json_file``: Ray's task timeline (chrome://tracing JSON), as veRL writes it."""
-    path = cfg.ray_init.get("timeline_json_file")
+    path = cfg.ray_init.timeline_json_file
     if not path or not cfg.trainer.use_ray:
         return
     import ray

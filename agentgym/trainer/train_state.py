@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
 Tensors = dict[str, torch.Tensor]
@@ -43,13 +44,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def lr_lambda(optim: dict[str, Any], total_steps: int) -> Callable[[int], float]:
-    """veRL's schedules: linear warm-up from 0, then constant or cosine down to ``min_lr_ratio``."""
-    warmup = int(optim.get("lr_warmup_steps", -1) or -1)
+def lr_lambda(optim: DictConfig, total_steps: int) -> Callable[[int], float]:
+    """veRL's schedules: linear warm-up from 0, then constant or cosine down to ``min_lr_ratio``.
+    ``optim``: an ``optim`` section of the training config."""
+    warmup = optim.lr_warmup_steps
     if warmup <= 0:
-        warmup = int(float(optim.get("lr_warmup_steps_ratio", 0.0)) * total_steps)
-    style = optim.get("warmup_style", "constant")
-    min_ratio = float(optim.get("min_lr_ratio", 0.0) or 0.0)
+        warmup = int(optim.lr_warmup_steps_ratio * total_steps)
+    style = optim.warmup_style
+    min_ratio = optim.min_lr_ratio
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -68,20 +70,24 @@ class TrainState:
     def __init__(
         self,
         module: nn.Module,
-        optim: dict[str, Any],
+        optim: DictConfig,
         total_steps: int,
         strategy: str,
         world_size: int,
         device: str,
-        fsdp_config: dict[str, Any] | None = None,
+        fsdp_config: DictConfig | None = None,
         layer_classes: Sequence[str] = (),
     ) -> None:
+        """``optim`` and ``fsdp_config``: those sections of the training config (``fsdp_config`` is
+        read only under ``fsdp2``)."""
         self.strategy = strategy
         self.world_size = world_size
         self.device = device
         module.to(device)
         if strategy == "fsdp2":
-            shard(module, fsdp_config or {}, device, layer_classes)
+            if fsdp_config is None:
+                raise ValueError("strategy fsdp2 needs the fsdp_config section of the training config")
+            shard(module, fsdp_config, device, layer_classes)
         self.module = module
         self.optimizer = adamw([p for p in module.parameters() if p.requires_grad], optim)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_steps))
@@ -210,14 +216,14 @@ def _gather_objects(value: Any, world_size: int) -> list[Any]:
     return gathered
 
 
-def adamw(params: list[nn.Parameter], optim: dict[str, Any]) -> torch.optim.AdamW:
+def adamw(params: list[nn.Parameter], optim: DictConfig) -> torch.optim.AdamW:
     """AdamW with the fused kernel where this torch has one for these parameters (on a CPU it
     steps a 0.5B model about 6x faster than the default multi-tensor path), else the default."""
     kwargs = {
-        "lr": float(optim["lr"]),
-        "betas": tuple(float(b) for b in optim.get("betas", (0.9, 0.999))),
-        "eps": float(optim.get("eps", 1e-8)),
-        "weight_decay": float(optim.get("weight_decay", 0.0)),
+        "lr": optim.lr,
+        "betas": tuple(optim.betas),
+        "eps": optim.eps,
+        "weight_decay": optim.weight_decay,
     }
     try:
         return torch.optim.AdamW(params, fused=True, **kwargs)
@@ -241,7 +247,7 @@ def allreduce_mean(grads: list[torch.Tensor]) -> None:
         offset += n
 
 
-def shard(module: nn.Module, fsdp_config: dict[str, Any], device: str, layer_classes: Sequence[str]) -> None:
+def shard(module: nn.Module, fsdp_config: DictConfig, device: str, layer_classes: Sequence[str]) -> None:
     """FSDP2: ``fully_shard`` each transformer block (the classes HF lists in
     ``_no_split_modules``), then the whole model, over all ranks on ``device``. On a GPU,
     ``param_offload`` or ``optimizer_offload`` (veRL's keys) turn on FSDP2's CPU offload:
@@ -256,15 +262,15 @@ def shard(module: nn.Module, fsdp_config: dict[str, Any], device: str, layer_cla
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    kwargs: dict[str, Any] = {"reshard_after_forward": bool(fsdp_config.get("reshard_after_forward", True))}
+    kwargs: dict[str, Any] = {"reshard_after_forward": fsdp_config.reshard_after_forward}
     if dist.is_initialized():  # the workers always are (Worker.init_distributed)
         kwargs["mesh"] = init_device_mesh(device, (dist.get_world_size(),))
     if device == "cuda":
         kwargs["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=getattr(torch, fsdp_config.get("param_dtype", "bfloat16")),
-            reduce_dtype=getattr(torch, fsdp_config.get("reduce_dtype", "float32")),
+            param_dtype=getattr(torch, fsdp_config.param_dtype),
+            reduce_dtype=getattr(torch, fsdp_config.reduce_dtype),
         )
-        if fsdp_config.get("param_offload") or fsdp_config.get("optimizer_offload"):
+        if fsdp_config.param_offload or fsdp_config.optimizer_offload:
             from torch.distributed.fsdp import CPUOffloadPolicy
 
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)

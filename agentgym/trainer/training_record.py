@@ -53,7 +53,7 @@ def training_record(cfg: DictConfig, step: int) -> dict[str, Any]:
     model = cfg.actor_rollout_ref.model
     kwargs = _plain(cfg.env.kwargs) or {}
     val_kwargs = _plain(cfg.env.val_kwargs) or {}
-    lora_rank = int(model.get("lora_rank", 0) or 0)
+    lora_rank = model.lora_rank
     start = _absolute(str(model.path))
     record: dict[str, Any] = {
         "agentgym_version": agentgym_version(),
@@ -64,7 +64,7 @@ def training_record(cfg: DictConfig, step: int) -> dict[str, Any]:
             "kwargs": kwargs,
             "val_kwargs": val_kwargs,
             "eval_kwargs": {**kwargs, **val_kwargs},
-            "val_seed_start": int(cfg.env.val_seed_start),
+            "val_seed_start": cfg.env.val_seed_start,
         },
         "rollout": {
             "max_assistant_turns": rollout.multi_turn.max_assistant_turns,
@@ -77,17 +77,17 @@ def training_record(cfg: DictConfig, step: int) -> dict[str, Any]:
             "val_kwargs": _plain(rollout.val_kwargs),
         },
         "data": {
-            "max_prompt_length": int(cfg.data.max_prompt_length),
-            "max_response_length": int(cfg.data.max_response_length),
+            "max_prompt_length": cfg.data.max_prompt_length,
+            "max_response_length": cfg.data.max_response_length,
             "apply_chat_template_kwargs": _plain(cfg.data.apply_chat_template_kwargs) or {},
         },
         "model": {"start": start, "export": "full"},
     }
     if lora_rank > 0:
         record["model"].update(
-            export="lora_merged" if model.get("lora_export_merged") else "lora_adapter",
+            export="lora_merged" if model.lora_export_merged else "lora_adapter",
             base=start,
-            lora={"rank": lora_rank, "alpha": float(model.lora_alpha), "target_modules": _plain(model.target_modules)},
+            lora={"rank": lora_rank, "alpha": model.lora_alpha, "target_modules": _plain(model.target_modules)},
         )
     return record
 

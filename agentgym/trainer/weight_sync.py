@@ -63,13 +63,13 @@ class RolloutServers:
         rollout = cfg.actor_rollout_ref.rollout
         self.backend = str(rollout.name)
         self.handles: list[Any] = []
-        lora_rank = int(cfg.actor_rollout_ref.model.get("lora_rank", 0) or 0)
+        lora_rank = cfg.actor_rollout_ref.model.lora_rank
         # vLLM serves LoRA adapters under a name of their own, which the rollout then asks for
         self.lora_name = "agentgym-lora" if lora_rank > 0 and self.backend == "vllm" else None
         urls = [str(u) for u in rollout.server_urls]
         model = str(cfg.actor_rollout_ref.model.path)
         # the key the servers' weight routes take: given, or from the environment; servers we start get a new one
-        self.admin_key = rollout.get("server_admin_key") or admin_key_from_env()
+        self.admin_key = rollout.server_admin_key or admin_key_from_env()
         if not urls:
             from agentgym.server.launch import start_policy_server
 
@@ -79,15 +79,15 @@ class RolloutServers:
                 kwargs["admin_key"] = self.admin_key
                 if rollout.device:
                     kwargs["device"] = str(rollout.device)
-                kwargs["max_model_len"] = int(cfg.data.max_prompt_length + cfg.data.max_response_length)
-                kwargs["max_batch_size"] = max(1, int(rollout.concurrency))
+                kwargs["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
+                kwargs["max_batch_size"] = max(1, rollout.concurrency)
             else:
                 from agentgym.compat.engine_args import engine_server_kwargs
 
                 kwargs.update(
-                    gpu_memory_utilization=float(rollout.gpu_memory_utilization),
-                    tensor_parallel_size=int(rollout.tensor_model_parallel_size),
-                    max_model_len=int(cfg.data.max_prompt_length + cfg.data.max_response_length),
+                    gpu_memory_utilization=rollout.gpu_memory_utilization,
+                    tensor_parallel_size=rollout.tensor_model_parallel_size,
+                    max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
                     **engine_server_kwargs(cfg),
                 )
                 if self.lora_name:
@@ -96,7 +96,7 @@ class RolloutServers:
                     kwargs["extra_args"] = [*kwargs.get("extra_args", ()), *VLLMWeights.lora_args(lora_rank)]
                     kwargs["env"] = {**(kwargs.get("env") or {}), **VLLMWeights.LORA_ENV}
             try:
-                for _ in range(int(rollout.num_servers)):
+                for _ in range(rollout.num_servers):
                     self.handles.append(start_policy_server(self.backend, model, port=0, **kwargs))
             except BaseException:
                 self.stop()
@@ -109,7 +109,7 @@ class RolloutServers:
             admin_key=self.admin_key,
             model=self.lora_name or (self.handles[0].model if self.handles else None),
         )
-        self.bucket_mb = float(cfg.async_training.checkpoint_engine.device_buffer_size_M)
+        self.bucket_mb = cfg.async_training.checkpoint_engine.device_buffer_size_M
 
     def remote_urls(self) -> list[str]:
         """Servers given by URL that run on another machine."""
@@ -224,8 +224,7 @@ class WeightSync:
         remove_orphans(base)
         atexit.register(self.cleanup)
         # the synchronous trainer never trains while its servers generate: they may share its tensors
-        config = actor.workers[0].config if not actor.use_ray and getattr(actor, "workers", None) else {}
-        self.share = self.direct and bool(config.get("actor_rollout_ref", {}).get("hybrid_engine", True))
+        self.share = self.direct and actor.workers[0].config.actor_rollout_ref.hybrid_engine
         self.shared = False  # the servers' weights are the actor's tensors
         loads = getattr(servers, "loads_state_dicts", None)
         self.state_dicts = not actor.use_ray and loads is not None and loads()

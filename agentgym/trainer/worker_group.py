@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from agentgym.trainer.workers import Worker
 
 
@@ -18,7 +20,7 @@ class WorkerGroup:
     def __init__(
         self,
         cls: type[Worker],
-        config: dict[str, Any],
+        config: DictConfig,
         world_size: int,
         use_ray: bool,
         name: str = "",

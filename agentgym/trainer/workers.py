@@ -32,12 +32,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from agentgym.model import lora
 from agentgym.trainer import algos
 from agentgym.trainer.batch import micro_batches
 from agentgym.trainer.forward import ValueModel, chunks, policy_forward, select_rows, value_forward
 from agentgym.trainer.train_state import (
+    CONTENTS,
     TrainState,
     layer_classes,
     seed_everything,
@@ -75,19 +77,20 @@ def quiet_transformers() -> None:
 
 
 class Worker:
-    """One data-parallel rank. ``config`` is the resolved training config as a plain dict."""
+    """One data-parallel rank. ``config`` is the resolved training config (the driver's ``DictConfig``,
+    pickled through Ray), read by attribute as the driver reads it."""
 
-    def __init__(self, config: dict[str, Any], rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, config: DictConfig, rank: int = 0, world_size: int = 1) -> None:
         self.config = config
         self.rank = rank
         self.world_size = world_size
-        trainer = config["trainer"]
-        self.device = resolve_device(trainer.get("device", "auto"))
-        self.strategy = resolve_strategy(config["actor_rollout_ref"]["actor"].get("strategy", "auto"), self.device)
-        threads = trainer.get("cpu_threads_per_worker") or max(1, (os.cpu_count() or 1) // world_size)
+        trainer = config.trainer
+        self.device = resolve_device(trainer.device)
+        self.strategy = resolve_strategy(config.actor_rollout_ref.actor.strategy, self.device)
+        threads = trainer.cpu_threads_per_worker or max(1, (os.cpu_count() or 1) // world_size)
         if self.device == "cpu":
-            torch.set_num_threads(int(threads))
-        seed_everything(int(trainer.get("seed", 0)) + rank)
+            torch.set_num_threads(threads)
+        seed_everything(trainer.seed + rank)
         quiet_transformers()
 
     # ---- process group ------------------------------------------------------------------------
@@ -116,14 +119,14 @@ class Worker:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world_size)
 
-    def micro_batches(self, batch: Tensors, rows: Sequence[int], section: dict[str, Any]) -> list[list[int]]:
+    def micro_batches(self, batch: Tensors, rows: Sequence[int], section: DictConfig) -> list[list[int]]:
         """``rows`` (this rank's share of a mini-batch) cut into micro-batches: by row count, or by
         token budget with ``use_dynamic_bsz`` (the same count on every rank, so sharded passes line up)."""
         packed = self.packed
-        if not section.get("use_dynamic_bsz"):
-            return micro_batches(rows, [], int(section["ppo_micro_batch_size_per_gpu"]))
+        if not section.use_dynamic_bsz:
+            return micro_batches(rows, [], section.ppo_micro_batch_size_per_gpu)
         lengths = batch["attention_mask"].sum(-1)
-        budget = int(section["ppo_max_token_len_per_gpu"])
+        budget = section.ppo_max_token_len_per_gpu
         micros = micro_batches(rows, lengths, 0, budget, packed)
         if self.world_size > 1:
             import torch.distributed as dist
@@ -133,16 +136,14 @@ class Worker:
             micros = micro_batches(rows, lengths, 0, budget, packed, count=int(count))
         return micros
 
-    def checkpoint_contents(self, *path: str) -> list[str]:
-        """``checkpoint.save_contents`` / ``load_contents`` of the section at ``path`` (default: all parts)."""
-        node: Any = self.config
-        for part in path[:-1]:
-            node = node.get(part, {})
-        return list((node.get("checkpoint") or {}).get(path[-1]) or ("model", "optimizer", "extra"))
+    @staticmethod
+    def checkpoint_parts(section: DictConfig, which: str) -> list[str]:
+        """``checkpoint.save_contents`` / ``load_contents`` of ``section``; an empty list still means every part."""
+        return list(section.checkpoint[which]) or list(CONTENTS)
 
     @property
     def packed(self) -> bool:
-        return bool(self.config["actor_rollout_ref"]["model"].get("use_remove_padding", False))
+        return self.config.actor_rollout_ref.model.use_remove_padding
 
     def node_id(self) -> str | None:
         """The Ray node this rank runs on (None outside Ray): where the trainer pool landed."""
@@ -169,27 +170,27 @@ class PolicyWorker(Worker):
     def init_model(self, total_steps: int, with_ref: bool) -> None:
         from agentgym.model import load_causal_lm
 
-        cfg = self.config["actor_rollout_ref"]
-        path = str(cfg["model"]["path"])
-        dtype = cfg["model"].get("dtype", "float32")
+        cfg = self.config.actor_rollout_ref
+        path = cfg.model.path
+        dtype = cfg.model.dtype
         actor = load_causal_lm(path, dtype=dtype, device="cpu").train()
-        if cfg["model"].get("enable_gradient_checkpointing"):
+        if cfg.model.enable_gradient_checkpointing:
             actor.gradient_checkpointing_enable()
-        self.lora = lora.settings(cfg["model"])
+        self.lora = lora.settings(cfg.model)
         if self.lora is not None:  # only adapters train; the reference is the base with them off
-            if cfg["model"].get("enable_gradient_checkpointing"):
+            if cfg.model.enable_gradient_checkpointing:
                 actor.enable_input_require_grads()
             actor = lora.wrap(actor, self.lora)
             with_ref = False
         layers = layer_classes(actor)
         self.actor = TrainState(
             actor,
-            cfg["actor"]["optim"],
+            cfg.actor.optim,
             total_steps,
             self.strategy,
             self.world_size,
             self.device,
-            cfg["actor"].get("fsdp_config"),
+            cfg.actor.fsdp_config,
             layers,
         )
         self.ref = None
@@ -199,24 +200,18 @@ class PolicyWorker(Worker):
                 p.requires_grad_(False)
             ref.to(self.device)
             if self.strategy == "fsdp2":
-                ref_offload = (cfg.get("ref", {}).get("fsdp_config") or {}).get("param_offload", False)
-                shard(
-                    ref,
-                    {
-                        **(cfg["actor"].get("fsdp_config") or {}),
-                        "param_offload": ref_offload,
-                        "optimizer_offload": False,
-                    },
-                    self.device,
-                    layers,
+                fsdp = OmegaConf.merge(
+                    cfg.actor.fsdp_config,
+                    {"param_offload": cfg.ref.fsdp_config.param_offload, "optimizer_offload": False},
                 )
+                shard(ref, fsdp, self.device, layers)
             self.ref = ref
 
     # ---- log-probs ------------------------------------------------------------------------------
     @torch.no_grad()
     def compute_log_prob(self, batch: Tensors, rows: Sequence[int], with_entropy: bool = True) -> Tensors:
         """Old log-probs (and entropies) of the current weights on ``rows``."""
-        size = int(self.config["actor_rollout_ref"]["actor"].get("log_prob_micro_batch_size_per_gpu", 16))
+        size = self.config.actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu
         model = self.actor.module
         model.eval()
         outs, ents = [], []
@@ -231,7 +226,7 @@ class PolicyWorker(Worker):
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: Tensors, rows: Sequence[int]) -> Tensors:
-        size = int(self.config["actor_rollout_ref"]["ref"].get("log_prob_micro_batch_size_per_gpu", 16))
+        size = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
         if self.lora is not None:
             model = self.actor.module
             model.eval()
@@ -241,7 +236,6 @@ class PolicyWorker(Worker):
             return {"ref_log_prob": torch.cat(outs)}
         if self.ref is None:
             raise RuntimeError("the reference policy was not loaded (no KL term is on)")
-        size = int(self.config["actor_rollout_ref"]["ref"].get("log_prob_micro_batch_size_per_gpu", 16))
         outs = [
             policy_forward(self.ref, select_rows(batch, chunk, self.device), packed=self.packed)[0].cpu()
             for chunk in chunks(rows, size)
@@ -252,24 +246,22 @@ class PolicyWorker(Worker):
     def update_actor(self, batch: Tensors, plan: list[dict[str, Any]]) -> dict[str, float]:
         """One optimizer step per ``plan`` entry (ppo_epochs x mini-batches), each accumulating
         gradients over micro-batches of ``ppo_micro_batch_size_per_gpu`` rows."""
-        cfg = self.config["actor_rollout_ref"]["actor"]
-        entropy_coeff = float(cfg.get("entropy_coeff", 0.0))
-        use_kl_loss = bool(cfg.get("use_kl_loss", False))
+        cfg = self.config.actor_rollout_ref.actor
         loss_kwargs = {
-            "loss_mode": cfg["policy_loss"]["loss_mode"],
-            "loss_agg_mode": cfg["loss_agg_mode"],
-            "clip_ratio": float(cfg["clip_ratio"]),
-            "clip_ratio_low": cfg.get("clip_ratio_low"),
-            "clip_ratio_high": cfg.get("clip_ratio_high"),
-            "clip_ratio_c": float(cfg.get("clip_ratio_c", 3.0)),
-            "entropy_coeff": entropy_coeff,
-            "use_kl_loss": use_kl_loss,
-            "kl_loss_coef": float(cfg.get("kl_loss_coef", 0.001)),
-            "kl_loss_type": cfg.get("kl_loss_type", "low_var_kl"),
-            "dual_clip": bool(cfg.get("dual_clip_loss", True)),
-            "sft_loss_coef": float(cfg.get("sft_loss_coef", 0.0) or 0.0),
-            "topr_positive_weight": float(cfg["policy_loss"].get("topr_positive_weight", 1.0)),
-            "topr_negative_weight": float(cfg["policy_loss"].get("topr_negative_weight", 1.0)),
+            "loss_mode": cfg.policy_loss.loss_mode,
+            "loss_agg_mode": cfg.loss_agg_mode,
+            "clip_ratio": cfg.clip_ratio,
+            "clip_ratio_low": cfg.clip_ratio_low,
+            "clip_ratio_high": cfg.clip_ratio_high,
+            "clip_ratio_c": cfg.clip_ratio_c,
+            "entropy_coeff": cfg.entropy_coeff,
+            "use_kl_loss": cfg.use_kl_loss,
+            "kl_loss_coef": cfg.kl_loss_coef,
+            "kl_loss_type": cfg.kl_loss_type,
+            "dual_clip": cfg.dual_clip_loss,
+            "sft_loss_coef": cfg.sft_loss_coef,
+            "topr_positive_weight": cfg.policy_loss.topr_positive_weight,
+            "topr_negative_weight": cfg.policy_loss.topr_negative_weight,
         }
         state = self.actor
         model = state.module
@@ -284,7 +276,7 @@ class PolicyWorker(Worker):
                 micro = select_rows(batch, chunk, self.device)
                 state.set_gradient_sync(i == len(micros) - 1)
                 log_prob, entropy = policy_forward(
-                    model, micro, with_entropy=True, entropy_grad=entropy_coeff != 0, packed=self.packed
+                    model, micro, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0, packed=self.packed
                 )
                 mask = micro["response_mask"]
                 # One epoch over one mini-batch: the weights have not moved since the rollout's
@@ -309,7 +301,7 @@ class PolicyWorker(Worker):
                 if mask.sum() > 0:
                     diff = (log_prob.detach() - micro["rollout_log_probs"]).abs()
                     per_step["training/rollout_probs_diff_mean"].append(float(algos.masked_mean(diff, mask)))
-            grad_norm = state.step(cfg.get("grad_clip"))
+            grad_norm = state.step(cfg.grad_clip)
             for key, values in per_step.items():
                 # losses are already shares of the global mini-batch loss: they add up
                 summed = key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
@@ -326,8 +318,8 @@ class PolicyWorker(Worker):
     def update_sft(self, batch: Tensors, plan: list[dict[str, Any]]) -> dict[str, float]:
         """One optimizer step per ``plan`` entry on the negative log-likelihood of the masked-in
         (assistant) tokens, averaged over the mini-batch's tokens (``token-mean``)."""
-        cfg = self.config["actor_rollout_ref"]["actor"]
-        micro_size = int(cfg["ppo_micro_batch_size_per_gpu"])
+        cfg = self.config.actor_rollout_ref.actor
+        micro_size = cfg.ppo_micro_batch_size_per_gpu
         state = self.actor
         model = state.module
         model.train()
@@ -344,7 +336,7 @@ class PolicyWorker(Worker):
                 loss.backward()
                 total += float(loss.detach())
                 tokens += int(micro["response_mask"].sum())
-            norms.append(state.step(cfg.get("grad_clip")))
+            norms.append(state.step(cfg.grad_clip))
             losses.append(total)
             state.scheduler.step()
         return {
@@ -358,7 +350,7 @@ class PolicyWorker(Worker):
     @torch.no_grad()
     def sft_loss(self, batch: Tensors, rows: Sequence[int]) -> dict[str, float]:
         """Summed negative log-likelihood and token count of the masked-in tokens of ``rows``."""
-        size = int(self.config["actor_rollout_ref"]["actor"].get("log_prob_micro_batch_size_per_gpu", 16))
+        size = self.config.actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu
         model = self.actor.module
         model.eval()
         nll, count = 0.0, 0.0
@@ -405,14 +397,14 @@ class PolicyWorker(Worker):
         """The policy as a Hugging Face model directory with its tokenizer (rank 0 writes); with LoRA
         peft's adapter directory, or the merged model with ``lora_export_merged``."""
         if self.lora is not None and self.rank == 0:
-            model_cfg = self.config["actor_rollout_ref"]["model"]
-            if not model_cfg.get("lora_export_merged"):
-                lora.save_adapter(self.actor.module, directory, str(model_cfg["path"]))
+            model_cfg = self.config.actor_rollout_ref.model
+            if not model_cfg.lora_export_merged:
+                lora.save_adapter(self.actor.module, directory, model_cfg.path)
                 return
             from agentgym.model import load_tokenizer
 
             lora.merged_model(self.actor.module).save_pretrained(directory)
-            load_tokenizer(str(model_cfg["path"])).save_pretrained(directory)
+            load_tokenizer(model_cfg.path).save_pretrained(directory)
             return
         state = self.actor.full_state_dict()
         if self.rank != 0:
@@ -427,15 +419,15 @@ class PolicyWorker(Worker):
             module.load_state_dict(state, strict=False)
             module.generation_config = self.actor.module.generation_config
         module.save_pretrained(directory, state_dict=state)
-        load_tokenizer(str(self.config["actor_rollout_ref"]["model"]["path"])).save_pretrained(directory)
+        load_tokenizer(self.config.actor_rollout_ref.model.path).save_pretrained(directory)
 
     def save_adapter(self, directory: str) -> None:
         """LoRA: peft's adapter directory (rank 0), what vLLM's ``/v1/load_lora_adapter`` reads."""
         if self.rank == 0:
-            lora.save_adapter(self.actor.module, directory, str(self.config["actor_rollout_ref"]["model"]["path"]))
+            lora.save_adapter(self.actor.module, directory, self.config.actor_rollout_ref.model.path)
 
     def save_checkpoint(self, directory: str) -> None:
-        contents = self.checkpoint_contents("actor_rollout_ref", "actor", "save_contents")
+        contents = self.checkpoint_parts(self.config.actor_rollout_ref.actor, "save_contents")
         self.actor.save(Path(directory) / "actor", self.rank, contents)
         if "hf_model" in contents:
             self.save_hf(str(Path(directory) / "actor" / "huggingface"))
@@ -444,7 +436,7 @@ class PolicyWorker(Worker):
         self.actor.load(
             Path(directory) / "actor",
             self.rank,
-            self.checkpoint_contents("actor_rollout_ref", "actor", "load_contents"),
+            self.checkpoint_parts(self.config.actor_rollout_ref.actor, "load_contents"),
         )
 
 
@@ -452,20 +444,14 @@ class CriticWorker(Worker):
     """The value model: ``V(s_t)`` at every response token, trained with the clipped value loss."""
 
     def init_model(self, total_steps: int) -> None:
-        cfg = self.config["critic"]
-        dtype = getattr(torch, self.config["actor_rollout_ref"]["model"].get("dtype", "float32"))
-        model = ValueModel(str(cfg["model"]["path"]), dtype=dtype).train()
-        fsdp = {
-            **(self.config["actor_rollout_ref"]["actor"].get("fsdp_config") or {}),
-            **{
-                k: v
-                for k, v in ((cfg.get("model") or {}).get("fsdp_config") or {}).items()
-                if k in ("param_offload", "optimizer_offload")
-            },
-        }
+        cfg = self.config.critic
+        dtype = getattr(torch, self.config.actor_rollout_ref.model.dtype)
+        model = ValueModel(cfg.model.path, dtype=dtype).train()
+        # the actor's FSDP settings, with the critic's own offload switches
+        fsdp = OmegaConf.merge(self.config.actor_rollout_ref.actor.fsdp_config, cfg.model.fsdp_config)
         self.critic = TrainState(
             model,
-            cfg["optim"],
+            cfg.optim,
             total_steps,
             self.strategy,
             self.world_size,
@@ -476,7 +462,7 @@ class CriticWorker(Worker):
 
     @torch.no_grad()
     def compute_values(self, batch: Tensors, rows: Sequence[int]) -> Tensors:
-        size = int(self.config["critic"].get("forward_micro_batch_size_per_gpu", 16))
+        size = self.config.critic.forward_micro_batch_size_per_gpu
         model = self.critic.module
         model.eval()
         outs = [
@@ -487,7 +473,7 @@ class CriticWorker(Worker):
         return {"values": torch.cat(outs)}
 
     def update_critic(self, batch: Tensors, plan: list[dict[str, Any]]) -> dict[str, float]:
-        cfg = self.config["critic"]
+        cfg = self.config.critic
         state = self.critic
         model = state.module
         totals: dict[str, list[float]] = defaultdict(list)
@@ -504,8 +490,8 @@ class CriticWorker(Worker):
                     micro["returns"],
                     micro["values"],
                     mask,
-                    float(cfg["cliprange_value"]),
-                    cfg["loss_agg_mode"],
+                    cfg.cliprange_value,
+                    cfg.loss_agg_mode,
                     global_batch_info=entry["global"],
                 )
                 vf_loss.backward()
@@ -515,14 +501,18 @@ class CriticWorker(Worker):
             totals["critic/vf_loss"].append(sum(losses))
             totals["critic/vf_clipfrac"].append(sum(clipfracs) / len(clipfracs))
             totals["critic/vpred_mean"].append(sum(vpred_means) / len(vpred_means))
-            totals["critic/grad_norm"].append(state.step(cfg.get("grad_clip")))
+            totals["critic/grad_norm"].append(state.step(cfg.grad_clip))
         state.scheduler.step()
         out = {key: float(np.mean(values)) for key, values in totals.items()}
         out["critic/lr"] = state.lr
         return out
 
     def save_checkpoint(self, directory: str) -> None:
-        self.critic.save(Path(directory) / "critic", self.rank, self.checkpoint_contents("critic", "save_contents"))
+        self.critic.save(
+            Path(directory) / "critic", self.rank, self.checkpoint_parts(self.config.critic, "save_contents")
+        )
 
     def load_checkpoint(self, directory: str) -> None:
-        self.critic.load(Path(directory) / "critic", self.rank, self.checkpoint_contents("critic", "load_contents"))
+        self.critic.load(
+            Path(directory) / "critic", self.rank, self.checkpoint_parts(self.config.critic, "load_contents")
+        )

@@ -29,9 +29,9 @@ def check(cfg: DictConfig) -> None:
     data, rollout = cfg.data, cfg.rollout
     if not data.path or not data.output_path:
         raise ConfigError("agentgym generate needs data.path=ROWS.parquet and data.output_path=OUT.parquet")
-    if int(data.n_samples) < 1:
+    if data.n_samples < 1:
         raise ConfigError(f"data.n_samples must be at least 1, got {data.n_samples}")
-    if (not rollout.do_sample or float(rollout.temperature) == 0.0) and int(data.n_samples) != 1:
+    if (not rollout.do_sample or rollout.temperature == 0.0) and data.n_samples != 1:
         raise ConfigError(
             "greedy decoding (rollout.do_sample=false or rollout.temperature=0) gives the same response "
             f"every time: set data.n_samples=1 (got {data.n_samples})"
@@ -48,10 +48,10 @@ async def sample_all(cfg: DictConfig, rows: list[dict[str, Any]], client: Any, c
     data, rollout = cfg.data, cfg.rollout
     greedy = not rollout.do_sample
     sampling = SamplingParams(
-        max_tokens=int(rollout.response_length),
-        temperature=0.0 if greedy else float(rollout.temperature),
-        top_p=float(rollout.top_p),
-        top_k=int(rollout.top_k),
+        max_tokens=rollout.response_length,
+        temperature=0.0 if greedy else rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
     )
     prompts = []
     for i, row in enumerate(rows):
@@ -61,15 +61,15 @@ async def sample_all(cfg: DictConfig, rows: list[dict[str, Any]], client: Any, c
                 f"{', '.join(sorted(row))}"
             )
         ids = chat.prompt_ids(as_messages(row[data.prompt_key], f"{data.path}:{i}"))
-        if len(ids) > int(rollout.prompt_length):
+        if len(ids) > rollout.prompt_length:
             raise ConfigError(
                 f"row {i} of {data.path}: the prompt has {len(ids)} tokens, more than "
                 f"rollout.prompt_length={rollout.prompt_length}; raise it"
             )
         prompts.append(ids)
-    n = int(data.n_samples)
+    n = data.n_samples
     out: list[list[str]] = [[""] * n for _ in rows]
-    limit = asyncio.Semaphore(max(1, int(data.batch_size)))
+    limit = asyncio.Semaphore(max(1, data.batch_size))
     bar = progress_bar(total=len(rows) * n, desc="generate", unit="response")
 
     async def one(i: int, k: int) -> None:
@@ -102,13 +102,13 @@ def generate(cfg: DictConfig) -> tuple[str, int]:
     if not urls:
         from agentgym.server.launch import start_policy_server
 
-        kwargs: dict[str, Any] = {"max_model_len": int(rollout.prompt_length) + int(rollout.response_length)}
+        kwargs: dict[str, Any] = {"max_model_len": rollout.prompt_length + rollout.response_length}
         if rollout.name == "embedded":
-            kwargs["max_batch_size"] = max(1, min(int(cfg.data.batch_size), 256))
+            kwargs["max_batch_size"] = max(1, min(cfg.data.batch_size, 256))
         else:
             kwargs.update(
-                gpu_memory_utilization=float(rollout.gpu_memory_utilization),
-                tensor_parallel_size=int(rollout.tensor_model_parallel_size),
+                gpu_memory_utilization=rollout.gpu_memory_utilization,
+                tensor_parallel_size=rollout.tensor_model_parallel_size,
                 **rollout_engine_kwargs(rollout),
             )
         handle = start_policy_server(str(rollout.name), str(cfg.model.path), port=0, **kwargs)
