@@ -99,6 +99,8 @@ async def test_self_play_gives_two_trajectories_with_opposite_rewards(standin_se
     p0 = next(t for t in trajs if t.task["agent"] == "player_0")
     p1 = next(t for t in trajs if t.task["agent"] == "player_1")
     assert p0.num_turns == 1 and p1.num_turns == 2
+    # the runner's one episode loop plays each seat: turn facts and state keys as in a single-agent episode
+    assert all(turn.state_key and "cut" in turn.metrics for t in trajs for turn in t.turns)
     assert "You are Player 1" in p1.messages[1]["content"] and "You are Player 0" in p0.messages[1]["content"]
     # each seat's sequence is exactly what the server saw for that seat
     prompts = [r["request"]["prompt"] for r in standin_server.requests]

@@ -569,6 +569,21 @@ def test_entropy_by_hand():
     close(algos.compute_entropy_loss(logits, t([[1, 1]])), (math.log(2) + h2) / 2)
 
 
+def test_log_probs_from_logits_by_hand():
+    # logits (0, ln 3) -> probs (0.25, 0.75); targets 1 then 0
+    logits = t([[[0.0, math.log(3)], [0.0, math.log(3)]]], dtype=torch.float32).requires_grad_()
+    targets = torch.tensor([[1, 0]])
+    log_probs, entropy = algos.log_probs_from_logits(logits, targets)
+    close(log_probs, [[math.log(0.75), math.log(0.25)]], atol=1e-6)
+    assert entropy is None
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    _, entropy = algos.log_probs_from_logits(logits, targets, with_entropy=True)
+    close(entropy, [[h, h]], atol=1e-6)
+    assert not entropy.requires_grad  # a logged statistic: no graph kept
+    _, entropy = algos.log_probs_from_logits(logits, targets, with_entropy=True, entropy_grad=True)
+    assert entropy.requires_grad  # an entropy bonus in the loss needs the gradient
+
+
 def test_value_loss_by_hand():
     vpreds = t([[1.0, 2.0, 0.0, 1.0]])
     values = t([[0.5, 2.5, 0.0, 0.5]])

@@ -200,7 +200,7 @@ def test_partial_rollout_pauses_servers_known_by_url_through_their_engines_route
     """vLLM: /pause?mode=abort and /resume (checked against a real vLLM in tests/test_vllm_real.py);
     SGLang and agentgym's server: /pause_generation {"mode": "abort"} and /continue_generation."""
     from agentgym.client.weights import _Weights
-    from agentgym.trainer.weight_sync import RolloutServers
+    from agentgym.trainer.rollout_servers import RolloutServers
 
     calls = []
 

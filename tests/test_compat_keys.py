@@ -240,7 +240,7 @@ def test_engine_keys_reach_the_vllm_and_sglang_command_lines(monkeypatch):
     from agentgym.compat.engine_args import engine_server_kwargs
     from agentgym.server import launch
     from agentgym.server.launchers import sglang_command, vllm_command
-    from agentgym.trainer.weight_sync import RolloutServers
+    from agentgym.trainer.rollout_servers import RolloutServers
 
     overrides = [
         "actor_rollout_ref.rollout.name=vllm",

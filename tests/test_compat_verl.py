@@ -249,12 +249,12 @@ def test_clip_ratio_with_both_bounds_set_has_no_effect_and_says_so(caplog):
 @pytest.fixture
 def no_servers(monkeypatch):
     """Fail the test if anything starts policy servers."""
-    from agentgym.trainer import weight_sync
+    from agentgym.trainer import rollout_servers
 
     def refuse(*_a, **_k):
         raise AssertionError("servers were started before the config was checked")
 
-    monkeypatch.setattr(weight_sync.RolloutServers, "__init__", refuse)
+    monkeypatch.setattr(rollout_servers.RolloutServers, "__init__", refuse)
 
 
 def test_a_batch_larger_than_the_data_fails_before_any_work(gsm8k, capsys, no_servers):

@@ -118,8 +118,8 @@ def test_samples_of_lost_weights_are_refused_and_the_weights_pushed_again(tmp_pa
     from agentgym.model import load_tokenizer
     from agentgym.rollout.sources import EnvRolloutSource
     from agentgym.server.launch import start_embedded_server
+    from agentgym.trainer.rollout_servers import RolloutServers
     from agentgym.trainer.run import train
-    from agentgym.trainer.weight_sync import RolloutServers
 
     with start_embedded_server("tiny") as server:
         cfg = load_config(
@@ -149,7 +149,7 @@ def test_servers_that_report_no_version_are_taken_to_hold_what_was_pushed(tmp_pa
     import asyncio
 
     from agentgym.model import load_causal_lm
-    from agentgym.trainer.weight_sync import RolloutServers
+    from agentgym.trainer.rollout_servers import RolloutServers
 
     cfg = load_config(env="first_letter", overrides=[*FAST, f"trainer.default_local_dir={tmp_path}"])
     servers = RolloutServers(cfg)  # an embedded server in this process: pushes go through its handle

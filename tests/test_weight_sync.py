@@ -22,7 +22,8 @@ from agentgym.model.weights import bind_state_dict, buckets, open_handles, share
 from agentgym.server.engine import Engine
 from agentgym.server.handles import EmbeddedServerHandle
 from agentgym.server.sampling import GenerationParams
-from agentgym.trainer.weight_sync import WeightSync, is_local_url
+from agentgym.trainer.rollout_servers import is_local_url
+from agentgym.trainer.weight_sync import WeightSync
 
 PROMPT = list(range(5, 40))
 

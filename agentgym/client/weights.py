@@ -1,4 +1,6 @@
-"""Weight control over HTTP: the adapters that make a running policy server load new weights.
+"""Trainer -> server, over HTTP: the adapters that make a running policy server load new weights.
+(What is pushed and when: ``agentgym.trainer.weight_sync``; the embedded server's receiving side:
+``agentgym.server.weight_transfer``.)
 
 One adapter per engine, each a few plain HTTP calls (``update_from_disk(url, path, version)``;
 a state dict is first written to shared memory as a loadable model directory):

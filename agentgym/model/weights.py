@@ -1,4 +1,9 @@
-"""Moving weights into a policy server: read them from a path, copy them into a model.
+"""Weight files and shared memory: the formats both sides of a push use (the trainer writes or
+shares, a policy server reads them from a path or maps them and copies them into a model).
+
+Directions: trainer -> server, ``agentgym.trainer.weight_sync`` (what to push, when) over
+``agentgym.client.weights`` (each engine's HTTP routes); server side, ``agentgym.server.weight_transfer``
+(receiving) and ``agentgym.server.lora_adapters`` (applying LoRA adapters).
 
 Three ways, from the cheapest:
 

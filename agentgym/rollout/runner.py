@@ -11,9 +11,9 @@ run concurrently (``max_concurrency``); env calls run where ``env_executor`` say
 ``agentgym.rollout.executors``: in this process, worker processes or remote OpenEnv servers;
 with ``workers``/``ray`` whole episodes run in worker processes or on Ray actors).
 
-A multi-agent env (one that has ``agents``, e.g. a two-player game in self-play) is played
-by ``agentgym.rollout.multi_agent.run_game``: one game gives a trajectory per seat, each in
-its own group (``{group_id}/{agent}``).
+A multi-agent env (one that has ``agents``, e.g. a two-player game in self-play) is played by the
+same episode loop with a seat per agent (the protocol: ``agentgym.rollout.multi_agent``): one game
+gives a trajectory per seat, each in its own group (``{group_id}/{agent}``).
 
 Token bookkeeping (``agentgym.rollout.chat``): the runner renders the first prompt with the
 chat template, then only appends — the sampled ids exactly as the server returned them
@@ -69,6 +69,7 @@ from agentgym.envs.tools.parsing import parse_tool_calls
 from agentgym.rollout.chat import ChatTokenizer, tools_key
 from agentgym.rollout.executors import EPISODE_EXECUTORS, EnvBackend, EnvTimeout, EpisodePool
 from agentgym.rollout.metrics import state_key, summarize, turn_facts
+from agentgym.rollout.multi_agent import next_agent, seat_results
 from agentgym.types import Message, SamplingParams, TokenSample, Trajectory, Turn
 
 
@@ -192,6 +193,23 @@ def assistant_message(text: str, with_tools: bool) -> Message:
     return {"role": "assistant", "content": text}
 
 
+@dataclass
+class _Seat:
+    """One side of an episode: a single-agent episode has one seat, a multi-agent game one per agent."""
+
+    traj: Trajectory
+    session: str
+    pending: list[Message] = field(default_factory=list)  # the env's messages to this seat, not yet tokenized
+    state: str = ""  # the state the seat's next reply answers (``Turn.state_key``)
+    context: list[int] | None = None  # the whole sequence so far (None: no prompt rendered yet)
+    last_ids: list[int] = field(default_factory=list)  # the seat's last reply
+    used: int = 0  # tokens after the first prompt
+
+    def receive(self, observation: Sequence[Message], info: dict[str, Any]) -> None:
+        self.pending.extend(observation)
+        self.state = state_key(info, self.pending)
+
+
 class RolloutRunner:
     """Runs groups of episodes of one env against a policy client.
 
@@ -312,12 +330,9 @@ class RolloutRunner:
         self, task: Task, group_id: str = "", sample: int = 0, max_turns: int | None = None
     ) -> list[Trajectory]:
         """One episode (``[trajectory]``), or one game of a multi-agent env (a trajectory per seat)."""
-        if (await self.env_info()).get("agents"):
-            from agentgym.rollout.multi_agent import run_game
-
-            return await run_game(
-                self, task, group_id, sample, max_turns, reply_message=assistant_message, failure=EpisodeFailure
-            )
+        agents = (await self.env_info()).get("agents")
+        if agents:
+            return await self._play(task, group_id, sample, max_turns, [str(a) for a in agents])
         return [await self.run_episode(task, group_id, sample, max_turns=max_turns)]
 
     def start_episode(self) -> bool:
@@ -331,16 +346,32 @@ class RolloutRunner:
         self, task: Task, group_id: str = "", sample: int = 0, max_turns: int | None = None
     ) -> Trajectory:
         """One episode; never raises for env or server failures (the trajectory says ``failed``)."""
-        cfg = self.config
-        chat = self.chat
-        session = f"{group_id}/{sample}"
+        return (await self._play(task, group_id, sample, max_turns, None))[0]
+
+    def _seat(self, task: Task, group_id: str, sample: int, agent: str | None) -> _Seat:
+        gid = group_id if agent is None else f"{group_id}/{agent}"
+        session = f"{gid}/{sample}"
+        info = {"seed": task.seed, "index": task.index, "sample": sample, "session": session}
         traj = Trajectory(
             env_id=self.env_name,
-            group_id=group_id,
+            group_id=gid,
             seed=task.seed,
             data_source=self.env_name,
-            task={"seed": task.seed, "index": task.index, "sample": sample, "session": session},
+            task=info if agent is None else {**info, "agent": agent},
         )
+        return _Seat(traj, session)
+
+    async def _play(
+        self, task: Task, group_id: str, sample: int, max_turns: int | None, agents: list[str] | None
+    ) -> list[Trajectory]:
+        """The episode loop: one seat (``agents`` None), or a game of a multi-agent env with a seat per
+        agent, all played by this policy (``agentgym.rollout.multi_agent``). Each seat keeps its own
+        conversation and token sequence; the env says which seat acts next. Never raises for env or
+        server failures (every seat's trajectory says ``failed``)."""
+        cfg = self.config
+        chat = self.chat
+        names: list[str | None] = list(agents) if agents is not None else [None]
+        seats = {name: self._seat(task, group_id, sample, name) for name in names}
         check = self.start_episode()
         default_sampling = cfg.sampling()
         handle = self.envs.open()
@@ -348,30 +379,39 @@ class RolloutRunner:
         stage = "env.reset"
         env_time = gen_time = 0.0
         tools: list[dict[str, Any]] | None = None
-        info: dict[str, Any] = {}
+        finish_infos: dict[str | None, dict[str, Any]] = {name: {} for name in names}  # what _finish reads
         try:
             t0 = time.perf_counter()
             observation, info = await handle.reset(task.seed, task.reset_options())
             env_time += time.perf_counter() - t0
-            traj.data_source = str(info.get("data_source") or self.env_name)
+            source = str(info.get("data_source") or self.env_name)
+            for seat in seats.values():
+                seat.traj.data_source = source
             tools = info.get("tools") or None
             tkey = tools_key(tools)
-            observation = list(observation)
-            messages: list[Message] = list(observation)
-            traj.messages = messages
-            state = state_key(info, observation)
-            stage = "chat template"
-            prompt_ids = chat.prompt_ids(messages, tools, tkey=tkey)
-            if len(prompt_ids) > cfg.prompt_length:
-                raise EpisodeFailure(f"prompt has {len(prompt_ids)} tokens > prompt_length={cfg.prompt_length}")
-            context = list(prompt_ids)  # the whole sequence so far, sent on every turn
-
-            delta: list[int] = prompt_ids
-            used = 0  # tokens after the first prompt
+            seat = seats[names[0] if agents is None else next_agent(info, agents)]
+            seat.receive(observation, info)
             status = "truncated"
             while True:
-                room = cfg.max_model_len - len(context) if cfg.max_model_len else cfg.max_tokens
-                max_tokens = min(cfg.max_tokens, cfg.response_length - used, room)
+                stage = "chat template"
+                observation, seat.pending = seat.pending, []
+                who = f"{seat.traj.task['agent']}: " if agents is not None else ""
+                if seat.context is None:
+                    seat.traj.messages = list(observation)
+                    delta = chat.prompt_ids(observation, tools, tkey=tkey)
+                    if len(delta) > cfg.prompt_length:
+                        raise EpisodeFailure(f"{who}prompt has {len(delta)} tokens > prompt_length={cfg.prompt_length}")
+                    seat.context = list(delta)  # the whole sequence so far, sent on every turn
+                else:
+                    seat.traj.messages.extend(observation)
+                    delta = chat.delta_ids(observation, tools, seat.last_ids[-1] if seat.last_ids else None, tkey=tkey)
+                    full = cfg.max_model_len is not None and len(seat.context) + len(delta) >= cfg.max_model_len
+                    if full or seat.used + len(delta) >= cfg.response_length:
+                        break
+                    seat.context.extend(delta)
+                    seat.used += len(delta)
+                room = cfg.max_model_len - len(seat.context) if cfg.max_model_len else cfg.max_tokens
+                max_tokens = min(cfg.max_tokens, cfg.response_length - seat.used, room)
                 if max_tokens < 1:  # the server's context is full
                     break
                 stage = "policy server"
@@ -379,11 +419,11 @@ class RolloutRunner:
                 versions: list[int] = []
                 if cfg.partial_rollout or cfg.sampling_seed is not None:
                     sample_out, versions = await self._generate(
-                        context, max_tokens, session, task, sample, len(traj.turns), traj.metrics
+                        seat.context, max_tokens, seat.session, task, sample, len(seat.traj.turns), seat.traj.metrics
                     )
                 else:
                     sampling = default_sampling if max_tokens == cfg.max_tokens else cfg.sampling(max_tokens)
-                    sample_out = await self.client.generate(context, sampling, session_id=session)
+                    sample_out = await self.client.generate(seat.context, sampling, session_id=seat.session)
                 gen_time += time.perf_counter() - t0
                 ids = sample_out.token_ids
                 if len(ids) > max_tokens:
@@ -398,13 +438,14 @@ class RolloutRunner:
                     observation=observation,
                     response_text=text,
                     token_versions=versions if len(set(versions)) > 1 else [],
-                    state_key=state,
+                    state_key=seat.state,
                 )
-                traj.turns.append(turn)
-                context.extend(ids)
-                used += len(ids)
+                seat.traj.turns.append(turn)
+                seat.context.extend(ids)
+                seat.used += len(ids)
+                seat.last_ids = list(ids)
                 action = assistant_message(chat.assistant_content(ids, text), tools is not None)
-                messages.append(action)
+                seat.traj.messages.append(action)
 
                 stage = "env.step"
                 t0 = time.perf_counter()
@@ -412,41 +453,53 @@ class RolloutRunner:
                 env_time += time.perf_counter() - t0
                 turn.reward = float(reward)
                 turn.metrics = turn_facts(info, sample_out.finish_reason)
-                observation = list(observation)
-                messages.extend(observation)
-                state = state_key(info, observation)
+                over = terminated or truncated or seat.used >= cfg.response_length
+                over = over or (max_turns is not None and len(seat.traj.turns) >= max_turns)
+                if agents is None:
+                    seat.receive(observation, info)  # kept in the conversation even when the episode ends here
+                elif not over:
+                    seat = seats[next_agent(info, agents)]
+                    seat.receive(observation, info)
                 if terminated:
                     status = "ok"
+                if over:
                     break
-                if truncated or used >= cfg.response_length or (max_turns is not None and len(traj.turns) >= max_turns):
-                    break
-                stage = "chat template"
-                delta = chat.delta_ids(observation, tools, ids[-1] if ids else None, tkey=tkey)
-                full = cfg.max_model_len is not None and len(context) + len(delta) >= cfg.max_model_len
-                if full or used + len(delta) >= cfg.response_length:
-                    break
-                context.extend(delta)
-                used += len(delta)
-            traj.status = status
-            traj.outcome_reward = float(info.get("outcome_reward", 0.0) or 0.0)
-            if isinstance(info.get("ground_truth"), (str, int, float)):  # the reference an LLM judge is shown
-                traj.task["ground_truth"] = info["ground_truth"]
+            for seat in seats.values():
+                seat.traj.status = status
+                seat.traj.messages.extend(seat.pending)  # what the seat was told last (the result)
+            results: dict[Any, tuple[float, dict[str, Any]]]
+            if agents is None:
+                results = {None: (float(info.get("outcome_reward", 0.0) or 0.0), info)}
+            else:
+                results = seat_results(info, agents)
+            for name, seat in seats.items():
+                seat.traj.outcome_reward, finish_infos[name] = results[name]
+                if isinstance(info.get("ground_truth"), (str, int, float)):  # the reference an LLM judge is shown
+                    seat.traj.task["ground_truth"] = info["ground_truth"]
         except asyncio.CancelledError:
             healthy = False
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure ends only this episode
+        except Exception as exc:  # noqa: BLE001 - any failure ends only this episode (every seat's trajectory)
             healthy = stage not in ("env.reset", "env.step")
-            traj.status = "failed"
             reason = "timed out" if isinstance(exc, EnvTimeout) else "raised"
-            traj.failure = f"{stage} {reason}: {type(exc).__name__}: {exc}"
+            for seat in seats.values():
+                seat.traj.status = "failed"
+                seat.traj.failure = f"{stage} {reason}: {type(exc).__name__}: {exc}"
+            finish_infos = {name: {} for name in names}
         finally:
             with contextlib.suppress(Exception):
                 await handle.release(healthy)
             release = getattr(self.client, "release_session", None)
             if release is not None:
-                release(session)
-        self._finish(traj, info, tools, check, env_time, gen_time)
-        return traj
+                for seat in seats.values():
+                    release(seat.session)
+        out = []
+        for name, seat in seats.items():
+            if agents is not None and not seat.traj.turns and seat.traj.status != "failed":
+                continue  # the game ended before this seat's first move: nothing to train on
+            self._finish(seat.traj, finish_infos[name], tools, check, env_time, gen_time)
+            out.append(seat.traj)
+        return out
 
     async def _generate(
         self,

@@ -1,4 +1,4 @@
-"""LoRA adapters in the embedded engine: ``<module>.lora_A.weight`` / ``<module>.lora_B.weight``
+"""Server side, applying: LoRA adapters in the embedded engine: ``<module>.lora_A.weight`` / ``<module>.lora_B.weight``
 tensors pushed by a LoRA trainer (``agentgym.model.lora.push_state``: B already carries the
 scale ``lora_alpha / lora_rank``) change what those modules compute to ``W x + B (A x)``.
 

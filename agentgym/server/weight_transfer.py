@@ -1,4 +1,5 @@
-"""The embedded server's side of the weight pushes that are not one file on disk.
+"""Server side, receiving: the embedded server's routes for the weight pushes that are not one
+file on disk (the trainer's side: ``agentgym.client.weights``; a file: ``agentgym.model.weights``).
 
 * ``/update_weights_from_ipc`` ``{"tensors": {name: handle}, "weight_version": N}``: the tensors
   live in memory a trainer on this host shares (``agentgym.model.weights.share_handles``:

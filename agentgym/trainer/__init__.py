@@ -12,7 +12,8 @@ A map, in the order a step touches them:
 * ``workers.py``      actor (+ reference) and critic workers; ``forward.py`` their forward passes;
                       ``train_state.py`` model + optimizer per rank (FSDP2 or gloo data-parallel);
                       ``worker_group.py`` N ranks as Ray actors or in-process
-* ``weight_sync.py``  the rollout side's policy servers and pushing new weights to them
+* ``rollout_servers.py`` the rollout's policy servers (started here or given by URL)
+* ``weight_sync.py``  trainer -> servers: pushing new weights to them
 * ``ppo_trainer.py``  the single-controller loop (``PPOTrainer``)
 * ``checkpoint.py``   veRL's ``global_step_N`` layout and resuming
 * ``async_trainer.py`` the asynchronous mode (``async_loop.py``, ``staleness.py``, ``resource_pools.py``)

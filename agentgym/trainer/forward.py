@@ -48,15 +48,9 @@ def policy_forward(
     logits = out.logits
     vocab = logits.shape[-1]
     logits = torch.gather(logits, 1, offsets.unsqueeze(-1).expand(-1, -1, vocab)).float()
-    targets = micro["responses"][:, :resp_len]
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    entropy = None
-    if with_entropy:
-        if entropy_grad:
-            entropy = algos.entropy_from_logits(logits)
-        else:
-            with torch.no_grad():
-                entropy = algos.entropy_from_logits(logits.detach())
+    log_probs, entropy = algos.log_probs_from_logits(
+        logits, micro["responses"][:, :resp_len], with_entropy, entropy_grad
+    )
     full = micro["responses"].shape[1]
     if resp_len < full:
         log_probs = nn.functional.pad(log_probs, (0, full - resp_len))

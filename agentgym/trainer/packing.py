@@ -73,15 +73,9 @@ def packed_policy_forward(
     targets = micro["responses"][:, :width]
     if targets.shape[1] < width:
         targets = nn.functional.pad(targets, (0, width - targets.shape[1]))
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    log_probs, entropy = algos.log_probs_from_logits(logits, targets, with_entropy, entropy_grad)
     log_probs = torch.where(packed.valid, log_probs, torch.zeros_like(log_probs))
-    entropy = None
-    if with_entropy:
-        if entropy_grad:
-            entropy = algos.entropy_from_logits(logits)
-        else:
-            with torch.no_grad():
-                entropy = algos.entropy_from_logits(logits.detach())
+    if entropy is not None:
         entropy = torch.where(packed.valid, entropy, torch.zeros_like(entropy))
     return _to_width(log_probs, micro), _to_width(entropy, micro) if entropy is not None else None
 

@@ -111,7 +111,7 @@ def rollout_servers(cfg: DictConfig) -> Any:
         from agentgym.trainer.resource_pools import RayRolloutServers
 
         return RayRolloutServers(cfg)
-    from agentgym.trainer.weight_sync import RolloutServers
+    from agentgym.trainer.rollout_servers import RolloutServers
 
     return RolloutServers(cfg)
 

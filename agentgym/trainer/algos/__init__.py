@@ -22,9 +22,9 @@ Differs from veRL, deliberately:
 - A misspelt name (estimator, loss mode, KL type, aggregation mode) raises ``ValueError`` with
   a "Did you mean" hint; group ids (``index``) may also be a tensor.
 
-Files: ``stats.py`` (masked statistics) · ``advantages.py`` (``ADV_ESTIMATOR_REGISTRY``, keyed by
-``algorithm.adv_estimator``) · ``aggregation.py`` (``agg_loss``, ``LOSS_AGG_MODES``) ·
-``shaping.py`` (ROLL's reward normalisation and advantage clipping) ·
+Files: ``stats.py`` (masked statistics; log-probs and entropy from logits) · ``advantages.py``
+(``ADV_ESTIMATOR_REGISTRY``, keyed by ``algorithm.adv_estimator``) · ``aggregation.py`` (``agg_loss``,
+``LOSS_AGG_MODES``) · ``shaping.py`` (ROLL's reward normalisation and advantage clipping) ·
 ``policy_losses.py`` (``POLICY_LOSS_REGISTRY``, keyed by ``policy_loss.loss_mode``; entropy and
 value losses; the actor loss) · ``kl.py`` (KL controllers, estimators, KL loss, KL in the reward) ·
 ``token_rewards.py`` (rewards from ``Trajectory`` objects onto tokens) · ``turn_credit.py`` (GiGPO:
@@ -47,6 +47,7 @@ from agentgym.trainer.algos.advantages import (
     compute_reinforce_return,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
+    discounted_returns,
     get_adv_estimator_fn,
     group_rows,
     reward_baselines_of,
@@ -83,6 +84,7 @@ from agentgym.trainer.algos.shaping import (
 )
 from agentgym.trainer.algos.stats import (
     entropy_from_logits,
+    log_probs_from_logits,
     masked_mean,
     masked_stats,
     masked_sum,
@@ -132,6 +134,7 @@ __all__ = [
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_rloo_outcome_advantage",
     "compute_value_loss",
+    "discounted_returns",
     "entropy_from_logits",
     "get_adv_estimator_fn",
     "get_kl_controller",
@@ -139,6 +142,7 @@ __all__ = [
     "group_rows",
     "kl_penalty",
     "kl_penalty_forward",
+    "log_probs_from_logits",
     "masked_mean",
     "masked_stats",
     "masked_sum",

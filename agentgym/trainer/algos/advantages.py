@@ -152,6 +152,26 @@ def compute_rloo_outcome_advantage(
     return advantages, advantages
 
 
+def discounted_returns(token_level_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """Each sampled token's discounted reward-to-go over the sampled tokens alone.
+
+    Scanning right to left, a sampled token takes ``reward + gamma * running``; a mask-0 token
+    (observation, padding) carries the running return through unchanged, so an outcome reward
+    reaches every earlier turn, and gets 0. Rewards on mask-0 tokens are ignored. The return both
+    ``reinforce`` and ``reinforce_plus_plus`` start from (GiGPO's per-turn return is
+    ``turn_credit.turn_returns``).
+    """
+    with torch.no_grad():
+        mask = response_mask.bool()
+        returns = torch.zeros_like(token_level_rewards)
+        running = torch.zeros_like(token_level_rewards[:, 0])
+        for t in reversed(range(token_level_rewards.shape[-1])):
+            candidate = token_level_rewards[:, t] + gamma * running
+            running = torch.where(mask[:, t], candidate, running)
+            returns[:, t] = torch.where(mask[:, t], candidate, torch.zeros_like(candidate))
+    return returns
+
+
 @_register_adv_est("reinforce_plus_plus")
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0
@@ -169,13 +189,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     returns whitened with ``masked_whiten`` and multiplied by the mask.
     """
     with torch.no_grad():
-        mask = response_mask.bool()
-        returns = torch.zeros_like(token_level_rewards)
-        running = torch.zeros_like(token_level_rewards[:, 0])
-        for t in reversed(range(token_level_rewards.shape[-1])):
-            candidate = token_level_rewards[:, t] + gamma * running
-            running = torch.where(mask[:, t], candidate, running)
-            returns[:, t] = torch.where(mask[:, t], candidate, torch.zeros_like(candidate))
+        returns = discounted_returns(token_level_rewards, response_mask, gamma)
         advantages = masked_whiten(returns, response_mask) * response_mask.to(returns.dtype)
     return advantages, returns
 
@@ -193,14 +207,7 @@ def compute_reinforce_return(
 
     Returns ``(advantages, returns)``, equal.
     """
-    with torch.no_grad():
-        mask = response_mask.bool()
-        returns = torch.zeros_like(token_level_rewards)
-        running = torch.zeros_like(token_level_rewards[:, 0])
-        for t in reversed(range(token_level_rewards.shape[-1])):
-            candidate = token_level_rewards[:, t] + gamma * running
-            running = torch.where(mask[:, t], candidate, running)
-            returns[:, t] = torch.where(mask[:, t], candidate, torch.zeros_like(candidate))
+    returns = discounted_returns(token_level_rewards, response_mask, gamma)
     return returns, returns
 
 

@@ -96,6 +96,25 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
+def log_probs_from_logits(
+    logits: Tensor, targets: Tensor, with_entropy: bool = False, entropy_grad: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of ``targets`` under ``logits`` (``log_softmax`` gathered, no temperature) and, when
+    asked, the entropy per position; ``(b, R, vocab), (b, R) -> (b, R), (b, R) | None``.
+
+    The one computation both forward paths share (padded ``forward.policy_forward`` and packed
+    ``packing.packed_policy_forward``). Mirrors veRL ``torch_functional.logprobs_from_logits``. The
+    entropy is computed without gradient unless ``entropy_grad`` (an entropy bonus in the loss).
+    """
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    if not with_entropy:
+        return log_probs, None
+    if entropy_grad:
+        return log_probs, entropy_from_logits(logits)
+    with torch.no_grad():
+        return log_probs, entropy_from_logits(logits.detach())
+
+
 def masked_stats(name: str, values: Tensor, mask: Tensor) -> dict[str, float]:
     """``{name}/mean``, ``/max`` and ``/min`` of ``values`` where ``mask`` is set (nothing when it is empty)."""
     if mask.sum() == 0:
