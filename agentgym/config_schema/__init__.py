@@ -1,0 +1,56 @@
+"""The configuration schemas: every key a command's config may set, with its type, default and help text.
+
+One dataclass per section, veRL's dotted names kept (``actor_rollout_ref.actor.optim.lr``): ``train.py``
+holds ``agentgym train``'s (``TrainConfig``, and ``GroupDefaults``: the group files a config starts from).
+A package rather than one module so each command's schema reads as a file of its own beside the helpers
+(``fields.py``) and the YAML writer (``render.py``).
+
+``agentgym.config.compose`` starts from a schema's defaults, checks every key and value against its
+fields, and returns a structured DictConfig of it (``cfg.a.b`` access, each value of its field's type).
+``configs/train.yaml`` is documentation written from the schema: ``python -m agentgym.config_schema``
+rewrites it, ``--check`` says whether it is current.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentgym.config_schema.fields import Leaf, choices, defaults, leaves, section, sections, setting
+from agentgym.config_schema.train import GroupDefaults, TrainConfig
+
+SCHEMAS: dict[str, tuple[type, type | None]] = {"train": (TrainConfig, GroupDefaults)}
+"""Base config name -> (its schema, its group defaults). The other base configs (``sft``, ``generation``,
+``evaluation``) are still their YAML files."""
+
+
+def schema_of(base_name: str) -> type | None:
+    """The schema dataclass of base config ``base_name`` (``train``), or None where its YAML file is the schema."""
+    entry = SCHEMAS.get(base_name)
+    return entry[0] if entry else None
+
+
+def base_defaults(base_name: str) -> dict[str, Any] | None:
+    """The base config as ``configs/<base_name>.yaml`` reads: its ``defaults`` mapping, then every section."""
+    entry = SCHEMAS.get(base_name)
+    if entry is None:
+        return None
+    schema, groups = entry
+    out: dict[str, Any] = {"defaults": defaults(groups)} if groups is not None else {}
+    out.update(defaults(schema))
+    return out
+
+
+__all__ = [
+    "SCHEMAS",
+    "GroupDefaults",
+    "Leaf",
+    "TrainConfig",
+    "base_defaults",
+    "choices",
+    "defaults",
+    "leaves",
+    "schema_of",
+    "section",
+    "sections",
+    "setting",
+]
