@@ -459,7 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("config", help="translate a veRL, ROLL, ChatLearn or Claw-R1 config into agentgym's")
-    p.add_argument("--from", dest="from_system", required=True, choices=["verl", "roll", "chatlearn", "claw-r1"])
+    p.add_argument("--from", dest="from_system", default=None, choices=["verl", "roll", "chatlearn", "claw-r1"])
+    p.add_argument("--show", action="store_true", help="print the composed training config with each value's origin")
+    p.add_argument("--env", default=None, help="--show: the env preset to compose (as agentgym train --env)")
     p.add_argument("file", nargs="?", default=None, help="their YAML config (or --config-path DIR --config-name NAME)")
     _hydra_arguments(p, "with --config-path: their file DIR/NAME.yaml (Hydra's form)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="their keys, applied to the file first")

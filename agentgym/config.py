@@ -52,6 +52,9 @@ from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from agentgym.config_schema import Leaf, base_defaults, leaves, schema_of, sections
 
 GROUPS = ("algorithm", "model", "server", "env")
 # Whole schemas (train.yaml, and the other commands' own); any other top-level file is a named config
@@ -69,6 +72,9 @@ OPEN_SECTIONS = (
 )  # warm_start.sft: configs/sft.yaml's keys, checked by the warm start
 
 KeyPolicy = Callable[[str, Any], "tuple[str, str] | None"]
+ValuePolicy = Callable[[Callable[[str], Any]], "list[tuple[str, Any, str]]"]
+"""``get -> [(key, value, note)]``: values another system spells another way, read with ``get(key)`` from the
+composed values and replaced by ``value`` before the type checks (``note`` says why, ``Composition.notes``)."""
 """``(key, value) -> (verdict, text)`` for a key train.yaml lacks, or None (a typo): ``("ignore",
 reason)`` accepts it with no effect, ``("refuse", reason)`` rejects it, ``("alias", other_key)``
 sets ``other_key`` instead (another system's name for a key agentgym has)."""
@@ -88,6 +94,24 @@ class Composition:
     ignored: dict[str, str] = field(default_factory=dict)  # accepted keys with no effect: key -> reason
     groups: dict[str, str] = field(default_factory=dict)  # the group files used
     notes: list[str] = field(default_factory=list)  # values read another system's way (the loader's notes)
+    origins: dict[str, str] = field(default_factory=dict)  # leaf key -> where its value came from (unset: default)
+
+    def origin(self, key: str) -> str:
+        """Where ``key``'s value came from: its own origin, else the nearest section's, else ``default``."""
+        while key:
+            if key in self.origins:
+                return self.origins[key]
+            key = key.rpartition(".")[0]
+        return "default"
+
+    def mark(self, data: dict[str, Any], where: str, prefix: str = "") -> None:
+        """Record ``where`` as the origin of every leaf of ``data`` (nested at ``prefix``)."""
+        for key in flatten(data, prefix):
+            if not key:
+                continue
+            for inner in [k for k in self.origins if k.startswith(key + ".")]:
+                del self.origins[inner]
+            self.origins[key] = where
 
 
 # ---- finding and reading files ----------------------------------------------------------
@@ -351,8 +375,22 @@ def check_keys(data: dict[str, Any], schema: dict[str, Any], where: str) -> None
     report.raise_errors()
 
 
-def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
-    """Check ``value`` against the default's type; ints become floats where a float is expected."""
+def choice_error(key: str, value: object, allowed: Sequence[object]) -> ConfigError:
+    """``key=value`` is not one of ``allowed`` (the closest named)."""
+    names = [str(a) for a in allowed]
+    close = difflib.get_close_matches(str(value), names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"{key}={value!r} is not one of {', '.join(names)}.{hint}")
+
+
+_KINDS = {"bool": "true or false", "int": "a number", "float": "a number", "str": "a string", "list": "a list"}
+
+
+def _coerce(key: str, value: Any, default: Any, where: str, leaf: Leaf | None = None) -> Any:
+    """Check ``value`` against its field's type (``leaf``; without one, a schema file's default's type):
+    ints become floats where a float is expected, a whole float an int where an int is."""
+    if leaf is not None:
+        return _coerce_field(key, value, leaf, where)
     if default is None or value is None or _is_open(key):
         return value
     if isinstance(default, bool):
@@ -372,6 +410,56 @@ def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
     return value
 
 
+def _number(key: str, value: Any, kind: str, where: str) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key} takes a number, got {value!r} (from {where})")
+    if kind == "float":
+        return float(value)
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ConfigError(f"{key} takes a whole number, got {value!r} (from {where})")
+        return int(value)
+    return value
+
+
+def _coerce_field(key: str, value: Any, leaf: Leaf, where: str) -> Any:
+    kind = leaf.kind
+    if value is None:
+        if leaf.optional:
+            return None
+        what = _KINDS.get(
+            kind, "one of " + ", ".join(str(c) for c in leaf.choices or ()) if kind == "choice" else "a value"
+        )
+        raise ConfigError(
+            f"{key} takes {what}, not null (from {where}); leave it out to keep its default {leaf.default!r}"
+        )
+    if kind == "choice":
+        if value not in leaf.choices:  # type: ignore[operator]
+            raise choice_error(key, value, leaf.choices)  # type: ignore[arg-type]
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} takes true or false, got {value!r} (from {where})")
+        return value
+    if kind in ("int", "float"):
+        return _number(key, value, kind, where)
+    if kind == "str":
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key} takes a string, got {value!r} (from {where})")
+        return str(value)
+    if kind == "list":
+        items = value if isinstance(value, list) else [value]
+        item = leaf.item_type
+        if item in (int, float):
+            return [_number(f"{key} item", v, item.__name__, where) for v in items]
+        if item is str:
+            return [str(v) if not isinstance(v, (dict, list)) else v for v in items]
+        return items
+    if kind == "dict" and not isinstance(value, dict):
+        raise ConfigError(f"{key} takes a mapping (e.g. {{a: 1}}), got {value!r} (from {where})")
+    return value
+
+
 # ---- composing -----------------------------------------------------------------------------
 
 
@@ -383,24 +471,35 @@ def compose(
     *,
     env_group: str | None = None,
     key_policy: KeyPolicy | None = None,
+    value_policy: ValuePolicy | None = None,
     base_file: str = "train.yaml",
     config_name: str | None = None,
 ) -> Composition:
-    """Compose ``train.yaml``, its group files, ``config_file`` and ``overrides`` (see the module
-    docstring); ``env_group`` picks an env group file without naming an env (``--agent`` runs);
-    ``base_file``: another schema in ``configs/`` (``generation.yaml``, ``evaluation.yaml``);
-    ``config_name``: a named config overlaying it (``async_ppo_trainer``, see ``named_config``).
-    Every unknown key of every source is reported in one ``ConfigError``."""
+    """Compose the base config (``train.yaml``: the schema ``agentgym.config_schema.TrainConfig``), its group
+    files, ``config_file`` and ``overrides`` (see the module docstring); ``env_group`` picks an env group file
+    without naming an env (``--agent`` runs); ``base_file``: another base config in ``configs/``
+    (``generation.yaml``, ``evaluation.yaml``: their YAML file is their schema); ``config_name``: a named
+    config overlaying it (``async_ppo_trainer``, see ``named_config``); ``value_policy``: values another system
+    spells another way, replaced before the type checks. Every unknown key of every source is reported in one
+    ``ConfigError``. With a schema, the result is a structured DictConfig of it: every value of its field's type."""
     base_dir = Path(directory) if directory is not None else config_dir()
-    if not (base_dir / base_file).is_file():
-        raise ConfigError(
-            f"no config {base_dir / base_file}; choices: {', '.join(sorted(p.stem for p in base_dir.glob('*.yaml')))}"
-        )
-    base = read_yaml(base_dir / base_file)
+    base_name = Path(base_file).stem
+    schema_cls = schema_of(base_name) if base_file.endswith(".yaml") else None
+    if schema_cls is not None:
+        base = base_defaults(base_name) or {}
+    else:
+        if not (base_dir / base_file).is_file():
+            raise ConfigError(
+                f"no config {base_dir / base_file}; choices: "
+                f"{', '.join(sorted(p.stem for p in base_dir.glob('*.yaml')))}"
+            )
+        base = read_yaml(base_dir / base_file)
     choices: dict[str, str | None] = dict(base.pop("defaults", {}) or {})
     schema = flatten(base)
+    fields = leaves(schema_cls) if schema_cls is not None else {}
     report = _KeyReport(schema, key_policy)
     user_choices: set[str] = set()
+    composition = Composition(OmegaConf.create())
 
     named = named_config(base_dir, config_name, base_file, schema) if config_name else {}
     choices.update(named.pop("defaults", {}) or {})
@@ -462,6 +561,7 @@ def compose(
         data = env_data if group == "env" else read_yaml(path)
         check_keys(data, schema, str(path))
         merged = deep_merge(merged, data)
+        composition.mark(data, f"group file {group}/{choices[group]}.yaml")
         used[group] = str(choices[group])
     special = model_specialization(base_dir, choices)
     if special is not None:  # the env preset's settings for the chosen model win over both files
@@ -469,13 +569,18 @@ def compose(
         check_keys(data, schema, str(special))
         merged = deep_merge(merged, data)
         used["env/model"] = f"{choices['env']}/{choices['model']}"
+        composition.mark(data, f"group file env/{used['env/model']}.yaml")
     if env_name_override is not None:
         merged = deep_merge(merged, {"env": {"name": env_name_override}})
+        composition.mark({"env": {"name": env_name_override}}, f"--env {env_name_override}")
     if named:
         merged = deep_merge(merged, named)
+        composition.mark(named, f"named config {config_name}")
     before_user = copy.deepcopy(merged)
+    origins_before_user = dict(composition.origins)
     if user:
         merged = deep_merge(merged, user)
+        composition.mark(user, f"--config {config_file}")
     cfg = OmegaConf.create(merged)
 
     explicit = set(flatten(user))
@@ -485,6 +590,11 @@ def compose(
             continue
         OmegaConf.update(cfg, key, copy.deepcopy(lookup(before_user, key)), merge=False, force_add=True)
         explicit.difference_update({k for k in explicit if k == key or k.startswith(key + ".")})
+        for inner in [k for k in composition.origins if k == key or k.startswith(key + ".")]:
+            del composition.origins[inner]
+        composition.origins.update(
+            {k: v for k, v in origins_before_user.items() if k == key or k.startswith(key + ".")}
+        )
     dotted = [d for d in dotted if not any(d[0] == r or d[0].startswith(r + ".") for r in removed)]
     added: dict[str, Any] = {}
     for key, value, add in dotted:
@@ -497,19 +607,58 @@ def compose(
                 if target is None:
                     continue
                 key = target
-        value = _coerce(key, value, schema.get(key), "the command line")
+        if key not in added:
+            value = _coerce(key, value, schema.get(key), "the command line", fields.get(key))
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
         explicit.update(flatten(value, key) if isinstance(value, dict) else {key: value})
+        composition.mark(value, "command line", key)
     report.raise_errors()
 
+    if value_policy is not None:
+        for key, value, note in value_policy(lambda k: OmegaConf.select(cfg, k)):
+            OmegaConf.update(cfg, key, value, merge=False)
+            composition.notes.append(note)
+            composition.origins[key] = "derived (another system's value)"
     for key, default in schema.items():  # type checks on every source's values
         current = OmegaConf.select(cfg, key, throw_on_missing=False)
         if not isinstance(current, (DictConfig,)):
-            coerced = _coerce(key, _plain(current), default, "the config")
-            if coerced is not current and not isinstance(coerced, list):
+            coerced = _coerce(key, _plain(current), default, "the config", fields.get(key))
+            if coerced is not current and (fields or not isinstance(coerced, list)):
                 OmegaConf.update(cfg, key, coerced, merge=False)
     OmegaConf.resolve(cfg)
-    return Composition(cfg, explicit, added, report.ignored, used)
+    if schema_cls is not None:
+        cfg = _structured(schema_cls, cfg, added)
+    composition.cfg = cfg
+    composition.explicit = explicit
+    composition.added = added
+    composition.ignored = report.ignored
+    composition.groups = used
+    return composition
+
+
+def _structured(schema_cls: type, cfg: DictConfig, added: dict[str, Any]) -> DictConfig:
+    """``cfg`` (checked and resolved) as a structured config of ``schema_cls``; ``added`` (``+key``) kept."""
+    values = OmegaConf.to_container(cfg, resolve=True)
+    for key in added:  # put back after the merge: the schema has no place for them
+        parent, _, leaf = key.rpartition(".")
+        node = lookup(values, parent) if parent else values
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    typed = OmegaConf.structured(schema_cls)
+    for key, (_, is_open) in sections(schema_cls).items():
+        if is_open:
+            OmegaConf.set_struct(OmegaConf.select(typed, key), False)
+    try:
+        typed = OmegaConf.merge(typed, values)
+        for key, leaf in leaves(schema_cls).items():  # a mapping is replaced, not merged (as deep_merge does)
+            if leaf.kind == "dict" and lookup(values, key) is not None:
+                OmegaConf.update(typed, key, lookup(values, key), merge=False)
+        for key, value in added.items():
+            OmegaConf.update(typed, key, value, merge=False, force_add=True)
+    except OmegaConfBaseException as exc:
+        where = getattr(exc, "full_key", None) or "the config"
+        raise ConfigError(f"{where}: {str(exc).splitlines()[0]}") from exc
+    return typed
 
 
 def model_specialization(base_dir: Path, choices: dict[str, str | None]) -> Path | None:

@@ -63,7 +63,7 @@ def _split_optional(hint: Any) -> tuple[Any, bool]:
     if typing.get_origin(hint) in (Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if len(args) < len(typing.get_args(hint)):
-            return (args[0] if len(args) == 1 else Union[tuple(args)]), True
+            return (args[0] if len(args) == 1 else Union[tuple(args)]), True  # noqa: UP007 - built from a tuple
     return hint, hint is Any
 
 

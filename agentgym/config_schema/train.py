@@ -8,7 +8,7 @@ module (``python -m agentgym.config_schema``); edit here, not there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from agentgym.config_schema.fields import section, setting
 
@@ -39,10 +39,10 @@ Compose order (later wins): this file, then the group files chosen in `defaults`
 class GroupDefaults:
     """The group file each group starts from (``defaults:`` at the top of ``train.yaml``)."""
 
-    algorithm: Optional[str] = setting(None, "configs/algorithm/<name>.yaml (env presets choose grpo)")
-    model: Optional[str] = setting(None, "configs/model/<name>.yaml (env presets choose tiny: its learning rate)")
-    server: Optional[str] = setting("embedded", "configs/server/<name>.yaml")
-    env: Optional[str] = setting(None, "`--env NAME` picks configs/env/NAME.yaml, else generic with env.name=NAME")
+    algorithm: str | None = setting(None, "configs/algorithm/<name>.yaml (env presets choose grpo)")
+    model: str | None = setting(None, "configs/model/<name>.yaml (env presets choose tiny: its learning rate)")
+    server: str | None = setting("embedded", "configs/server/<name>.yaml")
+    env: str | None = setting(None, "`--env NAME` picks configs/env/NAME.yaml, else generic with env.name=NAME")
 
 
 # ---- env, data -----------------------------------------------------------------------------
@@ -50,7 +50,7 @@ class GroupDefaults:
 
 @dataclass
 class EnvConfig:
-    name: Optional[str] = setting(
+    name: str | None = setting(
         None, "a registered env (`agentgym envs`); null with data.train_files: chosen from the rows"
     )
     kwargs: dict[str, Any] = setting({}, "constructor arguments: agentgym.make(env.name, **env.kwargs)")
@@ -64,7 +64,7 @@ class EnvConfig:
         "servers at env.urls); or where whole episodes run: workers (worker processes) | ray (Ray actors). "
         "See agentgym/rollout/executors.py",
     )
-    workers: Optional[int] = setting(None, "process / workers / ray: how many (null: CPUs)")
+    workers: int | None = setting(None, "process / workers / ray: how many (null: CPUs)")
     worker_executor: Literal["thread", "inline"] = setting(
         "thread", "workers / ray: env calls inside each worker: thread (timeouts hold) | inline"
     )
@@ -78,9 +78,7 @@ class EnvConfig:
     n_groups: list[int] = setting([], "custom_envs: each tag's groups per step (its share of data.train_batch_size)")
     val_tags: list[str] = setting([], "custom_envs: the tags validated on")
     val_n_groups: list[int] = setting([], "custom_envs: each validation tag's groups per validation")
-    max_traj_per_env: int = setting(
-        -1, "ROLL: most trajectories one env instance rolls out per step (-1: as needed)"
-    )
+    max_traj_per_env: int = setting(-1, "ROLL: most trajectories one env instance rolls out per step (-1: as needed)")
 
 
 @dataclass
@@ -88,17 +86,19 @@ class DataConfig:
     train_batch_size: int = setting(
         1024, "tasks (prompts) per step; the batch holds train_batch_size * rollout.n trajectories"
     )
-    gen_batch_size: Optional[int] = setting(
+    gen_batch_size: int | None = setting(
         None, "algorithm.filter_groups: tasks per rollout round (null: train_batch_size)"
     )
-    val_batch_size: Optional[int] = setting(
+    val_batch_size: int | None = setting(
         None, "tasks per validation run (null: every row of val_files, as veRL; else env.num_val_tasks)"
     )
     max_prompt_length: int = setting(
         512, "tokens before the first sampled token; longer trajectories are not trained on"
     )
     max_response_length: int = setting(512, "tokens from the first sampled token to the end, every turn included")
-    train_files: Any = setting(None, "dataset rows (.parquet/.jsonl, veRL format; a file or a list); the env's data_files")
+    train_files: Any = setting(
+        None, "dataset rows (.parquet/.jsonl, veRL format; a file or a list); the env's data_files"
+    )
     val_files: Any = setting(None, "the validation env's data_files")
     train_max_samples: int = setting(-1, "use only the first N rows of train_files (-1: all)")
     val_max_samples: int = setting(-1, "use only the first N rows of val_files (-1: all)")
@@ -108,9 +108,7 @@ class DataConfig:
         "data_source", "the column that picks the reward function (veRL's default_compute_score)"
     )
     return_raw_chat: bool = setting(True, "always on here: prompts are rendered from the chat messages")
-    filter_overlong_prompts: bool = setting(
-        False, "drop rows whose rendered prompt is longer than max_prompt_length"
-    )
+    filter_overlong_prompts: bool = setting(False, "drop rows whose rendered prompt is longer than max_prompt_length")
     truncation: Literal["error", "left", "right", "middle"] = setting(
         "error", "rows longer than max_prompt_length: error | left | right | middle"
     )
@@ -126,9 +124,7 @@ class DataConfig:
 class ModelConfig:
     path: str = setting("tiny", "'tiny' (built in), a Hugging Face model directory or hub name")
     enable_gradient_checkpointing: bool = setting(False, "veRL: true (memory for speed; the result is the same)")
-    use_remove_padding: bool = setting(
-        False, "pack each micro-batch's rows into one sequence (no padding); veRL: true"
-    )
+    use_remove_padding: bool = setting(False, "pack each micro-batch's rows into one sequence (no padding); veRL: true")
     dtype: str = setting("float32", "training dtype of the weights (bf16 on GPU: set fsdp_config.param_dtype)")
     lora_rank: int = setting(
         0,
@@ -156,7 +152,7 @@ class OptimConfig:
     lr_warmup_steps: int = setting(-1, "linear warm-up steps; > 0 wins over the ratio")
     lr_warmup_steps_ratio: float = setting(0.0, "warm-up as a share of the total training steps")
     warmup_style: Literal["constant", "cosine"] = setting("constant", "constant | cosine (after warm-up)")
-    lr_scheduler_type: Optional[Literal["constant", "cosine"]] = setting(
+    lr_scheduler_type: Literal["constant", "cosine"] | None = setting(
         None, "veRL's newer name for warmup_style; wins when set"
     )
     min_lr_ratio: float = setting(0.0, "cosine: the final lr as a share of lr")
@@ -186,7 +182,7 @@ class CheckpointConfig:
     save_contents: list[str] = setting(
         ["model", "optimizer", "extra"], "what a checkpoint holds: model | optimizer | extra (lr schedule, rng)"
     )
-    load_contents: Optional[list[str]] = setting(None, "what a resume reads (null: save_contents)")
+    load_contents: list[str] | None = setting(None, "what a resume reads (null: save_contents)")
 
 
 @dataclass
@@ -195,29 +191,27 @@ class ActorConfig:
         "auto", "auto | fsdp2 | dp | fsdp. auto: FSDP2 on CUDA, data-parallel all-reduce over gloo on CPU"
     )
     optim: OptimConfig = section(OptimConfig, "the actor's optimizer and learning-rate schedule")
-    ppo_mini_batch_size: Optional[int] = setting(
+    ppo_mini_batch_size: int | None = setting(
         256,
         "tasks per optimizer step (x rollout.n trajectories), split over the workers (null: data.train_batch_size)",
     )
-    ppo_micro_batch_size_per_gpu: Optional[int] = setting(
+    ppo_micro_batch_size_per_gpu: int | None = setting(
         8, "trajectories per forward/backward on one worker (veRL: must be set)"
     )
     use_dynamic_bsz: bool = setting(False, "micro-batches by token budget instead of row count")
-    ppo_max_token_len_per_gpu: int = setting(
-        16384, "use_dynamic_bsz: most tokens in one micro-batch on one worker"
-    )
+    ppo_max_token_len_per_gpu: int = setting(16384, "use_dynamic_bsz: most tokens in one micro-batch on one worker")
     ppo_epochs: int = setting(1, "passes over the step's batch")
     shuffle: bool = setting(False, "shuffle trajectories into mini-batches (seeded by trainer.seed and step)")
     clip_ratio: float = setting(0.2, "no effect while clip_ratio_low and clip_ratio_high are set (as in veRL)")
-    clip_ratio_low: Optional[float] = setting(0.2, "PPO's lower clip: ratio >= 1 - clip_ratio_low (null: clip_ratio)")
-    clip_ratio_high: Optional[float] = setting(0.2, "PPO's upper clip: ratio <= 1 + clip_ratio_high (null: clip_ratio)")
+    clip_ratio_low: float | None = setting(0.2, "PPO's lower clip: ratio >= 1 - clip_ratio_low (null: clip_ratio)")
+    clip_ratio_high: float | None = setting(0.2, "PPO's upper clip: ratio <= 1 + clip_ratio_high (null: clip_ratio)")
     clip_ratio_c: float = setting(3.0, "dual-clip bound for negative advantages")
     dual_clip_loss: bool = setting(True, "veRL always dual-clips; ROLL's switch (its default: false)")
     loss_agg_mode: str = setting(
         "token-mean",
         "token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm",
     )
-    loss_scale_factor: Optional[float] = setting(
+    loss_scale_factor: float | None = setting(
         None, "seq-mean-token-sum-norm's divisor (null: data.max_response_length)"
     )
     entropy_coeff: float = setting(0.0, "weight of the entropy bonus in the actor's loss")
@@ -234,7 +228,7 @@ class ActorConfig:
     use_rollout_log_probs: bool = setting(
         False, "use the servers' logprobs as old log-probs instead of recomputing them"
     )
-    log_prob_micro_batch_size_per_gpu: Optional[int] = setting(
+    log_prob_micro_batch_size_per_gpu: int | None = setting(
         None, "null: actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
     )
     fsdp_config: ActorFsdpConfig = section(ActorFsdpConfig, "FSDP2 settings (GPU)")
@@ -248,7 +242,7 @@ class RefFsdpConfig:
 
 @dataclass
 class RefConfig:
-    log_prob_micro_batch_size_per_gpu: Optional[int] = setting(
+    log_prob_micro_batch_size_per_gpu: int | None = setting(
         None, "null: actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
     )
     fsdp_config: RefFsdpConfig = section(RefFsdpConfig, "FSDP2 settings of the reference model (GPU)")
@@ -256,21 +250,21 @@ class RefConfig:
 
 @dataclass
 class MultiTurnConfig:
-    max_assistant_turns: Optional[int] = setting(None, "null: the env's own max_turns")
-    max_user_turns: Optional[int] = setting(None, "most env/interaction replies per episode (null: no limit)")
-    interaction_config_path: Optional[str] = setting(
+    max_assistant_turns: int | None = setting(None, "null: the env's own max_turns")
+    max_user_turns: int | None = setting(None, "most env/interaction replies per episode (null: no limit)")
+    interaction_config_path: str | None = setting(
         None, "veRL interaction YAML: dataset rows become interaction episodes"
     )
 
 
 @dataclass
 class AgentFlowConfig:
-    default_agent_flow: Optional[str] = setting(
+    default_agent_flow: str | None = setting(
         None,
         "env (the TextEnv runner on env.name) | a name in agent_flow_config_path | package.module:function "
         "(a black-box agent through the gateway); null: env",
     )
-    agent_flow_config_path: Optional[str] = setting(
+    agent_flow_config_path: str | None = setting(
         None, "YAML list of {name, _target_: package.module:function or .Class, kwargs...}"
     )
 
@@ -292,21 +286,21 @@ class RolloutConfig:
     top_p: float = setting(1.0, "nucleus sampling: keep the smallest set of tokens with this mass")
     top_k: int = setting(-1, "sample among the k likeliest tokens (-1: all)")
     do_sample: bool = setting(True, "false: greedy decoding (temperature 0)")
-    max_tokens_per_turn: Optional[int] = setting(None, "null: data.max_response_length")
-    log_prob_micro_batch_size_per_gpu: Optional[int] = setting(
+    max_tokens_per_turn: int | None = setting(None, "null: data.max_response_length")
+    log_prob_micro_batch_size_per_gpu: int | None = setting(
         16, "trajectories per forward when computing old log-probs (veRL: must be set)"
     )
     concurrency: int = setting(64, "episodes in flight at once")
     server_urls: list[str] = setting([], "existing policy servers; empty: start num_servers of our own")
-    server_admin_key: Optional[str] = setting(
+    server_admin_key: str | None = setting(
         None,
         "their admin key (weight updates); null: $AGENTGYM_SERVER_ADMIN_KEY. Servers we start get a new one",
     )
     num_servers: int = setting(1, "policy servers the trainer starts (without server_urls)")
-    device: Optional[str] = setting(None, "embedded servers: cpu | cuda (null: cuda when available)")
+    device: str | None = setting(None, "embedded servers: cpu | cuda (null: cuda when available)")
     gpu_memory_utilization: float = setting(0.5, "vllm / sglang servers")
     tensor_model_parallel_size: int = setting(1, "veRL: 2 (hardware; set it to your GPUs per engine)")
-    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = setting(
+    dtype: Literal["float32", "bfloat16", "float16"] | None = setting(
         None,
         "vllm / sglang: float32 | bfloat16 | float16; null: the model's own (torch_dtype in its config.json), "
         "so its logprobs match the trainer's (README, token fidelity)",
@@ -321,7 +315,7 @@ class RolloutConfig:
         {"vllm": {}, "sglang": {}}, "extra engine flags, e.g. {vllm: {swap_space: 4}}"
     )
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "episode length limits, veRL interactions")
-    sampling_seed: Optional[int] = setting(
+    sampling_seed: int | None = setting(
         None, "seed each request from (this, task seed, sample, turn): reproducible rollouts"
     )
     agent: AgentFlowConfig = section(
@@ -354,26 +348,24 @@ class CriticFsdpConfig:
 
 @dataclass
 class CriticModelConfig:
-    path: Optional[str] = setting(
-        None, "null: actor_rollout_ref.model.path (a value head on the same architecture)"
-    )
+    path: str | None = setting(None, "null: actor_rollout_ref.model.path (a value head on the same architecture)")
     fsdp_config: CriticFsdpConfig = section(CriticFsdpConfig, "FSDP2 settings of the critic (GPU)")
 
 
 @dataclass
 class CriticConfig:
-    enable: Optional[bool] = setting(None, "null: on exactly when algorithm.adv_estimator is gae")
+    enable: bool | None = setting(None, "null: on exactly when algorithm.adv_estimator is gae")
     model: CriticModelConfig = section(CriticModelConfig, "the value model")
     optim: OptimConfig = section(OptimConfig, "the critic's optimizer and learning-rate schedule", lr=1.0e-5)
-    ppo_mini_batch_size: Optional[int] = setting(None, "null: the actor's")
-    ppo_micro_batch_size_per_gpu: Optional[int] = setting(None, "null: the actor's")
-    use_dynamic_bsz: Optional[bool] = setting(None, "null: the actor's")
+    ppo_mini_batch_size: int | None = setting(None, "null: the actor's")
+    ppo_micro_batch_size_per_gpu: int | None = setting(None, "null: the actor's")
+    use_dynamic_bsz: bool | None = setting(None, "null: the actor's")
     ppo_max_token_len_per_gpu: int = setting(32768, "use_dynamic_bsz: most tokens in one micro-batch on one worker")
-    ppo_epochs: Optional[int] = setting(None, "null: the actor's")
+    ppo_epochs: int | None = setting(None, "null: the actor's")
     cliprange_value: float = setting(0.5, "clip the new values to the old ones +- this")
-    loss_agg_mode: Optional[str] = setting(None, "null: the actor's")
+    loss_agg_mode: str | None = setting(None, "null: the actor's")
     grad_clip: float = setting(1.0, "clip the critic's gradient global norm to this")
-    forward_micro_batch_size_per_gpu: Optional[int] = setting(
+    forward_micro_batch_size_per_gpu: int | None = setting(
         16, "trajectories per forward when computing values (veRL: must be set)"
     )
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the critic's checkpoints hold")
@@ -381,10 +373,10 @@ class CriticConfig:
 
 @dataclass
 class RewardModelModelConfig:
-    path: Optional[str] = setting(
+    path: str | None = setting(
         None, "an AutoModelForSequenceClassification directory (num_labels=1); its logit at the last token"
     )
-    input_tokenizer: Optional[str] = setting(
+    input_tokenizer: str | None = setting(
         "${actor_rollout_ref.model.path}",
         "decode replies with this and re-render the chat with the RM's template (veRL's default); null: "
         "score the policy's tokens as sampled (same template)",
@@ -401,11 +393,11 @@ class RewardModelConfig:
         {}, "dapo: {overlong_buffer_cfg: {enable, len, penalty_factor, log}, max_resp_len}"
     )
     model: RewardModelModelConfig = section(RewardModelModelConfig, "the reward model")
-    micro_batch_size_per_gpu: Optional[int] = setting(None, "rows per reward-model forward (null: 8)")
-    micro_batch_size: Optional[int] = setting(
+    micro_batch_size_per_gpu: int | None = setting(None, "rows per reward-model forward (null: 8)")
+    micro_batch_size: int | None = setting(
         None, "veRL's deprecated global size: used when micro_batch_size_per_gpu is null"
     )
-    max_length: Optional[int] = setting(
+    max_length: int | None = setting(
         None, "longer rows keep their first max_length tokens (veRL truncates on the right); null: no limit"
     )
     combine: Literal["replace", "add"] = setting(
@@ -420,17 +412,19 @@ class JudgeConfig:
         "pointwise",
         "pointwise: each trajectory alone | group: the n trajectories of a task against each other (RULER)",
     )
-    base_url: Optional[str] = setting(
+    base_url: str | None = setting(
         None, "e.g. http://127.0.0.1:8000/v1 (agentgym serve, vLLM) or a hosted API's /v1 URL"
     )
-    api_key_env: Optional[str] = setting(
+    api_key_env: str | None = setting(
         None, "the environment variable holding the endpoint's key (sent as Authorization: Bearer)"
     )
-    model: Optional[str] = setting(None, "the model name to ask for (null: the first of the endpoint's /v1/models)")
-    prompt_template: Optional[str] = setting(
+    model: str | None = setting(None, "the model name to ask for (null: the first of the endpoint's /v1/models)")
+    prompt_template: str | None = setting(
         None, "a file with the prompt (null: the built-in one of the mode); see docs/rewards.md for fields"
     )
-    score_range: list[float] = setting([0, 10], "pointwise: the scale the judge answers in; scores are mapped to [0, 1]")
+    score_range: list[float] = setting(
+        [0, 10], "pointwise: the scale the judge answers in; scores are mapped to [0, 1]"
+    )
     temperature: float = setting(0.0, "the judge's sampling temperature")
     max_tokens: int = setting(512, "most tokens of a judge's answer")
     concurrency: int = setting(8, "judge requests in flight at once")
@@ -446,7 +440,7 @@ class JudgeConfig:
 
 @dataclass
 class TeacherConfig:
-    path: Optional[str] = setting(
+    path: str | None = setting(
         None, "a model directory (or tiny) scored in a worker of its own (this process, or a Ray actor)"
     )
     server_urls: list[str] = setting(
@@ -455,8 +449,8 @@ class TeacherConfig:
     backend: Literal["vllm", "sglang"] = setting(
         "vllm", "the API of server_urls: vllm (prompt_logprobs) | sglang (input_token_logprobs)"
     )
-    model: Optional[str] = setting(None, "the served model name (null: the server's first)")
-    tokenizer: Optional[str] = setting(
+    model: str | None = setting(None, "the served model name (null: the server's first)")
+    tokenizer: str | None = setting(
         None, "the teacher's tokenizer, checked against the student's (null: path; needed with server_urls)"
     )
     micro_batch_size_per_gpu: int = setting(8, "sequences per teacher forward (path)")
@@ -467,12 +461,10 @@ class TeacherConfig:
 
 @dataclass
 class DistillationConfig:
-    enable: bool = setting(
-        False, "advantage of each sampled token += kl_coef * (teacher logprob - student logprob)"
-    )
+    enable: bool = setting(False, "advantage of each sampled token += kl_coef * (teacher logprob - student logprob)")
     kl_coef: float = setting(1.0, "weight of the per-token reverse KL (prime-rl's teacher_tau)")
     env_coef: float = setting(1.0, "weight of the env's advantage beside it (0: pure distillation)")
-    clip: Optional[float] = setting(
+    clip: float | None = setting(
         None, "clip each token's reverse KL to [-clip, clip] before it enters the advantage (null: none)"
     )
     teacher: TeacherConfig = section(TeacherConfig, "the teacher model")
@@ -480,7 +472,7 @@ class DistillationConfig:
 
 @dataclass
 class CustomRewardFunctionConfig:
-    path: Optional[str] = setting(None, "the Python file (null: the env's own reward)")
+    path: str | None = setting(None, "the Python file (null: the env's own reward)")
     name: str = setting("compute_score", "the function's name in it")
 
 
@@ -489,9 +481,7 @@ class CustomRewardFunctionConfig:
 
 @dataclass
 class GigpoConfig:
-    step_advantage_w: float = setting(
-        1.0, "weight of a turn's return against the turns of its group in the same state"
-    )
+    step_advantage_w: float = setting(1.0, "weight of a turn's return against the turns of its group in the same state")
     episode_advantage_w: float = setting(1.0, "weight of the episode's score against its group (GRPO's advantage)")
     mode: str = setting("mean_std_norm", "mean_std_norm | mean_norm: how a score is compared with its group's")
     step_grouping: str = setting(
@@ -501,9 +491,7 @@ class GigpoConfig:
 
 @dataclass
 class FilterGroupsConfig:
-    enable: bool = setting(
-        False, "keep sampling tasks until data.train_batch_size groups have a spread (or the cap)"
-    )
+    enable: bool = setting(False, "keep sampling tasks until data.train_batch_size groups have a spread (or the cap)")
     metric: str = setting("score", "score (the trajectory's reward as trained: turn + outcome) | acc (success)")
     max_num_gen_batches: int = setting(
         4,
@@ -522,7 +510,7 @@ class KlCtrlConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    rollout_is: Optional[str] = setting(
+    rollout_is: str | None = setting(
         None,
         "null: none (with use_rollout_log_probs, PPO clips against the behaviour policy) | token | sequence: "
         "decoupled PPO with truncated importance weights pi_old / pi_behav",
@@ -567,7 +555,7 @@ class AlgorithmConfig:
         "see Trajectory.token_rewards",
     )
     outcome_reward_coef: float = setting(1.0, "the outcome reward's weight in the token rewards (turn_reward_coef)")
-    turn_reward_from: Optional[str] = setting(
+    turn_reward_from: str | None = setting(
         None,
         "a per-turn fact the env reports (Turn.metrics key, e.g. sokoban's format_reward) used as each turn's "
         "reward in training instead of the env's step reward (agentgym/rewards/turn_facts.py)",
@@ -580,14 +568,14 @@ class AlgorithmConfig:
         RewardNormalizationConfig,
         "ROLL's reward shaping, applied to each trajectory's reward before the advantage estimator",
     )
-    reward_norm: Optional[Literal["batch", "group", "running"]] = setting(
+    reward_norm: Literal["batch", "group", "running"] | None = setting(
         None, "null | batch | group | running: normalise rewards (ROLL's reward_norm)"
     )
     reward_shift: bool = setting(False, "reward_norm: subtract the mean only")
     reward_scale: bool = setting(False, "reward_norm=running: divide by the std only")
-    reward_clip: Optional[float] = setting(None, "clip rewards to [-reward_clip, reward_clip]")
+    reward_clip: float | None = setting(None, "clip rewards to [-reward_clip, reward_clip]")
     whiten_advantages: bool = setting(False, "whiten the advantages over the batch")
-    advantage_clip: Optional[float] = setting(None, "clip advantages to [-advantage_clip, advantage_clip]")
+    advantage_clip: float | None = setting(None, "clip advantages to [-advantage_clip, advantage_clip]")
 
 
 # ---- the run --------------------------------------------------------------------------------------
@@ -596,9 +584,9 @@ class AlgorithmConfig:
 @dataclass
 class TrainerSettings:
     project_name: str = setting("agentgym", "the project the run belongs to (run directory, loggers)")
-    experiment_name: Optional[str] = setting(None, "null: <env or agent>-<adv_estimator>")
+    experiment_name: str | None = setting(None, "null: <env or agent>-<adv_estimator>")
     total_epochs: int = setting(30, "dataset envs: passes over data.train_files")
-    total_training_steps: Optional[int] = setting(None, "wins over total_epochs; generated envs need it")
+    total_training_steps: int | None = setting(None, "wins over total_epochs; generated envs need it")
     logger: list[str] = setting(
         ["console", "jsonl"], "console | jsonl | tensorboard | wandb (metrics.jsonl is always written)"
     )
@@ -609,19 +597,19 @@ class TrainerSettings:
     val_only: bool = setting(False, "validate once and stop (no training)")
     critic_warmup: int = setting(0, "steps that train only the critic before the actor starts")
     resume_mode: Literal["auto", "disable", "resume_path"] = setting("auto", "auto | disable | resume_path")
-    resume_from_path: Optional[str] = setting(None, "resume_mode=resume_path: a global_step_N directory")
-    default_local_dir: Optional[str] = setting(
+    resume_from_path: str | None = setting(None, "resume_mode=resume_path: a global_step_N directory")
+    default_local_dir: str | None = setting(
         None, "checkpoints, logs, final model (null: outputs/<project_name>/<experiment_name>)"
     )
     save_hf_model: bool = setting(True, "write the final policy as a Hugging Face directory (<dir>/huggingface)")
-    max_actor_ckpt_to_keep: Optional[int] = setting(None, "keep only the newest N checkpoints (null: all)")
-    max_critic_ckpt_to_keep: Optional[int] = setting(
+    max_actor_ckpt_to_keep: int | None = setting(None, "keep only the newest N checkpoints (null: all)")
+    max_critic_ckpt_to_keep: int | None = setting(
         None, "checkpoints hold actor and critic together: the smaller of the two wins"
     )
     n_gpus_per_node: int = setting(1, "data-parallel workers per node (on CPU: worker processes); veRL: 8")
     nnodes: int = setting(1, "nodes of the training pool (Ray)")
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto | cpu | cuda")
-    cpu_threads_per_worker: Optional[int] = setting(None, "torch threads in each CPU worker (null: cores / workers)")
+    cpu_threads_per_worker: int | None = setting(None, "torch threads in each CPU worker (null: cores / workers)")
     seed: int = setting(0, "seeds the task order, the model's initialisation and the sampling")
     use_ray: bool = setting(True, "false: run the workers in this process (one worker; fast tests)")
     max_failed_episode_frac: float = setting(
@@ -639,9 +627,7 @@ class WarmStartConfig:
     enable: bool = setting(False, "the sokoban preset turns it on")
     demos: int = setting(10000, "expert episodes (agentgym demos), on seeds demo_seed_start ..")
     demo_seed_start: int = setting(2000000, "disjoint from RL's (env.train_seed_start ..) and the held-out seeds")
-    demos_file: Optional[str] = setting(
-        None, "or a JSONL of chat conversations of your own (then no demos are written)"
-    )
+    demos_file: str | None = setting(None, "or a JSONL of chat conversations of your own (then no demos are written)")
     sft: dict[str, Any] = setting({}, "configs/sft.yaml keys for the SFT stage, e.g. {optim: {lr: 3.0e-3}}")
 
 
@@ -678,13 +664,11 @@ class AsyncTrainingConfig:
     require_batches: int = setting(
         1, "batches (data.train_batch_size tasks each) the trainer takes from the DataPool at once"
     )
-    partial_rollout: bool = setting(
-        False, "at a push, abort running generations and continue them on the new weights"
-    )
+    partial_rollout: bool = setting(False, "at a push, abort running generations and continue them on the new weights")
     use_rollout_log_probs: bool = setting(
         False, "the servers' logprobs are the behaviour policy's (actor.use_rollout_log_probs follows)"
     )
-    max_queue_size: Optional[int] = setting(
+    max_queue_size: int | None = setting(
         None, "complete groups waiting in the DataPool before the rollout side stops starting tasks"
     )
     checkpoint_engine: CheckpointEngineConfig = section(CheckpointEngineConfig, "weight pushes that overlap training")
@@ -692,10 +676,10 @@ class AsyncTrainingConfig:
 
 @dataclass
 class RayInitConfig:
-    address: Optional[str] = setting(None, "null: start a local cluster; 'auto' or host:port joins an existing one")
-    num_cpus: Optional[int] = setting(None, "CPUs of a local cluster (null: all)")
+    address: str | None = setting(None, "null: start a local cluster; 'auto' or host:port joins an existing one")
+    num_cpus: int | None = setting(None, "CPUs of a local cluster (null: all)")
     include_dashboard: bool = setting(False, "start Ray's dashboard")
-    timeline_json_file: Optional[str] = setting(
+    timeline_json_file: str | None = setting(
         None, "write Ray's timeline (chrome://tracing JSON) here at the end of the run"
     )
 
