@@ -607,8 +607,10 @@ def compose(
                 if target is None:
                     continue
                 key = target
-        if key not in added:
-            value = _coerce(key, value, schema.get(key), "the command line", fields.get(key))
+        leaf = fields.get(key)
+        if key not in added and (leaf is None or (value is not None and leaf.kind != "choice")):
+            # choices and nulls are checked below, once another system's spellings are translated
+            value = _coerce(key, value, schema.get(key), "the command line", leaf)
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
         explicit.update(flatten(value, key) if isinstance(value, dict) else {key: value})
         composition.mark(value, "command line", key)
@@ -622,7 +624,9 @@ def compose(
     for key, default in schema.items():  # type checks on every source's values
         current = OmegaConf.select(cfg, key, throw_on_missing=False)
         if not isinstance(current, (DictConfig,)):
-            coerced = _coerce(key, _plain(current), default, "the config", fields.get(key))
+            where = composition.origin(key)
+            where = {"command line": "the command line", "default": "the config"}.get(where, where)
+            coerced = _coerce(key, _plain(current), default, where, fields.get(key))
             if coerced is not current and (fields or not isinstance(coerced, list)):
                 OmegaConf.update(cfg, key, coerced, merge=False)
     OmegaConf.resolve(cfg)

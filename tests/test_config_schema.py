@@ -132,7 +132,10 @@ def test_origins_name_where_each_value_came_from(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("trainer:\n  seed: 3\n")
     composition = compose_training(
-        "sokoban", path, ["data.train_batch_size=8", "~trainer.seed"], config_name="async_ppo_trainer"
+        "sokoban",
+        path,
+        ["data.train_batch_size=8", "~trainer.seed", "algorithm.filter_groups.enable=false"],
+        config_name="async_ppo_trainer",
     )
     origin = composition.origin
     assert origin("data.train_batch_size") == "command line"
