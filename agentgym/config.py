@@ -7,10 +7,12 @@ beside the package (``<repo>/configs``: a checkout or an editable install), then
 ``./configs`` in the working directory; ``config_dir()`` says where it looked when it finds
 none.
 
-How a config is made (``compose_config``), later steps winning:
+How a config is made (``compose``), later steps winning:
 
-1. ``configs/train.yaml``: every key a run may set, with its default. Its ``defaults``
-   mapping picks one file per group: ``algorithm``, ``model``, ``server``, ``env``.
+1. The schema, ``agentgym.config_schema.TrainConfig`` (``configs/train.yaml`` is written from it):
+   every key a run may set, with its type, default and help. Its ``GroupDefaults`` pick one file per
+   group: ``algorithm``, ``model``, ``server``, ``env``. (``sft``, ``generation``, ``evaluation``: their
+   YAML file is their schema.)
 2. The chosen group files, ``configs/<group>/<choice>.yaml``, merged at the top level.
    ``--env NAME`` picks ``configs/env/NAME.yaml`` when it exists, else ``env/generic.yaml``
    with ``env.name=NAME``. A bare ``group=choice`` on the command line picks another file
@@ -31,13 +33,14 @@ How a config is made (``compose_config``), later steps winning:
    again: it gets the value it had before ``--config FILE`` (train.yaml's and the groups').
    ``hydra_config_file`` turns Hydra's ``--config-path DIR --config-name NAME`` into the file to load.
 
-Every key must be one ``train.yaml`` has (every typo is reported at once, each with the
-closest valid key named) and every value of its default's type. A ``key_policy`` may accept a
-key train.yaml lacks (another system's key with no effect here: dropped and listed in
-``Composition.ignored``) or refuse it with a reason. This module knows nothing of what the keys
-mean: the trainer (``agentgym.trainer.config.load_config``) fills the defaults that follow from
-others and rejects values outside their choices and batch sizes that cannot divide, before any
-work starts.
+Every key must be one the schema has (every typo is reported at once, each with the closest valid key
+named) and every value of its field's type, one of its choices where the field is a ``Literal``
+(``agentgym.config_schema.values``); the result is a structured config of the schema, so values keep
+their types. A ``key_policy`` may accept a key the schema lacks (another system's key with no effect
+here: dropped and listed in ``Composition.ignored``) or refuse it with a reason; a ``value_policy``
+translates another system's spelling of a value first. ``Composition.origins`` says where each value
+came from (``agentgym config --show``). What values mean together (derived defaults, batch sizes that
+must divide) is the trainer's: ``agentgym.trainer.config.load_config``.
 """
 
 from __future__ import annotations
@@ -45,43 +48,24 @@ from __future__ import annotations
 import copy
 import difflib
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from agentgym.config_schema import Leaf, base_defaults, leaves, schema_of, sections
+from agentgym.config_schema import ConfigError, base_defaults, leaves, schema_of
+from agentgym.config_schema.keys import KeyPolicy, KeyReport, check_keys, flatten, is_open
+from agentgym.config_schema.values import check_value, structured
 
 GROUPS = ("algorithm", "model", "server", "env")
 # Whole schemas (train.yaml, and the other commands' own); any other top-level file is a named config
 BASE_CONFIGS = ("train", "sft", "generation", "evaluation")
-# Sections whose keys are free: passed through to a constructor, an engine or ray.init.
-OPEN_SECTIONS = (
-    "env.kwargs",
-    "env.val_kwargs",
-    "ray_init",
-    "actor_rollout_ref.rollout.engine_kwargs",
-    "data.apply_chat_template_kwargs",
-    "env.custom_envs",
-    "reward_model.reward_kwargs",
-    "warm_start.sft",
-)  # warm_start.sft: configs/sft.yaml's keys, checked by the warm start
-
-KeyPolicy = Callable[[str, Any], "tuple[str, str] | None"]
 ValuePolicy = Callable[[Callable[[str], Any]], "list[tuple[str, Any, str]]"]
 """``get -> [(key, value, note)]``: values another system spells another way, read with ``get(key)`` from the
 composed values and replaced by ``value`` before the type checks (``note`` says why, ``Composition.notes``)."""
-"""``(key, value) -> (verdict, text)`` for a key train.yaml lacks, or None (a typo): ``("ignore",
-reason)`` accepts it with no effect, ``("refuse", reason)`` rejects it, ``("alias", other_key)``
-sets ``other_key`` instead (another system's name for a key agentgym has)."""
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message names the key and what to do."""
 
 
 @dataclass
@@ -249,217 +233,6 @@ def hydra_config_file(config_path: str | None, config_name: str | None) -> Path:
     return path
 
 
-# ---- key checks --------------------------------------------------------------------------
-
-
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (empty mappings stay as leaves)."""
-    if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=False)
-    out: dict[str, Any] = {}
-    if isinstance(node, dict) and node:
-        for key, value in node.items():
-            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    else:
-        out[prefix] = node
-    return out
-
-
-def _is_open(key: str) -> bool:
-    return any(key == s or key.startswith(s + ".") for s in OPEN_SECTIONS)
-
-
-def closest_key(key: str, known: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the most likely intended key, or ``""``. A right leaf name under
-    a wrong section names every place that leaf is a key (the misplaced-key case)."""
-    known = list(known)
-    leaf = key.rsplit(".", 1)[-1]
-    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
-    if same_leaf:
-        places = sorted(same_leaf, key=lambda k: -difflib.SequenceMatcher(None, key, k).ratio())[:3]
-        return " Did you mean " + " or ".join(repr(p) for p in places) + "?"
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(
-        key, known, n=1, cutoff=0.3
-    )
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-_closest = closest_key
-
-
-def _prefixes(schema: Iterable[str]) -> set[str]:
-    return {k.rsplit(".", i)[0] for k in schema for i in range(1, k.count(".") + 1)}
-
-
-class _KeyReport:
-    """Collects every unknown key of a composition, so all are reported at once."""
-
-    def __init__(self, schema: dict[str, Any], policy: KeyPolicy | None) -> None:
-        self.known = set(schema)
-        self.prefixes = _prefixes(schema)
-        self.policy = policy
-        self.errors: list[str] = []
-        self.ignored: dict[str, str] = {}
-
-    def check(self, key: str, value: Any, where: str, add_hint: bool = False) -> str | None:
-        """The key to set for ``key`` (itself, or what it is an alias of), or None when it is not
-        set: an unknown key is recorded (an error, or ignored by the policy)."""
-        if not key or key in self.known or _is_open(key) or key in self.prefixes:
-            return key
-        verdict = self.policy(key, value) if self.policy is not None else None
-        if verdict is not None and verdict[0] == "alias":
-            return verdict[1]
-        if verdict is not None and verdict[0] == "ignore":
-            self.ignored[key] = verdict[1]
-            return None
-        if verdict is not None:
-            self.errors.append(f"{key} (from {where}): {verdict[1]}")
-            return None
-        extra = f" To add a key on purpose, write +{key}=..." if add_hint else ""
-        self.errors.append(f"unknown config key {key!r} (from {where}).{closest_key(key, self.known)}{extra}")
-        return None
-
-    def check_mapping(self, data: dict[str, Any], where: str) -> dict[str, Any]:
-        """``data`` without the keys the policy ignores, aliases renamed (errors are recorded). The policy
-        judges each value with the file's own interpolations resolved (a dumped veRL config writes
-        ``${oc.select:...}`` for values that are harmless once resolved); the values kept stay as written."""
-        keep: dict[str, Any] = {}
-        view = flatten(resolved_where_possible(data))
-        for key, value in flatten(data).items():
-            target = self.check(key, view.get(key, value), where)
-            if target is not None:
-                keep[target] = value
-        return _unflatten(keep)
-
-    def raise_errors(self) -> None:
-        if len(self.errors) == 1:
-            raise ConfigError(self.errors[0])
-        if self.errors:
-            raise ConfigError(f"{len(self.errors)} config keys cannot be used:\n  " + "\n  ".join(self.errors))
-
-
-def resolved_where_possible(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with each ``${...}`` resolved within ``data`` itself where it can be (others left as written)."""
-    conf = OmegaConf.create(data)
-    try:
-        return OmegaConf.to_container(conf, resolve=True)
-    except Exception:  # noqa: BLE001 - some interpolation points outside the file: resolve key by key
-        pass
-    out: dict[str, Any] = {}
-    for key, value in flatten(data).items():
-        if isinstance(value, str) and "${" in value:
-            try:
-                value = OmegaConf.select(conf, key, throw_on_resolution_failure=True)
-                value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-            except Exception:  # noqa: BLE001 - kept as written
-                pass
-        out[key] = value
-    return _unflatten(out)
-
-
-def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return out
-
-
-def check_keys(data: dict[str, Any], schema: dict[str, Any], where: str) -> None:
-    """Every key in ``data`` must be a key of ``schema`` (train.yaml) or under an open section."""
-    report = _KeyReport(schema, None)
-    report.check_mapping(data, where)
-    report.raise_errors()
-
-
-def choice_error(key: str, value: object, allowed: Sequence[object]) -> ConfigError:
-    """``key=value`` is not one of ``allowed`` (the closest named)."""
-    names = [str(a) for a in allowed]
-    close = difflib.get_close_matches(str(value), names, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"{key}={value!r} is not one of {', '.join(names)}.{hint}")
-
-
-_KINDS = {"bool": "true or false", "int": "a number", "float": "a number", "str": "a string", "list": "a list"}
-
-
-def _coerce(key: str, value: Any, default: Any, where: str, leaf: Leaf | None = None) -> Any:
-    """Check ``value`` against its field's type (``leaf``; without one, a schema file's default's type):
-    ints become floats where a float is expected, a whole float an int where an int is."""
-    if leaf is not None:
-        return _coerce_field(key, value, leaf, where)
-    if default is None or value is None or _is_open(key):
-        return value
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} takes true or false, got {value!r} (from {where})")
-    elif isinstance(default, (int, float)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} takes a number, got {value!r} (from {where})")
-        if isinstance(default, float):
-            return float(value)
-    elif isinstance(default, str):
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{key} takes a string, got {value!r} (from {where})")
-        return str(value)
-    elif isinstance(default, list) and not isinstance(value, list):
-        return [value]
-    return value
-
-
-def _number(key: str, value: Any, kind: str, where: str) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{key} takes a number, got {value!r} (from {where})")
-    if kind == "float":
-        return float(value)
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ConfigError(f"{key} takes a whole number, got {value!r} (from {where})")
-        return int(value)
-    return value
-
-
-def _coerce_field(key: str, value: Any, leaf: Leaf, where: str) -> Any:
-    kind = leaf.kind
-    if value is None:
-        if leaf.optional:
-            return None
-        what = _KINDS.get(
-            kind, "one of " + ", ".join(str(c) for c in leaf.choices or ()) if kind == "choice" else "a value"
-        )
-        raise ConfigError(
-            f"{key} takes {what}, not null (from {where}); leave it out to keep its default {leaf.default!r}"
-        )
-    if kind == "choice":
-        if value not in leaf.choices:  # type: ignore[operator]
-            raise choice_error(key, value, leaf.choices)  # type: ignore[arg-type]
-        return value
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} takes true or false, got {value!r} (from {where})")
-        return value
-    if kind in ("int", "float"):
-        return _number(key, value, kind, where)
-    if kind == "str":
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{key} takes a string, got {value!r} (from {where})")
-        return str(value)
-    if kind == "list":
-        items = value if isinstance(value, list) else [value]
-        item = leaf.item_type
-        if item in (int, float):
-            return [_number(f"{key} item", v, item.__name__, where) for v in items]
-        if item is str:
-            return [str(v) if not isinstance(v, (dict, list)) else v for v in items]
-        return items
-    if kind == "dict" and not isinstance(value, dict):
-        raise ConfigError(f"{key} takes a mapping (e.g. {{a: 1}}), got {value!r} (from {where})")
-    return value
-
-
 # ---- composing -----------------------------------------------------------------------------
 
 
@@ -497,7 +270,7 @@ def compose(
     choices: dict[str, str | None] = dict(base.pop("defaults", {}) or {})
     schema = flatten(base)
     fields = leaves(schema_cls) if schema_cls is not None else {}
-    report = _KeyReport(schema, key_policy)
+    report = KeyReport(schema, key_policy)
     user_choices: set[str] = set()
     composition = Composition(OmegaConf.create())
 
@@ -585,7 +358,7 @@ def compose(
 
     explicit = set(flatten(user))
     for key in removed:  # Hydra's ~key: the value the file did not set (train.yaml's and the groups')
-        if key not in schema and not _is_open(key) and key not in report.prefixes:
+        if key not in schema and not is_open(key) and key not in report.prefixes:
             report.ignored[key] = "removed with ~ (not a key agentgym has)"
             continue
         OmegaConf.update(cfg, key, copy.deepcopy(lookup(before_user, key)), merge=False, force_add=True)
@@ -598,7 +371,7 @@ def compose(
     dotted = [d for d in dotted if not any(d[0] == r or d[0].startswith(r + ".") for r in removed)]
     added: dict[str, Any] = {}
     for key, value, add in dotted:
-        if key not in schema and not _is_open(key) and key not in report.prefixes:
+        if key not in schema and not is_open(key) and key not in report.prefixes:
             verdict = report.policy(key, value) if report.policy is not None else None
             if add and verdict is None:  # Hydra's +key=: a key nobody defines, kept and listed
                 added[key] = value
@@ -610,7 +383,7 @@ def compose(
         leaf = fields.get(key)
         if key not in added and (leaf is None or (value is not None and leaf.kind != "choice")):
             # choices and nulls are checked below, once another system's spellings are translated
-            value = _coerce(key, value, schema.get(key), "the command line", leaf)
+            value = check_value(key, value, "the command line", leaf, schema.get(key), is_open(key))
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
         explicit.update(flatten(value, key) if isinstance(value, dict) else {key: value})
         composition.mark(value, "command line", key)
@@ -626,43 +399,18 @@ def compose(
         if not isinstance(current, (DictConfig,)):
             where = composition.origin(key)
             where = {"command line": "the command line", "default": "the config"}.get(where, where)
-            coerced = _coerce(key, _plain(current), default, where, fields.get(key))
+            coerced = check_value(key, _plain(current), where, fields.get(key), default, is_open(key))
             if coerced is not current and (fields or not isinstance(coerced, list)):
                 OmegaConf.update(cfg, key, coerced, merge=False)
     OmegaConf.resolve(cfg)
     if schema_cls is not None:
-        cfg = _structured(schema_cls, cfg, added)
+        cfg = structured(schema_cls, cfg, added)
     composition.cfg = cfg
     composition.explicit = explicit
     composition.added = added
     composition.ignored = report.ignored
     composition.groups = used
     return composition
-
-
-def _structured(schema_cls: type, cfg: DictConfig, added: dict[str, Any]) -> DictConfig:
-    """``cfg`` (checked and resolved) as a structured config of ``schema_cls``; ``added`` (``+key``) kept."""
-    values = OmegaConf.to_container(cfg, resolve=True)
-    for key in added:  # put back after the merge: the schema has no place for them
-        parent, _, leaf = key.rpartition(".")
-        node = lookup(values, parent) if parent else values
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    typed = OmegaConf.structured(schema_cls)
-    for key, (_, is_open) in sections(schema_cls).items():
-        if is_open:
-            OmegaConf.set_struct(OmegaConf.select(typed, key), False)
-    try:
-        typed = OmegaConf.merge(typed, values)
-        for key, leaf in leaves(schema_cls).items():  # a mapping is replaced, not merged (as deep_merge does)
-            if leaf.kind == "dict" and lookup(values, key) is not None:
-                OmegaConf.update(typed, key, lookup(values, key), merge=False)
-        for key, value in added.items():
-            OmegaConf.update(typed, key, value, merge=False, force_add=True)
-    except OmegaConfBaseException as exc:
-        where = getattr(exc, "full_key", None) or "the config"
-        raise ConfigError(f"{where}: {str(exc).splitlines()[0]}") from exc
-    return typed
 
 
 def model_specialization(base_dir: Path, choices: dict[str, str | None]) -> Path | None:

@@ -9,10 +9,11 @@ import pytest
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from agentgym.config import OPEN_SECTIONS, ConfigError, compose, config_dir, flatten
+from agentgym.config import ConfigError, compose, config_dir, flatten
 from agentgym.config_schema import TrainConfig, base_defaults, leaves
 from agentgym.config_schema.__main__ import main as write_yaml
 from agentgym.config_schema.__main__ import train_yaml
+from agentgym.config_schema.keys import OPEN_SECTIONS
 from agentgym.trainer.config import CHOICES, load_config
 
 FIELDS = leaves(TrainConfig)

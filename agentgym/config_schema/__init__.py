@@ -1,9 +1,11 @@
 """The configuration schemas: every key a command's config may set, with its type, default and help text.
 
 One dataclass per section, veRL's dotted names kept (``actor_rollout_ref.actor.optim.lr``): ``train.py``
-holds ``agentgym train``'s (``TrainConfig``, and ``GroupDefaults``: the group files a config starts from).
-A package rather than one module so each command's schema reads as a file of its own beside the helpers
-(``fields.py``) and the YAML writer (``render.py``).
+holds ``agentgym train``'s (``TrainConfig``, and ``GroupDefaults``: the group files a config starts from),
+``policy.py`` its ``actor_rollout_ref`` and ``critic`` sections. A package rather than one module, so the
+schema reads as files of their own beside the helpers: ``fields.py`` (declaring and listing fields),
+``keys.py`` (a key against the schema), ``values.py`` (a value against its field; the structured config),
+``render.py`` (the schema as commented YAML).
 
 ``agentgym.config.compose`` starts from a schema's defaults, checks every key and value against its
 fields, and returns a structured DictConfig of it (``cfg.a.b`` access, each value of its field's type).
@@ -15,7 +17,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym.config_schema.fields import Leaf, choices, defaults, leaves, section, sections, setting
+from agentgym.config_schema.fields import (
+    ConfigError,
+    Leaf,
+    choice_error,
+    choices,
+    defaults,
+    leaves,
+    section,
+    sections,
+    setting,
+)
 from agentgym.config_schema.train import GroupDefaults, TrainConfig
 
 SCHEMAS: dict[str, tuple[type, type | None]] = {"train": (TrainConfig, GroupDefaults)}
@@ -42,10 +54,12 @@ def base_defaults(base_name: str) -> dict[str, Any] | None:
 
 __all__ = [
     "SCHEMAS",
+    "ConfigError",
     "GroupDefaults",
     "Leaf",
     "TrainConfig",
     "base_defaults",
+    "choice_error",
     "choices",
     "defaults",
     "leaves",

@@ -10,6 +10,7 @@ from pathlib import Path
 from agentgym.config_schema.render import to_yaml
 from agentgym.config_schema.train import HEADER, GroupDefaults, TrainConfig
 
+CHECKOUT_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # a checkout's (a wheel copies it in)
 GENERATED = "Written by `python -m agentgym.config_schema` from agentgym/config_schema/train.py: edit there."
 
 
@@ -20,11 +21,9 @@ def train_yaml() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agentgym.config_schema", description=__doc__)
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the file is out of date")
-    parser.add_argument("--configs", default=None, help="the configs/ directory (default: agentgym's)")
+    parser.add_argument("--configs", default=None, help="the configs/ directory (default: the checkout's)")
     args = parser.parse_args(argv)
-    from agentgym.config import config_dir
-
-    path = Path(args.configs or config_dir()) / "train.yaml"
+    path = Path(args.configs or CHECKOUT_CONFIGS) / "train.yaml"
     text = train_yaml()
     if args.check:
         if path.read_text() != text:

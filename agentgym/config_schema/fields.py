@@ -10,11 +10,25 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal, Union
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the key and what to do."""
+
+
+def choice_error(key: str, value: object, allowed: Sequence[object]) -> ConfigError:
+    """``key=value`` is not one of ``allowed`` (the closest named)."""
+    names = [str(a) for a in allowed]
+    close = difflib.get_close_matches(str(value), names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"{key}={value!r} is not one of {', '.join(names)}.{hint}")
 
 
 def setting(default: Any, help: str) -> Any:  # noqa: A002 - the metadata key argparse and TRL use

@@ -20,8 +20,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.compat.verl import VERL_LEFT_NULL, verl_key_policy, verl_values
-from agentgym.config import Composition, ConfigError, choice_error, compose, flatten
-from agentgym.config_schema import TrainConfig, choices, leaves
+from agentgym.config import Composition, ConfigError, compose, flatten
+from agentgym.config_schema import TrainConfig, choice_error, choices, leaves
 from agentgym.trainer import algos
 
 log = logging.getLogger("agentgym.config")
