@@ -10,21 +10,23 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from agentgym.config import ConfigError, compose, config_dir, flatten
-from agentgym.config_schema import TrainConfig, base_defaults, leaves
+from agentgym.config_schema import SFTConfig, TrainConfig, base_defaults, leaves
+from agentgym.config_schema.__main__ import files
 from agentgym.config_schema.__main__ import main as write_yaml
-from agentgym.config_schema.__main__ import train_yaml
 from agentgym.config_schema.keys import OPEN_SECTIONS
 from agentgym.trainer.config import CHOICES, load_config
 
 FIELDS = leaves(TrainConfig)
 
 
-def test_every_field_has_a_help_text_that_does_not_restate_its_default():
-    missing = [key for key, leaf in FIELDS.items() if not leaf.help.strip()]
+@pytest.mark.parametrize("schema", [TrainConfig, SFTConfig])
+def test_every_field_has_a_help_text_that_does_not_restate_its_default(schema):
+    fields = leaves(schema)
+    missing = [key for key, leaf in fields.items() if not leaf.help.strip()]
     assert not missing, f"fields without help: {missing}"
     restating = [
         key
-        for key, leaf in FIELDS.items()
+        for key, leaf in fields.items()
         if leaf.default not in (None, "", [], {})
         and re.search(rf"\(\s*(default:?\s*)?{re.escape(str(leaf.default))}\s*\)", leaf.help)
     ]
@@ -32,13 +34,15 @@ def test_every_field_has_a_help_text_that_does_not_restate_its_default():
 
 
 def test_checked_in_train_yaml_is_what_the_schema_writes(tmp_path):
-    assert (config_dir() / "train.yaml").read_text() == train_yaml(), (
-        "configs/train.yaml is out of date: run python -m agentgym.config_schema"
-    )
+    for name, text in files().items():
+        assert (config_dir() / name).read_text() == text, (
+            f"configs/{name} is out of date: run python -m agentgym.config_schema"
+        )
     (tmp_path / "train.yaml").write_text("stale\n")
     assert write_yaml(["--check", "--configs", str(tmp_path)]) == 1
     assert write_yaml(["--configs", str(tmp_path)]) == 0
     assert write_yaml(["--check", "--configs", str(tmp_path)]) == 0
+    assert OmegaConf.to_container(OmegaConf.create((tmp_path / "sft.yaml").read_text())) == base_defaults("sft")
     text = (tmp_path / "train.yaml").read_text()
     assert OmegaConf.to_container(OmegaConf.create(text)) == base_defaults("train")
     assert "lr: 1.0e-06" in text and "# learning rate (AdamW)" in text  # key, default, help as a comment
@@ -166,3 +170,13 @@ def test_agentgym_config_show_prints_values_with_origins(capsys):
     assert "Did you mean 'data.train_batch_size'" in capsys.readouterr().err
     assert main(["config"]) == 2
     assert "--show" in capsys.readouterr().err
+
+
+def test_sft_config_is_typed_too():
+    from agentgym.stages.sft import load_sft_config
+
+    cfg = load_sft_config(overrides=["data.train_files=demos.jsonl", "optim.lr=1"], warn=False)
+    assert OmegaConf.get_type(cfg) is SFTConfig
+    assert type(cfg.optim.lr) is float and cfg.trainer.default_local_dir == "outputs/agentgym-sft/sft"
+    with pytest.raises(ConfigError, match=r"data\.train_batch_size takes a number"):
+        load_sft_config(overrides=["data.train_files=demos.jsonl", "data.train_batch_size=many"])

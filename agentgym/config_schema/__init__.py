@@ -2,15 +2,15 @@
 
 One dataclass per section, veRL's dotted names kept (``actor_rollout_ref.actor.optim.lr``): ``train.py``
 holds ``agentgym train``'s (``TrainConfig``, and ``GroupDefaults``: the group files a config starts from),
-``policy.py`` its ``actor_rollout_ref`` and ``critic`` sections. A package rather than one module, so the
-schema reads as files of their own beside the helpers: ``fields.py`` (declaring and listing fields),
-``keys.py`` (a key against the schema), ``values.py`` (a value against its field; the structured config),
-``render.py`` (the schema as commented YAML).
+``policy.py`` its ``actor_rollout_ref`` and ``critic`` sections, ``sft.py`` ``agentgym sft``'s
+(``SFTConfig``). A package rather than one module, so each schema reads as a file of its own beside the
+helpers: ``fields.py`` (declaring and listing fields), ``keys.py`` (a key against the schema),
+``values.py`` (a value against its field; the structured config), ``render.py`` (a schema as YAML).
 
 ``agentgym.config.compose`` starts from a schema's defaults, checks every key and value against its
 fields, and returns a structured DictConfig of it (``cfg.a.b`` access, each value of its field's type).
-``configs/train.yaml`` is documentation written from the schema: ``python -m agentgym.config_schema``
-rewrites it, ``--check`` says whether it is current.
+``configs/train.yaml`` and ``configs/sft.yaml`` are documentation written from the schemas:
+``python -m agentgym.config_schema`` rewrites them, ``--check`` says whether they are current.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from agentgym.config_schema.fields import (
     sections,
     setting,
 )
+from agentgym.config_schema.sft import SFTConfig
 from agentgym.config_schema.train import GroupDefaults, TrainConfig
 
-SCHEMAS: dict[str, tuple[type, type | None]] = {"train": (TrainConfig, GroupDefaults)}
-"""Base config name -> (its schema, its group defaults). The other base configs (``sft``, ``generation``,
-``evaluation``) are still their YAML files."""
+SCHEMAS: dict[str, tuple[type, type | None]] = {"train": (TrainConfig, GroupDefaults), "sft": (SFTConfig, None)}
+"""Base config name -> (its schema, its group defaults). The other base configs (``generation``,
+``evaluation``, a dozen keys each) are still their YAML files."""
 
 
 def schema_of(base_name: str) -> type | None:
@@ -56,6 +57,7 @@ __all__ = [
     "SCHEMAS",
     "ConfigError",
     "GroupDefaults",
+    "SFTConfig",
     "Leaf",
     "TrainConfig",
     "base_defaults",
