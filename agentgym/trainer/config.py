@@ -1,12 +1,13 @@
-"""The training config: ``agentgym.config``'s composed YAML, with the trainer's meaning.
+"""The training config: ``agentgym.config``'s composed ``TrainConfig``, with the trainer's meaning.
 
-``load_config`` composes (``agentgym.config.compose``: files, groups, overrides, key and type
-checks, with veRL's keys understood through ``agentgym.compat.verl``), then ``resolve``
-fills the ``null`` defaults that follow from other keys (critic on for ``gae``, critic batch sizes
-from the actor's, the run's name, ...) and ``validate`` rejects values outside their choices
-(every enum, checked at load; algorithm names come from the registries in
-``agentgym.trainer.algos``) and batch sizes that cannot divide, before any work starts. Keys that
-have no effect under the chosen settings are warned about once (``config_notes``).
+``load_config`` composes (``agentgym.config.compose``: the schema ``agentgym.config_schema.TrainConfig``,
+files, groups, overrides, key, type and choice checks, with veRL's keys and spellings understood through
+``agentgym.compat.verl``), then ``resolve`` fills the ``null`` defaults that follow from other keys (critic
+on for ``gae``, critic batch sizes from the actor's, the run's name, ...) and ``validate`` rejects values
+outside their choices (algorithm names come from the registries in ``agentgym.trainer.algos``) and batch
+sizes that cannot divide, before any work starts. Keys that have no effect under the chosen settings are
+warned about once (``config_notes``). The result is a structured config: every key present, every value
+of its field's type.
 """
 
 from __future__ import annotations
