@@ -458,7 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, veRL names")
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("config", help="translate a veRL, ROLL, ChatLearn or Claw-R1 config into agentgym's")
+    p = sub.add_parser(
+        "config",
+        help="translate a veRL, ROLL, ChatLearn or Claw-R1 config into agentgym's; --show: print ours, with origins",
+    )
     p.add_argument("--from", dest="from_system", default=None, choices=["verl", "roll", "chatlearn", "claw-r1"])
     p.add_argument("--show", action="store_true", help="print the composed training config with each value's origin")
     p.add_argument("--env", default=None, help="--show: the env preset to compose (as agentgym train --env)")
