@@ -144,3 +144,15 @@ sample_tokens  # sampling by GenerationParams rows, tests/test_server.py
 # ---- pending: agentgym/config.py belongs to the typed-configuration work (issue 32, item 1), which
 # either makes compose_config the one entry point its docstring names or deletes it
 compose_config
+
+# ---- config fields read by dotted name (OmegaConf.select, cfg[key], the key tables in compat/) or accepted as
+# another system's key with no effect here (the schema must still declare them: agentgym/config_schema)
+num_cycles
+free_cache_engine
+gen_batch_size
+turn_reward_from
+max_critic_ckpt_to_keep
+max_failed_episode_frac
+shutdown_timeout
+num_cpus
+include_dashboard

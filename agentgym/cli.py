@@ -33,7 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("agentgym.stages.train_command", "train a policy with PPO/GRPO on an env or an agent program"),
     "config": (
         "agentgym.stages.config_command",
-        "translate a veRL, ROLL, ChatLearn or Claw-R1 config into agentgym's",
+        "translate a veRL, ROLL, ChatLearn or Claw-R1 config into agentgym's; --show: print ours, with origins",
     ),
     "gateway": (
         "agentgym.gateway.command",

@@ -7,10 +7,12 @@ beside the package (``<repo>/configs``: a checkout or an editable install), then
 ``./configs`` in the working directory; ``config_dir()`` says where it looked when it finds
 none.
 
-How a config is made (``compose_config``), later steps winning:
+How a config is made (``compose``), later steps winning:
 
-1. ``configs/train.yaml``: every key a run may set, with its default. Its ``defaults``
-   mapping picks one file per group: ``algorithm``, ``model``, ``server``, ``env``.
+1. The schema, ``agentgym.config_schema.TrainConfig`` (``configs/train.yaml`` is written from it):
+   every key a run may set, with its type, default and help. Its ``GroupDefaults`` pick one file per
+   group: ``algorithm``, ``model``, ``server``, ``env``. (``sft``, ``generation``, ``evaluation``: their
+   YAML file is their schema.)
 2. The chosen group files, ``configs/<group>/<choice>.yaml``, merged at the top level.
    ``--env NAME`` picks ``configs/env/NAME.yaml`` when it exists, else ``env/generic.yaml``
    with ``env.name=NAME``. A bare ``group=choice`` on the command line picks another file
@@ -31,13 +33,14 @@ How a config is made (``compose_config``), later steps winning:
    again: it gets the value it had before ``--config FILE`` (train.yaml's and the groups').
    ``hydra_config_file`` turns Hydra's ``--config-path DIR --config-name NAME`` into the file to load.
 
-Every key must be one ``train.yaml`` has (every typo is reported at once, each with the
-closest valid key named) and every value of its default's type. A ``key_policy`` may accept a
-key train.yaml lacks (another system's key with no effect here: dropped and listed in
-``Composition.ignored``) or refuse it with a reason. This module knows nothing of what the keys
-mean: the trainer (``agentgym.trainer.config.load_config``) fills the defaults that follow from
-others and rejects values outside their choices and batch sizes that cannot divide, before any
-work starts.
+Every key must be one the schema has (every typo is reported at once, each with the closest valid key
+named) and every value of its field's type, one of its choices where the field is a ``Literal``
+(``agentgym.config_schema.values``); the result is a structured config of the schema, so values keep
+their types. A ``key_policy`` may accept a key the schema lacks (another system's key with no effect
+here: dropped and listed in ``Composition.ignored``) or refuse it with a reason; a ``value_policy``
+translates another system's spelling of a value first. ``Composition.origins`` says where each value
+came from (``agentgym config --show``). What values mean together (derived defaults, batch sizes that
+must divide) is the trainer's: ``agentgym.trainer.config.load_config``.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,29 +56,16 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from agentgym.config_schema import ConfigError, base_defaults, leaves, schema_of
+from agentgym.config_schema.keys import KeyPolicy, KeyReport, check_keys, flatten, is_open
+from agentgym.config_schema.values import check_value, structured
+
 GROUPS = ("algorithm", "model", "server", "env")
 # Whole schemas (train.yaml, and the other commands' own); any other top-level file is a named config
 BASE_CONFIGS = ("train", "sft", "generation", "evaluation")
-# Sections whose keys are free: passed through to a constructor, an engine or ray.init.
-OPEN_SECTIONS = (
-    "env.kwargs",
-    "env.val_kwargs",
-    "ray_init",
-    "actor_rollout_ref.rollout.engine_kwargs",
-    "data.apply_chat_template_kwargs",
-    "env.custom_envs",
-    "reward_model.reward_kwargs",
-    "warm_start.sft",
-)  # warm_start.sft: configs/sft.yaml's keys, checked by the warm start
-
-KeyPolicy = Callable[[str, Any], "tuple[str, str] | None"]
-"""``(key, value) -> (verdict, text)`` for a key train.yaml lacks, or None (a typo): ``("ignore",
-reason)`` accepts it with no effect, ``("refuse", reason)`` rejects it, ``("alias", other_key)``
-sets ``other_key`` instead (another system's name for a key agentgym has)."""
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message names the key and what to do."""
+ValuePolicy = Callable[[Callable[[str], Any]], "list[tuple[str, Any, str]]"]
+"""``get -> [(key, value, note)]``: values another system spells another way, read with ``get(key)`` from the
+composed values and replaced by ``value`` before the type checks (``note`` says why, ``Composition.notes``)."""
 
 
 @dataclass
@@ -88,6 +78,24 @@ class Composition:
     ignored: dict[str, str] = field(default_factory=dict)  # accepted keys with no effect: key -> reason
     groups: dict[str, str] = field(default_factory=dict)  # the group files used
     notes: list[str] = field(default_factory=list)  # values read another system's way (the loader's notes)
+    origins: dict[str, str] = field(default_factory=dict)  # leaf key -> where its value came from (unset: default)
+
+    def origin(self, key: str) -> str:
+        """Where ``key``'s value came from: its own origin, else the nearest section's, else ``default``."""
+        while key:
+            if key in self.origins:
+                return self.origins[key]
+            key = key.rpartition(".")[0]
+        return "default"
+
+    def mark(self, data: dict[str, Any], where: str, prefix: str = "") -> None:
+        """Record ``where`` as the origin of every leaf of ``data`` (nested at ``prefix``)."""
+        for key in flatten(data, prefix):
+            if not key:
+                continue
+            for inner in [k for k in self.origins if k.startswith(key + ".")]:
+                del self.origins[inner]
+            self.origins[key] = where
 
 
 # ---- finding and reading files ----------------------------------------------------------
@@ -225,153 +233,6 @@ def hydra_config_file(config_path: str | None, config_name: str | None) -> Path:
     return path
 
 
-# ---- key checks --------------------------------------------------------------------------
-
-
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (empty mappings stay as leaves)."""
-    if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=False)
-    out: dict[str, Any] = {}
-    if isinstance(node, dict) and node:
-        for key, value in node.items():
-            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    else:
-        out[prefix] = node
-    return out
-
-
-def _is_open(key: str) -> bool:
-    return any(key == s or key.startswith(s + ".") for s in OPEN_SECTIONS)
-
-
-def closest_key(key: str, known: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the most likely intended key, or ``""``. A right leaf name under
-    a wrong section names every place that leaf is a key (the misplaced-key case)."""
-    known = list(known)
-    leaf = key.rsplit(".", 1)[-1]
-    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
-    if same_leaf:
-        places = sorted(same_leaf, key=lambda k: -difflib.SequenceMatcher(None, key, k).ratio())[:3]
-        return " Did you mean " + " or ".join(repr(p) for p in places) + "?"
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6) or difflib.get_close_matches(
-        key, known, n=1, cutoff=0.3
-    )
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-_closest = closest_key
-
-
-def _prefixes(schema: Iterable[str]) -> set[str]:
-    return {k.rsplit(".", i)[0] for k in schema for i in range(1, k.count(".") + 1)}
-
-
-class _KeyReport:
-    """Collects every unknown key of a composition, so all are reported at once."""
-
-    def __init__(self, schema: dict[str, Any], policy: KeyPolicy | None) -> None:
-        self.known = set(schema)
-        self.prefixes = _prefixes(schema)
-        self.policy = policy
-        self.errors: list[str] = []
-        self.ignored: dict[str, str] = {}
-
-    def check(self, key: str, value: Any, where: str, add_hint: bool = False) -> str | None:
-        """The key to set for ``key`` (itself, or what it is an alias of), or None when it is not
-        set: an unknown key is recorded (an error, or ignored by the policy)."""
-        if not key or key in self.known or _is_open(key) or key in self.prefixes:
-            return key
-        verdict = self.policy(key, value) if self.policy is not None else None
-        if verdict is not None and verdict[0] == "alias":
-            return verdict[1]
-        if verdict is not None and verdict[0] == "ignore":
-            self.ignored[key] = verdict[1]
-            return None
-        if verdict is not None:
-            self.errors.append(f"{key} (from {where}): {verdict[1]}")
-            return None
-        extra = f" To add a key on purpose, write +{key}=..." if add_hint else ""
-        self.errors.append(f"unknown config key {key!r} (from {where}).{closest_key(key, self.known)}{extra}")
-        return None
-
-    def check_mapping(self, data: dict[str, Any], where: str) -> dict[str, Any]:
-        """``data`` without the keys the policy ignores, aliases renamed (errors are recorded). The policy
-        judges each value with the file's own interpolations resolved (a dumped veRL config writes
-        ``${oc.select:...}`` for values that are harmless once resolved); the values kept stay as written."""
-        keep: dict[str, Any] = {}
-        view = flatten(resolved_where_possible(data))
-        for key, value in flatten(data).items():
-            target = self.check(key, view.get(key, value), where)
-            if target is not None:
-                keep[target] = value
-        return _unflatten(keep)
-
-    def raise_errors(self) -> None:
-        if len(self.errors) == 1:
-            raise ConfigError(self.errors[0])
-        if self.errors:
-            raise ConfigError(f"{len(self.errors)} config keys cannot be used:\n  " + "\n  ".join(self.errors))
-
-
-def resolved_where_possible(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with each ``${...}`` resolved within ``data`` itself where it can be (others left as written)."""
-    conf = OmegaConf.create(data)
-    try:
-        return OmegaConf.to_container(conf, resolve=True)
-    except Exception:  # noqa: BLE001 - some interpolation points outside the file: resolve key by key
-        pass
-    out: dict[str, Any] = {}
-    for key, value in flatten(data).items():
-        if isinstance(value, str) and "${" in value:
-            try:
-                value = OmegaConf.select(conf, key, throw_on_resolution_failure=True)
-                value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-            except Exception:  # noqa: BLE001 - kept as written
-                pass
-        out[key] = value
-    return _unflatten(out)
-
-
-def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return out
-
-
-def check_keys(data: dict[str, Any], schema: dict[str, Any], where: str) -> None:
-    """Every key in ``data`` must be a key of ``schema`` (train.yaml) or under an open section."""
-    report = _KeyReport(schema, None)
-    report.check_mapping(data, where)
-    report.raise_errors()
-
-
-def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
-    """Check ``value`` against the default's type; ints become floats where a float is expected."""
-    if default is None or value is None or _is_open(key):
-        return value
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} takes true or false, got {value!r} (from {where})")
-    elif isinstance(default, (int, float)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} takes a number, got {value!r} (from {where})")
-        if isinstance(default, float):
-            return float(value)
-    elif isinstance(default, str):
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{key} takes a string, got {value!r} (from {where})")
-        return str(value)
-    elif isinstance(default, list) and not isinstance(value, list):
-        return [value]
-    return value
-
-
 # ---- composing -----------------------------------------------------------------------------
 
 
@@ -383,24 +244,35 @@ def compose(
     *,
     env_group: str | None = None,
     key_policy: KeyPolicy | None = None,
+    value_policy: ValuePolicy | None = None,
     base_file: str = "train.yaml",
     config_name: str | None = None,
 ) -> Composition:
-    """Compose ``train.yaml``, its group files, ``config_file`` and ``overrides`` (see the module
-    docstring); ``env_group`` picks an env group file without naming an env (``--agent`` runs);
-    ``base_file``: another schema in ``configs/`` (``generation.yaml``, ``evaluation.yaml``);
-    ``config_name``: a named config overlaying it (``async_ppo_trainer``, see ``named_config``).
-    Every unknown key of every source is reported in one ``ConfigError``."""
+    """Compose the base config (``train.yaml``: the schema ``agentgym.config_schema.TrainConfig``), its group
+    files, ``config_file`` and ``overrides`` (see the module docstring); ``env_group`` picks an env group file
+    without naming an env (``--agent`` runs); ``base_file``: another base config in ``configs/``
+    (``generation.yaml``, ``evaluation.yaml``: their YAML file is their schema); ``config_name``: a named
+    config overlaying it (``async_ppo_trainer``, see ``named_config``); ``value_policy``: values another system
+    spells another way, replaced before the type checks. Every unknown key of every source is reported in one
+    ``ConfigError``. With a schema, the result is a structured DictConfig of it: every value of its field's type."""
     base_dir = Path(directory) if directory is not None else config_dir()
-    if not (base_dir / base_file).is_file():
-        raise ConfigError(
-            f"no config {base_dir / base_file}; choices: {', '.join(sorted(p.stem for p in base_dir.glob('*.yaml')))}"
-        )
-    base = read_yaml(base_dir / base_file)
+    base_name = Path(base_file).stem
+    schema_cls = schema_of(base_name) if base_file.endswith(".yaml") else None
+    if schema_cls is not None:
+        base = base_defaults(base_name) or {}
+    else:
+        if not (base_dir / base_file).is_file():
+            raise ConfigError(
+                f"no config {base_dir / base_file}; choices: "
+                f"{', '.join(sorted(p.stem for p in base_dir.glob('*.yaml')))}"
+            )
+        base = read_yaml(base_dir / base_file)
     choices: dict[str, str | None] = dict(base.pop("defaults", {}) or {})
     schema = flatten(base)
-    report = _KeyReport(schema, key_policy)
+    fields = leaves(schema_cls) if schema_cls is not None else {}
+    report = KeyReport(schema, key_policy)
     user_choices: set[str] = set()
+    composition = Composition(OmegaConf.create())
 
     named = named_config(base_dir, config_name, base_file, schema) if config_name else {}
     choices.update(named.pop("defaults", {}) or {})
@@ -462,6 +334,7 @@ def compose(
         data = env_data if group == "env" else read_yaml(path)
         check_keys(data, schema, str(path))
         merged = deep_merge(merged, data)
+        composition.mark(data, f"group file {group}/{choices[group]}.yaml")
         used[group] = str(choices[group])
     special = model_specialization(base_dir, choices)
     if special is not None:  # the env preset's settings for the chosen model win over both files
@@ -469,26 +342,36 @@ def compose(
         check_keys(data, schema, str(special))
         merged = deep_merge(merged, data)
         used["env/model"] = f"{choices['env']}/{choices['model']}"
+        composition.mark(data, f"group file env/{used['env/model']}.yaml")
     if env_name_override is not None:
         merged = deep_merge(merged, {"env": {"name": env_name_override}})
+        composition.mark({"env": {"name": env_name_override}}, f"--env {env_name_override}")
     if named:
         merged = deep_merge(merged, named)
+        composition.mark(named, f"named config {config_name}")
     before_user = copy.deepcopy(merged)
+    origins_before_user = dict(composition.origins)
     if user:
         merged = deep_merge(merged, user)
+        composition.mark(user, f"--config {config_file}")
     cfg = OmegaConf.create(merged)
 
     explicit = set(flatten(user))
     for key in removed:  # Hydra's ~key: the value the file did not set (train.yaml's and the groups')
-        if key not in schema and not _is_open(key) and key not in report.prefixes:
+        if key not in schema and not is_open(key) and key not in report.prefixes:
             report.ignored[key] = "removed with ~ (not a key agentgym has)"
             continue
         OmegaConf.update(cfg, key, copy.deepcopy(lookup(before_user, key)), merge=False, force_add=True)
         explicit.difference_update({k for k in explicit if k == key or k.startswith(key + ".")})
+        for inner in [k for k in composition.origins if k == key or k.startswith(key + ".")]:
+            del composition.origins[inner]
+        composition.origins.update(
+            {k: v for k, v in origins_before_user.items() if k == key or k.startswith(key + ".")}
+        )
     dotted = [d for d in dotted if not any(d[0] == r or d[0].startswith(r + ".") for r in removed)]
     added: dict[str, Any] = {}
     for key, value, add in dotted:
-        if key not in schema and not _is_open(key) and key not in report.prefixes:
+        if key not in schema and not is_open(key) and key not in report.prefixes:
             verdict = report.policy(key, value) if report.policy is not None else None
             if add and verdict is None:  # Hydra's +key=: a key nobody defines, kept and listed
                 added[key] = value
@@ -497,19 +380,37 @@ def compose(
                 if target is None:
                     continue
                 key = target
-        value = _coerce(key, value, schema.get(key), "the command line")
+        leaf = fields.get(key)
+        if key not in added and (leaf is None or (value is not None and leaf.kind != "choice")):
+            # choices and nulls are checked below, once another system's spellings are translated
+            value = check_value(key, value, "the command line", leaf, schema.get(key), is_open(key))
         OmegaConf.update(cfg, key, value, merge=False, force_add=True)
         explicit.update(flatten(value, key) if isinstance(value, dict) else {key: value})
+        composition.mark(value, "command line", key)
     report.raise_errors()
 
+    if value_policy is not None:
+        for key, value, note in value_policy(lambda k: OmegaConf.select(cfg, k)):
+            OmegaConf.update(cfg, key, value, merge=False)
+            composition.notes.append(note)
+            composition.origins[key] = "derived (another system's value)"
     for key, default in schema.items():  # type checks on every source's values
         current = OmegaConf.select(cfg, key, throw_on_missing=False)
         if not isinstance(current, (DictConfig,)):
-            coerced = _coerce(key, _plain(current), default, "the config")
-            if coerced is not current and not isinstance(coerced, list):
+            where = composition.origin(key)
+            where = {"command line": "the command line", "default": "the config"}.get(where, where)
+            coerced = check_value(key, _plain(current), where, fields.get(key), default, is_open(key))
+            if coerced is not current and (fields or not isinstance(coerced, list)):
                 OmegaConf.update(cfg, key, coerced, merge=False)
     OmegaConf.resolve(cfg)
-    return Composition(cfg, explicit, added, report.ignored, used)
+    if schema_cls is not None:
+        cfg = structured(schema_cls, cfg, added)
+    composition.cfg = cfg
+    composition.explicit = explicit
+    composition.added = added
+    composition.ignored = report.ignored
+    composition.groups = used
+    return composition
 
 
 def model_specialization(base_dir: Path, choices: dict[str, str | None]) -> Path | None:

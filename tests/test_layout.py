@@ -73,6 +73,11 @@ ALLOWED = {
         "stages",
     },
 }
+ALLOWED["config_schema"] = set()  # agentgym/config_schema/ (the typed configuration): wherever config goes
+for _allowed in ALLOWED.values():
+    if "config" in _allowed:
+        _allowed.add("config_schema")
+ALLOWED["config"].add("config_schema")
 ALLOWED["progress"] = set()  # agentgym/progress.py (bars for terminals and logs): every part may import it
 for _name in ALLOWED:
     if _name != "progress":

@@ -15,23 +15,21 @@ from typing import Any
 
 from agentgym.compat.translate import ANY, KeyMap, Translation, engine_or_embedded, translate
 from agentgym.compat.verl import verl_key_policy
-from agentgym.config import config_dir, flatten, lookup, read_yaml
+from agentgym.config import flatten, lookup
+from agentgym.config_schema import TrainConfig, defaults
+from agentgym.config_schema.keys import is_open
 
 AR = "actor_rollout_ref"
 
 
 @lru_cache(maxsize=1)
 def schema() -> frozenset[str]:
-    """Every leaf key of ``configs/train.yaml``."""
-    base = read_yaml(config_dir() / "train.yaml")
-    base.pop("defaults", None)
-    return frozenset(flatten(base))
+    """Every leaf key of ``configs/train.yaml`` (the schema ``agentgym.config_schema.TrainConfig``)."""
+    return frozenset(flatten(defaults(TrainConfig)))
 
 
 def _open(key: str) -> bool:
-    from agentgym.config import OPEN_SECTIONS
-
-    return any(key == s or key.startswith(s + ".") for s in OPEN_SECTIONS)
+    return is_open(key)
 
 
 def _verl_key(tr: Translation, key: str, value: Any, system: str) -> None:

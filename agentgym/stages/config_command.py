@@ -171,7 +171,11 @@ def config_file_of(args: argparse.Namespace, base: str) -> str | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--from", dest="from_system", required=True, choices=list(SYSTEMS))
+    parser.add_argument("--from", dest="from_system", default=None, choices=list(SYSTEMS))
+    parser.add_argument(
+        "--show", action="store_true", help="print the composed training config with each value's origin"
+    )
+    parser.add_argument("--env", default=None, help="--show: the env preset to compose (as agentgym train --env)")
     parser.add_argument(
         "file", nargs="?", default=None, help="their YAML config (or --config-path DIR --config-name NAME)"
     )
@@ -180,9 +184,79 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default=None, help="write the agentgym config here (default: stdout)")
 
 
+def show_config(
+    env: str | None = None,
+    config_file: str | None = None,
+    overrides: Sequence[str] = (),
+    config_path: str | None = None,
+    config_name: str | None = None,
+) -> str:
+    """``agentgym train``'s config for these arguments, one ``key: value  # origin`` line per key: where each
+    value came from (default, a group file, a named config, --config FILE, the command line, or derived by
+    ``load_config``). Another system's file or keys are translated first, as ``agentgym train`` does."""
+    from agentgym.config import flatten
+    from agentgym.config_schema.render import scalar
+    from agentgym.trainer.config import compose_training
+
+    line = resolve_command_line(config_file, overrides, config_path, config_name)
+    try:
+        composition = compose_training(env, line.config_file, line.overrides, config_name=line.config_name)
+    finally:
+        line.delete()
+    values = flatten(composition.cfg)
+    width = max(len(f"{key}: {scalar(value)}") for key, value in values.items()) + 2
+    header = [f"# {note}" for text in line.notes for note in text.splitlines()]
+    header += [f"# {note}" for note in composition.notes]
+    header.append(
+        "# agentgym train's config"
+        + (f" for --env {env}" if env else "")
+        + ", each value with its origin"
+        + (
+            f" (group files: {', '.join(f'{g}={c}' for g, c in composition.groups.items())})"
+            if composition.groups
+            else ""
+        )
+    )
+    body = [
+        f"{key}: {scalar(value)}".ljust(min(width, 72)) + f"  # {composition.origin(key)}"
+        for key, value in values.items()
+        if key not in composition.added
+    ]
+    for key, value in composition.added.items():
+        body.append(f"{key}: {scalar(value)}  # command line (+key: read by nothing in agentgym)")
+    return "\n".join(header + body) + "\n"
+
+
+def show_command(args: argparse.Namespace) -> int:
+    """``agentgym config --show [--env NAME] [FILE.yaml] [KEY=VALUE ...]``."""
+    items = list(args.overrides)
+    config_file = None
+    if args.file:  # the positional FILE: a config file when it names one, else the first override
+        if "=" not in args.file and args.file.endswith((".yaml", ".yml")):
+            config_file = args.file
+        else:
+            items.insert(0, args.file)
+    try:
+        text = show_config(args.env, config_file, items, args.config_path, args.config_name)
+    except (ConfigError, OSError) as exc:
+        print(f"agentgym config: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    """``agentgym config --from SYSTEM FILE [KEY=VALUE ...] [-o OUT]``."""
+    """``agentgym config --from SYSTEM FILE [KEY=VALUE ...] [-o OUT]``, or ``agentgym config --show ...``."""
+    if args.show:
+        return show_command(args)
     system, path = args.from_system, args.file
+    if system is None:
+        print(
+            "agentgym config: give --from SYSTEM THEIR.yaml (translate another system's config) or --show "
+            "(print agentgym's composed config with each value's origin)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         if args.config_path or args.config_name:
             if path:

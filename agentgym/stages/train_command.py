@@ -20,9 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from agentgym.config import ConfigError
+from agentgym.config_schema.train import TrainerSettings
 from agentgym.trainer.config import load_config
 from agentgym.trainer.run import agent_source, describe, rollout_servers, train
 
@@ -227,8 +228,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         restore_signals()
         remove_handler(handler)
-    timeout = OmegaConf.select(cfg, "trainer.shutdown_timeout", default=10.0) if cfg is not None else 10.0
-    return exit_without_stuck_threads(code, float(timeout), threads_before)
+    # a config that failed to load has no trainer.shutdown_timeout yet: the schema's default then
+    timeout = cfg.trainer.shutdown_timeout if cfg is not None else TrainerSettings.shutdown_timeout
+    return exit_without_stuck_threads(code, timeout, threads_before)
 
 
 def check_stages(cfg: DictConfig) -> None:

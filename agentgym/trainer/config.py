@@ -1,12 +1,13 @@
-"""The training config: ``agentgym.config``'s composed YAML, with the trainer's meaning.
+"""The training config: ``agentgym.config``'s composed ``TrainConfig``, with the trainer's meaning.
 
-``load_config`` composes (``agentgym.config.compose``: files, groups, overrides, key and type
-checks, with veRL's keys understood through ``agentgym.compat.verl``), then ``resolve``
-fills the ``null`` defaults that follow from other keys (critic on for ``gae``, critic batch sizes
-from the actor's, the run's name, ...) and ``validate`` rejects values outside their choices
-(every enum, checked at load; algorithm names come from the registries in
-``agentgym.trainer.algos``) and batch sizes that cannot divide, before any work starts. Keys that
-have no effect under the chosen settings are warned about once (``config_notes``).
+``load_config`` composes (``agentgym.config.compose``: the schema ``agentgym.config_schema.TrainConfig``,
+files, groups, overrides, key, type and choice checks, with veRL's keys and spellings understood through
+``agentgym.compat.verl``), then ``resolve`` fills the ``null`` defaults that follow from other keys (critic
+on for ``gae``, critic batch sizes from the actor's, the run's name, ...) and ``validate`` rejects values
+outside their choices (algorithm names come from the registries in ``agentgym.trainer.algos``) and batch
+sizes that cannot divide, before any work starts. Keys that have no effect under the chosen settings are
+warned about once (``config_notes``). The result is a structured config: every key present, every value
+of its field's type.
 """
 
 from __future__ import annotations
@@ -14,38 +15,20 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.compat.verl import VERL_LEFT_NULL, verl_key_policy, verl_values
-from agentgym.config import Composition, ConfigError, compose, config_dir, flatten, read_yaml
+from agentgym.config import Composition, ConfigError, compose, flatten
+from agentgym.config_schema import TrainConfig, choice_error, choices, leaves
 from agentgym.trainer import algos
 
 log = logging.getLogger("agentgym.config")
 
-CHOICES = {
-    "actor_rollout_ref.rollout.name": ("embedded", "vllm", "sglang"),
-    "actor_rollout_ref.actor.strategy": ("auto", "fsdp2", "dp", "fsdp"),
-    "actor_rollout_ref.actor.optim.warmup_style": ("constant", "cosine"),
-    "critic.optim.warmup_style": ("constant", "cosine"),
-    "trainer.resume_mode": ("auto", "disable", "resume_path"),
-    "trainer.device": ("auto", "cpu", "cuda"),
-    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
-    "data.truncation": ("error", "left", "right", "middle"),
-    "reward_model.reward_manager": ("naive", "dapo", "prime"),
-    "reward_model.combine": ("replace", "add"),
-    "judge.mode": ("pointwise", "group"),
-    "judge.combine": ("replace", "add"),
-    "distillation.teacher.backend": ("vllm", "sglang"),
-    "algorithm.reward_normalization.grouping": ("state", "batch", "inductive"),
-    "algorithm.reward_normalization.method": ("identity", "mean", "mean_std", "asym_clip"),
-    "algorithm.reward_norm": (None, "batch", "group", "running"),
-    "env.executor": ("thread", "process", "inline", "openenv", "workers", "ray"),
-    "env.worker_executor": ("thread", "inline"),
-    "actor_rollout_ref.rollout.dtype": (None, "float32", "bfloat16", "float16"),
-}
+CHOICES = choices(TrainConfig)
+"""Key -> the values it may take (the schema's ``Literal`` fields; checked as the config is composed)."""
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
@@ -90,20 +73,14 @@ def compose_training(
         directory,
         env_group="agent" if agent and env is None else None,
         key_policy=verl_key_policy,
+        value_policy=verl_value_policy,
         config_name=config_name,
     )
-    for key, theirs, ours, why in verl_values(lambda k: OmegaConf.select(composition.cfg, k)):
-        OmegaConf.update(composition.cfg, key, ours, merge=False)
-        composition.notes.append(f"{key}={theirs}: {why} ({key}={ours})")
-    for key in VERL_LEFT_NULL:
-        if OmegaConf.select(composition.cfg, key) is None:
-            default = _train_default(key, directory)
-            OmegaConf.update(composition.cfg, key, default, merge=False)
-            composition.notes.append(
-                f"{key}=null (veRL leaves it for the launch script to set): agentgym's default "
-                f"{default} ({MEMORY_ONLY})"
-            )
+    before = flatten(composition.cfg)
     resolve(composition.cfg, agent=agent)
+    for key, value in flatten(composition.cfg).items():
+        if before.get(key, value) != value:
+            composition.origins[key] = "derived by load_config"
     validate(composition.cfg)
     return composition
 
@@ -111,9 +88,19 @@ def compose_training(
 MEMORY_ONLY = "a micro-batch size trades memory for speed; the trained result is the same"
 
 
-def _train_default(key: str, directory: str | os.PathLike[str] | None) -> object:
-    base = read_yaml((Path(directory) if directory is not None else config_dir()) / "train.yaml")
-    return flatten(base).get(key)
+def verl_value_policy(get: Callable[[str], Any]) -> list[tuple[str, Any, str]]:
+    """veRL's spellings of agentgym values, and the sizes veRL's dumped configs leave null, with their notes
+    (``compose``'s ``value_policy``)."""
+    out = [(key, ours, f"{key}={theirs}: {why} ({key}={ours})") for key, theirs, ours, why in verl_values(get)]
+    for key in VERL_LEFT_NULL:
+        if get(key) is None:
+            default = leaves(TrainConfig)[key].default
+            note = (
+                f"{key}=null (veRL leaves it for the launch script to set): agentgym's default "
+                f"{default} ({MEMORY_ONLY})"
+            )
+            out.append((key, default, note))
+    return out
 
 
 def agent_label(agent: str) -> str:
@@ -189,11 +176,7 @@ def uses_reference(cfg: DictConfig) -> bool:
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
-def _choice_error(key: str, value: object, allowed: Sequence[object]) -> ConfigError:
-    names = [str(a) for a in allowed]
-    close = difflib.get_close_matches(str(value), names, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"{key}={value!r} is not one of {', '.join(names)}.{hint}")
+_choice_error = choice_error
 
 
 def check_kl_estimator(key: str, value: str) -> None:
