@@ -10,7 +10,10 @@ import argparse
 import sys
 from typing import Any
 
+from agentgym.config_schema.flags import config_flag
 from agentgym.stages.from_run import Given
+
+ROLLOUT = "actor_rollout_ref.rollout"
 
 RUN_HELP = {
     "eval": "With --run DIR it scores a finished run's model as the run's held-out table did: the run's env with "
@@ -67,30 +70,19 @@ def episode_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     else:
         p.add_argument("--tasks", type=int, default=8, help="number of tasks (seeds or dataset rows; %(default)s)")
     p.add_argument("--seed", type=int, action=Given, default=0, help="first seed (%(default)s)")
-    p.add_argument("--concurrency", type=int, action=Given, default=64, help="episodes in flight (%(default)s)")
+    config_flag(p, "--concurrency", key=f"{ROLLOUT}.concurrency", action=Given)
     p.add_argument("--max-turns", type=int, action=Given, help="most model turns (the env's own)")
     p.add_argument("--max-tokens", type=int, action=Given, default=256, help="max new tokens per turn (%(default)s)")
-    p.add_argument("--temperature", type=float, action=Given, default=0.0 if evaluating else 1.0, help="(%(default)g)")
-    p.add_argument("--top-p", type=float, action=Given, default=1.0, help="(%(default)s)")
-    p.add_argument("--top-k", type=int, action=Given, default=-1, help="(%(default)s: off)")
-    p.add_argument(
-        "--sampling-seed",
-        type=int,
-        action=Given,
-        help="seed every request from (this, task seed, sample, turn): reproducible sampling (off)",
-    )
-    p.add_argument(
-        "--prompt-length",
-        type=int,
-        action=Given,
-        help="most tokens in the first prompt (data.max_prompt_length; 4096)",
-    )
-    p.add_argument(
-        "--response-length",
-        type=int,
-        action=Given,
-        help="most tokens after it, all turns (data.max_response_length; 4096)",
-    )
+    # eval samples as validation does (greedy), rollout as training does
+    sampling = f"{ROLLOUT}.val_kwargs" if evaluating else ROLLOUT
+    config_flag(p, "--temperature", key=f"{sampling}.temperature", action=Given)
+    config_flag(p, "--top-p", key=f"{sampling}.top_p", action=Given)
+    config_flag(p, "--top-k", key=f"{sampling}.top_k", action=Given)
+    config_flag(p, "--sampling-seed", key=f"{ROLLOUT}.sampling_seed", action=Given)
+    # no default here: --run takes the run's, else the embedded server's context decides
+    unset = "unset: the run's with --run, else 4096"
+    config_flag(p, "--prompt-length", key="data.max_prompt_length", action=Given, default=None, help=unset)
+    config_flag(p, "--response-length", key="data.max_response_length", action=Given, default=None, help=unset)
     p.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help=env_args.HELP)
     p.add_argument(
         "--device",
@@ -101,14 +93,7 @@ def episode_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     p.add_argument(
         "--backend", choices=["embedded", "vllm", "sglang"], default="embedded", help="the API of the --server URLs"
     )
-    p.add_argument(
-        "--env-executor",
-        choices=["thread", "process", "inline", "openenv", "workers", "ray"],
-        action=Given,
-        default="thread",
-        help="where env steps run (%(default)s; inline: on the event loop, for cheap envs; "
-        "workers/ray: whole episodes in worker processes / Ray actors)",
-    )
+    config_flag(p, "--env-executor", key="env.executor", action=Given)
     p.add_argument("--env-workers", type=int, default=None, help="processes / actors for the executor")
     p.add_argument("--env-url", action="append", metavar="URL", help="--env-executor openenv: an env server")
 
