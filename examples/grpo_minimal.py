@@ -58,9 +58,7 @@ class Args:
 
 
 # ---- 1. rollout -------------------------------------------------------------------------------------
-async def rollout(
-    engine: Engine, chat: ChatTokenizer, args: Args, seeds: list[int], version: int
-) -> list[Trajectory]:
+async def rollout(engine: Engine, chat: ChatTokenizer, args: Args, seeds: list[int], version: int) -> list[Trajectory]:
     """``group_size`` episodes of each seed's task, sampled by the engine in one batch."""
     params = GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed + version)
     envs, prompts, requests = [], [], []

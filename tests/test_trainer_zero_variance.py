@@ -13,14 +13,14 @@ import torch
 from agentgym.rollout.sources import FixedTrajectorySource
 from agentgym.trainer import algos
 from agentgym.trainer.config import load_config
-from agentgym.trainer.flat_rewards import (
+from agentgym.trainer.ppo_trainer import PPOTrainer
+from agentgym.trainer.step_checks import (
     GroupRewardSpread,
     advantages_vanish,
     flat_rewards_warning,
     group_reward_spread,
     zero_variance_group_frac,
 )
-from agentgym.trainer.ppo_trainer import PPOTrainer
 from agentgym.types import Trajectory, Turn
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

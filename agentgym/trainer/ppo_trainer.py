@@ -1,23 +1,27 @@
 """The single-controller PPO driver: one process that owns the loop and calls worker groups.
 
-One training step, top to bottom (each phase timed as ``timing_s/<phase>``):
+One training step (``train_step``), top to bottom, each phase a method and timed as
+``timing_s/<phase>``:
 
-1. ``gen``: the trajectory source returns this step's trajectories (env episodes from the
-   policy servers, or anything else that yields ``Trajectory`` objects).
-2. ``batch``: trajectories -> padded tensors; turn and outcome rewards go onto tokens
+1. ``gen``: the trajectory source (``agentgym.rollout.sources.TrajectorySource``) returns this
+   step's trajectories (env episodes from the policy servers, or anything else that yields
+   ``Trajectory`` objects); ``rollout_metrics`` logs them and ``check_rollouts`` checks them.
+2. ``batch`` (``make_batch``): trajectories -> padded tensors; turn and outcome rewards go onto tokens
    weighted by ``algorithm.turn_reward_coef`` / ``algorithm.outcome_reward_coef``.
-3. ``old_log_prob``: the actor's log-probs before the update; or the servers' own
+3. ``old_log_prob`` (``compute_log_probs``, as 4 and 5): the actor's log-probs before the update; or the servers' own
    (``actor.use_rollout_log_probs``); or, with one epoch over one mini-batch, the update's
    own first forward pass (the weights have not moved, so it is the same number).
 4. ``ref``: the reference policy's log-probs, only when a KL term is on.
 5. ``values``: the critic's values, only for ``gae``.
-6. ``adv``: KL in the reward (``algorithm.use_kl_in_reward``), then the advantage
-   estimator named by ``algorithm.adv_estimator`` (``algos.compute_advantage``). The share
+6. ``adv`` (``compute_advantages``): ROLL's reward shaping, KL in the reward
+   (``algorithm.use_kl_in_reward``), then the advantage estimator named by
+   ``algorithm.adv_estimator`` (``algos.compute_advantage``). The share
    of groups whose rewards are all equal is ``batch/zero_variance_group_frac``; a step where
    every group is flat (so the advantages are zero and nothing is learned) is warned about
    once per run and counted in the summary (``flat_reward_steps``).
-7. ``update_critic`` / ``update_actor``: ``ppo_epochs`` x mini-batches x micro-batches with
-   gradient accumulation and clipping, on every rank (``batch.update_plan``).
+7. ``update_critic`` / ``update_actor`` (``update``): ``ppo_epochs`` x mini-batches x micro-batches
+   with gradient accumulation and clipping, on every rank (``batch.update_plan``); the actor's loss is
+   ``algos.compute_actor_loss`` (``PolicyWorker.update_actor``), the critic's ``algos.compute_value_loss``.
 8. ``weight_sync``: the new weights go to every policy server as version ``step``.
 
 Validation runs before training (``trainer.val_before_train``) and every
@@ -31,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Iterator
@@ -54,25 +57,23 @@ from agentgym.tracking import (
     truncate_jsonl,
     write_samples,
 )
-from agentgym.trainer import algos, checkpoint
+from agentgym.trainer import algos, checkpoint, step_checks
 from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, update_plan
 from agentgym.trainer.config import uses_reference, world_size
 from agentgym.trainer.distillation import distill_advantages, distilling
-from agentgym.trainer.flat_rewards import (
+from agentgym.trainer.step_checks import (
     GroupRewardSpread,
     advantages_vanish,
     flat_rewards_warning,
     group_reward_spread,
 )
-from agentgym.trainer.rollout_correction import RolloutCorrection, rollout_is_weights
 from agentgym.trainer.train_state import rng_state, set_rng_state
 from agentgym.trainer.training_record import write_training_record
-from agentgym.trainer.worker_group import WorkerGroup
+from agentgym.trainer.worker_group import WorkerGroup, init_ray
 from agentgym.trainer.workers import CriticWorker, PolicyWorker
 from agentgym.types import Trajectory
 
 if TYPE_CHECKING:
-    from agentgym.trainer.async_trainer import AsyncWeightSync
     from agentgym.trainer.weight_sync import WeightSync
 
 log = logging.getLogger("agentgym.trainer")
@@ -85,30 +86,6 @@ def timer(name: str, timing: dict[str, float]) -> Iterator[None]:
         yield
     finally:
         timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
-
-
-def init_ray(cfg: DictConfig) -> None:
-    """Start a local Ray cluster, or join ``ray_init.address``."""
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Ray starts workers at nice 15; the trainer's workers are the main work, not background
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    if ray.is_initialized():
-        return
-    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.ray_init, resolve=True).items() if v is not None}
-    address = kwargs.pop("address", None)
-    kwargs.pop("timeline_json_file", None)  # not a ray.init argument: written at the end (main.write_ray_timeline)
-    kwargs.setdefault("logging_level", logging.WARNING)
-    kwargs.setdefault("log_to_driver", True)
-    if address:
-        for local_only in ("num_cpus", "num_gpus", "include_dashboard"):
-            kwargs.pop(local_only, None)
-        ray.init(address=address, **kwargs)
-    else:
-        kwargs.setdefault("num_cpus", os.cpu_count() or 1)
-        ray.init(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -159,8 +136,8 @@ class PPOTrainer:
         self.global_step = 0
         self.actor: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
-        # pushes the weights after each update (None: no servers to push to)
-        self.weight_sync: WeightSync | AsyncWeightSync | None = None
+        # pushes the weights after each update (None: no servers to push to; AsyncWeightSync when asynchronous)
+        self.weight_sync: WeightSync | None = None
         self.tracking: Tracking | None = None
         self.last_metrics: dict[str, float] = {}
         self.last_val_metrics: dict[str, float] = {}
@@ -326,7 +303,7 @@ class PPOTrainer:
         cfg = self.cfg
         actor_cfg = cfg.actor_rollout_ref.actor
         on_policy_single_pass = int(actor_cfg.ppo_epochs) == 1 and layout.actor_minis == 1
-        correction = RolloutCorrection.from_cfg(cfg)  # decoupled PPO needs the proximal policy's log-probs
+        correction = algos.RolloutCorrection.from_cfg(cfg)  # decoupled PPO needs the proximal policy's log-probs
         need_old = (
             correction.enabled
             or not actor_cfg.use_rollout_log_probs
@@ -347,7 +324,7 @@ class PPOTrainer:
         elif actor_cfg.use_rollout_log_probs:
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
         if correction.enabled:
-            batch["rollout_is_weights"], is_metrics = rollout_is_weights(
+            batch["rollout_is_weights"], is_metrics = algos.rollout_is_weights(
                 batch["old_log_probs"],
                 batch["rollout_log_probs"],
                 batch["response_mask"],
@@ -464,21 +441,19 @@ class PPOTrainer:
 
     def check_rollouts(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
         """Stop the run when too many episodes failed; refuse samples of lost weights and push the
-        weights again (``agentgym.trainer.failures``)."""
-        from agentgym.trainer import failures
-
+        weights again (``agentgym.trainer.step_checks``)."""
         max_frac = float(OmegaConf.select(self.cfg, "trainer.max_failed_episode_frac", default=1.0))
         failed = sum(t.status == "failed" for t in trajectories)
         dead = []
         if trajectories and failed / len(trajectories) > max_frac and self.servers is not None:
-            dead = self.run(failures.dead_servers(self.servers.client))
-        out = failures.failed_episode_check(trajectories, step, max_frac, dead)
+            dead = self.run(step_checks.dead_servers(self.servers.client))
+        out = step_checks.failed_episode_check(trajectories, step, max_frac, dead)
         expected = self.weight_sync.version if self.weight_sync is not None else None  # the last push
         if expected is not None:  # synchronous training (the async trainer bounds version lag itself)
-            stale = failures.stale_trajectories(trajectories, expected)
+            stale = step_checks.stale_trajectories(trajectories, expected)
             out["rollout/stale_episodes"] = float(len(stale))
             if stale:
-                log.warning("step %d: %s", step, failures.refuse_stale(stale, expected))
+                log.warning("step %d: %s", step, step_checks.refuse_stale(stale, expected))
                 self.run(self.weight_sync.push(expected))
         return out
 

@@ -1,4 +1,5 @@
-"""``WorkerGroup``: N copies of one worker class, as Ray actors or in this process.
+"""``WorkerGroup``: N copies of one worker class, as Ray actors or in this process; ``init_ray`` starts
+or joins the Ray cluster they run on.
 
 A method is named by the worker class's function (``group.call(PolicyWorker.update_actor, ...)``), so
 a reader (and an editor's "go to definition") lands on the code that runs; a name string also works.
@@ -7,8 +8,12 @@ a reader (and an editor's "go to definition") lands on the code that runs; a nam
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
 
 if TYPE_CHECKING:
     from agentgym.trainer.workers import Worker
@@ -19,6 +24,30 @@ Method = str | Callable[..., Any]
 
 def method_name(method: Method) -> str:
     return method if isinstance(method, str) else method.__name__
+
+
+def init_ray(cfg: DictConfig) -> None:
+    """Start a local Ray cluster, or join ``ray_init.address``."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Ray starts workers at nice 15; the trainer's workers are the main work, not background
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    if ray.is_initialized():
+        return
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.ray_init, resolve=True).items() if v is not None}
+    address = kwargs.pop("address", None)
+    kwargs.pop("timeline_json_file", None)  # not a ray.init argument: written at the end (main.write_ray_timeline)
+    kwargs.setdefault("logging_level", logging.WARNING)
+    kwargs.setdefault("log_to_driver", True)
+    if address:
+        for local_only in ("num_cpus", "num_gpus", "include_dashboard"):
+            kwargs.pop(local_only, None)
+        ray.init(address=address, **kwargs)
+    else:
+        kwargs.setdefault("num_cpus", os.cpu_count() or 1)
+        ray.init(**kwargs)
 
 
 class WorkerGroup:
