@@ -11,7 +11,11 @@ What ``agentgym train`` does with ``trainer.use_ray=false`` and one rank, writte
 4. update: one AdamW step on the clipped policy-gradient loss over the whole batch (token-mean);
 5. sync: the new weights go to the engine as version ``step``.
 
-    python examples/grpo_minimal.py --steps 10        # first_letter: about 20% -> 60%+ in 10 steps
+    python examples/grpo_minimal.py --steps 10
+
+On ``first_letter`` (seed 0) the reward goes from 0.22 at step 1 to 0.83-1.0 at steps 8-10, in about
+20 seconds on a CPU. ``pg_loss`` prints as 0: at ratio 1 the surrogate's value is minus the mean
+advantage, which group normalisation makes (nearly) 0, while its gradient is not.
 
 ``tests/test_grpo_minimal.py`` checks that one ``update`` here gives the loss, gradient norm and new
 weights ``PPOTrainer`` gives on the same batch.
