@@ -210,6 +210,8 @@ class PPOTrainer:
         with timer("gen", timing):
             trajectories = self.run(self.source.collect(step))
         metrics.update(self.rollout_metrics(step, trajectories))
+        metrics.update(self.check_rollouts(step, trajectories))  # stops the run, or refuses stale samples
+        write_samples(self.run_dir / "samples.jsonl", trajectories, step, int(self.cfg.trainer.log_samples))
         with timer("batch", timing):
             batch, layout = self.make_batch(trajectories, metrics)
         if not bool(batch["valid"].any()):
@@ -235,8 +237,7 @@ class PPOTrainer:
 
     # ---- collect --------------------------------------------------------------------------------
     def rollout_metrics(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
-        """The step's episode metrics, the source's counts, the weight-version lag; checks the rollouts
-        (``check_rollouts``) and writes the sampled episodes to ``samples.jsonl``."""
+        """The step's episode metrics, the source's counts and rollout metrics, the weight-version lag."""
         metrics = trajectory_metrics(trajectories)
         metrics.update(per_source_metrics(trajectories))
         metrics.update(self.source.sampling_metrics)  # dynamic sampling's rounds
@@ -246,11 +247,9 @@ class PPOTrainer:
         lags = [latest - turn.weight_version for traj in trajectories for turn in traj.turns]
         if lags and self.weight_sync is not None:  # 0: every turn was sampled by the latest weights
             metrics["rollout/weight_version_lag"] = float(np.mean(lags))
-        metrics.update(self.check_rollouts(step, trajectories))
         for key in ("template_mismatch", "throughput/episodes_per_s"):
             if key in self.source.last_metrics:
                 metrics[f"rollout/{key}"] = float(self.source.last_metrics[key])
-        write_samples(self.run_dir / "samples.jsonl", trajectories, step, int(self.cfg.trainer.log_samples))
         return metrics
 
     # ---- batch ----------------------------------------------------------------------------------
