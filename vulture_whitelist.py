@@ -152,7 +152,6 @@ free_cache_engine
 gen_batch_size
 turn_reward_from
 max_critic_ckpt_to_keep
-max_failed_episode_frac
 shutdown_timeout
 num_cpus
 include_dashboard

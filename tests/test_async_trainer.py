@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from agentgym.config import ConfigError
+from agentgym.trainer.algos import rollout_is_weights
 from agentgym.trainer.config import load_config
-from agentgym.trainer.rollout_correction import rollout_is_weights
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,6 +22,7 @@ import pytest
 from test_checkpoint import _run
 
 from agentgym.envs.first_letter import FirstLetterEnv
+from agentgym.rollout.sources import SourceWrapper
 from agentgym.server.handles import free_port
 from agentgym.trainer import checkpoint
 from agentgym.trainer.config import load_config
@@ -97,21 +98,19 @@ def test_a_policy_server_that_dies_after_the_check_stops_the_run_with_exit_1_and
     assert not (tmp_path / "huggingface").exists()
 
 
-class _RestartingSource:
+class _RestartingSource(SourceWrapper):
     """The env source, with the policy server "restarted" (initial weights, version 0) before ``at``."""
 
     def __init__(self, inner, server, at: int) -> None:
-        self.inner, self.server, self.at = inner, server, at
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+        super().__init__(inner)
+        self.server, self.at = server, at
 
     async def collect(self, step: int):
         if step == self.at:
             from agentgym.model import load_causal_lm
 
             self.server.update_weights(load_causal_lm("tiny").state_dict(), 0)
-        return await self.inner.collect(step)
+        return await self.source.collect(step)
 
 
 def test_samples_of_lost_weights_are_refused_and_the_weights_pushed_again(tmp_path, caplog):

@@ -26,7 +26,7 @@ ALLOWED = {
     "rollout": {"types", "registry", "config", "model", "envs", "client"},
     "gateway": {"types", "registry", "config", "model", "envs", "client", "rollout", "server"},
     "compat": {"config"},
-    "rewards": {"types", "registry", "config", "model", "envs"},
+    "rewards": {"types", "registry", "config", "model", "envs", "rollout"},  # rollout: TrajectorySource
     "trainer": {
         "types",
         "registry",

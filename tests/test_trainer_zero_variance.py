@@ -10,15 +10,16 @@ import os
 import pytest
 import torch
 
+from agentgym.rollout.sources import FixedTrajectorySource
 from agentgym.trainer import algos
 from agentgym.trainer.config import load_config
-from agentgym.trainer.flat_rewards import (
+from agentgym.trainer.ppo_trainer import PPOTrainer
+from agentgym.trainer.step_checks import (
     GroupRewardSpread,
     advantages_vanish,
     flat_rewards_warning,
     group_reward_spread,
 )
-from agentgym.trainer.ppo_trainer import PPOTrainer
 from agentgym.types import Trajectory, Turn
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -101,7 +102,7 @@ def trainer():
         env="sokoban",
         overrides=["trainer.use_ray=false", "actor_rollout_ref.rollout.n=4", "algorithm.adv_estimator=grpo"],
     )  # the group-relative warning
-    t = PPOTrainer(cfg, source=None, pad_token_id=0, show_progress=False)
+    t = PPOTrainer(cfg, source=FixedTrajectorySource([[]]), pad_token_id=0, show_progress=False)
     yield t
     t.loop.close()
 

@@ -16,6 +16,7 @@ import math
 import pytest
 import torch
 
+from agentgym.rollout.sources import TrajectorySource
 from agentgym.trainer import algos
 from agentgym.trainer.batch import build_batch
 from agentgym.trainer.dynamic_sampling import DynamicSamplingSource
@@ -135,7 +136,7 @@ def test_gigpo_rejects_unknown_choices():
 # ---- dynamic sampling -----------------------------------------------------------------------------
 
 
-class Rounds:
+class Rounds(TrajectorySource):
     """A source that returns the given rounds in order, counting its calls."""
 
     def __init__(self, rounds: list[list[Trajectory]]) -> None:

@@ -50,6 +50,7 @@ from agentgym.registry import import_object
 from agentgym.rollout.data_pool import DataPool
 from agentgym.rollout.metrics import summarize
 from agentgym.rollout.runner import epoch_order
+from agentgym.rollout.sources import TrajectorySource
 from agentgym.types import Trajectory
 
 log = logging.getLogger("agentgym.trainer")
@@ -108,7 +109,7 @@ def load_agent_tasks(data_files: Any, split: str = "train", reward_fn: str | Non
     return out
 
 
-class AgentTrajectorySource:
+class AgentTrajectorySource(TrajectorySource):
     """Runs ``agent`` for every task x ``n`` through a gateway and returns the trajectories.
 
     ``agent``: a function ``(base_url, api_key, task)`` or ``"module:function"``. ``tasks``: task dicts
@@ -195,6 +196,9 @@ class AgentTrajectorySource:
         )
         self.last_metrics: dict[str, float] = {}
         self._orders: dict[int, list[int]] = {}
+        self._async_steps = 0  # steps handed out by next_tasks (asynchronous training)
+        self._said_reward = False  # the rule of rewards was told (once)
+        self._warned: set[str] = set()  # kinds of reward problems already warned about
 
     # ---- which tasks ----------------------------------------------------------------------
     def tasks_for_step(self, step: int) -> list[dict[str, Any]]:
@@ -312,7 +316,7 @@ class AgentTrajectorySource:
         from agentgym.gateway.rewards import task_reward_fn
 
         named = task_reward_fn(task)
-        if not getattr(self, "_said_reward", False):
+        if not self._said_reward:
             self._said_reward = True
             log.warning(
                 "agent sessions are rewarded by %s plus the agent's return value when it is a float",
@@ -336,9 +340,8 @@ class AgentTrajectorySource:
         return None
 
     def _warn_once(self, kind: str, message: str) -> None:
-        warned = self.__dict__.setdefault("_warned", set())
-        if kind not in warned:
-            warned.add(kind)
+        if kind not in self._warned:
+            self._warned.add(kind)
             log.warning("%s", message)
 
     async def _call(self, base_url: str, api_key: str, task: dict[str, Any]) -> Any:
@@ -352,8 +355,8 @@ class AgentTrajectorySource:
 
     async def next_tasks(self) -> list[dict[str, Any]]:
         """The next step's tasks, in ``collect``'s order."""
-        step = self.first_step + getattr(self, "_async_steps", 0)
-        self._async_steps = getattr(self, "_async_steps", 0) + 1
+        step = self.first_step + self._async_steps
+        self._async_steps += 1
         return self.tasks_for_step(step)
 
     async def run_task(self, task: dict[str, Any], group_id: str) -> list[Trajectory]:
@@ -362,7 +365,7 @@ class AgentTrajectorySource:
         return await self.run([task])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"async_steps": getattr(self, "_async_steps", 0)}
+        return {"async_steps": self._async_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._async_steps = int(state.get("async_steps", 0))

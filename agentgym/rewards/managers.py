@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError
+from agentgym.rollout.sources import SourceWrapper, TrajectorySource
 from agentgym.types import Trajectory
 
 
@@ -54,13 +55,13 @@ def overlong_buffer(cfg: DictConfig) -> OverlongBuffer | None:
     )
 
 
-class OverlongPenaltySource:
+class OverlongPenaltySource(SourceWrapper):
     """Wraps a trajectory source: each collected trajectory's outcome reward gets the overlong penalty
     of its response length (sampled and observation tokens from the first sampled one, veRL's
     ``valid_response_length``). Validation episodes are left as scored."""
 
-    def __init__(self, source: Any, buffer: OverlongBuffer) -> None:
-        self.source = source
+    def __init__(self, source: TrajectorySource, buffer: OverlongBuffer) -> None:
+        super().__init__(source)
         self.buffer = buffer
 
     async def collect(self, step: int) -> list[Trajectory]:
@@ -74,9 +75,6 @@ class OverlongPenaltySource:
                 traj.metrics["overlong_reward"] = penalty
                 traj.metrics["overlong"] = float(penalty < 0)
         return trajectories
-
-    def __getattr__(self, name: str) -> Any:  # validate, steps_per_epoch, state_dict, aclose, ...
-        return getattr(self.source, name)
 
 
 def reward_manager_source(cfg: DictConfig, source: Any) -> Any:

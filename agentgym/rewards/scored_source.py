@@ -22,6 +22,7 @@ import contextlib
 from typing import Any, Protocol
 
 from agentgym.config import ConfigError
+from agentgym.rollout.sources import SourceWrapper, TrajectorySource
 from agentgym.types import Trajectory
 
 COMBINE_MODES = ("replace", "add")
@@ -56,26 +57,22 @@ def scorable(traj: Trajectory) -> bool:
     return traj.status != "failed" and bool(traj.turns)
 
 
-class ScoredSource:
+class ScoredSource(SourceWrapper):
     """``source`` with ``scorer`` applied to every trajectory it collects (see the module docstring)."""
 
-    def __init__(self, source: Any, scorer: Scorer, name: str) -> None:
-        self.source = source
+    def __init__(self, source: TrajectorySource, scorer: Scorer, name: str) -> None:
+        super().__init__(source)
         self.scorer = scorer
         self.name = name
         self._sums: dict[str, float] = {}
         self._rounds: dict[str, int] = {}
         self._step: int | None = None
 
-    def __getattr__(self, name: str) -> Any:  # validate, steps_per_epoch, state_dict, last_metrics, ...
-        return getattr(self.__dict__["source"], name)
-
     @property
-    def reward_metrics(self) -> dict[str, float]:
+    def reward_metrics(self) -> dict[str, float]:  # type: ignore[override]
         """This step's counts: the scorer's, and those of any scored source inside this one."""
-        inner = getattr(self.source, "reward_metrics", None)
         own = {k: v / self._rounds[k] if k.endswith("/mean") else v for k, v in self._sums.items()}
-        return {**(inner if isinstance(inner, dict) else {}), **own}
+        return {**self.source.reward_metrics, **own}
 
     def _count(self, step: int | None, counts: dict[str, float]) -> None:
         if step is None or step != self._step:  # a new step (run_task: each task on its own)
@@ -102,5 +99,4 @@ class ScoredSource:
                 with contextlib.suppress(Exception):
                     await closer()
         finally:
-            if hasattr(self.source, "aclose"):
-                await self.source.aclose()
+            await self.source.aclose()

@@ -23,12 +23,13 @@ from typing import Any
 from omegaconf import DictConfig
 
 from agentgym.rollout.env_groups import env_table, tag_shares
+from agentgym.rollout.sources import TaskSampler, TrajectorySource
 from agentgym.types import Trajectory
 
 TAG_SEED_STRIDE = 10**7
 
 
-class MultiEnvSource:
+class MultiEnvSource(TrajectorySource):
     """A trajectory source over the tags of ``env.tags`` (see the module docstring)."""
 
     def __init__(self, cfg: DictConfig, client: Any, tokenizer: Any) -> None:
@@ -88,11 +89,8 @@ class MultiEnvSource:
         self.samplers: dict[str, Any] = {}
         self._pending: dict[str, Any] = {}
         self.last_metrics: dict[str, float] = {}
-        self.steps_per_epoch: int | None = None
 
     async def _sampler(self, tag: str, index: int) -> Any:
-        from agentgym.rollout.sources import TaskSampler
-
         if tag not in self.samplers:
             info = await self.runners[tag].env_info()
             sampler = TaskSampler(

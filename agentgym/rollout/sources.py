@@ -5,34 +5,158 @@ made them: ``EnvRolloutSource`` runs a registered env against the policy servers
 rollout runner; ``FixedTrajectorySource`` replays given trajectories (tests, replays); the
 gateway plugs in its own source for black-box agents (``agentgym train --agent``).
 
-A source must have ``async collect(step) -> list[Trajectory]`` (trajectories of one task
-share a ``group_id``). It may also have
-
-* ``async validate() -> list[Trajectory]``: the validation episodes (greedy by default);
-* ``steps_per_epoch``: steps in one pass over a dataset (None: endless, e.g. seeds);
-* ``state_dict()`` / ``load_state_dict(state)``: its data order, saved in checkpoints;
-* ``async aclose()``.
-
-For the asynchronous trainer (``agentgym.trainer.async_trainer``) a source also has
-``async next_tasks()`` (the next update's tasks, in the order ``collect`` would take them) and
-``async run_task(task, group_id)`` (one task's group of trajectories); ``resumes_aborted`` says
-whether its episodes continue a generation a weight push aborted (partial rollout).
+``TrajectorySource`` is the whole contract the trainers use: a source subclasses it and
+implements ``collect``; everything else has a default (no validation, no epochs, no state)
+that a source overrides when it has the capability. ``SourceWrapper`` is the base of sources
+that wrap another one (dynamic sampling, reward models, the overlong penalty): it passes every
+part of the contract on to the inner source, and a wrapper overrides what it changes.
 """
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import copy
-from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import MappingProxyType
+from typing import Any
 
 from agentgym.types import Trajectory
 
+NO_METRICS: Mapping[str, float] = MappingProxyType({})
 
-@runtime_checkable
-class TrajectorySource(Protocol):
-    """Anything that hands the trainer one step's trajectories."""
 
-    async def collect(self, step: int) -> list[Trajectory]: ...
+class TrajectorySource(abc.ABC):
+    """Anything that hands the trainer one step's trajectories (see the module docstring).
+
+    Attributes a source sets when it has them (the defaults say it has none):
+
+    * ``steps_per_epoch``: steps in one pass over a dataset (None: endless, e.g. seeds; or only
+      known once the env is up, see ``steps_per_epoch_async``);
+    * ``last_metrics``: the rollout's metrics of the last ``collect`` (``template_mismatch``,
+      ``throughput/episodes_per_s``, ... ; the trainer logs some of them under ``rollout/``);
+    * ``sampling_metrics`` / ``reward_metrics``: this step's counts of dynamic sampling and of the
+      reward sources, logged as they are;
+    * ``resumes_aborted``: whether its episodes continue a generation a weight push aborted
+      (partial rollout); a source that cannot holds model calls in ``weight_update`` instead.
+    """
+
+    steps_per_epoch: int | None = None
+    last_metrics: Mapping[str, float] = NO_METRICS
+    sampling_metrics: Mapping[str, float] = NO_METRICS
+    reward_metrics: Mapping[str, float] = NO_METRICS
+    resumes_aborted: bool = True
+
+    @abc.abstractmethod
+    async def collect(self, step: int) -> list[Trajectory]:
+        """Step ``step``'s trajectories (trajectories of one task share a ``group_id``)."""
+
+    async def steps_per_epoch_async(self) -> int | None:
+        """``steps_per_epoch``, for a source that learns it from its env (an awaited ``env_info``)."""
+        return self.steps_per_epoch
+
+    async def validate(self) -> list[Trajectory]:
+        """The validation episodes (greedy by default); none by default."""
+        return []
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Its data order, saved in checkpoints (None: nothing to save)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+        return None
+
+    async def aclose(self) -> None:
+        """Release what it holds (runners, clients, threads)."""
+        return None
+
+    # ---- asynchronous training (agentgym.trainer.async_trainer) ----------------------------------
+    async def next_tasks(self) -> list[dict[str, Any]]:
+        """The next update's tasks, in the order ``collect`` would take them."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot feed the asynchronous trainer (it has no next_tasks/run_task); "
+            "train it with actor_rollout_ref.hybrid_engine=true, or implement both methods"
+        )
+
+    async def run_task(self, task: dict[str, Any], group_id: str) -> list[Trajectory]:
+        """One task's group of trajectories."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot feed the asynchronous trainer (it has no next_tasks/run_task); "
+            "train it with actor_rollout_ref.hybrid_engine=true, or implement both methods"
+        )
+
+    def weight_update(self, weight_version: int | None = None) -> AbstractAsyncContextManager[Any]:
+        """``async with source.weight_update(version): <push weights>``: holds model calls during a push
+        (a source whose ``resumes_aborted`` is False); by default nothing is held."""
+        return contextlib.nullcontext()
+
+
+class SourceWrapper(TrajectorySource):
+    """A source around another one: every part of the contract goes on to ``source`` unless the
+    wrapper overrides it."""
+
+    def __init__(self, source: TrajectorySource) -> None:
+        self.source = source
+
+    async def collect(self, step: int) -> list[Trajectory]:
+        return await self.source.collect(step)
+
+    @property
+    def steps_per_epoch(self) -> int | None:  # type: ignore[override]
+        return self.source.steps_per_epoch
+
+    @property
+    def last_metrics(self) -> Mapping[str, float]:  # type: ignore[override]
+        return self.source.last_metrics
+
+    @property
+    def sampling_metrics(self) -> Mapping[str, float]:  # type: ignore[override]
+        return self.source.sampling_metrics
+
+    @property
+    def reward_metrics(self) -> Mapping[str, float]:  # type: ignore[override]
+        return self.source.reward_metrics
+
+    @property
+    def resumes_aborted(self) -> bool:  # type: ignore[override]
+        return self.source.resumes_aborted
+
+    async def steps_per_epoch_async(self) -> int | None:
+        return await self.source.steps_per_epoch_async()
+
+    async def validate(self) -> list[Trajectory]:
+        return await self.source.validate()
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.source.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.source.load_state_dict(state)
+
+    async def aclose(self) -> None:
+        await self.source.aclose()
+
+    async def next_tasks(self) -> list[dict[str, Any]]:
+        return await self.source.next_tasks()
+
+    async def run_task(self, task: dict[str, Any], group_id: str) -> list[Trajectory]:
+        return await self.source.run_task(task, group_id)
+
+    def weight_update(self, weight_version: int | None = None) -> AbstractAsyncContextManager[Any]:
+        return self.source.weight_update(weight_version)
+
+
+def require_source(source: Any) -> TrajectorySource:
+    """``source``, refused with a clear error unless it is a ``TrajectorySource``."""
+    if not isinstance(source, TrajectorySource):
+        raise TypeError(
+            f"the trainer's trajectory source must subclass agentgym.rollout.sources.TrajectorySource "
+            f"(got {type(source).__name__}): implement its collect(step), and override validate, state_dict, "
+            f"... where the source has them (a source wrapping another one: SourceWrapper)"
+        )
+    return source
 
 
 class TaskSampler:
@@ -90,7 +214,7 @@ class TaskSampler:
         self.position = int(state["position"])
 
 
-class FixedTrajectorySource:
+class FixedTrajectorySource(TrajectorySource):
     """Replays fixed batches: step ``s`` gets ``batches[(s - 1) % len(batches)]`` (fresh copies)."""
 
     def __init__(self, batches: Sequence[Sequence[Trajectory]], validation: Sequence[Trajectory] = ()) -> None:
@@ -107,7 +231,7 @@ class FixedTrajectorySource:
         return copy.deepcopy(self.validation)
 
 
-class EnvRolloutSource:
+class EnvRolloutSource(TrajectorySource):
     """Episodes of a registered env, sampled from the policy servers by the rollout runner.
 
     Training: ``data.train_batch_size`` tasks per ``collect`` (``TaskSampler``; ``data.gen_batch_size``
@@ -222,8 +346,6 @@ class EnvRolloutSource:
             self.last_metrics["rollout/reward_baseline_mean"] = sum(scores.values()) / len(scores)
 
     # ---- asynchronous training -------------------------------------------------------------
-    resumes_aborted = True
-
     async def next_tasks(self) -> list[dict[str, Any]]:
         return (await self._sampler()).next_batch()
 

@@ -215,7 +215,7 @@ class SFTTrainer:
 
         use_ray = self.cfg.trainer.use_ray
         if use_ray:
-            from agentgym.trainer.ppo_trainer import init_ray
+            from agentgym.trainer.worker_group import init_ray
 
             init_ray(OmegaConf.create({"ray_init": {"address": None, "num_cpus": None, "include_dashboard": False}}))
         self.actor = WorkerGroup(PolicyWorker, worker_config(self.cfg), self.world_size, use_ray, "sft")

@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     failing, or a checkpoint cannot be resumed: the message says why), 2 a bad config, 128 + N a signal."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from agentgym.trainer.checkpoint import CheckpointError
-    from agentgym.trainer.failures import TrainingFailed
+    from agentgym.trainer.step_checks import TrainingFailed
     from agentgym.trainer.workers import quiet_transformers
 
     quiet_transformers()  # no per-load progress bars between our own progress lines

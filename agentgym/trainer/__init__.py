@@ -7,8 +7,10 @@ A map, in the order a step touches them:
 * ``run.py``          ``train(cfg, source=...)``: servers, trajectory source and trainer for one run
                       (sources: ``agentgym.rollout.sources``; the stages around RL: ``agentgym.stages``)
 * ``batch.py``        trajectories -> padded tensors; mini-batch plans shared by all ranks
-* ``algos/``          the maths: advantage estimators, policy/value/KL losses, aggregation (veRL's names)
-* ``flat_rewards.py`` groups whose rewards are all equal (zero advantages), counted and warned about
+* ``algos/``          the maths: advantage estimators, policy/value/KL losses, aggregation, off-policy
+                      correction (veRL's names)
+* ``step_checks.py`` what a step's trajectories are checked for: failed episodes (stop the run), samples
+                      of lost weights (refused), groups whose rewards are all equal (warned about)
 * ``workers.py``      actor (+ reference) and critic workers; ``forward.py`` their forward passes;
                       ``train_state.py`` model + optimizer per rank (FSDP2 or gloo data-parallel);
                       ``worker_group.py`` N ranks as Ray actors or in-process

@@ -2,10 +2,10 @@
 
 ``AsyncCoordinator`` knows nothing of PPO. It is given
 
-* a *task source* (``next_tasks()``: the next update's tasks in the synchronous trainer's order;
-  ``run_task(task, group_id)``: one task's group of trajectories; optionally
+* a *task source* (a ``TrajectorySource``: ``next_tasks()``, the next update's tasks in the
+  synchronous trainer's order; ``run_task(task, group_id)``, one task's group of trajectories;
   ``weight_update(version)``, an async context manager that holds model calls during a push, and
-  ``resumes_aborted``: whether its episodes continue a generation a push aborted);
+  ``resumes_aborted``, whether its episodes continue a generation a push aborted);
 * a ``PoolClient`` (``agentgym.rollout.data_pool``);
 * a ``StalenessPlan`` (``agentgym.trainer.staleness``: the admission budget and the lag bound);
 * ``push(version, snapshot, abort)``: loads new weights into every policy server, and optionally
@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentgym.rollout.data_pool import PoolClient
+from agentgym.rollout.sources import TrajectorySource
 from agentgym.trainer.staleness import StalenessPlan, lag_stats, select_batch
 from agentgym.types import Trajectory
 
@@ -51,7 +52,7 @@ class AsyncCoordinator:
 
     def __init__(
         self,
-        source: Any,
+        source: TrajectorySource,
         pool: PoolClient,
         plan: StalenessPlan,
         push: Push,
@@ -278,12 +279,12 @@ class AsyncCoordinator:
                 raise
         drained = time.perf_counter()
         try:
-            abort = self.partial_rollout and getattr(self.source, "resumes_aborted", True)
-            hold = getattr(self.source, "weight_update", None) if self.partial_rollout and not abort else None
-            if hold is not None:
-                async with hold(version):
-                    metrics = await self.push_fn(version, snapshot, False)
-            else:
+            abort = self.partial_rollout and self.source.resumes_aborted
+            # a source whose episodes cannot continue an aborted generation holds its model calls instead
+            hold = (
+                self.source.weight_update(version) if self.partial_rollout and not abort else contextlib.nullcontext()
+            )
+            async with hold:
                 metrics = await self.push_fn(version, snapshot, abort)
             self.version = version
             self.pushes += 1
@@ -301,13 +302,12 @@ class AsyncCoordinator:
         try:
             await self._drain()
             self._check()
-            state_fn = getattr(self.source, "state_dict", None)
             return {
                 "started": self.started,
                 "version": self.version,
                 "queue": list(self.queue),
                 "pool": await self.pool.state_dict(),
-                "source": state_fn() if state_fn else None,
+                "source": self.source.state_dict(),
             }
         finally:
             self.closed_for.discard("checkpoint")
@@ -321,5 +321,5 @@ class AsyncCoordinator:
         self.version = int(state["version"])
         self.queue = collections.deque(state.get("queue") or [])
         await self.pool.load_state_dict(state["pool"])
-        if state.get("source") is not None and hasattr(self.source, "load_state_dict"):
+        if state.get("source") is not None:
             self.source.load_state_dict(state["source"])

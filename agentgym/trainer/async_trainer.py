@@ -27,24 +27,28 @@ import asyncio
 import collections
 import contextlib
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig
 
 from agentgym.rollout.data_pool import DataPool, PoolClient
+from agentgym.rollout.sources import TrajectorySource, require_source
 from agentgym.trainer.async_config import AsyncSettings
 from agentgym.trainer.async_loop import AsyncCoordinator
 from agentgym.trainer.ppo_trainer import PPOTrainer
+from agentgym.trainer.workers import PolicyWorker
 from agentgym.types import Trajectory
 
 
-class AsyncCollector:
-    """The trajectory source the trainer sees in asynchronous mode (see the module docstring)."""
+class AsyncCollector(TrajectorySource):
+    """The trajectory source the trainer sees in asynchronous mode (see the module docstring); the
+    source it gathers from feeds the coordinator (``next_tasks`` / ``run_task``)."""
 
-    def __init__(self, trainer: AsyncPPOTrainer, source: Any) -> None:
+    def __init__(self, trainer: AsyncPPOTrainer, source: TrajectorySource) -> None:
         self.trainer = trainer
-        self.source = source
-        self.last_metrics: dict[str, float] = {}
+        self.source = require_source(source)
+        self.last_metrics: Mapping[str, float] = {}
         self.step_metrics: dict[str, float] = {}
         self._batches: collections.deque[tuple[int, list[Trajectory], dict[str, float], list[dict[str, Any]]]] = (
             collections.deque()
@@ -53,13 +57,11 @@ class AsyncCollector:
         self._pending_state: dict[str, Any] | None = None
 
     @property
-    def steps_per_epoch(self) -> int | None:
-        return getattr(self.source, "steps_per_epoch", None)
+    def steps_per_epoch(self) -> int | None:  # type: ignore[override]
+        return self.source.steps_per_epoch
 
     async def steps_per_epoch_async(self) -> int | None:
-        if hasattr(self.source, "steps_per_epoch_async"):
-            return await self.source.steps_per_epoch_async()
-        return self.steps_per_epoch
+        return await self.source.steps_per_epoch_async()
 
     async def collect(self, step: int) -> list[Trajectory]:
         coordinator = await self.trainer.coordinator_ready()
@@ -74,11 +76,11 @@ class AsyncCollector:
             raise RuntimeError(f"asynchronous batches out of order: step {step} got update {planned}'s")
         self.step_metrics = metrics
         self.step_groups = groups
-        self.last_metrics = getattr(self.source, "last_metrics", {})
+        self.last_metrics = self.source.last_metrics
         return trajectories
 
     async def validate(self) -> list[Trajectory]:
-        return await self.source.validate() if hasattr(self.source, "validate") else []
+        return await self.source.validate()
 
     def state_dict(self) -> dict[str, Any]:
         """A consistent cut of the asynchronous state (called from the trainer's thread)."""
@@ -96,13 +98,14 @@ class AsyncCollector:
     async def aclose(self) -> None:
         if self.trainer.coordinator is not None:
             await self.trainer.coordinator.stop()
-        if hasattr(self.source, "aclose"):
-            await self.source.aclose()
+        await self.source.aclose()
 
 
 class AsyncWeightSync:
     """Pushes through the coordinator (see the module docstring); wraps ``WeightSync`` (or nothing,
     for a source that needs no servers: then a push only moves the version)."""
+
+    version = None  # unlike WeightSync's, no version to check samples against: the coordinator bounds the lag
 
     def __init__(self, trainer: AsyncPPOTrainer, inner: Any) -> None:
         self.trainer = trainer
@@ -118,7 +121,7 @@ class AsyncWeightSync:
 
     def snapshot(self) -> dict[str, Any]:
         """The trainer's weights as they are now, copied (the checkpoint engine's buffer)."""
-        state = self.inner.actor.call("full_state_dict")[0]
+        state = self.inner.actor.call(PolicyWorker.full_state_dict)[0]
         return {k: v.detach().clone() for k, v in state.items()}
 
     async def push_now(self, version: int, snapshot: Any, abort: bool) -> dict[str, float]:
@@ -137,7 +140,7 @@ class AsyncPPOTrainer(PPOTrainer):
     def __init__(
         self,
         cfg: DictConfig,
-        source: Any,
+        source: TrajectorySource,
         servers: Any = None,
         pad_token_id: int | None = None,
         show_progress: bool = True,
@@ -226,7 +229,7 @@ class AsyncPPOTrainer(PPOTrainer):
             summary["lag_histogram"] = dict(sorted(self.coordinator.lag_histogram.items()))
         if self.use_ray and self.actor is not None:  # where the pools landed
             summary["placement"] = {
-                "trainer": self.actor.call("node_id"),
+                "trainer": self.actor.call(PolicyWorker.node_id),
                 "rollout": [i["node_id"] for i in getattr(self.servers, "infos", [])],
             }
         return summary

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentgym.rollout.sources import SourceWrapper, TrajectorySource
 from agentgym.trainer.algos import scores_equal
 from agentgym.types import Trajectory
 
@@ -45,28 +46,28 @@ def has_spread(group: list[Trajectory], metric: str, turn_reward_coef: float, ou
     return not scores_equal([episode_score(t, metric, turn_reward_coef, outcome_reward_coef) for t in played])
 
 
-class DynamicSamplingSource:
+class DynamicSamplingSource(SourceWrapper):
     """A trajectory source that keeps only groups with a score spread, sampling more rounds to fill a step."""
 
     def __init__(
         self,
-        source: Any,
+        source: TrajectorySource,
         train_batch_size: int,
         metric: str = "score",
         max_rounds: int = 4,
         turn_reward_coef: float = 1.0,
         outcome_reward_coef: float = 1.0,
     ) -> None:
-        self.source = source
+        super().__init__(source)
         self.train_batch_size = int(train_batch_size)
         self.metric = metric
         self.max_rounds = int(max_rounds)
         self.turn_reward_coef = float(turn_reward_coef)
         self.outcome_reward_coef = float(outcome_reward_coef)
-        self.sampling_metrics: dict[str, float] = {}
+        self._sampling_metrics: dict[str, float] = {}
 
     @classmethod
-    def from_cfg(cls, cfg: Any, source: Any) -> DynamicSamplingSource:
+    def from_cfg(cls, cfg: Any, source: TrajectorySource) -> DynamicSamplingSource:
         fg = cfg.algorithm.filter_groups
         return cls(
             source,
@@ -77,8 +78,9 @@ class DynamicSamplingSource:
             cfg.algorithm.outcome_reward_coef,
         )
 
-    def __getattr__(self, name: str) -> Any:  # validate, state_dict, steps_per_epoch, aclose, last_metrics, ...
-        return getattr(self.__dict__["source"], name)
+    @property
+    def sampling_metrics(self) -> dict[str, float]:  # type: ignore[override]
+        return self._sampling_metrics
 
     async def collect(self, step: int) -> list[Trajectory]:
         kept: list[list[Trajectory]] = []
@@ -97,7 +99,7 @@ class DynamicSamplingSource:
                 else:
                     flat += 1
         kept = kept[: self.train_batch_size]
-        self.sampling_metrics = {
+        self._sampling_metrics = {
             "sampling/rounds": float(rounds),
             "sampling/groups_sampled": float(sampled),
             "sampling/groups_kept": float(len(kept)),

@@ -1,23 +1,27 @@
 """The single-controller PPO driver: one process that owns the loop and calls worker groups.
 
-One training step, top to bottom (each phase timed as ``timing_s/<phase>``):
+One training step (``train_step``), top to bottom, each phase a method and timed as
+``timing_s/<phase>``:
 
-1. ``gen``: the trajectory source returns this step's trajectories (env episodes from the
-   policy servers, or anything else that yields ``Trajectory`` objects).
-2. ``batch``: trajectories -> padded tensors; turn and outcome rewards go onto tokens
+1. ``gen``: the trajectory source (``agentgym.rollout.sources.TrajectorySource``) returns this
+   step's trajectories (env episodes from the policy servers, or anything else that yields
+   ``Trajectory`` objects); ``rollout_metrics`` logs them and ``check_rollouts`` checks them.
+2. ``batch`` (``make_batch``): trajectories -> padded tensors; turn and outcome rewards go onto tokens
    weighted by ``algorithm.turn_reward_coef`` / ``algorithm.outcome_reward_coef``.
-3. ``old_log_prob``: the actor's log-probs before the update; or the servers' own
+3. ``old_log_prob`` (``compute_log_probs``, as 4 and 5): the actor's log-probs before the update; or the servers' own
    (``actor.use_rollout_log_probs``); or, with one epoch over one mini-batch, the update's
    own first forward pass (the weights have not moved, so it is the same number).
 4. ``ref``: the reference policy's log-probs, only when a KL term is on.
 5. ``values``: the critic's values, only for ``gae``.
-6. ``adv``: KL in the reward (``algorithm.use_kl_in_reward``), then the advantage
-   estimator named by ``algorithm.adv_estimator`` (``algos.compute_advantage``). The share
+6. ``adv`` (``compute_advantages``): ROLL's reward shaping, KL in the reward
+   (``algorithm.use_kl_in_reward``), then the advantage estimator named by
+   ``algorithm.adv_estimator`` (``algos.compute_advantage``). The share
    of groups whose rewards are all equal is ``batch/zero_variance_group_frac``; a step where
    every group is flat (so the advantages are zero and nothing is learned) is warned about
    once per run and counted in the summary (``flat_reward_steps``).
-7. ``update_critic`` / ``update_actor``: ``ppo_epochs`` x mini-batches x micro-batches with
-   gradient accumulation and clipping, on every rank (``batch.update_plan``).
+7. ``update_critic`` / ``update_actor`` (``update``): ``ppo_epochs`` x mini-batches x micro-batches
+   with gradient accumulation and clipping, on every rank (``batch.update_plan``); the actor's loss is
+   ``algos.compute_actor_loss`` (``PolicyWorker.update_actor``), the critic's ``algos.compute_value_loss``.
 8. ``weight_sync``: the new weights go to every policy server as version ``step``.
 
 Validation runs before training (``trainer.val_before_train``) and every
@@ -31,18 +35,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentgym.model.identity import model_key
+from agentgym.rollout.sources import TrajectorySource, require_source
 from agentgym.tracking import (
     Progress,
     Tracking,
@@ -52,22 +57,24 @@ from agentgym.tracking import (
     truncate_jsonl,
     write_samples,
 )
-from agentgym.trainer import algos, checkpoint
+from agentgym.trainer import algos, checkpoint, step_checks
 from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, update_plan
 from agentgym.trainer.config import uses_reference, world_size
 from agentgym.trainer.distillation import distill_advantages, distilling
-from agentgym.trainer.flat_rewards import (
+from agentgym.trainer.step_checks import (
     GroupRewardSpread,
     advantages_vanish,
     flat_rewards_warning,
     group_reward_spread,
 )
-from agentgym.trainer.rollout_correction import RolloutCorrection, rollout_is_weights
 from agentgym.trainer.train_state import rng_state, set_rng_state
 from agentgym.trainer.training_record import write_training_record
-from agentgym.trainer.worker_group import WorkerGroup
+from agentgym.trainer.worker_group import WorkerGroup, init_ray
 from agentgym.trainer.workers import CriticWorker, PolicyWorker
 from agentgym.types import Trajectory
+
+if TYPE_CHECKING:
+    from agentgym.trainer.weight_sync import WeightSync
 
 log = logging.getLogger("agentgym.trainer")
 
@@ -81,28 +88,18 @@ def timer(name: str, timing: dict[str, float]) -> Iterator[None]:
         timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 
-def init_ray(cfg: DictConfig) -> None:
-    """Start a local Ray cluster, or join ``ray_init.address``."""
-    import ray
+@dataclass(frozen=True)
+class BatchLayout:
+    """How a step's batch is cut: ``rows`` trajectories then ``pad_rows`` (so every rank gets its share
+    of every mini-batch), ``actor_minis`` / ``critic_minis`` mini-batches per epoch, ``shards`` (the
+    rows each rank computes log-probs and values for) and the trajectories left out, by reason."""
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Ray starts workers at nice 15; the trainer's workers are the main work, not background
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    if ray.is_initialized():
-        return
-    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.ray_init, resolve=True).items() if v is not None}
-    address = kwargs.pop("address", None)
-    kwargs.pop("timeline_json_file", None)  # not a ray.init argument: written at the end (main.write_ray_timeline)
-    kwargs.setdefault("logging_level", logging.WARNING)
-    kwargs.setdefault("log_to_driver", True)
-    if address:
-        for local_only in ("num_cpus", "num_gpus", "include_dashboard"):
-            kwargs.pop(local_only, None)
-        ray.init(address=address, **kwargs)
-    else:
-        kwargs.setdefault("num_cpus", os.cpu_count() or 1)
-        ray.init(**kwargs)
+    rows: int
+    pad_rows: list[int]
+    actor_minis: int
+    critic_minis: int
+    shards: list[list[int]]
+    skipped: dict[str, int]
 
 
 class PPOTrainer:
@@ -111,13 +108,13 @@ class PPOTrainer:
     def __init__(
         self,
         cfg: DictConfig,
-        source: Any,
+        source: TrajectorySource,
         servers: Any = None,
         pad_token_id: int | None = None,
         show_progress: bool = True,
     ) -> None:
         self.cfg = cfg
-        self.source = source
+        self.source = require_source(source)
         self.servers = servers
         self.world_size = world_size(cfg)
         self.use_ray = cfg.trainer.use_ray
@@ -139,7 +136,8 @@ class PPOTrainer:
         self.global_step = 0
         self.actor: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
-        self.weight_sync: Any = None
+        # pushes the weights after each update (None: no servers to push to; AsyncWeightSync when asynchronous)
+        self.weight_sync: WeightSync | None = None
         self.tracking: Tracking | None = None
         self.last_metrics: dict[str, float] = {}
         self.last_val_metrics: dict[str, float] = {}
@@ -149,6 +147,9 @@ class PPOTrainer:
         self.warned_flat = False
         self.warned_plot = False
         self.curves: Path | None = None
+        # ROLL's reward_norm=running: the running mean/std of the rewards, over the whole run
+        self.reward_moments = algos.RunningMoments() if cfg.algorithm.reward_norm == "running" else None
+        self.resumed_metrics: dict[str, float] | None = None  # the checkpointed step's metrics line
 
     # ---- set-up ---------------------------------------------------------------------------------
     def run(self, coro: Any) -> Any:
@@ -158,9 +159,7 @@ class PPOTrainer:
         cfg = self.cfg.trainer
         if cfg.total_training_steps is not None:
             return cfg.total_training_steps
-        per_epoch = getattr(self.source, "steps_per_epoch", None)
-        if per_epoch is None and hasattr(self.source, "steps_per_epoch_async"):
-            per_epoch = self.run(self.source.steps_per_epoch_async())
+        per_epoch = self.run(self.source.steps_per_epoch_async())
         if not per_epoch:
             raise ValueError(
                 "this trajectory source has no epochs (its tasks are generated from seeds): "
@@ -178,12 +177,12 @@ class PPOTrainer:
         num_gpus = 1.0 / groups if cuda and self.use_ray else 0.0
         bundles = self.worker_bundles(num_gpus)
         self.actor = WorkerGroup(PolicyWorker, self.cfg, self.world_size, self.use_ray, "actor", num_gpus, bundles)
-        pending = [self.actor.call_async("init_model", self.total_steps, uses_reference(self.cfg))]
+        pending = [self.actor.call_async(PolicyWorker.init_model, self.total_steps, uses_reference(self.cfg))]
         if self.cfg.critic.enable:
             self.critic = WorkerGroup(
                 CriticWorker, self.cfg, self.world_size, self.use_ray, "critic", num_gpus, bundles
             )
-            pending.append(self.critic.call_async("init_model", self.total_steps))
+            pending.append(self.critic.call_async(CriticWorker.init_model, self.total_steps))
         self.actor.get(pending[0])
         if self.critic is not None:
             self.critic.get(pending[1])
@@ -205,85 +204,127 @@ class PPOTrainer:
 
     # ---- one step -------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
-        cfg = self.cfg
-        actor_cfg = cfg.actor_rollout_ref.actor
-        n = cfg.actor_rollout_ref.rollout.n
+        """One PPO step, phase by phase (see the module docstring); returns the step's metrics."""
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         step_start = time.perf_counter()
-
         with timer("gen", timing):
-            trajectories: list[Trajectory] = self.run(self.source.collect(step))
-        metrics.update(trajectory_metrics(trajectories))
+            trajectories = self.run(self.source.collect(step))
+        metrics.update(self.rollout_metrics(step, trajectories))
+        metrics.update(self.check_rollouts(step, trajectories))  # stops the run, or refuses stale samples
+        write_samples(self.run_dir / "samples.jsonl", trajectories, step, self.cfg.trainer.log_samples)
+        with timer("batch", timing):
+            batch, layout = self.make_batch(trajectories, metrics)
+        if not bool(batch["valid"].any()):
+            return self.skip_update(step, layout, timing, metrics, step_start)
+        self.compute_log_probs(batch, layout, timing, metrics)
+        with timer("adv", timing):
+            self.compute_advantages(batch, trajectories, metrics)
+        spread = group_reward_spread(batch["token_level_scores"].sum(-1), batch.uid, batch["valid"])
+        metrics.update(self._batch_metrics(batch, spread))
+        self.check_flat_rewards(step, spread, batch["advantages"], batch["response_mask"])
+        update_tokens = self.update(step, batch, layout, timing, metrics)
+        if self.weight_sync is not None:
+            with timer("weight_sync", timing):
+                metrics.update(self.run(self.weight_sync.push(step)))
+        timing["timing_s/step"] = time.perf_counter() - step_start
+        metrics.update(timing)
+        total_tokens = float(batch["attention_mask"][: layout.rows].sum())
+        metrics["perf/total_tokens"] = total_tokens
+        metrics["perf/throughput_tokens_per_s"] = total_tokens / timing["timing_s/step"]
+        metrics["perf/update_tokens_per_s"] = update_tokens / max(timing.get("timing_s/update_actor", 0.0), 1e-9)
+        metrics["training/global_step"] = float(step)
+        return metrics
+
+    # ---- collect --------------------------------------------------------------------------------
+    def rollout_metrics(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
+        """The step's episode metrics, the source's counts and rollout metrics, the weight-version lag."""
+        metrics = trajectory_metrics(trajectories)
         metrics.update(per_source_metrics(trajectories))
-        for extra in ("sampling_metrics", "reward_metrics"):  # dynamic sampling's rounds; reward sources' counts
-            metrics.update(getattr(self.source, extra, {}))
-        pushed = getattr(self.weight_sync, "version", None)  # WeightSync's last push (the async trainer's has none)
+        metrics.update(self.source.sampling_metrics)  # dynamic sampling's rounds
+        metrics.update(self.source.reward_metrics)  # reward sources' counts
+        pushed = self.weight_sync.version if self.weight_sync is not None else None  # the last push
         latest = pushed if pushed is not None else step - 1
         lags = [latest - turn.weight_version for traj in trajectories for turn in traj.turns]
         if lags and self.weight_sync is not None:  # 0: every turn was sampled by the latest weights
             metrics["rollout/weight_version_lag"] = float(np.mean(lags))
-        metrics.update(self.check_rollouts(step, trajectories))
         for key in ("template_mismatch", "throughput/episodes_per_s"):
-            if key in getattr(self.source, "last_metrics", {}):
+            if key in self.source.last_metrics:
                 metrics[f"rollout/{key}"] = float(self.source.last_metrics[key])
-        write_samples(self.run_dir / "samples.jsonl", trajectories, step, cfg.trainer.log_samples)
+        return metrics
 
-        with timer("batch", timing):
-            batch, skipped = build_batch(
-                trajectories,
-                self.pad_token_id,
-                cfg.algorithm.turn_reward_coef,
-                cfg.algorithm.outcome_reward_coef,
-                cfg.data.max_prompt_length,
-                cfg.data.max_response_length,
-            )
-            rows = len(batch)
-            for reason, count in skipped.items():
-                metrics[f"batch/skipped_{reason}"] = float(count)
-            actor_minis = max(1, rows // (actor_cfg.ppo_mini_batch_size * n))
-            critic_minis = max(1, rows // (cfg.critic.ppo_mini_batch_size * n)) if self.critic else 1
-            batch, pad_rows = pad_for_workers(batch, self.world_size, [actor_minis, critic_minis])
-            shards = [
-                list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
-                for r in range(self.world_size)
-            ]
-        if not bool(batch["valid"].any()):
-            log.warning(
-                "step %d: no trajectory in the batch can be trained on (%s); skipping the update",
-                step,
-                ", ".join(f"{k}: {v}" for k, v in skipped.items()),
-            )
-            timing["timing_s/step"] = time.perf_counter() - step_start
-            metrics.update(timing)
-            metrics["batch/trainable"] = 0.0
-            return metrics
-        epochs = actor_cfg.ppo_epochs
-        on_policy_single_pass = epochs == 1 and actor_minis == 1
-        correction = RolloutCorrection.from_cfg(cfg)  # decoupled PPO needs the proximal policy's log-probs
+    # ---- batch ----------------------------------------------------------------------------------
+    def make_batch(self, trajectories: list[Trajectory], metrics: dict[str, float]) -> tuple[Batch, BatchLayout]:
+        """Trajectories -> padded tensors with the rewards on their tokens, padded for the ranks'
+        mini-batches; and how its rows are cut (``BatchLayout``)."""
+        cfg = self.cfg
+        n = cfg.actor_rollout_ref.rollout.n
+        batch, skipped = build_batch(
+            trajectories,
+            self.pad_token_id,
+            cfg.algorithm.turn_reward_coef,
+            cfg.algorithm.outcome_reward_coef,
+            cfg.data.max_prompt_length,
+            cfg.data.max_response_length,
+        )
+        rows = len(batch)
+        for reason, count in skipped.items():
+            metrics[f"batch/skipped_{reason}"] = float(count)
+        actor_minis = max(1, rows // (cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n))
+        critic_minis = max(1, rows // (cfg.critic.ppo_mini_batch_size * n)) if self.critic else 1
+        batch, pad_rows = pad_for_workers(batch, self.world_size, [actor_minis, critic_minis])
+        shards = [
+            list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
+            for r in range(self.world_size)
+        ]
+        return batch, BatchLayout(rows, pad_rows, actor_minis, critic_minis, shards, skipped)
+
+    def skip_update(
+        self, step: int, layout: BatchLayout, timing: dict[str, float], metrics: dict[str, float], step_start: float
+    ) -> dict[str, float]:
+        """A step with nothing to train on: warned about, logged, no update."""
+        log.warning(
+            "step %d: no trajectory in the batch can be trained on (%s); skipping the update",
+            step,
+            ", ".join(f"{k}: {v}" for k, v in layout.skipped.items()),
+        )
+        timing["timing_s/step"] = time.perf_counter() - step_start
+        metrics.update(timing)
+        metrics["batch/trainable"] = 0.0
+        return metrics
+
+    # ---- log-probs, reference, values -----------------------------------------------------------
+    def compute_log_probs(
+        self, batch: Batch, layout: BatchLayout, timing: dict[str, float], metrics: dict[str, float]
+    ) -> None:
+        """``old_log_probs`` (the actor before the update; or the servers' own; or none, then the update's
+        first forward pass gives them), the rollout-correction weights, ``ref_log_prob`` when a KL term is
+        on and the critic's ``values``; actor and critic groups work at the same time."""
+        cfg = self.cfg
+        actor_cfg = cfg.actor_rollout_ref.actor
+        on_policy_single_pass = actor_cfg.ppo_epochs == 1 and layout.actor_minis == 1
+        correction = algos.RolloutCorrection.from_cfg(cfg)  # decoupled PPO needs the proximal policy's log-probs
         need_old = (
             correction.enabled
             or not actor_cfg.use_rollout_log_probs
             and (not on_policy_single_pass or cfg.algorithm.use_kl_in_reward)
         )
-
-        # ---- log-probs, reference, values (actor and critic groups work at the same time) ----
         shared = self.actor.put(batch.tensors)
-        per_rank = [(shard,) for shard in shards]
+        per_rank = [(shard,) for shard in layout.shards]
         critic_pending = None
         if self.critic is not None:
             critic_started = time.perf_counter()
-            critic_pending = self.critic.call_async("compute_values", shared, per_rank=per_rank)
+            critic_pending = self.critic.call_async(CriticWorker.compute_values, shared, per_rank=per_rank)
         if need_old:
             with timer("old_log_prob", timing):
-                outs = self.actor.call("compute_log_prob", shared, per_rank=per_rank)
+                outs = self.actor.call(PolicyWorker.compute_log_prob, shared, per_rank=per_rank)
                 batch["old_log_probs"] = torch.cat([o["old_log_probs"] for o in outs])
                 entropy = torch.cat([o["entropys"] for o in outs])
                 metrics["actor/entropy_before_update"] = float(algos.masked_mean(entropy, batch["response_mask"]))
         elif actor_cfg.use_rollout_log_probs:
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
         if correction.enabled:
-            batch["rollout_is_weights"], is_metrics = rollout_is_weights(
+            batch["rollout_is_weights"], is_metrics = algos.rollout_is_weights(
                 batch["old_log_probs"],
                 batch["rollout_log_probs"],
                 batch["response_mask"],
@@ -294,55 +335,63 @@ class PPOTrainer:
             metrics.update(is_metrics)
         if uses_reference(cfg):
             with timer("ref", timing):
-                outs = self.actor.call("compute_ref_log_prob", shared, per_rank=per_rank)
+                outs = self.actor.call(PolicyWorker.compute_ref_log_prob, shared, per_rank=per_rank)
                 batch["ref_log_prob"] = torch.cat([o["ref_log_prob"] for o in outs])
         if critic_pending is not None:
             batch["values"] = torch.cat([o["values"] for o in self.critic.get(critic_pending)])
             timing["timing_s/values"] = time.perf_counter() - critic_started
 
-        # ---- advantages -----------------------------------------------------------------------
-        with timer("adv", timing):
-            mask = batch["response_mask"]
-            rewards = batch["token_level_scores"]
-            rewards, shaping_metrics = self.shape_rewards(batch, trajectories)  # ROLL's reward normalisation
-            metrics.update(shaping_metrics)
-            if cfg.algorithm.use_kl_in_reward:
-                old = batch["old_log_probs"] if "old_log_probs" in batch.tensors else batch["rollout_log_probs"]
-                rewards, kl_metrics = algos.apply_kl_penalty(
-                    rewards, old, batch["ref_log_prob"], mask, self.kl_ctrl, str(cfg.algorithm.kl_penalty)
-                )
-                metrics.update(kl_metrics)
-            batch["token_level_rewards"] = rewards
-            advantages, returns = algos.compute_advantage(
-                str(cfg.algorithm.adv_estimator),
-                token_level_rewards=rewards,
-                response_mask=mask,
-                values=batch.tensors.get("values"),
-                index=np.array(batch.uid, dtype=object),
-                gamma=cfg.algorithm.gamma,
-                lam=cfg.algorithm.lam,
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
-                turn_index=batch["turn_index"],
-                step_keys=batch.step_keys,
-                reward_baselines=(
-                    algos.reward_baselines_of(trajectories, len(batch))
-                    if cfg.algorithm.adv_estimator == "remax"
-                    else None
-                ),
-                **OmegaConf.to_container(cfg.algorithm.gigpo, resolve=True),
+    # ---- rewards and advantages -----------------------------------------------------------------
+    def compute_advantages(self, batch: Batch, trajectories: list[Trajectory], metrics: dict[str, float]) -> None:
+        """``token_level_rewards`` (the scores, shaped, with the KL penalty when it is in the reward),
+        then ``advantages`` and ``returns`` by ``algorithm.adv_estimator``."""
+        cfg = self.cfg
+        mask = batch["response_mask"]
+        rewards, shaping_metrics = self.shape_rewards(batch, trajectories)  # ROLL's reward normalisation
+        metrics.update(shaping_metrics)
+        if cfg.algorithm.use_kl_in_reward:
+            old = batch["old_log_probs"] if "old_log_probs" in batch.tensors else batch["rollout_log_probs"]
+            rewards, kl_metrics = algos.apply_kl_penalty(
+                rewards, old, batch["ref_log_prob"], mask, self.kl_ctrl, str(cfg.algorithm.kl_penalty)
             )
-            advantages, adv_metrics = algos.postprocess_advantages(
-                advantages, mask, cfg.algorithm.whiten_advantages, cfg.algorithm.advantage_clip
-            )
-            metrics.update(adv_metrics)
-            advantages = distill_advantages(cfg, batch, trajectories, advantages, metrics)  # a teacher's, per token
-            batch["advantages"] = advantages * mask
-            batch["returns"] = returns
-        spread = group_reward_spread(batch["token_level_scores"].sum(-1), batch.uid, batch["valid"])
-        metrics.update(self._batch_metrics(batch, spread))
-        self.check_flat_rewards(step, spread, batch["advantages"], mask)
+            metrics.update(kl_metrics)
+        batch["token_level_rewards"] = rewards
+        advantages, returns = algos.compute_advantage(
+            str(cfg.algorithm.adv_estimator),
+            token_level_rewards=rewards,
+            response_mask=mask,
+            values=batch.tensors.get("values"),
+            index=np.array(batch.uid, dtype=object),
+            gamma=cfg.algorithm.gamma,
+            lam=cfg.algorithm.lam,
+            norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+            turn_index=batch["turn_index"],
+            step_keys=batch.step_keys,
+            reward_baselines=(
+                algos.reward_baselines_of(trajectories, len(batch)) if cfg.algorithm.adv_estimator == "remax" else None
+            ),
+            **OmegaConf.to_container(cfg.algorithm.gigpo, resolve=True),
+        )
+        advantages, adv_metrics = algos.postprocess_advantages(
+            advantages, mask, cfg.algorithm.whiten_advantages, cfg.algorithm.advantage_clip
+        )
+        metrics.update(adv_metrics)
+        advantages = distill_advantages(cfg, batch, trajectories, advantages, metrics)  # a teacher's, per token
+        batch["advantages"] = advantages * mask
+        batch["returns"] = returns
 
-        # ---- updates --------------------------------------------------------------------------
+    # ---- the update -----------------------------------------------------------------------------
+    def update(
+        self, step: int, batch: Batch, layout: BatchLayout, timing: dict[str, float], metrics: dict[str, float]
+    ) -> float:
+        """The critic's and the actor's updates (at the same time): ``ppo_epochs`` x mini-batches x
+        micro-batches on every rank (``batch.update_plan``). The actor's loss is
+        ``algos.compute_actor_loss`` (in ``PolicyWorker.update_actor``), the critic's
+        ``algos.compute_value_loss`` (in ``CriticWorker.update_critic``). Returns the tokens the actor
+        trained on."""
+        cfg = self.cfg
+        actor_cfg = cfg.actor_rollout_ref.actor
+        mask = batch["response_mask"]
         shared = self.actor.put(batch.tensors)
         plan_seed = cfg.trainer.seed * 100_003 + step
         scale = cfg.data.max_response_length
@@ -350,9 +399,9 @@ class PPOTrainer:
         if self.critic is not None:
             critic_plan = update_plan(
                 mask,
-                rows,
-                pad_rows,
-                critic_minis,
+                layout.rows,
+                layout.pad_rows,
+                layout.critic_minis,
                 cfg.critic.ppo_epochs,
                 self.world_size,
                 actor_cfg.shuffle,
@@ -361,13 +410,15 @@ class PPOTrainer:
                 scale,
             )
             critic_started = time.perf_counter()
-            critic_update = self.critic.call_async("update_critic", shared, per_rank=[(p,) for p in critic_plan])
+            critic_update = self.critic.call_async(
+                CriticWorker.update_critic, shared, per_rank=[(p,) for p in critic_plan]
+            )
         actor_plan = update_plan(
             mask,
-            rows,
-            pad_rows,
-            actor_minis,
-            epochs,
+            layout.rows,
+            layout.pad_rows,
+            layout.actor_minis,
+            actor_cfg.ppo_epochs,
             self.world_size,
             actor_cfg.shuffle,
             plan_seed,
@@ -378,7 +429,7 @@ class PPOTrainer:
         if step >= cfg.trainer.critic_warmup:  # veRL: the actor waits critic_warmup steps for the critic
             with timer("update_actor", timing):
                 actor_metrics = mean_of_dicts(
-                    self.actor.call("update_actor", shared, per_rank=[(p,) for p in actor_plan])
+                    self.actor.call(PolicyWorker.update_actor, shared, per_rank=[(p,) for p in actor_plan])
                 )
         update_tokens = actor_metrics.pop("perf/update_tokens", 0.0) * self.world_size
         actor_metrics.pop("perf/update_s", None)
@@ -386,38 +437,23 @@ class PPOTrainer:
         if critic_update is not None:
             metrics.update(mean_of_dicts(self.critic.get(critic_update)))
             timing["timing_s/update_critic"] = time.perf_counter() - critic_started
-
-        # ---- weights back to the servers ------------------------------------------------------------
-        if self.weight_sync is not None:
-            with timer("weight_sync", timing):
-                metrics.update(self.run(self.weight_sync.push(step)))
-
-        timing["timing_s/step"] = time.perf_counter() - step_start
-        metrics.update(timing)
-        total_tokens = float(batch["attention_mask"][:rows].sum())
-        metrics["perf/total_tokens"] = total_tokens
-        metrics["perf/throughput_tokens_per_s"] = total_tokens / timing["timing_s/step"]
-        metrics["perf/update_tokens_per_s"] = update_tokens / max(timing.get("timing_s/update_actor", 0.0), 1e-9)
-        metrics["training/global_step"] = float(step)
-        return metrics
+        return update_tokens
 
     def check_rollouts(self, step: int, trajectories: list[Trajectory]) -> dict[str, float]:
         """Stop the run when too many episodes failed; refuse samples of lost weights and push the
-        weights again (``agentgym.trainer.failures``)."""
-        from agentgym.trainer import failures
-
-        max_frac = float(OmegaConf.select(self.cfg, "trainer.max_failed_episode_frac", default=1.0))
+        weights again (``agentgym.trainer.step_checks``)."""
+        max_frac = self.cfg.trainer.max_failed_episode_frac
         failed = sum(t.status == "failed" for t in trajectories)
         dead = []
         if trajectories and failed / len(trajectories) > max_frac and self.servers is not None:
-            dead = self.run(failures.dead_servers(self.servers.client))
-        out = failures.failed_episode_check(trajectories, step, max_frac, dead)
-        expected = getattr(self.weight_sync, "version", None)  # pushed after the last update (or at resume)
+            dead = self.run(step_checks.dead_servers(self.servers.client))
+        out = step_checks.failed_episode_check(trajectories, step, max_frac, dead)
+        expected = self.weight_sync.version if self.weight_sync is not None else None  # the last push
         if expected is not None:  # synchronous training (the async trainer bounds version lag itself)
-            stale = failures.stale_trajectories(trajectories, expected)
+            stale = step_checks.stale_trajectories(trajectories, expected)
             out["rollout/stale_episodes"] = float(len(stale))
             if stale:
-                log.warning("step %d: %s", step, failures.refuse_stale(stale, expected))
+                log.warning("step %d: %s", step, step_checks.refuse_stale(stale, expected))
                 self.run(self.weight_sync.push(expected))
         return out
 
@@ -427,8 +463,6 @@ class PPOTrainer:
         a = self.cfg.algorithm
         tags = [t.data_source or t.env_id for t in trajectories]
         tags += ["pad"] * (len(batch) - len(tags))
-        if a.reward_norm == "running" and not hasattr(self, "reward_moments"):
-            self.reward_moments = algos.RunningMoments()
         return algos.shape_rewards(
             batch["token_level_scores"],
             batch["response_mask"],
@@ -440,7 +474,7 @@ class PPOTrainer:
             reward_shift=a.reward_shift,
             reward_scale=a.reward_scale,
             reward_clip=a.reward_clip,
-            running=getattr(self, "reward_moments", None),
+            running=self.reward_moments,
             valid=batch["valid"],
         )
 
@@ -467,7 +501,7 @@ class PPOTrainer:
                         spread,
                         step,
                         str(self.cfg.actor_rollout_ref.model.path),
-                        OmegaConf.select(self.cfg, "env.name"),
+                        self.cfg.env.name,
                         rollout.n,
                         rollout.temperature,
                     ),
@@ -498,8 +532,6 @@ class PPOTrainer:
 
     # ---- validation -----------------------------------------------------------------------------
     def validate(self, step: int) -> dict[str, float]:
-        if not hasattr(self.source, "validate"):
-            return {}
         started = time.perf_counter()
         trajectories = self.run(self.source.validate())
         if not trajectories:
@@ -516,15 +548,15 @@ class PPOTrainer:
         resume if the run dies before writing it."""
         directory = checkpoint.step_dir(self.run_dir, step)
         directory.mkdir(parents=True, exist_ok=True)
-        pending = [self.actor.call_async("save_checkpoint", str(directory))]
+        pending = [self.actor.call_async(PolicyWorker.save_checkpoint, str(directory))]
         if self.critic is not None:
-            pending.append(self.critic.call_async("save_checkpoint", str(directory)))
+            pending.append(self.critic.call_async(CriticWorker.save_checkpoint, str(directory)))
         self.actor.get(pending[0])
         if self.critic is not None:
             self.critic.get(pending[1])
         state = {
             "global_step": step,
-            "source": self.source.state_dict() if hasattr(self.source, "state_dict") else None,
+            "source": self.source.state_dict(),
             "kl_ctrl_value": self.kl_ctrl.value,
             "rng": rng_state(),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
@@ -547,10 +579,10 @@ class PPOTrainer:
                 f"from). Start over with trainer.resume_mode=disable or another trainer.default_local_dir; to "
                 f"resume it anyway: trainer.resume_mode=resume_path trainer.resume_from_path={directory}"
             )
-        self.actor.call("load_checkpoint", str(directory))
+        self.actor.call(PolicyWorker.load_checkpoint, str(directory))
         if self.critic is not None:
-            self.critic.call("load_checkpoint", str(directory))
-        if state.get("source") is not None and hasattr(self.source, "load_state_dict"):
+            self.critic.call(CriticWorker.load_checkpoint, str(directory))
+        if state.get("source") is not None:
             self.source.load_state_dict(state["source"])
         self.kl_ctrl.value = float(state["kl_ctrl_value"])
         set_rng_state(state["rng"])
@@ -560,7 +592,7 @@ class PPOTrainer:
 
     def save_hf_model(self) -> Path:
         target = self.run_dir / "huggingface"
-        self.actor.call("save_hf", str(target))
+        self.actor.call(PolicyWorker.save_hf, str(target))
         write_training_record(target, self.cfg, self.global_step)  # agentgym_run.json: how it was trained
         return target
 
@@ -591,7 +623,7 @@ class PPOTrainer:
             str(cfg.experiment_name),
             OmegaConf.to_container(self.cfg, resolve=True),
             resume_step,
-            getattr(self, "resumed_metrics", None),
+            self.resumed_metrics,
         )
         if resume_step is not None:  # steps after the checkpoint are taken again: their samples too
             truncate_jsonl(self.run_dir / "samples.jsonl", resume_step)
@@ -673,8 +705,7 @@ class PPOTrainer:
             if group is not None:
                 group.shutdown()
         with contextlib.suppress(Exception):
-            if hasattr(self.source, "aclose"):
-                self.run(self.source.aclose())
+            self.run(self.source.aclose())
         if self.servers is not None:
             with contextlib.suppress(Exception):
                 self.run(self.servers.aclose())

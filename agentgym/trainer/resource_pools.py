@@ -60,7 +60,7 @@ def pool_placement_group(kind: str, nnodes: int, per_node: int, gpu: bool, timeo
 
 def trainer_pool(cfg: Any, world_size: int, num_gpus: float) -> Any:
     """The trainer pool's placement group (rank r in bundle r)."""
-    from agentgym.trainer.ppo_trainer import init_ray
+    from agentgym.trainer.worker_group import init_ray
 
     init_ray(cfg)
     return pool_placement_group("trainer", cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, num_gpus > 0)
@@ -122,7 +122,7 @@ class RayRolloutServers:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from agentgym.client import PolicyClient
-        from agentgym.trainer.ppo_trainer import init_ray
+        from agentgym.trainer.worker_group import init_ray
 
         init_ray(cfg)
         rollout = cfg.actor_rollout_ref.rollout

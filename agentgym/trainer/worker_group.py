@@ -1,15 +1,55 @@
-"""``WorkerGroup``: N copies of one worker class, as Ray actors or in this process."""
+"""``WorkerGroup``: N copies of one worker class, as Ray actors or in this process; ``init_ray`` starts
+or joins the Ray cluster they run on.
+
+A method is named by the worker class's function (``group.call(PolicyWorker.update_actor, ...)``), so
+a reader (and an editor's "go to definition") lands on the code that runs; a name string also works.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import logging
+import os
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from agentgym.trainer.workers import Worker
+
+Method = str | Callable[..., Any]
+"""A worker method: the function itself (``PolicyWorker.update_actor``) or its name."""
+
+
+def method_name(method: Method) -> str:
+    return method if isinstance(method, str) else method.__name__
+
+
+def init_ray(cfg: DictConfig) -> None:
+    """Start a local Ray cluster, or join ``ray_init.address``."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Ray starts workers at nice 15; the trainer's workers are the main work, not background
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    if ray.is_initialized():
+        return
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.ray_init, resolve=True).items() if v is not None}
+    address = kwargs.pop("address", None)
+    kwargs.pop("timeline_json_file", None)  # not a ray.init argument: written at the end (main.write_ray_timeline)
+    kwargs.setdefault("logging_level", logging.WARNING)
+    kwargs.setdefault("log_to_driver", True)
+    if address:
+        for local_only in ("num_cpus", "num_gpus", "include_dashboard"):
+            kwargs.pop(local_only, None)
+        ray.init(address=address, **kwargs)
+    else:
+        kwargs.setdefault("num_cpus", os.cpu_count() or 1)
+        ray.init(**kwargs)
 
 
 class WorkerGroup:
@@ -49,14 +89,17 @@ class WorkerGroup:
             if world_size != 1:
                 raise ValueError("a WorkerGroup without Ray holds exactly one worker")
             self.workers = [cls(config, 0, 1)]
-        if self.call("needs_process_group")[0]:
-            host, port = self.call_rank0("rendezvous_address")
-            self.call("init_distributed", host, port)
+        from agentgym.trainer.workers import Worker
+
+        if self.call(Worker.needs_process_group)[0]:
+            host, port = self.call_rank0(Worker.rendezvous_address)
+            self.call(Worker.init_distributed, host, port)
 
     def call_async(
-        self, method: str, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None, **kwargs: Any
+        self, method: Method, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None, **kwargs: Any
     ) -> Any:
         """Start ``method`` on every rank; returns something ``get`` turns into the results."""
+        method = method_name(method)
         if self.use_ray:
             futures = []
             for rank, worker in enumerate(self.workers):
@@ -74,11 +117,12 @@ class WorkerGroup:
         return pending
 
     def call(
-        self, method: str, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None, **kwargs: Any
+        self, method: Method, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None, **kwargs: Any
     ) -> list[Any]:
         return self.get(self.call_async(method, *args, per_rank=per_rank, **kwargs))
 
-    def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def call_rank0(self, method: Method, *args: Any, **kwargs: Any) -> Any:
+        method = method_name(method)
         if self.use_ray:
             import ray
 

@@ -25,6 +25,7 @@ Differs from veRL, deliberately:
 Files: ``stats.py`` (masked statistics; log-probs and entropy from logits) · ``advantages.py``
 (``ADV_ESTIMATOR_REGISTRY``, keyed by ``algorithm.adv_estimator``) · ``aggregation.py`` (``agg_loss``,
 ``LOSS_AGG_MODES``) · ``shaping.py`` (ROLL's reward normalisation and advantage clipping) ·
+``rollout_correction.py`` (decoupled PPO's importance weights between the sampling and the trainer's policy) ·
 ``policy_losses.py`` (``POLICY_LOSS_REGISTRY``, keyed by ``policy_loss.loss_mode``; entropy and
 value losses; the actor loss) · ``kl.py`` (KL controllers, estimators, KL loss, KL in the reward) ·
 ``token_rewards.py`` (rewards from ``Trajectory`` objects onto tokens) · ``turn_credit.py`` (GiGPO:
@@ -76,6 +77,10 @@ from agentgym.trainer.algos.policy_losses import (
     compute_policy_loss_vanilla,
     compute_value_loss,
     get_policy_loss_fn,
+)
+from agentgym.trainer.algos.rollout_correction import (
+    RolloutCorrection,
+    rollout_is_weights,
 )
 from agentgym.trainer.algos.shaping import (
     RunningMoments,
@@ -153,6 +158,8 @@ __all__ = [
     "reward_baselines_of",
     "scores_equal",
     "shape_rewards",
+    "RolloutCorrection",
+    "rollout_is_weights",
     "token_level_scores_from_rewards",
     "trajectories_to_token_rewards",
     "turn_returns",
