@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from fidelity import logprob_tolerance, max_difference, teacher_forced
 
 from agentgym.client import PolicyClient, PolicyServerError
 from agentgym.client.versions import record_weight_version
@@ -16,6 +15,7 @@ from agentgym.model import load_causal_lm
 from agentgym.server.handles import AppThread, free_port
 from agentgym.server.launch import start_embedded_server
 from agentgym.types import SamplingParams
+from tests.support.fidelity import logprob_tolerance, max_difference, teacher_forced
 
 ADMIN = "sk-test-admin"  # both servers take it, so one client can push weights to both
 

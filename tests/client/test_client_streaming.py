@@ -12,19 +12,19 @@ import json
 import time
 
 import pytest
-from bench_modules import standin_server
 
 from agentgym.client import HTTPPools, PolicyClient, PolicyServerError
 from agentgym.client.http11 import ConnectionPool, TransportError
 from agentgym.client.httpx_pools import HttpxTransport
 from agentgym.types import SamplingParams
+from tests.support import standin_server
 
 PROMPT = [60, 61, 62, 63, 64]
 
 
 @pytest.fixture(scope="module")
 def slow():
-    mod = standin_server()
+    mod = standin_server
     server = mod.StandinServer(policy=mod.BuiltinPolicy("echo"), token_delay_ms=40)
     server.start()
     yield server
@@ -86,7 +86,7 @@ async def test_generate_stream_adds_up_to_generate(slow, transport):
 
 
 async def test_a_stream_is_retried_until_its_first_token_and_refusals_are_not():
-    mod = standin_server()
+    mod = standin_server
     answers = [503, 503]
     policy = mod.BuiltinPolicy("echo")
     server = mod.StandinServer(policy=lambda request: answers.pop() if answers else policy(request))
@@ -106,7 +106,7 @@ async def test_a_stream_is_retried_until_its_first_token_and_refusals_are_not():
 
 
 async def test_servers_join_and_leave_and_sessions_move_on(slow):
-    mod = standin_server()
+    mod = standin_server
     other = mod.StandinServer(policy=mod.BuiltinPolicy("echo"))
     other.start()
     try:

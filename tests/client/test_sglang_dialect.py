@@ -10,7 +10,6 @@ import json
 
 import pytest
 import torch
-from sglang_standin import EOS, REPLY, SGLangStandin, logprob
 
 from agentgym.client import PolicyClient, PolicyServerError
 from agentgym.client.weights import SGLangWeights
@@ -18,6 +17,7 @@ from agentgym.model import load_tokenizer
 from agentgym.model.weights import save_for_push
 from agentgym.rollout import RolloutConfig, RolloutRunner
 from agentgym.types import SamplingParams
+from tests.support.sglang_standin import EOS, REPLY, SGLangStandin, logprob
 
 
 @pytest.fixture

@@ -8,13 +8,13 @@ import textwrap
 
 import pytest
 import torch
-from compat_fixtures import gsm8k_rows, write_gsm8k_parquet
 from omegaconf import OmegaConf
 
 import agentgym
 from agentgym.config import ConfigError
 from agentgym.trainer.config import load_config
 from agentgym.types import Trajectory, Turn
+from tests.support.compat_fixtures import gsm8k_rows, write_gsm8k_parquet
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from compat_fixtures import write_gsm8k_parquet
 
 from agentgym.cli import main
+from tests.support.compat_fixtures import write_gsm8k_parquet
 
 
 @pytest.fixture(scope="module")

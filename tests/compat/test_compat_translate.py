@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from compat_fixtures import write_gsm8k_parquet
 
 from agentgym.cli import main
 from agentgym.compat.translate import load_their_yaml
 from agentgym.config import flatten
 from agentgym.stages.config_command import translate_file
+from tests.support.compat_fixtures import write_gsm8k_parquet
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -10,7 +10,6 @@ import time
 
 import pytest
 import yaml
-from compat_fixtures import quickstart_command, with_overrides, write_gsm8k_parquet
 from omegaconf import OmegaConf
 
 from agentgym.cli import main
@@ -18,6 +17,7 @@ from agentgym.compat.verl import DEFAULT_EXCEPTIONS, VERL_DEFAULTS, verl_key_pol
 from agentgym.config import ConfigError, compose
 from agentgym.model import tiny_model_path
 from agentgym.trainer.config import load_config
+from tests.support.compat_fixtures import quickstart_command, with_overrides, write_gsm8k_parquet
 
 TINY = str(tiny_model_path())
 

@@ -11,7 +11,6 @@ import json
 import random
 
 import pytest
-from shared_data import GSM8K_TEST
 
 import agentgym
 from agentgym.cli import main as cli_main
@@ -21,6 +20,7 @@ from agentgym.envs.first_letter import FirstLetterEnv
 from agentgym.envs.sokoban import SokobanEnv
 from agentgym.envs.sokoban_levels import Level, shortest_moves, solve
 from agentgym.registry import UnknownNameError
+from tests.support.shared_data import GSM8K_TEST
 
 SOKOBAN_KW = {"offer_tools": False, "max_steps": 15}
 

@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 import pytest
-from bench_modules import fuzz_doors
+
+from tests.support.bench_modules import fuzz_doors
 
 fuzz = fuzz_doors()
 EXAMPLES = 50  # generated inputs per door here: the CI lane (the benchmark runs hundreds)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import gymnasium
 import pytest
-from shared_data import GSM8K_DIR, GSM8K_TEST  # noqa: F401
 
 import agentgym
 from agentgym.envs.data import DataError
 from agentgym.envs.gsm8k import INSTRUCTION, Gsm8kEnv
+from tests.support.shared_data import GSM8K_DIR, GSM8K_TEST  # noqa: F401
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import json
 import re
 
 import pytest
-from shared_data import GSM8K_TEST
 
 from agentgym.envs.rewards import (
     answers_match,
@@ -18,6 +17,7 @@ from agentgym.envs.rewards import (
     ground_truth_from_gsm8k_answer,
     parse_number,
 )
+from tests.support.shared_data import GSM8K_TEST
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,14 @@ import time
 import httpx
 import openai
 import pytest
-from bench_modules import gateway_bench
-from fidelity import logprob_tolerance
 
 from agentgym.gateway.agent_source import AgentTrajectorySource, DataPool, load_agent
 from agentgym.gateway.client import GatewayClient
 from agentgym.gateway.serve import start_gateway
 from agentgym.model import load_tokenizer
 from agentgym.types import Trajectory
+from tests.support.bench_modules import gateway_bench
+from tests.support.fidelity import logprob_tolerance
 
 bench = gateway_bench()
 

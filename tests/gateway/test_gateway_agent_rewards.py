@@ -7,11 +7,11 @@ import logging
 
 import openai
 import pytest
-from bench_modules import gateway_bench
 
 from agentgym.gateway.agent_source import AgentTrajectorySource, agent_failure
 from agentgym.gateway.serve import start_gateway
 from agentgym.trainer.failures import TrainingFailed, failed_episode_check
+from tests.support.bench_modules import gateway_bench
 
 bench = gateway_bench()
 TASKS = [{"index": 0, "question": "CALC: 2 * 10", "ground_truth": "20"}]  # no reward_fn, no data_source

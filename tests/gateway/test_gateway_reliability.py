@@ -17,10 +17,10 @@ import uuid
 import httpx
 import openai
 import pytest
-from bench_modules import gateway_bench
 
 from agentgym.gateway.client import GatewayClient
 from agentgym.types import Trajectory
+from tests.support.bench_modules import gateway_bench
 
 bench = gateway_bench()
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from bench_modules import gateway_bench
 
 from agentgym.gateway import start_gateway
 from agentgym.gateway.archive import ArchivedSession, MemoryArchive, SqliteArchive, open_archive
+from tests.support.bench_modules import gateway_bench
 
 bench = gateway_bench()
 ADMIN = {"Authorization": f"Bearer {bench.ADMIN_KEY}"}  # the key of the gateways bench starts

@@ -15,10 +15,10 @@ import time
 import httpx
 import openai
 import pytest
-from bench_modules import standin_server
 
 from agentgym.gateway import start_gateway
 from agentgym.types import Trajectory
+from tests.support import standin_server
 
 TOKEN_MS = 60
 TOOLS = [
@@ -39,7 +39,7 @@ TOOLS = [
 @pytest.fixture(scope="module")
 def slow():
     """A stand-in that streams a token every TOKEN_MS."""
-    mod = standin_server()
+    mod = standin_server
     server = mod.StandinServer(policy=mod.BuiltinPolicy("echo"), token_delay_ms=TOKEN_MS, weight_version=5)
     server.start()
     yield server
@@ -185,7 +185,7 @@ def test_an_agent_that_leaves_mid_stream_records_nothing_and_the_session_goes_on
 
 
 def test_a_server_that_refuses_is_an_http_error_not_a_broken_stream():
-    mod = standin_server()
+    mod = standin_server
     server = mod.StandinServer(policy=lambda request: 400)
     server.start()
     try:
@@ -203,7 +203,7 @@ def test_a_server_that_refuses_is_an_http_error_not_a_broken_stream():
 
 # ---- servers at run time ----------------------------------------------------------------------------
 def test_servers_added_and_removed_while_sessions_run(oracle):
-    mod = standin_server()
+    mod = standin_server
     a, b = (mod.StandinServer(policy=mod.BuiltinPolicy("echo"), delay_ms=20) for _ in range(2))
     a.start()
     b.start()

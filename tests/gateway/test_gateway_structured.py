@@ -12,12 +12,12 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from fidelity import logprob_tolerance, teacher_forced
 
 from agentgym.gateway.serve import start_gateway
 from agentgym.model import load_causal_lm
 from agentgym.server.launch import start_embedded_server
 from agentgym.types import Trajectory
+from tests.support.fidelity import logprob_tolerance, teacher_forced
 
 ARGS = {
     "type": "object",

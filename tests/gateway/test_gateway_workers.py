@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from bench_modules import gateway_bench
 
 from agentgym.gateway.client import GatewayClient
 from agentgym.gateway.workers import combine, worker_of
+from tests.support.bench_modules import gateway_bench
 
 bench = gateway_bench()
 

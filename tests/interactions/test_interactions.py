@@ -12,15 +12,15 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-from shared_data import GSM8K_TEST
 
 import agentgym
 from agentgym.envs.data import DataError
 from agentgym.interactions import BaseInteraction, InteractionConfigError, load_interactions
 from agentgym.interactions.env import InteractionEnv
 from agentgym.interactions.gsm8k import Gsm8kInteraction
+from tests.support.shared_data import GSM8K_TEST
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---- an interaction written for veRL: imports nothing from agentgym -----------------------

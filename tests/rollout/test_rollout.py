@@ -11,7 +11,6 @@ import asyncio
 import time
 
 import pytest
-from shared_data import GSM8K_TEST
 from transformers import AutoTokenizer
 
 import agentgym
@@ -20,6 +19,7 @@ from agentgym.envs.base import TextEnv, reply_text
 from agentgym.model import load_tokenizer, resolve_model_path
 from agentgym.rollout import ChatTokenizer, RolloutConfig, RolloutRunner, Task, pass_at_k, summarize
 from agentgym.rollout.runner import assistant_message
+from tests.support.shared_data import GSM8K_TEST
 
 GSM8K = str(GSM8K_TEST)
 TOK = load_tokenizer("tiny")

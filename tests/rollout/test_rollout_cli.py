@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from shared_data import GSM8K_TEST
 
 from agentgym.cli import main
 from agentgym.client import PolicyClient
 from agentgym.model import load_tokenizer
 from agentgym.rollout import RolloutConfig, RolloutRunner, read_trajectories
 from agentgym.server.launch import start_embedded_server
+from tests.support.shared_data import GSM8K_TEST
 
 GSM8K = str(GSM8K_TEST)
 TOK = load_tokenizer("tiny")

@@ -20,8 +20,8 @@ import pytest
 from agentgym.server.engines import start_engine_server
 from agentgym.server.handles import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
-FAKE_ENGINES = Path(__file__).resolve().parent / "fake_engines"
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_ENGINES = ROOT / "tests" / "support" / "fake_engines"
 
 
 @pytest.fixture

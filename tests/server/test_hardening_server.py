@@ -16,10 +16,10 @@ import time
 
 import httpx
 import pytest
-from bench_modules import fuzz_server
 
 from agentgym.server.launch import start_embedded_server
 from agentgym.server.limits import ServerLimits
+from tests.support.bench_modules import fuzz_server
 
 JSON = {"Content-Type": "application/json"}
 

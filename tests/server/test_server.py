@@ -17,12 +17,12 @@ import httpx
 import openai
 import pytest
 import torch
-from fidelity import logprob_tolerance, teacher_forced
 
 from agentgym.model import load_causal_lm, load_tokenizer
 from agentgym.server.app import chat_message
 from agentgym.server.launch import start_embedded_server
 from agentgym.server.tool_calls import parse_tool_calls
+from tests.support.fidelity import logprob_tolerance, teacher_forced
 
 TOOLS = [
     {

@@ -14,10 +14,10 @@ import openai
 import pydantic
 import pytest
 import torch
-from fidelity import logprob_tolerance, teacher_forced
 
 from agentgym.model import load_causal_lm
 from agentgym.server.launch import start_embedded_server
+from tests.support.fidelity import logprob_tolerance, teacher_forced
 
 CALC = {
     "type": "object",

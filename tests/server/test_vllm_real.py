@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from fidelity import logprob_tolerance, max_difference, teacher_forced
 
 from agentgym.client import PolicyClient
 from agentgym.client.weights import VLLMWeights
@@ -29,6 +28,7 @@ from agentgym.rollout import RolloutConfig, RolloutRunner
 from agentgym.server.engines import build_tiny_head64, engine_available
 from agentgym.server.handles import free_port
 from agentgym.types import SamplingParams
+from tests.support.fidelity import logprob_tolerance, max_difference, teacher_forced
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 PYTHON = os.environ.get("AGENTGYM_VLLM_PYTHON", sys.executable)

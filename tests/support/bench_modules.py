@@ -1,7 +1,6 @@
 """The benchmark scripts that tests drive (``benchmarks/`` is not a package), one module object each:
-``standin_server`` (imported by that name, as ``benchmarks/gateway.py`` imports it) and
 ``benchmarks/gateway.py`` (as ``gateway_bench``, so it cannot shadow anything named ``gateway``) and
-``fuzz_server``, ``fuzz_doors`` (by that name too: its worker process imports it again) and
+``fuzz_server``, ``fuzz_doors`` (imported by those names: the fuzz worker process imports ``fuzz_doors`` again) and
 ``benchmarks/train_step.py`` (as ``train_step_bench``: the Qwen2.5-0.5B-shape model it builds)."""
 
 from __future__ import annotations
@@ -12,13 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def standin_server() -> ModuleType:
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.append(str(BENCHMARKS))
-    return importlib.import_module("standin_server")
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def fuzz_server() -> ModuleType:
@@ -36,7 +29,6 @@ def fuzz_doors() -> ModuleType:
 def gateway_bench() -> ModuleType:
     module = sys.modules.get("gateway_bench")
     if module is None:
-        standin_server()  # its import of standin_server must find the same module
         spec = importlib.util.spec_from_file_location("gateway_bench", BENCHMARKS / "gateway.py")
         module = sys.modules["gateway_bench"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

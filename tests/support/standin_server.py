@@ -58,7 +58,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXED_TEXT = "The answer is 72.<|im_end|>"
 CHAT_REPLY = "The answer is 72."
 
@@ -732,8 +732,8 @@ def start_engine_standin(
 ) -> StandinProcess:
     """An ``EngineStandin`` in a child process, returned (``.url``) once it listens."""
     code = (
-        f"import sys; sys.path[:0] = [{str(Path(__file__).resolve().parent)!r}, {str(ROOT)!r}]; "
-        f"from standin_server import _serve_engine; _serve_engine({step_ms}, {cap}, {load_ms})"
+        f"import sys; sys.path[:0] = [{str(ROOT)!r}]; "
+        f"from tests.support.standin_server import _serve_engine; _serve_engine({step_ms}, {cap}, {load_ms})"
     )
     proc = StandinProcess([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None

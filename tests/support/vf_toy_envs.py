@@ -1,5 +1,5 @@
 """Small verifiers environments built with the real verifiers package (no hub data): the
-``vf/vf_toy_envs`` env of tests/test_adapters_verifiers.py. ``kind`` picks one:
+``vf/tests.support.vf_toy_envs`` env of tests/envs/adapters/test_adapters_verifiers.py. ``kind`` picks one:
 
 * ``single``: a ``SingleTurnEnv`` of sums; the rubric rewards the exact answer in ``<answer>``
   tags (weight 1) and, at weight 0.5, an answer that is a number at all.

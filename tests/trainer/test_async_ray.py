@@ -21,7 +21,7 @@ import pytest
 
 from agentgym.trainer.resource_pools import buckets
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).with_name("ray")
 
 

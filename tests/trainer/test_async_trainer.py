@@ -19,7 +19,7 @@ from agentgym.trainer.config import load_config
 from agentgym.trainer.rollout_correction import rollout_is_weights
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rows(path: Path) -> list[dict]:

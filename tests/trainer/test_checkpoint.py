@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
-from test_trainer import make_trajectories, ray_session  # noqa: F401 - ray_session is a fixture
 
 from agentgym.rollout.sources import FixedTrajectorySource, TaskSampler
 from agentgym.trainer import checkpoint
 from agentgym.trainer.config import load_config
 from agentgym.trainer.run import train
+from tests.trainer.test_trainer import make_trajectories, ray_session  # noqa: F401 - ray_session is a fixture
 
 OVERRIDES = [
     "trainer.use_ray=false",

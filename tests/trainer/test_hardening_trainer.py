@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 import pytest
-from test_checkpoint import _run
 
 from agentgym.envs.first_letter import FirstLetterEnv
 from agentgym.server.handles import free_port
 from agentgym.trainer import checkpoint
 from agentgym.trainer.config import load_config
+from tests.trainer.test_checkpoint import _run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = [
     "trainer.use_ray=false",
     "trainer.logger=[jsonl]",
@@ -39,7 +39,7 @@ FAST = [
 
 
 def run_python(code: str, timeout: float = 300, argv: list[str] = ()) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *argv],
         cwd=ROOT,
@@ -186,7 +186,7 @@ def test_a_bad_latest_file_is_refused_not_a_restart_from_step_0(tmp_path, latest
 # ---- metrics across kill -9 -----------------------------------------------------------------------------
 KILLED_RUN = """
     import os, signal, sys
-    from test_checkpoint import _run
+    from tests.trainer.test_checkpoint import _run
     from agentgym.trainer.ppo_trainer import PPOTrainer
 
     directory, steps, save_freq, kill_after_save, kill_at_step = sys.argv[1], *map(int, sys.argv[2:])
@@ -415,7 +415,7 @@ async def test_the_process_executor_counts_each_failing_episode_once(standin_ser
 
 HUNG_TRAIN = f"""
     import agentgym
-    from test_hardening_trainer import HangingEnv
+    from tests.trainer.test_hardening_trainer import HangingEnv
     from agentgym.cli import main
 
     agentgym.register("hanging_first_letter", HangingEnv)

@@ -12,11 +12,11 @@ import time
 
 import httpx
 import pytest
-from adapter_checks import assert_token_exact, needs, train_two_steps
 
 import agentgym
 from agentgym.envs.adapters.openenv_server import create_app
 from agentgym.server.handles import AppThread
+from tests.support.adapter_checks import assert_token_exact, needs, train_two_steps
 
 
 @pytest.fixture

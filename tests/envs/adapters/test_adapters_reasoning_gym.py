@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from adapter_checks import assert_token_exact, needs, train_two_steps
 
 import agentgym
 from agentgym.registry import UnknownNameError
+from tests.support.adapter_checks import assert_token_exact, needs, train_two_steps
 
 pytestmark = [pytest.mark.extras, needs("reasoning_gym", "reasoning-gym")]
 

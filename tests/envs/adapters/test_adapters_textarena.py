@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from adapter_checks import assert_token_exact, needs, train_two_steps
 
 import agentgym
 from agentgym.client import PolicyClient
 from agentgym.model import load_tokenizer
 from agentgym.rollout import RolloutConfig, RolloutRunner
+from tests.support.adapter_checks import assert_token_exact, needs, train_two_steps
 
 pytestmark = [pytest.mark.extras, needs("textarena", "textarena")]
 TOK = load_tokenizer("tiny")

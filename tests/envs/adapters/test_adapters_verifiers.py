@@ -1,4 +1,4 @@
-"""vf/<module>: verifiers environments (tests/vf_toy_envs.py, built with the real package) through
+"""vf/<module>: verifiers environments (tests/support/vf_toy_envs.py, built with the real package) through
 the adapter: single-turn, tools through agentgym's tool path, multi-turn; the reward is the rubric's."""
 
 from __future__ import annotations
@@ -7,24 +7,25 @@ import asyncio
 import json
 
 import pytest
-from adapter_checks import assert_token_exact, needs, train_two_steps
 
 import agentgym
 from agentgym.client import PolicyClient
 from agentgym.model import load_tokenizer
 from agentgym.rollout import RolloutConfig, RolloutRunner, Task
+from tests.support.adapter_checks import assert_token_exact, needs, train_two_steps
 
 pytestmark = [pytest.mark.extras, needs("verifiers", "verifiers")]
 TOK = load_tokenizer("tiny")
-ENV = "vf/vf_toy_envs"
+ENV = "vf/tests.support.vf_toy_envs"
 
 
 def verifiers_own_reward(kind: str, index: int, replies: list) -> float:
     """The same replies through verifiers' own ``run_rollout`` (its loop and its rubric), with a
     scripted model client written here: the reward verifiers gives those answers."""
     import verifiers as vf
-    import vf_toy_envs
     from verifiers.types import Response, ResponseMessage, ToolCall
+
+    from tests.support import vf_toy_envs
 
     script = iter(replies)
 

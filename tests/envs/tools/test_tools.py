@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 
 import psutil
 import pytest
-from shared_data import GSM8K_TEST
 
 import agentgym
 import agentgym.envs.tools.sandbox as sandbox_package
@@ -40,6 +39,7 @@ from agentgym.envs.tools.sandbox import (
     run_python,
     strong_problem,
 )
+from tests.support.shared_data import GSM8K_TEST
 
 TIMEOUT_S = 2.0
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import (
+
+from tests.envs.tools.sandbox_abuse.conftest import (
     PROBE_MEMORY_MB,
     PROBE_TIMEOUT_S,
     PROJECT_DIR,
