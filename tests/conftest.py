@@ -18,7 +18,7 @@ def standin_server():
 @pytest.fixture(scope="session")
 def oracle():
     """What the stand-in's ``echo`` mode samples for a prompt, recomputed here (``reply_ids``,
-    ``logprobs``, ``tok``): tests/test_gateway.py, tests/test_gateway_reliability.py."""
+    ``logprobs``, ``tok``): tests/gateway/test_gateway.py, tests/gateway/test_gateway_reliability.py."""
     return standin_module.BuiltinPolicy("echo")
 
 

@@ -1,5 +1,5 @@
 """agentgym's SGLang dialect against a stand-in that follows SGLang's HTTP API field by field
-(tests/sglang_standin.py): token-level generation, finish reasons, weight versions, weight
+(tests/support/sglang_standin.py): token-level generation, finish reasons, weight versions, weight
 pushes, pause/continue, and a rollout whose trajectories hold exactly what the server sampled.
 No SGLang build runs on this kind of machine (README, "SGLang"), so this is its check."""
 

@@ -1,7 +1,7 @@
 """Model output can never hang, crash or escape (issue 24): every door a policy's reply goes through
 returns within the per-call budget, run in a worker process that is killed on a hang.
 
-First the findings of issue 24, one test each (the sandbox's are in ``sandbox_abuse/test_probes.py``);
+First the findings of issue 24, one test each (the sandbox's are in ``tools/sandbox_abuse/test_probes.py``);
 then the bounded fuzz lane: every door on the adversarial corpus and on inputs hypothesis generates.
 The long lane is ``benchmarks/fuzz_doors.py``, which prints the worst time per door.
 """

@@ -1,7 +1,7 @@
 """The gateway through the real ``openai`` client: sessions, token-exact recording, branching,
 the OpenAI surface, rewards, pause, and trajectories that train like env rollouts.
 
-Most tests run against the stand-in policy server (``benchmarks/standin_server.py`` in echo mode, a
+Most tests run against the stand-in policy server (``tests/support/standin_server.py`` in echo mode, a
 child process answering ``/v1/completions`` token-in/token-out, deterministically from the
 prompt: ``CALC: x`` gets a calculator tool call, a tool response gets ``#### <result>``, anything
 else ``echo: ...``), so the tests can recompute exactly what the server sampled (``oracle``). One

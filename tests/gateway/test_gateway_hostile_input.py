@@ -1,5 +1,5 @@
 """The gateway's own readers of what agents send (session matching) hold against hostile shapes:
-they answer, never raise (the envs' doors are fuzzed in tests/test_doors.py)."""
+they answer, never raise (the envs' doors are fuzzed in tests/envs/test_doors.py)."""
 
 from __future__ import annotations
 

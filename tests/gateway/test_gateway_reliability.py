@@ -1,6 +1,6 @@
 """The gateway under load and abuse: 1,000 concurrent agent sessions through ``agentgym gateway``
 (a child process; once as one process, once with ``--workers 2``) against the stand-in policy server
-(``benchmarks/standin_server.py``, another
+(``tests/support/standin_server.py``, another
 child process), which is killed and restarted mid-run. No trajectory may be lost or mixed between
 sessions, and malformed requests must get OpenAI-style 4xx answers while the gateway stays up.
 """

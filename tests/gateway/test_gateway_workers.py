@@ -1,5 +1,5 @@
 """``agentgym gateway --workers 2``: two worker processes behind one public port, against the
-stand-in policy server (``benchmarks/standin_server.py``, echo mode: every session's replies are its own).
+stand-in policy server (``tests/support/standin_server.py``, echo mode: every session's replies are its own).
 """
 
 from __future__ import annotations

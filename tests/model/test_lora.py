@@ -191,7 +191,7 @@ def test_vllm_servers_hot_load_the_adapter_directory(tmp_path):
 
 @pytest.mark.slow
 def test_a_lora_run_learns_first_letter(tmp_path):
-    """The statistical check of tests/test_trainer.py::test_grpo_learns_first_letter, with LoRA
+    """The statistical check of tests/trainer/test_trainer.py::test_grpo_learns_first_letter, with LoRA
     adapters only. The head is among the targets: the random tiny model's output passes through
     embeddings of norm ~0.16 tied to its head, which adapters on the inner layers alone can
     barely turn towards vowels (measured: 0.19 -> 0.21 after 15 direct gradient steps; with the

@@ -197,7 +197,7 @@ async def test_a_gateway_feed_delivers_each_finished_session_once():
 
 
 def test_partial_rollout_pauses_servers_known_by_url_through_their_engines_routes(monkeypatch):
-    """vLLM: /pause?mode=abort and /resume (checked against a real vLLM in tests/test_vllm_real.py);
+    """vLLM: /pause?mode=abort and /resume (checked against a real vLLM in tests/server/test_vllm_real.py);
     SGLang and agentgym's server: /pause_generation {"mode": "abort"} and /continue_generation."""
     from agentgym.client.weights import _Weights
     from agentgym.trainer.weight_sync import RolloutServers

@@ -1,6 +1,6 @@
 """Env executors: failures counted once per episode, dead workers, episode workers, remote OpenEnv envs.
 
-The policy is the stand-in server (benchmarks/standin_server.py in a thread), which records every
+The policy is the stand-in server (tests/support/standin_server.py in a thread), which records every
 request, so trajectories made in worker processes are checked token for token against what the
 server saw and returned. ``FlakyEnv`` lives here at module level so worker processes can import it.
 """

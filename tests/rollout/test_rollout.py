@@ -1,6 +1,6 @@
 """The rollout runner: token-exact trajectories, template deltas and checks, limits, failure isolation.
 
-A stand-in policy server (benchmarks/standin_server.py, in a thread) answers over real HTTP
+A stand-in policy server (tests/support/standin_server.py, in a thread) answers over real HTTP
 through the real PolicyClient and records every request body, so the tests compare the
 stored trajectories with exactly what the server saw and returned.
 """

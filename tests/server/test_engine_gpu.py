@@ -1,6 +1,6 @@
 """The engine on a CUDA device: decode steps replayed from CUDA graphs give the tokens and logprobs
 an eager engine gives, and both match a teacher-forced forward. Skipped without CUDA (the CPU
-tests run the same padded steps eagerly: tests/test_engine_cache.py)."""
+tests run the same padded steps eagerly: tests/server/test_engine_cache.py)."""
 
 from __future__ import annotations
 

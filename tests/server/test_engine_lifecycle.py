@@ -1,4 +1,4 @@
-"""Starting and stopping vLLM as a child process, against a fake vLLM (tests/fake_engines) that
+"""Starting and stopping vLLM as a child process, against a fake vLLM (tests/support/fake_engines) that
 behaves as the real one does here: it hands its port to a child process that outlives a parent
 killed alone. Nothing may be left running: not after SIGTERM to ``agentgym serve``, not when
 the launching program ends or fails, not when the engine's first process is already gone; a

@@ -1,4 +1,5 @@
-"""vLLM / SGLang launchers and weight adapters, checked against stand-ins (a real vLLM: tests/test_vllm_real.py)."""
+"""vLLM / SGLang launchers and weight adapters, checked against stand-ins (a real vLLM:
+tests/server/test_vllm_real.py)."""
 
 from __future__ import annotations
 

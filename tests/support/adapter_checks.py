@@ -1,4 +1,4 @@
-"""Shared by tests/test_adapters_*.py: a 2-step ``agentgym train`` whose trajectories are checked
+"""Shared by tests/envs/adapters/test_adapters_*.py: a 2-step ``agentgym train`` whose trajectories are checked
 token for token against every call the policy client made, and the skip for a missing package."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fixtures shared by tests/test_compat_*.py: GSM8K-style parquet in veRL's row format, and veRL's
+"""Fixtures shared by tests/compat/test_compat_*.py: GSM8K-style parquet in veRL's row format, and veRL's
 GSM8K quickstart command line (docs/start/quickstart.rst) with a local model path."""
 
 from __future__ import annotations

@@ -30,13 +30,13 @@ generations (``POST /v1/...``) that long, as a real server's generation time wou
 close`` honoured, everything but the policy's answers prebuilt; no framework: it must never be the
 bottleneck.
 
-    python benchmarks/standin_server.py --port 0 [--mode echo|fixed] [--text T] [--weight-version N]
+    python tests/support/standin_server.py --port 0 [--mode echo|fixed] [--text T] [--weight-version N]
                                         [--delay-ms D]   # prints "READY <port>" once listening
 
 * ``start_standin(port, mode, version, ...)`` runs that in a child process and returns its
   ``Popen`` (``.url``) once it listens: ``benchmarks/gateway.py`` and ``benchmarks/rollout.py``
-  measure against it; ``tests/test_gateway*.py`` run it (and kill and restart it mid-run).
-* ``StandinServer`` runs it in a background thread of this process (``tests/test_rollout*.py``):
+  measure against it; ``tests/gateway/test_gateway*.py`` run it (and kill and restart it mid-run).
+* ``StandinServer`` runs it in a background thread of this process (``tests/rollout/test_rollout*.py``):
   its ``policy`` (by default: ``token_ids`` every time) can be swapped at any moment, every
   request and its answer are recorded in ``server.requests``, and it reports weight version 1.
 """
@@ -445,7 +445,7 @@ def start_standin(
     text: str = FIXED_TEXT,
     token_delay_ms: float = 0.0,
 ) -> StandinProcess:
-    """``python benchmarks/standin_server.py`` in a child process, returned once it listens (so it
+    """``python tests/support/standin_server.py`` in a child process, returned once it listens (so it
     answers ``/health``); ``port`` 0: a free one, in ``.url``. ``version``: its weight version."""
     cmd = [
         sys.executable,

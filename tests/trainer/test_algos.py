@@ -270,12 +270,12 @@ def test_registries_hold_verl_names():
         "rloo",
         "reinforce_plus_plus",
         "reinforce_plus_plus_baseline",
-        "reinforce",  # ROLL's name (tests/test_compat_roll.py)
-        "gigpo",  # tests/test_turn_credit.py
+        "reinforce",  # ROLL's name (tests/compat/test_compat_roll.py)
+        "gigpo",  # tests/trainer/test_turn_credit.py
         "remax",
         "opo",
         "grpo_passk",
-        "gpg",  # tests/test_algos_estimators.py
+        "gpg",  # tests/trainer/test_algos_estimators.py
     }
     assert set(algos.POLICY_LOSS_REGISTRY) == {"vanilla", "gspo", "topr", "gpg"}
     with pytest.raises(ValueError, match="Did you mean 'grpo'"):
