@@ -251,9 +251,8 @@ def test_a_judge_on_an_agentgym_serve_endpoint_scores_a_gsm8k_eval(served_tiny, 
     """``agentgym eval --env gsm8k --judge-url URL``, the judge an ``agentgym serve`` endpoint (the random
     tiny model, which rarely answers in the judge's format): every episode is either judged or counted
     among the unparsed answers, none is scored without an answer."""
-    from shared_data import GSM8K_TEST
-
     from agentgym.cli import main
+    from tests.support.shared_data import GSM8K_TEST
 
     if not GSM8K_TEST.is_file():
         pytest.skip(f"GSM8K test data not found at {GSM8K_TEST}")

@@ -170,7 +170,7 @@ def served_text(served, ids: list[int]) -> str:
 async def test_rollouts_through_vllm_are_token_exact(served, env_name):
     """Every turn's prompt is exactly the stored sequence so far, its response exactly what vLLM
     sampled, and every stored logprob is the trainer's own (float32) for the stored token."""
-    from shared_data import GSM8K_TEST
+    from tests.support.shared_data import GSM8K_TEST
 
     if env_name == "gsm8k_tool" and not GSM8K_TEST.is_file():
         pytest.skip(f"GSM8K test data not found at {GSM8K_TEST}")
