@@ -128,17 +128,12 @@ async def test_servers_join_and_leave_and_sessions_move_on(slow):
 
 
 @pytest.mark.slow
-async def test_the_embedded_server_streams_token_ids_a_generate_would_sample():
-    from agentgym.server.launch import start_embedded_server
-
-    handle = start_embedded_server("tiny")
-    try:
-        async with PolicyClient(handle.url, model="tiny") as client:
-            sampling = SamplingParams(max_tokens=12, temperature=0.8, seed=11)
-            deltas = [d async for d in client.generate_stream(PROMPT, sampling)]
-            whole = await client.generate(PROMPT, sampling)
-        assert [t for d in deltas for t in d.token_ids] == whole.token_ids
-        assert [x for d in deltas for x in d.logprobs] == pytest.approx(whole.logprobs, abs=1e-4)
-        assert deltas[-1].finish_reason == whole.finish_reason
-    finally:
-        handle.stop()
+async def test_the_embedded_server_streams_token_ids_a_generate_would_sample(embedded_server):
+    handle = embedded_server
+    async with PolicyClient(handle.url, model="tiny") as client:
+        sampling = SamplingParams(max_tokens=12, temperature=0.8, seed=11)
+        deltas = [d async for d in client.generate_stream(PROMPT, sampling)]
+        whole = await client.generate(PROMPT, sampling)
+    assert [t for d in deltas for t in d.token_ids] == whole.token_ids
+    assert [x for d in deltas for x in d.logprobs] == pytest.approx(whole.logprobs, abs=1e-4)
+    assert deltas[-1].finish_reason == whole.finish_reason

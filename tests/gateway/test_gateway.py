@@ -536,39 +536,35 @@ def test_agent_trajectories_build_the_same_training_batch_as_env_rollouts(gw):
 
 
 # ---- the embedded server with the tiny model -------------------------------------------------------
-def test_gateway_over_the_embedded_tiny_model_records_what_it_sampled():
+def test_gateway_over_the_embedded_tiny_model_records_what_it_sampled(embedded_server):
     from agentgym.client import PolicyClient
-    from agentgym.server import launch
     from agentgym.types import SamplingParams
 
-    server = launch.start_embedded_server("tiny")
-    try:
-        with start_gateway([server.url], model="tiny") as handle:
-            info = new_session(handle, sampling={"temperature": 0.0, "max_tokens": 12})
-            client = client_for(info)
-            messages = [{"role": "user", "content": "What is 48 / 2?"}]
-            for follow_up in ("And then?", "Thanks."):
-                response = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, logprobs=True)
-                messages += [as_message(response.choices[0].message), {"role": "user", "content": follow_up}]
-            [traj] = finish(handle, info)
-        assert traj.num_turns == 2 and traj.metrics["branches"] == 1
+    server = embedded_server
+    with start_gateway([server.url], model="tiny") as handle:
+        info = new_session(handle, sampling={"temperature": 0.0, "max_tokens": 12})
+        client = client_for(info)
+        messages = [{"role": "user", "content": "What is 48 / 2?"}]
+        for follow_up in ("And then?", "Thanks."):
+            response = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, logprobs=True)
+            messages += [as_message(response.choices[0].message), {"role": "user", "content": follow_up}]
+        [traj] = finish(handle, info)
+    assert traj.num_turns == 2 and traj.metrics["branches"] == 1
 
-        async def direct() -> list:
-            async with PolicyClient(server.url) as policy:
-                context, out = [], []
-                for turn in traj.turns:
-                    context += turn.prompt_ids
-                    out.append(await policy.generate(context, SamplingParams(temperature=0.0, max_tokens=12)))
-                    context += turn.response_ids
-                return out
+    async def direct() -> list:
+        async with PolicyClient(server.url) as policy:
+            context, out = [], []
+            for turn in traj.turns:
+                context += turn.prompt_ids
+                out.append(await policy.generate(context, SamplingParams(temperature=0.0, max_tokens=12)))
+                context += turn.response_ids
+            return out
 
-        for turn, sample in zip(traj.turns, asyncio.run(direct())):
-            assert turn.response_ids == sample.token_ids  # greedy: the same context samples the same ids
-            assert turn.logprobs == pytest.approx(sample.logprobs, abs=logprob_tolerance(server.engine.model.dtype))
-            assert turn.weight_version == sample.weight_version
-        assert_token_views_consistent(traj)
-    finally:
-        server.stop()
+    for turn, sample in zip(traj.turns, asyncio.run(direct())):
+        assert turn.response_ids == sample.token_ids  # greedy: the same context samples the same ids
+        assert turn.logprobs == pytest.approx(sample.logprobs, abs=logprob_tolerance(server.engine.model.dtype))
+        assert turn.weight_version == sample.weight_version
+    assert_token_views_consistent(traj)
 
 
 def test_stats_count_what_happened(gw):

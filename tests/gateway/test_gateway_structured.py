@@ -15,7 +15,6 @@ import pytest
 
 from agentgym.gateway.serve import start_gateway
 from agentgym.model import load_causal_lm
-from agentgym.server.launch import start_embedded_server
 from agentgym.types import Trajectory
 from tests.support.fidelity import logprob_tolerance, teacher_forced
 
@@ -36,10 +35,8 @@ MESSAGES = [{"role": "user", "content": "Count to three."}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    handle = start_embedded_server("tiny", port=0)
-    yield handle
-    handle.stop()
+def server(embedded_server):
+    return embedded_server  # the session's (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

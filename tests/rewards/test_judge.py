@@ -238,12 +238,8 @@ def test_the_training_config_puts_the_judge_around_the_source(judge, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def served_tiny():
-    from agentgym.server.launch import start_embedded_server
-
-    server = start_embedded_server(model="tiny", port=0)
-    yield server
-    server.stop()
+def served_tiny(embedded_server):
+    return embedded_server  # the session's (tests/conftest.py)
 
 
 @pytest.mark.parametrize("mode", ["pointwise", "group"])

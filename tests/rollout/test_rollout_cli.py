@@ -10,7 +10,6 @@ from agentgym.cli import main
 from agentgym.client import PolicyClient
 from agentgym.model import load_tokenizer
 from agentgym.rollout import RolloutConfig, RolloutRunner, read_trajectories
-from agentgym.server.launch import start_embedded_server
 from tests.support.shared_data import GSM8K_TEST
 
 GSM8K = str(GSM8K_TEST)
@@ -94,13 +93,6 @@ def test_every_episode_failing_exits_nonzero(capsys):
     code = main(["rollout", "--env", "sokoban", "--server", "http://127.0.0.1:9", "--tasks", "1", "-n", "1"])
     assert code == 1
     assert "every episode failed" in capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def embedded_server():
-    handle = start_embedded_server(model="tiny", port=0)
-    yield handle
-    handle.stop()
 
 
 class RecordingClient(PolicyClient):

@@ -41,7 +41,13 @@ TOOLS = [
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(embedded_server):
+    return embedded_server  # the session's (tests/conftest.py)
+
+
+@pytest.fixture
+def own_server():
+    """A server of its own for a test that pushes weights: the shared one keeps the tiny model's."""
     handle = start_embedded_server("tiny", port=0)
     yield handle
     handle.stop()
@@ -331,8 +337,10 @@ def perturbed(model, seed):
     }  # tied to the embeddings
 
 
-def test_weight_update_mid_generation_keeps_one_version_per_response(server, model, tmp_path):
+def test_weight_update_mid_generation_keeps_one_version_per_response(own_server, model, tmp_path):
     from agentgym.model.weights import save_for_push
+
+    server = own_server
 
     original = {k: v.clone() for k, v in model.state_dict().items()}
     new = perturbed(model, 1)

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from agentgym.model import load_causal_lm
-from agentgym.server.launch import start_embedded_server
 from tests.support.fidelity import logprob_tolerance, teacher_forced
 
 CALC = {
@@ -43,10 +42,8 @@ MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    handle = start_embedded_server("tiny", port=0)
-    yield handle
-    handle.stop()
+def server(embedded_server):
+    return embedded_server  # the session's (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -152,15 +152,14 @@ def test_trainer_and_rollout_pools_on_their_own_nodes(two_nodes, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_gateway_process_feeds_a_named_data_pool(two_nodes, tmp_path):
+def test_a_gateway_process_feeds_a_named_data_pool(two_nodes, tmp_path, embedded_server):
     import ray
 
     from agentgym.gateway.client import GatewayClient
     from agentgym.rollout.data_pool import create_pool_actor
-    from agentgym.server.launch import start_embedded_server
 
     ray.init(address=two_nodes, namespace="agentgym-test", logging_level="ERROR", log_to_driver=False)
-    server = start_embedded_server("tiny")
+    server = embedded_server
     gateway = None
     try:
         pool = create_pool_actor("feed-test-pool", namespace="agentgym-test", group_size=2)
@@ -229,5 +228,4 @@ def test_a_gateway_process_feeds_a_named_data_pool(two_nodes, tmp_path):
         if gateway is not None:
             os.killpg(gateway.pid, signal.SIGTERM)
             gateway.wait(30)
-        server.stop()
         ray.shutdown()
