@@ -128,18 +128,18 @@ _.from_json
 _.delete_session
 _.pop_complete
 _.last_output  # the verifiers env's last rollout output, for inspection
-_.cached_tokens  # per-sequence prefix-cache hits (tests/test_engine_cache.py)
+_.cached_tokens  # per-sequence prefix-cache hits (tests/server/test_engine_cache.py)
 cached_tokens
 _.cache_hits  # ChatTokenizer's cache counters (benchmarks/rollout.py)
 _.cache_misses
 read_demos
 padding_report  # benchmarks/packing.py
-build_tiny_head64  # tests/test_vllm_real.py and the README's vLLM check
-_.update_from_tensors  # SGLang's weight-update API (client/weights.py), tests/test_engines.py
+build_tiny_head64  # tests/server/test_vllm_real.py and the README's vLLM check
+_.update_from_tensors  # SGLang's weight-update API (client/weights.py), tests/server/test_engines.py
 _.init_weights_update_group
 _.update_from_distributed
 expected_score  # the tiny reward model's reference score, for tests
-sample_tokens  # sampling by GenerationParams rows, tests/test_server.py
+sample_tokens  # sampling by GenerationParams rows, tests/server/test_server.py
 
 # ---- pending: agentgym/config.py belongs to the typed-configuration work (issue 32, item 1), which
 # either makes compose_config the one entry point its docstring names or deletes it

@@ -13,7 +13,7 @@ no partial rollout) and ``async+partial`` (the same with ``partial_rollout``).
 
 Back-ends:
 
-(i) ``standin``: a modelled GPU engine (``benchmarks/standin_server.EngineStandin`` in a child
+(i) ``standin``: a modelled GPU engine (``tests/support/standin_server.EngineStandin`` in a child
     process): one decode step every ``--step-ms`` ms for up to ``--cap`` sequences whatever their
     number, so a half-empty batch wastes as much time as a full one; a weight load takes
     ``--load-ms``; the trainer's update is modelled as ``--update-s`` seconds on its own pool. The
@@ -104,13 +104,12 @@ async def _post(url: str, path: str, body: dict[str, Any]) -> None:
 
 
 async def standin_run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    from standin_server import start_engine_standin
-
     from agentgym.client import PolicyClient
     from agentgym.rollout.data_pool import DataPool, PoolClient
     from agentgym.rollout.runner import RolloutConfig, RolloutRunner, Task
     from agentgym.trainer.async_loop import AsyncCoordinator
     from agentgym.trainer.staleness import StalenessPlan
+    from tests.support.standin_server import start_engine_standin
 
     engine = start_engine_standin(args.step_ms, args.cap, args.load_ms)
     partial = mode == "async+partial"

@@ -6,7 +6,7 @@
     python benchmarks/gateway.py --peer rllm-model-gateway   # vs the peer, at 1, 64 and 256 sessions
 
 Three programs share the machine: this client, the gateway (``agentgym gateway [--workers N]``)
-and the stand-in policy server (``benchmarks/standin_server.py`` in ``fixed`` mode, a child
+and the stand-in policy server (``tests/support/standin_server.py`` in ``fixed`` mode, a child
 process: a bare asyncio HTTP/1.1 server answering ``/v1/completions`` with token ids + logprobs
 and ``/v1/chat/completions`` with a canned reply, both ``The answer is 72.``, instantly, from
 prebuilt bytes). Both sides send the same chat request from the same lean load generator
@@ -35,7 +35,7 @@ call the gateway could spend for the gateway path to reach 0.8x of direct on thi
 ``--delay-ms`` gives the stand-in a generation time, as a real server has.
 
 The process helpers here (``start_gateway_process``, ``stop``, ``free_port``, and
-``start_standin``, imported from ``standin_server``) are also what ``tests/test_gateway*.py`` use.
+``start_standin``, imported from ``tests/support/standin_server.py``) are also what ``tests/gateway/`` uses.
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "benchmarks") not in sys.path:  # run as a script it is there; loaded by path (tests) not
-    sys.path.append(str(ROOT / "benchmarks"))
+if str(ROOT) not in sys.path:  # run as a script, only benchmarks/ is on the path
+    sys.path.insert(0, str(ROOT))
 
-from standin_server import start_standin  # noqa: E402  (tests start it through this module)
+from tests.support.standin_server import start_standin  # noqa: E402  (tests start it through this module)
 
 # ---- the programs under test -------------------------------------------------------------------
 ADMIN_KEY = "sk-agentgym-benchmark-admin"

@@ -1,6 +1,6 @@
 """Rollout runner throughput: Sokoban turns/s against stand-in servers vs raw client calls/s.
 
-The stand-in servers (``benchmarks/standin_server.py``, child processes in ``fixed`` mode) answer
+The stand-in servers (``tests/support/standin_server.py``, child processes in ``fixed`` mode) answer
 every ``/v1/completions`` instantly with ``<answer>Up</answer><|im_end|>``, so what is measured is
 agentgym's side: the runner (chat-template deltas, env steps, bookkeeping) plus the HTTP client.
 
@@ -32,12 +32,16 @@ import os
 import statistics
 import sys
 import time
-
-from standin_server import start_standin  # benchmarks/ (this script's directory)
+from pathlib import Path
 
 from agentgym.client import PolicyClient
 from agentgym.rollout import RolloutConfig, RolloutRunner
 from agentgym.types import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script, only benchmarks/ is on the path
+    sys.path.insert(0, str(ROOT))
+from tests.support.standin_server import start_standin  # noqa: E402  (the stand-in the tests use)
 
 SOKOBAN_MOVE = "<answer>Up</answer><|im_end|>"
 

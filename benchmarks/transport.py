@@ -1,7 +1,7 @@
 """PolicyClient's transport: the hand-written HTTP/1.1 client (``http11``) vs httpx keep-alive pools.
 
 The same ``PolicyClient.generate`` calls (token ids in, ids + logprobs out; a prompt of ``--prompt``
-tokens) go to the same instant stand-in (``benchmarks/standin_server.py``, ``fixed`` mode, a child
+tokens) go to the same instant stand-in (``tests/support/standin_server.py``, ``fixed`` mode, a child
 process), closed-loop at each concurrency, over three transports:
 
 * ``http11``: what ``PolicyClient`` uses for ``http://`` servers (``agentgym`` ``http11.ConnectionPool``:
@@ -24,9 +24,13 @@ import asyncio
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from standin_server import start_standin  # benchmarks/ (this script's directory)
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script, only benchmarks/ is on the path
+    sys.path.insert(0, str(ROOT))
+from tests.support.standin_server import start_standin  # noqa: E402  (the stand-in the tests use)
 
 TRANSPORTS = ("http11", "httpx", "httpx-pools")
 

@@ -17,7 +17,7 @@ On ``first_letter`` (seed 0) the reward goes from 0.22 at step 1 to 0.83-1.0 at 
 20 seconds on a CPU. ``pg_loss`` prints as 0: at ratio 1 the surrogate's value is minus the mean
 advantage, which group normalisation makes (nearly) 0, while its gradient is not.
 
-``tests/test_grpo_minimal.py`` checks that one ``update`` here gives the loss, gradient norm and new
+``tests/trainer/test_grpo_minimal.py`` checks that one ``update`` here gives the loss, gradient norm and new
 weights ``PPOTrainer`` gives on the same batch.
 """
 

@@ -2,13 +2,14 @@
 
 # ---- the stand-in policy server (rollout and gateway tests) --------------------------------------
 import pytest
-from bench_modules import standin_server as load_standin_module
+
+from tests.support import standin_server as standin_module
 
 
 @pytest.fixture
 def standin_server():
     """A stand-in policy server in a background thread; set ``.policy`` and read ``.requests``."""
-    server = load_standin_module().StandinServer()
+    server = standin_module.StandinServer()
     server.start()
     yield server
     server.stop()
@@ -17,8 +18,47 @@ def standin_server():
 @pytest.fixture(scope="session")
 def oracle():
     """What the stand-in's ``echo`` mode samples for a prompt, recomputed here (``reply_ids``,
-    ``logprobs``, ``tok``): tests/test_gateway.py, tests/test_gateway_reliability.py."""
-    return load_standin_module().BuiltinPolicy("echo")
+    ``logprobs``, ``tok``): tests/gateway/test_gateway.py, tests/gateway/test_gateway_reliability.py."""
+    return standin_module.BuiltinPolicy("echo")
+
+
+# ---- the tiny model's embedded server, one for the whole session ----------------------------------
+_FOUND: dict[str, tuple[int, bool, float]] = {}  # the shared server's fingerprint at start, by URL
+
+
+def _fingerprint(server) -> tuple[int, bool, float]:
+    """Weight version, pause state and the weights' sum: what a test must leave as it found it."""
+    import torch
+
+    with torch.no_grad():
+        total = sum(p.double().sum().item() for p in server.engine.model.parameters())
+    return server.engine.weight_version, server.engine.paused, total
+
+
+@pytest.fixture(scope="session")
+def embedded_server():
+    """The embedded server on the tiny model (a thread of this process, a free loopback port), shared
+    by every test that only reads from it. A test that pushes weights, pauses the server without
+    resuming it or stops it starts its own (``start_embedded_server``): one that leaves this one
+    changed fails (``_embedded_server_left_as_found``)."""
+    from agentgym.server.launch import start_embedded_server
+
+    handle = start_embedded_server("tiny", port=0)
+    _FOUND[handle.url] = _fingerprint(handle)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(autouse=True)
+def _embedded_server_left_as_found(request):
+    yield
+    if "embedded_server" in request.fixturenames:
+        server = request.getfixturevalue("embedded_server")
+        found, left = _FOUND[server.url], _fingerprint(server)
+        assert left == found, (
+            f"{request.node.nodeid} left the shared embedded server changed (weight version, paused, weight sum: "
+            f"{found} -> {left}); a test that changes the server starts its own with start_embedded_server"
+        )
 
 
 # ---- built-in envs the checkout declares but a stale install's metadata lacks --------------------

@@ -16,13 +16,13 @@ import sys
 
 import pytest
 import torch
-from bench_modules import train_step_bench
-from fidelity import logprob_tolerance, max_difference, teacher_forced
-from test_checkpoint import _actor, _largest_difference, _resume_and_step, _step, _weights
 
 from agentgym.client import PolicyClient
 from agentgym.model import load_causal_lm
 from agentgym.types import SamplingParams
+from tests.support.bench_modules import train_step_bench
+from tests.support.fidelity import logprob_tolerance, max_difference, teacher_forced
+from tests.trainer.test_checkpoint import _actor, _largest_difference, _resume_and_step, _step, _weights
 
 DEVICE = os.environ.get("AGENTGYM_GPU_LANE_DEVICE", "cuda")
 pytestmark = [

@@ -10,7 +10,6 @@ import pytest
 from agentgym.cli import main
 from agentgym.config import ConfigError
 from agentgym.preflight import check_servers
-from agentgym.server.launch import start_embedded_server
 from agentgym.stages import train_command as trainer_main
 from agentgym.trainer.config import load_config
 
@@ -26,13 +25,10 @@ def test_a_dead_server_url_fails_train_before_any_stage(monkeypatch, capsys):
     assert "http://127.0.0.1:9" in capsys.readouterr().err
 
 
-def test_a_live_server_must_serve_the_model_named():
-    server = start_embedded_server("tiny", port=0)
-    try:
-        cfg = load_config(env="sokoban", overrides=[f"actor_rollout_ref.rollout.server_urls=[{server.url}]"])
-        check_servers(cfg)  # tiny serves tiny
-        cfg.actor_rollout_ref.model.path = "Qwen/Qwen2.5-0.5B-Instruct"
-        with pytest.raises(ConfigError, match=server.url):
-            check_servers(cfg)
-    finally:
-        server.stop()
+def test_a_live_server_must_serve_the_model_named(embedded_server):
+    server = embedded_server
+    cfg = load_config(env="sokoban", overrides=[f"actor_rollout_ref.rollout.server_urls=[{server.url}]"])
+    check_servers(cfg)  # tiny serves tiny
+    cfg.actor_rollout_ref.model.path = "Qwen/Qwen2.5-0.5B-Instruct"
+    with pytest.raises(ConfigError, match=server.url):
+        check_servers(cfg)

@@ -1,7 +1,7 @@
 """The key tables of ``docs/coming_from_*.md``, rendered from the translators' own tables.
 
     python -m agentgym.compat.docs           # rewrite the generated part of every page
-    python -m agentgym.compat.docs --check   # exit 1 if a page differs (tests/test_compat_docs.py)
+    python -m agentgym.compat.docs --check   # exit 1 if a page differs (tests/compat/test_compat_translate.py)
 
 Each page has hand-written prose above the marker line and the generated tables below it, so the
 tables cannot drift from the code that applies them.

@@ -6,7 +6,7 @@ no effect (GPU performance knobs, things agentgym always does), refused with wha
 ``KeyPolicy`` ``load_config`` composes with, so a veRL command line runs as written.
 
 ``VERL_DEFAULTS``: veRL's default for each key both have; ``train.yaml`` takes the same default
-except for the keys in ``DEFAULT_EXCEPTIONS`` (each with its reason). ``tests/test_compat_verl.py``
+except for the keys in ``DEFAULT_EXCEPTIONS`` (each with its reason). ``tests/compat/test_compat_verl.py``
 holds ``train.yaml`` to this, and ``docs/coming_from_verl.md`` is rendered from these tables.
 """
 

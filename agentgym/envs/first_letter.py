@@ -4,7 +4,7 @@ One turn. The outcome reward is 1 when the reply's first non-space character is 
 ``targets``, else 0. A random tiny model already does this about one time in five (its
 first token is near-uniform over the vocabulary), so the signal is dense from step one
 and a policy-gradient method visibly raises the rate within a few steps: this is the
-trainer's learning check (``tests/test_trainer.py``), and a quick sanity run for any
+trainer's learning check (``tests/trainer/test_trainer.py``), and a quick sanity run for any
 new model or algorithm.
 
     env = agentgym.make("first_letter", targets="xyz")

@@ -7,7 +7,7 @@ rotary embeddings from the model's own rotary module, so every rope variant it k
 scaled-dot-product attention over the engine's KV cache, the gated MLP), written as plain
 tensor calls on the model's own parameters, read at every call, so weight updates (in place
 or by rebinding) are seen at once. Its logprobs match a teacher-forced forward of the
-transformers model to float rounding (tests/test_engine_forward.py).
+transformers model to float rounding (tests/server/test_engine_forward.py).
 
 Models of any other type, or with a feature this does not reproduce (attention or MLP
 biases on Llama are fine; anything else unusual is refused by ``supports``), go through the

@@ -7,7 +7,7 @@ fastapi, ...), so this file imports nothing but the standard library, torch and 
 sits outside the ``agentgym`` package's import path (importing ``agentgym.anything`` runs
 ``agentgym/__init__.py``, which registers the environments with gymnasium):
 ``agentgym.server.launchers`` puts this directory alone on the engine's ``PYTHONPATH``.
-tests/test_engines.py imports it with agentgym and its dependencies blocked.
+tests/server/test_engines.py imports it with agentgym and its dependencies blocked.
 """
 
 from __future__ import annotations

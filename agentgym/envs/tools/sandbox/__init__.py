@@ -41,7 +41,7 @@ kernel itself (the filter narrows its surface), CPU and memory-bandwidth content
 in-process audit hook, resource limits, process-group kill, and cgroups and a network namespace
 where the machine allows. A guard-rail against accidents in model-written code, not a boundary:
 code that means to can switch the hook off and then read, write, delete or signal anything the
-caller's user can (see ``tests/sandbox_abuse``).
+caller's user can (see ``tests/envs/tools/sandbox_abuse``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ This is the sandbox agentgym had before the strong mode; it runs only when the u
   scratch directory, ``ctypes`` library loading, raising limits, signalling other processes.
 
 The hook runs inside the process it guards, so code can switch it off or go around it (the
-abuse probes in ``tests/sandbox_abuse`` do: ``gc`` removes it, ``_posixsubprocess.fork_exec``
+abuse probes in ``tests/envs/tools/sandbox_abuse`` do: ``gc`` removes it, ``_posixsubprocess.fork_exec``
 starts an unguarded process, ``dir_fd`` and ``sqlite3`` write where they like, ``ctypes`` reads
 and writes memory). The child runs as the caller's user and can read whatever that user can.
 """
