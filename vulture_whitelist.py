@@ -141,10 +141,6 @@ _.update_from_distributed
 expected_score  # the tiny reward model's reference score, for tests
 sample_tokens  # sampling by GenerationParams rows, tests/server/test_server.py
 
-# ---- pending: agentgym/config.py belongs to the typed-configuration work (issue 32, item 1), which
-# either makes compose_config the one entry point its docstring names or deletes it
-compose_config
-
 # ---- config fields read by dotted name (OmegaConf.select, cfg[key], the key tables in compat/) or accepted as
 # another system's key with no effect here (the schema must still declare them: agentgym/config_schema)
 num_cycles

@@ -154,9 +154,6 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_read_yaml = read_yaml
-
-
 def group_choices(group: str, directory: Path | None = None) -> list[str]:
     """The file names (without ``.yaml``) one may pick for ``group``."""
     return sorted(p.stem for p in ((directory or config_dir()) / group).glob("*.yaml"))
@@ -423,21 +420,6 @@ def model_specialization(base_dir: Path, choices: dict[str, str | None]) -> Path
         return None
     path = base_dir / "env" / str(env) / f"{model}.yaml"
     return path if path.is_file() else None
-
-
-def compose_config(
-    env: str | None = None,
-    config_file: str | os.PathLike[str] | None = None,
-    overrides: Sequence[str] = (),
-    directory: str | os.PathLike[str] | None = None,
-    base_name: str = "train",
-    config_name: str | None = None,
-) -> DictConfig:
-    """Compose ``<base_name>.yaml`` (``train``; ``sft`` for ``agentgym sft``), its group files, the
-    named config ``config_name``, ``config_file`` and ``overrides``; every key checked against the
-    base file and every value against its default's type; interpolations resolved. What the values
-    mean is checked by their user (``agentgym.trainer.config.load_config``)."""
-    return compose(env, config_file, overrides, directory, base_file=f"{base_name}.yaml", config_name=config_name).cfg
 
 
 def named_configs(directory: Path | None = None) -> list[str]:

@@ -88,8 +88,8 @@ def check_device(cfg: DictConfig, devices: int | None = None) -> None:
             )
     gpu = str(cfg.trainer.device) == "cuda" or (str(cfg.trainer.device) == "auto" and devices > 0)
     joins_cluster = OmegaConf.select(cfg, "ray_init.address") not in (None, "", "local")
-    workers = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
-    if gpu and not joins_cluster and int(cfg.trainer.nnodes) == 1 and workers > devices:
+    workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    if gpu and not joins_cluster and cfg.trainer.nnodes == 1 and workers > devices:
         raise ConfigError(
             f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node} trainer workers need one GPU each, but this "
             f"machine has {devices}; set trainer.n_gpus_per_node={devices} (or join a Ray cluster that has the "
@@ -397,7 +397,7 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
         check_tool_rows(cfg, rows)
         if cfg.env.name == "rows":
             cfg.env.kwargs = {**plain(cfg.env.kwargs), **rows_env_kwargs(cfg)}
-        batch = int(cfg.data.train_batch_size)
+        batch = cfg.data.train_batch_size
         if plan.rows < batch:
             raise ConfigError(
                 f"data.train_batch_size={batch} is larger than the {plan.rows} rows of data.train_files: a step takes "
@@ -411,7 +411,7 @@ def preflight(cfg: DictConfig, agent: str | None = None, tokenizer: Any = None) 
     if cfg.data.val_batch_size is None:
         cfg.data.val_batch_size = cfg.env.num_val_tasks
     if cfg.trainer.total_training_steps is not None:
-        plan.steps = int(cfg.trainer.total_training_steps)
+        plan.steps = cfg.trainer.total_training_steps
     elif plan.rows is not None:
-        plan.steps = plan.rows // int(cfg.data.train_batch_size) * int(cfg.trainer.total_epochs)
+        plan.steps = plan.rows // cfg.data.train_batch_size * cfg.trainer.total_epochs
     return plan

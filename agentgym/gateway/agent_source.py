@@ -451,7 +451,7 @@ def trajectory_source(cfg: Any, agent: str, servers: Any) -> Any:
             sampling=pinned,
             concurrency=int(rollout.concurrency),
             shuffle=bool(data.shuffle),
-            seed=int(cfg.trainer.seed),
+            seed=cfg.trainer.seed,
             val_tasks=val_tasks[: int(data.val_batch_size or 16)],
             val_n=int(val.n),
             val_sampling={

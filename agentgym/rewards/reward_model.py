@@ -75,7 +75,7 @@ class RewardModelSettings:
             int(micro),
             int(rm.max_length) if rm.max_length is not None else None,
             str(rm.combine),
-            bool(cfg.trainer.use_ray),
+            cfg.trainer.use_ray,
             device,
         )
 

@@ -100,7 +100,7 @@ class TeacherSettings:
             int(t.concurrency),
             float(t.timeout),
             int(t.max_retries),
-            bool(cfg.trainer.use_ray),
+            cfg.trainer.use_ray,
             device,
         )
 

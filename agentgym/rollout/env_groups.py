@@ -67,13 +67,13 @@ def check_env_groups(cfg: DictConfig) -> None:
             raise ConfigError(
                 f"env.custom_envs.{tag} names no env: set env.custom_envs.{tag}.env=NAME (see `agentgym envs`)"
             )
-    if 0 <= int(cfg.env.max_traj_per_env) < 1:
+    if 0 <= cfg.env.max_traj_per_env < 1:
         raise ConfigError(
             f"env.max_traj_per_env={cfg.env.max_traj_per_env}: every env instance runs at least one "
             "episode per step (-1: as many as needed)"
         )
     if tags:
-        tag_shares(tags, list(cfg.env.n_groups or []), int(cfg.data.train_batch_size), "")
+        tag_shares(tags, list(cfg.env.n_groups or []), cfg.data.train_batch_size, "")
     if val_tags:
         tag_shares(val_tags, list(cfg.env.val_n_groups or []), int(cfg.data.val_batch_size), "val_")
     elif cfg.env.val_n_groups:

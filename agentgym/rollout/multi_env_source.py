@@ -39,15 +39,15 @@ class MultiEnvSource(TrajectorySource):
         rollout = cfg.actor_rollout_ref.rollout
         self.table = env_table(cfg)
         self.tags = list(cfg.env.tags)
-        self.shares = tag_shares(self.tags, list(cfg.env.n_groups or []), int(cfg.data.train_batch_size), "")
+        self.shares = tag_shares(self.tags, list(cfg.env.n_groups or []), cfg.data.train_batch_size, "")
         self.val_tags = list(cfg.env.val_tags or []) or self.tags
         self.val_shares = tag_shares(
             self.val_tags, list(cfg.env.val_n_groups or []), int(cfg.data.val_batch_size), "val_"
         )
         common = {
             "max_tokens": int(rollout.max_tokens_per_turn),
-            "prompt_length": int(cfg.data.max_prompt_length),
-            "response_length": int(cfg.data.max_response_length),
+            "prompt_length": cfg.data.max_prompt_length,
+            "response_length": cfg.data.max_response_length,
             "max_concurrency": int(rollout.concurrency),
             "env_executor": cfg.env.executor,
             "env_timeout": cfg.env.timeout,
@@ -96,9 +96,9 @@ class MultiEnvSource(TrajectorySource):
             sampler = TaskSampler(
                 info.get("num_tasks"),
                 self.shares[index],
-                seed=int(self.cfg.trainer.seed),
-                shuffle=bool(self.cfg.data.shuffle),
-                seed_start=int(self.cfg.env.train_seed_start) + index * TAG_SEED_STRIDE,
+                seed=self.cfg.trainer.seed,
+                shuffle=self.cfg.data.shuffle,
+                seed_start=self.cfg.env.train_seed_start + index * TAG_SEED_STRIDE,
             )
             if tag in self._pending:
                 sampler.load_state_dict(self._pending[tag])
@@ -135,7 +135,7 @@ class MultiEnvSource(TrajectorySource):
         for index, (tag, count) in enumerate(zip(self.val_tags, self.val_shares)):
             info = await self.val_runners[tag].env_info()
             if info.get("num_tasks") is None:
-                start = int(self.cfg.env.val_seed_start) + index * TAG_SEED_STRIDE
+                start = self.cfg.env.val_seed_start + index * TAG_SEED_STRIDE
                 tasks.append([Task(seed=start + i) for i in range(count)])
             else:
                 tasks.append([Task(seed=i, index=i) for i in range(min(count, int(info["num_tasks"])))])

@@ -249,8 +249,8 @@ class EnvRolloutSource(TrajectorySource):
         env_cfg = cfg.env
         common = {
             "max_tokens": int(rollout.max_tokens_per_turn),
-            "prompt_length": int(cfg.data.max_prompt_length),
-            "response_length": int(cfg.data.max_response_length),
+            "prompt_length": cfg.data.max_prompt_length,
+            "response_length": cfg.data.max_response_length,
             "max_turns": rollout.multi_turn.max_assistant_turns,
             "max_concurrency": int(rollout.concurrency),
             "env_executor": env_cfg.executor,
@@ -275,7 +275,7 @@ class EnvRolloutSource(TrajectorySource):
                 temperature=float(rollout.temperature),
                 top_p=float(rollout.top_p),
                 top_k=int(rollout.top_k),
-                partial_rollout=bool(cfg.async_training.partial_rollout),
+                partial_rollout=cfg.async_training.partial_rollout,
                 **common,
             ),
             env_kwargs=train_kwargs,
@@ -309,9 +309,9 @@ class EnvRolloutSource(TrajectorySource):
             self.sampler = TaskSampler(
                 info.get("num_tasks"),
                 round_size(self.cfg),
-                seed=int(self.cfg.trainer.seed),
-                shuffle=bool(self.cfg.data.shuffle),
-                seed_start=int(self.cfg.env.train_seed_start),
+                seed=self.cfg.trainer.seed,
+                shuffle=self.cfg.data.shuffle,
+                seed_start=self.cfg.env.train_seed_start,
             )
             if self._pending_state is not None:
                 self.sampler.load_state_dict(self._pending_state)
@@ -363,7 +363,7 @@ class EnvRolloutSource(TrajectorySource):
         count = int(self.cfg.data.val_batch_size)
         num_tasks = info.get("num_tasks")
         if num_tasks is None:
-            start = int(self.cfg.env.val_seed_start)
+            start = self.cfg.env.val_seed_start
             tasks = [Task(seed=start + i) for i in range(count)]
         else:
             tasks = [Task(seed=i, index=i) for i in range(min(count, num_tasks))]
@@ -390,12 +390,10 @@ class EnvRolloutSource(TrajectorySource):
 def round_size(cfg: Any) -> int:
     """Tasks per ``collect``: ``data.train_batch_size``, or ``data.gen_batch_size`` when dynamic sampling
     (``algorithm.filter_groups``) collects several rounds per step."""
-    from omegaconf import OmegaConf
 
-    gen = OmegaConf.select(cfg, "data.gen_batch_size")
-    if OmegaConf.select(cfg, "algorithm.filter_groups.enable", default=False) and gen:
-        return int(gen)
-    return int(cfg.data.train_batch_size)
+    if cfg.algorithm.filter_groups.enable and cfg.data.gen_batch_size:
+        return cfg.data.gen_batch_size
+    return cfg.data.train_batch_size
 
 
 def _files(value: Any) -> Any:

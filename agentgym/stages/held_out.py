@@ -200,9 +200,9 @@ def score_random(cfg: DictConfig) -> Score | None:
         env.reset(seed=seed)
         solved = False
         for _ in range(int(turns) if turns else 1000):
-            _, _, terminated, truncated, info = env.step(env.unwrapped.random_action(rng))
-            if terminated or truncated:
-                solved = bool(info.get("success", terminated))
+            _, reward, terminated, truncated, info = env.step(env.unwrapped.random_action(rng))
+            if terminated or truncated:  # Trajectory.success's rule: the env's verdict, else a positive outcome
+                solved = bool(info["success"]) if "success" in info else info.get("outcome_reward", reward) > 0
                 break
         per_task.append(float(solved))
     return Score("random policy", None, per_task, time.perf_counter() - started)

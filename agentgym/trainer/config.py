@@ -168,7 +168,7 @@ def resolve(cfg: DictConfig, agent: str | None = None) -> DictConfig:
 
 def world_size(cfg: DictConfig) -> int:
     """Data-parallel workers: ``trainer.nnodes * trainer.n_gpus_per_node``."""
-    return int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
 
 def uses_reference(cfg: DictConfig) -> bool:

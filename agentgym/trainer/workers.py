@@ -448,7 +448,9 @@ class CriticWorker(Worker):
         dtype = getattr(torch, self.config.actor_rollout_ref.model.dtype)
         model = ValueModel(cfg.model.path, dtype=dtype).train()
         # the actor's FSDP settings, with the critic's own offload switches
-        fsdp = OmegaConf.merge(self.config.actor_rollout_ref.actor.fsdp_config, cfg.model.fsdp_config)
+        fsdp = OmegaConf.merge(
+            self.config.actor_rollout_ref.actor.fsdp_config, OmegaConf.to_container(cfg.model.fsdp_config)
+        )
         self.critic = TrainState(
             model,
             cfg.optim,
