@@ -11,8 +11,8 @@ How a config is made (``compose``), later steps winning:
 
 1. The schema, ``agentgym.config_schema.TrainConfig`` (``configs/train.yaml`` is written from it):
    every key a run may set, with its type, default and help. Its ``GroupDefaults`` pick one file per
-   group: ``algorithm``, ``model``, ``server``, ``env``. (``sft``, ``generation``, ``evaluation``: their
-   YAML file is their schema.)
+   group: ``algorithm``, ``model``, ``server``, ``env``. (``sft``, ``generation``, ``evaluation``: their own
+   schemas, ``SFTConfig``, ``GenerationConfig``, ``EvaluationConfig``, without groups.)
 2. The chosen group files, ``configs/<group>/<choice>.yaml``, merged at the top level.
    ``--env NAME`` picks ``configs/env/NAME.yaml`` when it exists, else ``env/generic.yaml``
    with ``env.name=NAME``. A bare ``group=choice`` on the command line picks another file
@@ -56,13 +56,12 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from agentgym.config_schema import ConfigError, base_defaults, leaves, schema_of
+from agentgym.config_schema import SCHEMAS, ConfigError, base_defaults, leaves, schema_of
 from agentgym.config_schema.keys import KeyPolicy, KeyReport, check_keys, flatten, is_open
 from agentgym.config_schema.values import check_value, structured
 
 GROUPS = ("algorithm", "model", "server", "env")
-# Whole schemas (train.yaml, and the other commands' own); any other top-level file is a named config
-BASE_CONFIGS = ("train", "sft", "generation", "evaluation")
+BASE_CONFIGS = tuple(SCHEMAS)  # configs/<name>.yaml written from a schema; any other top-level file is a named config
 ValuePolicy = Callable[[Callable[[str], Any]], "list[tuple[str, Any, str]]"]
 """``get -> [(key, value, note)]``: values another system spells another way, read with ``get(key)`` from the
 composed values and replaced by ``value`` before the type checks (``note`` says why, ``Composition.notes``)."""
@@ -248,25 +247,20 @@ def compose(
     """Compose the base config (``train.yaml``: the schema ``agentgym.config_schema.TrainConfig``), its group
     files, ``config_file`` and ``overrides`` (see the module docstring); ``env_group`` picks an env group file
     without naming an env (``--agent`` runs); ``base_file``: another base config in ``configs/``
-    (``generation.yaml``, ``evaluation.yaml``: their YAML file is their schema); ``config_name``: a named
-    config overlaying it (``async_ppo_trainer``, see ``named_config``); ``value_policy``: values another system
-    spells another way, replaced before the type checks. Every unknown key of every source is reported in one
-    ``ConfigError``. With a schema, the result is a structured DictConfig of it: every value of its field's type."""
+    (``sft.yaml``, ``generation.yaml``, ``evaluation.yaml``: each with its schema in ``config_schema.SCHEMAS``);
+    ``config_name``: a named config overlaying it (``async_ppo_trainer``, see ``named_config``);
+    ``value_policy``: values another system spells another way, replaced before the type checks. Every unknown
+    key of every source is reported in one ``ConfigError``. The result is a structured DictConfig of the
+    schema: every value of its field's type."""
     base_dir = Path(directory) if directory is not None else config_dir()
     base_name = Path(base_file).stem
     schema_cls = schema_of(base_name) if base_file.endswith(".yaml") else None
-    if schema_cls is not None:
-        base = base_defaults(base_name) or {}
-    else:
-        if not (base_dir / base_file).is_file():
-            raise ConfigError(
-                f"no config {base_dir / base_file}; choices: "
-                f"{', '.join(sorted(p.stem for p in base_dir.glob('*.yaml')))}"
-            )
-        base = read_yaml(base_dir / base_file)
+    if schema_cls is None:
+        raise ConfigError(f"no base config {base_file!r}; base configs: {', '.join(f'{b}.yaml' for b in BASE_CONFIGS)}")
+    base = base_defaults(base_name) or {}
     choices: dict[str, str | None] = dict(base.pop("defaults", {}) or {})
     schema = flatten(base)
-    fields = leaves(schema_cls) if schema_cls is not None else {}
+    fields = leaves(schema_cls)
     report = KeyReport(schema, key_policy)
     user_choices: set[str] = set()
     composition = Composition(OmegaConf.create())
@@ -397,11 +391,10 @@ def compose(
             where = composition.origin(key)
             where = {"command line": "the command line", "default": "the config"}.get(where, where)
             coerced = check_value(key, _plain(current), where, fields.get(key), default, is_open(key))
-            if coerced is not current and (fields or not isinstance(coerced, list)):
+            if coerced is not current:
                 OmegaConf.update(cfg, key, coerced, merge=False)
     OmegaConf.resolve(cfg)
-    if schema_cls is not None:
-        cfg = structured(schema_cls, cfg, added)
+    cfg = structured(schema_cls, cfg, added)
     composition.cfg = cfg
     composition.explicit = explicit
     composition.added = added

@@ -1,7 +1,7 @@
 """Config values are read as the composed config holds them, in trainer/ and stages/.
 
-The composed config has every key of its base file (a missing key is an error at load) with each
-value of its default's type, so a ``.get("key", default)`` on it repeats the default somewhere else
+The composed config is a structured config of its schema (``agentgym.config_schema``): every key,
+each value of its field's type, so a ``.get("key", default)`` on it repeats the default somewhere else
 (and goes stale when the file changes), and an ``int(cfg...)`` / ``float(...)`` / ``bool(...)`` of a
 config value converts what is already converted. This check reads the source (AST) and names each
 such call site.
@@ -14,26 +14,26 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.config import config_dir, flatten, read_yaml
+from agentgym.config_schema import SCHEMAS, leaves
 
 ROOT = Path(__file__).resolve().parents[1] / "agentgym"
 CHECKED = ("trainer", "stages")
 CASTS = ("int", "float", "bool")
 # where the config is built (``resolve`` casts values it fills in), not read
 EXEMPT = ("trainer/config.py",)
-BASE_FILES = ("train.yaml", "sft.yaml", "generation.yaml", "evaluation.yaml")
 
 
 def config_names() -> tuple[set[str], set[str]]:
-    """The leaf key names and the section names of the base config files."""
-    leaves: set[str] = set()
+    """The leaf key names and the section names of every base config's schema (train, sft, generation,
+    evaluation)."""
+    names: set[str] = set()
     sections: set[str] = set()
-    for name in BASE_FILES:
-        for dotted in flatten(read_yaml(config_dir() / name)):
+    for schema, _ in SCHEMAS.values():
+        for dotted in leaves(schema):
             *parents, leaf = dotted.split(".")
-            leaves.add(leaf)
+            names.add(leaf)
             sections.update(parents)
-    return leaves, sections
+    return names, sections
 
 
 LEAVES, SECTIONS = config_names()
@@ -132,8 +132,18 @@ def test_the_checker_finds_what_it_looks_for():
     assert [line.split(":")[1] for line in got] == ["2", "3", "4", "5", "6", "9", "10", "12"], got
 
 
+def checked_paths(part: str) -> list[Path]:
+    return [p for p in sorted((ROOT / part).rglob("*.py")) if p.relative_to(ROOT).as_posix() not in EXEMPT]
+
+
+def test_every_config_reader_is_checked():
+    names = {p.relative_to(ROOT).as_posix() for part in CHECKED for p in checked_paths(part)}
+    readers = {"stages/offline/generate.py", "stages/offline/scoring.py", "stages/sft.py", "trainer/workers.py"}
+    assert readers <= names, readers - names
+
+
 @pytest.mark.parametrize("part", CHECKED)
 def test_no_config_defaults_or_casts_at_call_sites(part):
-    paths = [p for p in sorted((ROOT / part).rglob("*.py")) if p.relative_to(ROOT).as_posix() not in EXEMPT]
+    paths = checked_paths(part)
     found = [o for path in paths for o in offences(path.read_text(), path.relative_to(ROOT.parent).as_posix())]
     assert not found, "\n".join(found)

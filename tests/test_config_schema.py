@@ -10,7 +10,15 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from agentgym.config import ConfigError, compose, config_dir, flatten
-from agentgym.config_schema import SFTConfig, TrainConfig, base_defaults, leaves
+from agentgym.config_schema import (
+    SCHEMAS,
+    EvaluationConfig,
+    GenerationConfig,
+    SFTConfig,
+    TrainConfig,
+    base_defaults,
+    leaves,
+)
 from agentgym.config_schema.__main__ import files
 from agentgym.config_schema.__main__ import main as write_yaml
 from agentgym.config_schema.keys import OPEN_SECTIONS
@@ -19,7 +27,7 @@ from agentgym.trainer.config import CHOICES, load_config
 FIELDS = leaves(TrainConfig)
 
 
-@pytest.mark.parametrize("schema", [TrainConfig, SFTConfig])
+@pytest.mark.parametrize("schema", [TrainConfig, SFTConfig, GenerationConfig, EvaluationConfig])
 def test_every_field_has_a_help_text_that_does_not_restate_its_default(schema):
     fields = leaves(schema)
     missing = [key for key, leaf in fields.items() if not leaf.help.strip()]
@@ -42,10 +50,15 @@ def test_checked_in_train_yaml_is_what_the_schema_writes(tmp_path):
     assert write_yaml(["--check", "--configs", str(tmp_path)]) == 1
     assert write_yaml(["--configs", str(tmp_path)]) == 0
     assert write_yaml(["--check", "--configs", str(tmp_path)]) == 0
-    assert OmegaConf.to_container(OmegaConf.create((tmp_path / "sft.yaml").read_text())) == base_defaults("sft")
+    assert set(files()) == {f"{name}.yaml" for name in SCHEMAS}
+    for name in SCHEMAS:
+        written = (tmp_path / f"{name}.yaml").read_text()
+        assert OmegaConf.to_container(OmegaConf.create(written)) == base_defaults(name), name
     text = (tmp_path / "train.yaml").read_text()
-    assert OmegaConf.to_container(OmegaConf.create(text)) == base_defaults("train")
     assert "lr: 1.0e-06" in text and "# learning rate (AdamW)" in text  # key, default, help as a comment
+    text = (tmp_path / "generation.yaml").read_text()
+    assert text.splitlines()[2].startswith("# `agentgym generate`: veRL's main_generation")  # the header kept
+    assert re.search(r"^  n_samples: 5 +# responses per prompt$", text, re.M)
 
 
 def test_choices_are_the_schemas_literal_fields():
@@ -170,6 +183,24 @@ def test_agentgym_config_show_prints_values_with_origins(capsys):
     assert "Did you mean 'data.train_batch_size'" in capsys.readouterr().err
     assert main(["config"]) == 2
     assert "--show" in capsys.readouterr().err
+
+
+def test_generation_and_evaluation_configs_are_typed():
+    from agentgym.stages.offline.common import load_offline_config
+
+    cfg, ignored = load_offline_config(
+        "generation.yaml", ["data.n_samples=2.0", "rollout.temperature=1", "trainer.n_gpus_per_node=1"]
+    )
+    assert OmegaConf.get_type(cfg) is GenerationConfig and "trainer.n_gpus_per_node" in ignored
+    assert type(cfg.data.n_samples) is int and type(cfg.rollout.temperature) is float
+    with pytest.raises(ConfigError, match=r"rollout\.name='vlm' is not one of embedded, vllm, sglang\. Did you mean"):
+        load_offline_config("generation.yaml", ["rollout.name=vlm"])
+    with pytest.raises(ConfigError, match=r"data\.batch_size takes a whole number"):
+        load_offline_config("generation.yaml", ["data.batch_size=1.5"])
+    cfg, _ = load_offline_config("evaluation.yaml", ["data.path=rows.jsonl"])
+    assert OmegaConf.get_type(cfg) is EvaluationConfig and cfg.custom_reward_function.name == "compute_score"
+    with pytest.raises(ConfigError, match=r"Did you mean 'data\.response_key'"):
+        load_offline_config("evaluation.yaml", ["data.response_keys=r"])
 
 
 def test_sft_config_is_typed_too():

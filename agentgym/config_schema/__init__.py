@@ -3,20 +3,23 @@
 One dataclass per section, veRL's dotted names kept (``actor_rollout_ref.actor.optim.lr``): ``train.py``
 holds ``agentgym train``'s (``TrainConfig``, and ``GroupDefaults``: the group files a config starts from),
 ``policy.py`` its ``actor_rollout_ref`` and ``critic`` sections, ``sft.py`` ``agentgym sft``'s
-(``SFTConfig``). A package rather than one module, so each schema reads as a file of its own beside the
-helpers: ``fields.py`` (declaring and listing fields), ``keys.py`` (a key against the schema),
-``values.py`` (a value against its field; the structured config), ``render.py`` (a schema as YAML).
+(``SFTConfig``), ``generation.py`` ``agentgym generate``'s (``GenerationConfig``, veRL's main_generation) and
+``evaluation.py`` ``agentgym eval data.path=FILE``'s (``EvaluationConfig``, veRL's main_eval). A package
+rather than one module, so each schema reads as a file of its own beside the helpers: ``fields.py``
+(declaring and listing fields), ``keys.py`` (a key against the schema), ``values.py`` (a value against its
+field; the structured config), ``render.py`` (a schema as YAML).
 
 ``agentgym.config.compose`` starts from a schema's defaults, checks every key and value against its
 fields, and returns a structured DictConfig of it (``cfg.a.b`` access, each value of its field's type).
-``configs/train.yaml`` and ``configs/sft.yaml`` are documentation written from the schemas:
-``python -m agentgym.config_schema`` rewrites them, ``--check`` says whether they are current.
+``configs/train.yaml``, ``sft.yaml``, ``generation.yaml`` and ``evaluation.yaml`` are documentation written
+from the schemas: ``python -m agentgym.config_schema`` rewrites them, ``--check`` says whether they are current.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from agentgym.config_schema.evaluation import EvaluationConfig
 from agentgym.config_schema.fields import (
     ConfigError,
     Leaf,
@@ -28,16 +31,21 @@ from agentgym.config_schema.fields import (
     sections,
     setting,
 )
+from agentgym.config_schema.generation import GenerationConfig
 from agentgym.config_schema.sft import SFTConfig
 from agentgym.config_schema.train import GroupDefaults, TrainConfig
 
-SCHEMAS: dict[str, tuple[type, type | None]] = {"train": (TrainConfig, GroupDefaults), "sft": (SFTConfig, None)}
-"""Base config name -> (its schema, its group defaults). The other base configs (``generation``,
-``evaluation``, a dozen keys each) are still their YAML files."""
+SCHEMAS: dict[str, tuple[type, type | None]] = {
+    "train": (TrainConfig, GroupDefaults),
+    "sft": (SFTConfig, None),
+    "generation": (GenerationConfig, None),
+    "evaluation": (EvaluationConfig, None),
+}
+"""Base config name -> (its schema, its group defaults): every base config in ``configs/``."""
 
 
 def schema_of(base_name: str) -> type | None:
-    """The schema dataclass of base config ``base_name`` (``train``), or None where its YAML file is the schema."""
+    """The schema dataclass of base config ``base_name`` (``train``), or None when there is no such base config."""
     entry = SCHEMAS.get(base_name)
     return entry[0] if entry else None
 
@@ -56,6 +64,8 @@ def base_defaults(base_name: str) -> dict[str, Any] | None:
 __all__ = [
     "SCHEMAS",
     "ConfigError",
+    "EvaluationConfig",
+    "GenerationConfig",
     "GroupDefaults",
     "SFTConfig",
     "Leaf",

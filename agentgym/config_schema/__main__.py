@@ -1,5 +1,6 @@
-"""``python -m agentgym.config_schema [--check]``: write ``configs/train.yaml`` and ``configs/sft.yaml`` from
-the schemas (``--check``: exit 1 when a file in ``configs/`` differs from what would be written)."""
+"""``python -m agentgym.config_schema [--check]``: write the base configs (``configs/train.yaml``, ``sft.yaml``,
+``generation.yaml``, ``evaluation.yaml``) from the schemas (``--check``: exit 1 when a file in ``configs/``
+differs from what would be written)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agentgym.config_schema import sft, train
+from agentgym.config_schema import evaluation, generation, sft, train
 from agentgym.config_schema.render import to_yaml
 
 CHECKOUT_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # a checkout's (a wheel copies it in)
@@ -22,6 +23,8 @@ def files() -> dict[str, str]:
     return {
         "train.yaml": to_yaml(train.TrainConfig, f"{generated('train')}\n\n{train.HEADER}", train.GroupDefaults),
         "sft.yaml": to_yaml(sft.SFTConfig, f"{generated('sft')}\n\n{sft.HEADER}"),
+        "generation.yaml": to_yaml(generation.GenerationConfig, f"{generated('generation')}\n\n{generation.HEADER}"),
+        "evaluation.yaml": to_yaml(evaluation.EvaluationConfig, f"{generated('evaluation')}\n\n{evaluation.HEADER}"),
     }
 
 

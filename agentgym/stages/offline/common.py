@@ -41,8 +41,8 @@ def offline_policy(key: str, value: Any) -> tuple[str, str] | None:
 def load_offline_config(
     base_file: str, overrides: Sequence[str], config_file: str | None = None
 ) -> tuple[DictConfig, dict[str, str]]:
-    """``configs/<base_file>``, ``config_file`` and dotted overrides (veRL keys it lacks: ignored with a reason
-    or refused)."""
+    """``configs/<base_file>`` (a structured ``GenerationConfig`` / ``EvaluationConfig``), ``config_file`` and
+    dotted overrides (veRL keys it lacks: ignored with a reason or refused)."""
     composition = compose(config_file=config_file, overrides=overrides, base_file=base_file, key_policy=offline_policy)
     return composition.cfg, composition.ignored
 
@@ -51,7 +51,7 @@ def read_table(path: str) -> list[dict[str, Any]]:
     """Rows of a ``.parquet`` / ``.jsonl`` / ``.json`` file (a clear error when it is missing)."""
     from agentgym.envs.data import DataError, read_rows
 
-    file = Path(str(path)).expanduser()
+    file = Path(path).expanduser()
     if not file.is_file():
         raise ConfigError(f"data.path={path} is not a file; pass data.path=ROWS.parquet (or .jsonl)")
     try:
@@ -62,7 +62,7 @@ def read_table(path: str) -> list[dict[str, Any]]:
 
 def write_table(rows: list[dict[str, Any]], path: str) -> Path:
     """``rows`` to ``path``: Parquet for ``.parquet``, else JSON lines."""
-    target = Path(str(path)).expanduser()
+    target = Path(path).expanduser()
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.suffix == ".parquet":
         import pyarrow as pa

@@ -36,8 +36,6 @@ def check(cfg: DictConfig) -> None:
             "greedy decoding (rollout.do_sample=false or rollout.temperature=0) gives the same response "
             f"every time: set data.n_samples=1 (got {data.n_samples})"
         )
-    if rollout.name not in ("embedded", "vllm", "sglang"):
-        raise ConfigError(f"rollout.name={rollout.name!r} is not one of embedded, vllm, sglang")
 
 
 async def sample_all(cfg: DictConfig, rows: list[dict[str, Any]], client: Any, chat: Any) -> list[list[str]]:
@@ -93,12 +91,12 @@ def generate(cfg: DictConfig) -> tuple[str, int]:
     from agentgym.rollout.chat import ChatTokenizer
 
     check(cfg)
-    rows = read_table(str(cfg.data.path))
+    rows = read_table(cfg.data.path)
     template_kwargs = OmegaConf.to_container(cfg.data.apply_chat_template_kwargs, resolve=True) or None
-    chat = ChatTokenizer(load_tokenizer(str(cfg.model.path)), template_kwargs=template_kwargs)
+    chat = ChatTokenizer(load_tokenizer(cfg.model.path), template_kwargs=template_kwargs)
     rollout = cfg.rollout
     handle = None
-    urls = [str(u) for u in rollout.server_urls]
+    urls = list(rollout.server_urls)
     if not urls:
         from agentgym.server.launch import start_policy_server
 
@@ -111,10 +109,10 @@ def generate(cfg: DictConfig) -> tuple[str, int]:
                 tensor_parallel_size=rollout.tensor_model_parallel_size,
                 **rollout_engine_kwargs(rollout),
             )
-        handle = start_policy_server(str(rollout.name), str(cfg.model.path), port=0, **kwargs)
+        handle = start_policy_server(rollout.name, cfg.model.path, port=0, **kwargs)
         urls = [handle.url]
     try:
-        client = PolicyClient(urls, backend=str(rollout.name), model=handle.model if handle else None)
+        client = PolicyClient(urls, backend=rollout.name, model=handle.model if handle else None)
 
         async def run() -> list[list[str]]:
             try:
@@ -128,7 +126,7 @@ def generate(cfg: DictConfig) -> tuple[str, int]:
             handle.stop()
     for row, texts in zip(rows, responses):
         row["responses"] = texts
-    target = write_table(rows, str(cfg.data.output_path))
+    target = write_table(rows, cfg.data.output_path)
     return str(target), sum(len(r) for r in responses)
 
 
@@ -159,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         check(cfg)
         from agentgym.preflight import check_model
 
-        check_model("model.path", str(cfg.model.path))
+        check_model("model.path", cfg.model.path)
         started = time.perf_counter()
         path, count = generate(cfg)
     except ConfigError as exc:

@@ -33,7 +33,7 @@ def score_rows(cfg: DictConfig, rows: list[dict[str, Any]]) -> dict[str, float]:
 
     data = cfg.data
     crf = cfg.custom_reward_function
-    reward = RewardFunction(str(crf.path) if crf.path else None, str(crf.name or "compute_score"))
+    reward = RewardFunction(crf.path, crf.name)
     try:
         reward.function()
     except ValueError as exc:
@@ -71,7 +71,7 @@ def offline_eval_command(args: argparse.Namespace) -> int:
                 "agentgym eval needs --env NAME (episodes against a policy) or data.path=FILE "
                 "(score the responses in a file, as veRL's main_eval)"
             )
-        result = score_rows(cfg, read_table(str(cfg.data.path)))
+        result = score_rows(cfg, read_table(cfg.data.path))
     except ConfigError as exc:
         print(f"agentgym eval: {exc}", file=sys.stderr)
         return 2
