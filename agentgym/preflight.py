@@ -120,7 +120,7 @@ def missing_packages(cfg: DictConfig) -> list[str]:
                     "pip install tensorboard (or trainer.logger=[console,jsonl])",
                 )
             )
-    if int(cfg.actor_rollout_ref.model.lora_rank or 0) > 0:
+    if cfg.actor_rollout_ref.model.lora_rank > 0:
         need.append(
             (
                 "peft",

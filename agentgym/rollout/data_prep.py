@@ -190,7 +190,7 @@ def prepare_data(cfg: DictConfig, chat: Any = None) -> dict[str, Prepared]:
         files = cfg.data[key]
         if not files:
             continue
-        prepared = prepare_split(cfg, split, files, int(cfg.data[samples_key]), chat)
+        prepared = prepare_split(cfg, split, files, cfg.data[samples_key], chat)
         if prepared.path is not None:
             cfg.data[key] = prepared.path
         out[split] = prepared

@@ -75,6 +75,6 @@ def check_env_groups(cfg: DictConfig) -> None:
     if tags:
         tag_shares(tags, list(cfg.env.n_groups or []), cfg.data.train_batch_size, "")
     if val_tags:
-        tag_shares(val_tags, list(cfg.env.val_n_groups or []), int(cfg.data.val_batch_size), "val_")
+        tag_shares(val_tags, list(cfg.env.val_n_groups or []), cfg.data.val_batch_size, "val_")
     elif cfg.env.val_n_groups:
         raise ConfigError("env.val_n_groups is set but env.val_tags is empty")

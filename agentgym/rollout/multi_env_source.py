@@ -41,9 +41,7 @@ class MultiEnvSource(TrajectorySource):
         self.tags = list(cfg.env.tags)
         self.shares = tag_shares(self.tags, list(cfg.env.n_groups or []), cfg.data.train_batch_size, "")
         self.val_tags = list(cfg.env.val_tags or []) or self.tags
-        self.val_shares = tag_shares(
-            self.val_tags, list(cfg.env.val_n_groups or []), int(cfg.data.val_batch_size), "val_"
-        )
+        self.val_shares = tag_shares(self.val_tags, list(cfg.env.val_n_groups or []), cfg.data.val_batch_size, "val_")
         common = {
             "max_tokens": int(rollout.max_tokens_per_turn),
             "prompt_length": cfg.data.max_prompt_length,

@@ -360,7 +360,7 @@ class EnvRolloutSource(TrajectorySource):
         from agentgym.rollout.runner import Task
 
         info = await self.val_runner.env_info()
-        count = int(self.cfg.data.val_batch_size)
+        count = self.cfg.data.val_batch_size
         num_tasks = info.get("num_tasks")
         if num_tasks is None:
             start = self.cfg.env.val_seed_start
