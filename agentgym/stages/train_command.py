@@ -121,6 +121,10 @@ def summary_text(summary: dict[str, Any]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from agentgym.stages.config_command import hydra_arguments
 
+    parser.epilog = (
+        "Every key, its default and where a value comes from: agentgym config --show --env NAME [KEY=VALUE ...]; "
+        "the keys with their help: configs/train.yaml."
+    )
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--env", help="registered env name; picks configs/env/<name>.yaml when present")
     target.add_argument("--agent", metavar="MODULE:FUNCTION", help="train an OpenAI-client agent through the gateway")
