@@ -120,8 +120,7 @@ _.warmup_style  # the optimizer config key train_state reads
 __getattr__  # server/__init__.py: the lazy names
 
 # ---- public API that users call and tests pin (no caller inside agentgym)
-TrajectorySource
-FixedTrajectorySource
+FixedTrajectorySource  # tests and users hand the trainer fixed trajectories
 _.sampled_versions
 _.to_json
 _.from_json
