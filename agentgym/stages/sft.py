@@ -219,7 +219,7 @@ class SFTTrainer:
 
             init_ray(OmegaConf.create({"ray_init": {"address": None, "num_cpus": None, "include_dashboard": False}}))
         self.actor = WorkerGroup(PolicyWorker, worker_config(self.cfg), self.world_size, use_ray, "sft")
-        self.actor.call("init_model", self.total_steps, False)
+        self.actor.call(PolicyWorker.init_model, self.total_steps, False)
 
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
         batch, _ = build_batch(trajectories, self.pad_token_id)
@@ -227,12 +227,16 @@ class SFTTrainer:
         batch, pad_rows = pad_for_workers(batch, self.world_size, [1])
         plans = update_plan(batch["response_mask"], rows, pad_rows, 1, 1, self.world_size)
         shared = self.actor.put(batch.tensors)
-        outs = self.actor.call("update_sft", shared, per_rank=[(p,) for p in plans])
+        from agentgym.trainer.workers import PolicyWorker
+
+        outs = self.actor.call(PolicyWorker.update_sft, shared, per_rank=[(p,) for p in plans])
         metrics = {k: float(sum(o[k] for o in outs) / len(outs)) for k in outs[0]}
         metrics["perf/update_tokens"] = float(sum(o["perf/update_tokens"] for o in outs))
         return metrics
 
     def validate(self) -> dict[str, float]:
+        from agentgym.trainer.workers import PolicyWorker
+
         if not self.val_set:
             return {}
         nll = tokens = 0.0
@@ -243,13 +247,16 @@ class SFTTrainer:
                 list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
                 for r in range(self.world_size)
             ]
-            for out in self.actor.call("sft_loss", self.actor.put(batch.tensors), per_rank=[(s,) for s in shards]):
+            for out in self.actor.call(
+                PolicyWorker.sft_loss, self.actor.put(batch.tensors), per_rank=[(s,) for s in shards]
+            ):
                 nll += out["nll"]
                 tokens += out["tokens"]
         return {"val/sft/loss": nll / max(tokens, 1.0)}
 
     def fit(self) -> dict[str, Any]:
         from agentgym.progress import progress_bar
+        from agentgym.trainer.workers import PolicyWorker
 
         cfg = self.cfg.trainer
         if self.actor is None:
@@ -259,7 +266,7 @@ class SFTTrainer:
         resumed = checkpoint.latest_checkpoint(self.run_dir)
         if resumed is not None:
             state = checkpoint.load_trainer_state(resumed)
-            self.actor.call("load_checkpoint", str(resumed))
+            self.actor.call(PolicyWorker.load_checkpoint, str(resumed))
             self.global_step = int(state["global_step"])
         tracking = Tracking(
             list(cfg.logger) if "jsonl" in cfg.logger else [*cfg.logger, "jsonl"],
@@ -320,7 +327,7 @@ class SFTTrainer:
         hf_dir = None
         if cfg.save_hf_model and self.global_step > 0:
             hf_dir = self.run_dir / "huggingface"
-            self.actor.call("save_hf", str(hf_dir))
+            self.actor.call(PolicyWorker.save_hf, str(hf_dir))
         curves = _curves(self.run_dir)
         return {
             "steps": self.global_step,
@@ -335,9 +342,11 @@ class SFTTrainer:
         }
 
     def save_checkpoint(self) -> None:
+        from agentgym.trainer.workers import PolicyWorker
+
         directory = checkpoint.step_dir(self.run_dir, self.global_step)
         directory.mkdir(parents=True, exist_ok=True)
-        self.actor.call("save_checkpoint", str(directory))
+        self.actor.call(PolicyWorker.save_checkpoint, str(directory))
         checkpoint.save_trainer_state(directory, {"global_step": self.global_step, "kind": "sft"})
         checkpoint.mark_latest(self.run_dir, self.global_step)
 
