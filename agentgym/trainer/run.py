@@ -164,7 +164,7 @@ def wrap_source(cfg: DictConfig, source: Any) -> Any:
             "distillation.enable: algorithm.filter_groups (dynamic sampling) is off for this run: it judges env "
             "scores, and a group whose env scores are all equal still learns from the teacher"
         )
-    if filter_groups_active(cfg):
+    if filter_groups_active(cfg) and cfg.actor_rollout_ref.hybrid_engine:  # the async trainer filters as groups form
         from agentgym.trainer.dynamic_sampling import DynamicSamplingSource
 
         source = DynamicSamplingSource.from_cfg(cfg, source)
