@@ -93,6 +93,7 @@ class AsyncCoordinator:
         self._changed = asyncio.Event()
         self._changes = 0
         self._producer: asyncio.Task | None = None
+        self._stopping = False
         self._push_task: asyncio.Task | None = None
         self._failure: BaseException | None = None
         # idle accounting: time with no task running (rollout side), time waiting for a batch (trainer)
@@ -104,9 +105,11 @@ class AsyncCoordinator:
     # ---- life ----------------------------------------------------------------------------------
     def start(self) -> None:
         if self._producer is None:
+            self._stopping = False
             self._producer = asyncio.get_running_loop().create_task(self._produce())
 
     async def stop(self) -> None:
+        self._stopping = True
         tasks = [t for t in (self._producer, self._push_task, *self.in_flight.values()) if t is not None]
         for task in tasks:
             task.cancel()
@@ -155,6 +158,9 @@ class AsyncCoordinator:
             # with a filter a running task may still be dropped and give its place back: keep producing
             while total is None or self.counted < total or self.group_filter is not None:
                 while True:
+                    # asyncio.wait_for (Python < 3.12) can swallow a cancel that lands as its wait ends
+                    if self._stopping:
+                        return
                     seen = self._changes
                     if self.admission_open() and not await self.pool.full():
                         break
