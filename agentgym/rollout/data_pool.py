@@ -10,10 +10,11 @@ deliveries arrived; complete groups are numbered in the order they completed.
 
 Consumers take complete groups: ``ready()`` lists them in the order they completed, ``take(ids)``
 takes chosen ones (the asynchronous trainer's deadline rule picks them, see
-``agentgym.trainer.staleness``). Nothing is ever dropped: ``max_queue_size`` bounds the complete
-groups waiting, and is honoured by the producers' admission (``full()``; they start no new task
-while it holds), not by refusing or discarding finished work. Every trajectory keeps the policy
-version of each sampled token (``Turn.versions``).
+``agentgym.trainer.staleness``). Nothing delivered is ever dropped (dynamic sampling drops a flat group
+before it is delivered, ``discard``-ing its announced place: ``agentgym.trainer.async_loop``):
+``max_queue_size`` bounds the complete groups waiting, and is honoured by the producers' admission
+(``full()``; they start no new task while it holds), not by refusing or discarding finished work.
+Every trajectory keeps the policy version of each sampled token (``Turn.versions``).
 
 In a local run the pool is an object of the trainer's process; with Ray it is an actor
 (``create_pool_actor``, optionally named so another process can find it: ``connect_pool``).
@@ -177,7 +178,7 @@ class DataPool:
         return [self.pop(g) for g in self.ready()]
 
     def discard(self, group_id: str) -> None:
-        """Forget a group whatever its state (a run that failed)."""
+        """Forget a group whatever its state (a run that failed, a group dynamic sampling dropped)."""
         if self._groups.pop(group_id, None) is not None:
             self._notify()
 
@@ -252,6 +253,9 @@ class PoolClient:
 
     async def add(self, group_id: str, trajectories: Sequence[Trajectory]) -> None:
         await self._call("add", group_id, list(trajectories))
+
+    async def discard(self, group_id: str) -> None:
+        await self._call("discard", group_id)
 
     async def groups_info(self) -> list[dict[str, Any]]:
         return await self._call("groups_info")

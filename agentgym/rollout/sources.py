@@ -387,11 +387,18 @@ class EnvRolloutSource(TrajectorySource):
             await self.baseline_runner.aclose()
 
 
+def filter_groups_active(cfg: Any) -> bool:
+    """Whether dynamic sampling (``algorithm.filter_groups``) drops groups: its ``enable``, except while a
+    distillation teacher scores. The filter judges env scores, and a group whose env scores are all equal
+    still learns from the teacher's per-token advantages, so it must reach the update."""
+    return bool(cfg.algorithm.filter_groups.enable) and not cfg.distillation.enable
+
+
 def round_size(cfg: Any) -> int:
     """Tasks per ``collect``: ``data.train_batch_size``, or ``data.gen_batch_size`` when dynamic sampling
     (``algorithm.filter_groups``) collects several rounds per step."""
 
-    if cfg.algorithm.filter_groups.enable and cfg.data.gen_batch_size:
+    if filter_groups_active(cfg) and cfg.data.gen_batch_size:
         return cfg.data.gen_batch_size
     return cfg.data.train_batch_size
 

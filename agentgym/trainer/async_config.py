@@ -103,11 +103,6 @@ def validate_async(cfg: Any) -> None:
                     f"{key} at {value}"
                 )
         return
-    if cfg.algorithm.filter_groups.enable:
-        raise ConfigError(
-            "algorithm.filter_groups (dynamic sampling) runs in the synchronous trainer only: leave it "
-            "false with agentgym train --async"
-        )
     a = cfg.async_training
     ints = {
         "async_training.trigger_parameter_sync_step": a.trigger_parameter_sync_step,

@@ -10,7 +10,17 @@
 * a ``StalenessPlan`` (``agentgym.trainer.staleness``: the admission budget and the lag bound);
 * ``push(version, snapshot, abort)``: loads new weights into every policy server, and optionally
   ``snapshot()``: copies the trainer's weights so the push can run while training goes on
-  (``async_training.checkpoint_engine.enable``).
+  (``async_training.checkpoint_engine.enable``);
+* optionally a *group filter* (dynamic sampling, ``agentgym.trainer.dynamic_sampling.GroupFilter``):
+  ``keep(group)``, whether a finished group goes to the pool, and ``step_metrics()``.
+
+Dynamic sampling filters where groups form: a finished group the filter drops never enters the pool
+(its announced place there is discarded), and its admission place is given back (``dropped``), so the
+admission budget and the trainer's batch choice count only the tasks that are kept or still running.
+That keeps the lag bound for what is trained (the kept tasks admitted under ``V`` still number at most
+``V * b + A``), and a dropped task is never consumed work: a new task takes its place under the
+servers' current version. Filtering at the trainer's take instead would let flat groups fill the pool
+(``max_queue_size``) and hold admission places until an update took them.
 
 The rollout side (``_produce``) admits tasks while the plan allows (and the pool is not
 ``full()``, and fewer than ``max_tasks_in_flight`` run), runs each as its own asyncio task and
@@ -61,6 +71,7 @@ class AsyncCoordinator:
         snapshot: Callable[[], Any] | None = None,
         max_tasks_in_flight: int = 64,
         version: int = 0,
+        group_filter: Any = None,
     ) -> None:
         self.source = source
         self.pool = pool
@@ -70,7 +81,9 @@ class AsyncCoordinator:
         self.partial_rollout = partial_rollout
         self.max_tasks_in_flight = max(1, max_tasks_in_flight)
         self.version = version
-        self.started = 0
+        self.group_filter = group_filter
+        self.started = 0  # tasks admitted (their tickets)
+        self.dropped = 0  # of those, groups the filter dropped: their admission places were given back
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
         self.in_flight: dict[int, asyncio.Task] = {}
         self.closed_for: set[str] = set()  # why admission is stopped: "sync", "checkpoint"
@@ -80,6 +93,7 @@ class AsyncCoordinator:
         self._changed = asyncio.Event()
         self._changes = 0
         self._producer: asyncio.Task | None = None
+        self._stopping = False
         self._push_task: asyncio.Task | None = None
         self._failure: BaseException | None = None
         # idle accounting: time with no task running (rollout side), time waiting for a batch (trainer)
@@ -91,9 +105,11 @@ class AsyncCoordinator:
     # ---- life ----------------------------------------------------------------------------------
     def start(self) -> None:
         if self._producer is None:
+            self._stopping = False
             self._producer = asyncio.get_running_loop().create_task(self._produce())
 
     async def stop(self) -> None:
+        self._stopping = True
         tasks = [t for t in (self._producer, self._push_task, *self.in_flight.values()) if t is not None]
         for task in tasks:
             task.cancel()
@@ -124,18 +140,27 @@ class AsyncCoordinator:
             ) from self._failure
 
     # ---- the rollout side ------------------------------------------------------------------------
+    @property
+    def counted(self) -> int:
+        """Admitted tasks that count against admission: kept, running, or waiting to be trained."""
+        return self.started - self.dropped
+
     def admission_open(self) -> bool:
         return (
             not self.closed_for
-            and self.plan.may_admit(self.started, self.version)
+            and self.plan.may_admit(self.counted, self.version)
             and len(self.in_flight) < self.max_tasks_in_flight
         )
 
     async def _produce(self) -> None:
         total = self.plan.total_tasks
         try:
-            while total is None or self.started < total:
+            # with a filter a running task may still be dropped and give its place back: keep producing
+            while total is None or self.counted < total or self.group_filter is not None:
                 while True:
+                    # asyncio.wait_for (Python < 3.12) can swallow a cancel that lands as its wait ends
+                    if self._stopping:
+                        return
                     seen = self._changes
                     if self.admission_open() and not await self.pool.full():
                         break
@@ -162,7 +187,11 @@ class AsyncCoordinator:
             trajectories = await self.source.run_task(task, group_id)
             for traj in trajectories:
                 traj.group_id = group_id
-            await self.pool.add(group_id, trajectories)
+            if self.group_filter is not None and not self.group_filter.keep(trajectories):
+                self.dropped += 1
+                await self.pool.discard(group_id)
+            else:
+                await self.pool.add(group_id, trajectories)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer side
@@ -200,7 +229,7 @@ class AsyncCoordinator:
         while True:
             self._check()
             seen, after = self._changes, await self.pool.changes()
-            choice = select_batch(await self.pool.groups_info(), step, self.plan, self.version, self.started)
+            choice = select_batch(await self.pool.groups_info(), step, self.plan, self.version, self.counted)
             if choice.group_ids is not None:
                 break
             deadline_wait = deadline_wait or choice.deadline_wait
@@ -233,6 +262,8 @@ class AsyncCoordinator:
             "async/servers_version": float(self.version),
             "async/admitted_tasks": float(self.started),
         }
+        if self.group_filter is not None:
+            metrics.update(self.group_filter.step_metrics())
         return trajectories, metrics, [info for info, _ in taken]
 
     async def _wait_pool(self, seen: int, after: int) -> None:
@@ -304,6 +335,7 @@ class AsyncCoordinator:
             self._check()
             return {
                 "started": self.started,
+                "dropped": self.dropped,
                 "version": self.version,
                 "queue": list(self.queue),
                 "pool": await self.pool.state_dict(),
@@ -318,6 +350,7 @@ class AsyncCoordinator:
         if self._producer is not None:
             raise RuntimeError("load the asynchronous state before the rollout side starts")
         self.started = int(state["started"])
+        self.dropped = int(state.get("dropped", 0))
         self.version = int(state["version"])
         self.queue = collections.deque(state.get("queue") or [])
         await self.pool.load_state_dict(state["pool"])

@@ -18,7 +18,9 @@ thread trains:
 
 Each step also logs ``async/*``: the version lag (min/mean/max) of the trained trajectories and its
 bound, the DataPool's size, the rollout side's and the trainer's idle fractions, the servers'
-version; and ``rollout_corr/*`` when ``algorithm.rollout_correction.rollout_is`` is on.
+version; ``rollout_corr/*`` when ``algorithm.rollout_correction.rollout_is`` is on; and ``sampling/*``
+with dynamic sampling (``algorithm.filter_groups``), which the coordinator applies to each group as it
+finishes (``agentgym.trainer.dynamic_sampling.GroupFilter``) instead of wrapping the source.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from agentgym.rollout.data_pool import DataPool, PoolClient
-from agentgym.rollout.sources import TrajectorySource, require_source
+from agentgym.rollout.sources import TrajectorySource, filter_groups_active, require_source
 from agentgym.trainer.async_config import AsyncSettings
 from agentgym.trainer.async_loop import AsyncCoordinator
 from agentgym.trainer.ppo_trainer import PPOTrainer
@@ -184,6 +186,11 @@ class AsyncPPOTrainer(PPOTrainer):
                 self.pool_actor = create_pool_actor(max_queue_size=s.max_queue_size, group_size=n)
                 pool = self.pool_actor
             sync = self.weight_sync
+            group_filter = None
+            if filter_groups_active(self.cfg):
+                from agentgym.trainer.dynamic_sampling import GroupFilter
+
+                group_filter = GroupFilter.from_cfg(self.cfg)
             coordinator = AsyncCoordinator(
                 self.collector.source,
                 PoolClient(pool),
@@ -192,6 +199,7 @@ class AsyncPPOTrainer(PPOTrainer):
                 partial_rollout=s.partial_rollout,
                 snapshot=sync.snapshot if s.checkpoint_engine and sync.inner is not None else None,
                 max_tasks_in_flight=max(1, rollout.concurrency // n),
+                group_filter=group_filter,
             )
             if self.collector._pending_state is not None:
                 await coordinator.load_state_dict(self.collector._pending_state)

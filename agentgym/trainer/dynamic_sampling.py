@@ -110,3 +110,66 @@ class DynamicSamplingSource(SourceWrapper):
         if not kept:
             return last
         return [traj for group in kept for traj in group]
+
+
+class GroupFilter:
+    """Dynamic sampling where groups form, for the asynchronous trainer (``AsyncCoordinator``): each
+    finished group is judged before it reaches the DataPool; a flat one is dropped and frees its admission
+    place, so the rollout side starts another task in its stead.
+
+    ``drop_budget`` bounds the drops per trainer update as ``max_num_gen_batches`` bounds the synchronous
+    trainer's rounds: a step samples at most ``max_num_gen_batches * gen_batch_size`` tasks to train
+    ``train_batch_size`` groups, so at most the difference is dropped between two batches taken; past it
+    flat groups are kept (trained with advantage 0, and a step of only those gets the flat-reward warning,
+    as the synchronous trainer's last unfiltered round does). None: no bound (``max_num_gen_batches <= 0``).
+
+    ``step_metrics()`` gives the ``sampling/*`` counts of the groups finished since the last call (the
+    synchronous trainer's names where they apply) and starts the next window.
+    """
+
+    def __init__(
+        self,
+        metric: str = "score",
+        drop_budget: int | None = None,
+        turn_reward_coef: float = 1.0,
+        outcome_reward_coef: float = 1.0,
+    ) -> None:
+        self.metric = metric
+        self.drop_budget = drop_budget
+        self.turn_reward_coef = float(turn_reward_coef)
+        self.outcome_reward_coef = float(outcome_reward_coef)
+        self._window = dict.fromkeys(("sampled", "kept", "flat", "dropped", "episodes", "solved"), 0)
+
+    @classmethod
+    def from_cfg(cls, cfg: Any) -> GroupFilter:
+        fg = cfg.algorithm.filter_groups
+        b = int(cfg.data.train_batch_size)
+        rounds = int(fg.max_num_gen_batches)
+        budget = None if rounds <= 0 else max(0, rounds * int(cfg.data.gen_batch_size or b) - b)
+        return cls(fg.metric, budget, cfg.algorithm.turn_reward_coef, cfg.algorithm.outcome_reward_coef)
+
+    def keep(self, group: list[Trajectory]) -> bool:
+        """Whether ``group`` (one task's trajectories) goes to the pool; counts it."""
+        w = self._window
+        w["sampled"] += 1
+        w["episodes"] += len(group)
+        w["solved"] += sum(bool(t.success) for t in group)
+        if has_spread(group, self.metric, self.turn_reward_coef, self.outcome_reward_coef):
+            w["kept"] += 1
+            return True
+        w["flat"] += 1
+        if self.drop_budget is not None and w["dropped"] >= self.drop_budget:
+            w["kept"] += 1
+            return True
+        w["dropped"] += 1
+        return False
+
+    def step_metrics(self) -> dict[str, float]:
+        w, self._window = self._window, dict.fromkeys(self._window, 0)
+        return {
+            "sampling/groups_sampled": float(w["sampled"]),
+            "sampling/groups_kept": float(w["kept"]),
+            "sampling/groups_dropped": float(w["dropped"]),
+            "sampling/flat_group_frac": w["flat"] / w["sampled"] if w["sampled"] else 0.0,
+            "sampling/success_rate": w["solved"] / w["episodes"] if w["episodes"] else 0.0,
+        }

@@ -10,6 +10,7 @@ agent trajectories come in. The ``agentgym train`` command that runs the stages 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentgym.config import ConfigError
 from agentgym.trainer.config import world_size
+
+log = logging.getLogger("agentgym.trainer")
 
 
 def describe(cfg: DictConfig, steps: int | None = None) -> str:
@@ -153,9 +156,15 @@ def wrap_source(cfg: DictConfig, source: Any) -> Any:
     an LLM judge, veRL's reward manager, a distillation teacher), and around those dynamic sampling
     (``algorithm.filter_groups``), which judges the final scores."""
     from agentgym.rewards import reward_sources
+    from agentgym.rollout.sources import filter_groups_active
 
     source = reward_sources(cfg, source)
-    if cfg.algorithm.filter_groups.enable:
+    if cfg.algorithm.filter_groups.enable and not filter_groups_active(cfg):
+        log.warning(
+            "distillation.enable: algorithm.filter_groups (dynamic sampling) is off for this run: it judges env "
+            "scores, and a group whose env scores are all equal still learns from the teacher"
+        )
+    if filter_groups_active(cfg) and cfg.actor_rollout_ref.hybrid_engine:  # the async trainer filters as groups form
         from agentgym.trainer.dynamic_sampling import DynamicSamplingSource
 
         source = DynamicSamplingSource.from_cfg(cfg, source)

@@ -11,6 +11,7 @@ import pytest
 
 from agentgym.rollout.data_pool import DataPool, PoolClient
 from agentgym.trainer.async_loop import AsyncCoordinator
+from agentgym.trainer.dynamic_sampling import GroupFilter
 from agentgym.trainer.staleness import StalenessPlan, select_batch
 from agentgym.types import Trajectory, Turn
 
@@ -199,3 +200,84 @@ def test_max_queue_size_holds_admission_back_and_drops_nothing():
         assert sorted(trained) == list(range(40))  # every finished group was trained: none dropped
 
     asyncio.run(main())
+
+
+# ---- dynamic sampling where groups form ----------------------------------------------------------------------
+
+
+class FlatSimSource(SimSource):
+    """``SimSource`` whose groups of tasks with ``flat(index)`` all score 0; the others score 0 and 1."""
+
+    def __init__(self, *args, flat, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.flat = flat
+
+    async def run_task(self, task: dict, group_id: str) -> list[Trajectory]:
+        group = await super().run_task(task, group_id)
+        if not self.flat(task["index"]):
+            group[-1].outcome_reward = 1.0
+        return group
+
+
+async def _filtered(plan: StalenessPlan, steps: int, partial: bool, flat, drop_budget, rng: random.Random):
+    server = SimServer()
+    lengths = [rng.choice([1, 2, 3, 12]) for _ in range(64)]
+    source = FlatSimSource(server, rng, lengths, n=2, tick=0.0004, flat=flat)
+    pool = DataPool()
+    coordinator = AsyncCoordinator(
+        source,
+        PoolClient(pool),
+        plan,
+        server.push,
+        partial_rollout=partial,
+        max_tasks_in_flight=16,
+        group_filter=GroupFilter(drop_budget=drop_budget),
+    )
+    trained, lags, windows = [], [], []
+    try:
+        for step in range(1, steps + 1):
+            trajectories, metrics, _ = await coordinator.next_batch(step)
+            lags += [step - 1 - t.oldest_version() for t in trajectories]
+            trained += [t.task["index"] for t in trajectories[::2]]
+            windows.append(metrics)
+            await asyncio.sleep(rng.uniform(0.0, 0.004))
+            await coordinator.after_update(step, last=step == steps)
+        await coordinator.wait_push()
+    finally:
+        await coordinator.stop()
+    return trained, lags, windows, coordinator, pool
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dynamic_sampling_drops_flat_groups_as_they_form_and_keeps_the_lag_bound(seed):
+    """Every third task is flat: none of them is trained, every other task admitted is trained exactly once
+    within the lag bound, dropped tasks give their admission place back (the run admits past steps * b and
+    still ends), and nothing is left in the pool."""
+    rng = random.Random(seed)
+    b, k, s = rng.choice([2, 3]), rng.choice([1, 2]), rng.choice([0.0, 0.5])
+    steps = rng.randint(4, 7)
+    plan = StalenessPlan(b, k, s, total_tasks=steps * b)
+    trained, lags, windows, coordinator, pool = asyncio.run(
+        _filtered(plan, steps, bool(seed % 2), lambda i: i % 3 == 0, None, rng)
+    )
+    assert not [i for i in trained if i % 3 == 0]
+    assert sorted(trained) == [i for i in range(coordinator.started) if i % 3]
+    assert coordinator.dropped == sum(w["sampling/groups_dropped"] for w in windows) > 0
+    assert coordinator.started - coordinator.dropped == steps * b and len(pool) == 0 and not coordinator.in_flight
+    assert max(lags) <= plan.max_lag
+    assert sum(w["sampling/groups_kept"] for w in windows) == steps * b
+    assert all(
+        w["sampling/groups_sampled"] == w["sampling/groups_kept"] + w["sampling/groups_dropped"] for w in windows
+    )
+
+
+def test_when_every_group_is_flat_the_drop_budget_ends_each_step():
+    """All groups flat: at most ``drop_budget`` drops between two batches, then flat groups are kept, so the
+    run still ends (as the synchronous trainer trains its last round after max_num_gen_batches)."""
+    rng = random.Random(3)
+    plan = StalenessPlan(2, 1, 0.0, total_tasks=8)
+    trained, _, windows, coordinator, _ = asyncio.run(_filtered(plan, 4, False, lambda i: True, 3, rng))
+    assert len(trained) == 8
+    assert all(w["sampling/groups_dropped"] <= 3 and w["sampling/flat_group_frac"] == 1.0 for w in windows)
+    assert windows[0]["sampling/groups_dropped"] == 3  # the first step waits for its budget to run out
+    assert coordinator.dropped == sum(w["sampling/groups_dropped"] for w in windows)

@@ -380,3 +380,99 @@ def test_resume_from_a_checkpoint_inside_a_require_batches_fetch(tmp_path):
     for record in _rows(Path(resumed["run_dir"]) / "async_batches.jsonl"):
         last[record["step"]] = [g["task"]["seed"] for g in record["groups"]]
     assert sorted(seed for seeds in last.values() for seed in seeds) == list(range(8))
+
+
+# ---- dynamic sampling ----------------------------------------------------------------------------------------
+
+
+def _scripted_source(flat):
+    """Tasks seed 0, 1, ...; each a group of 2 one-turn episodes that all score 0 when ``flat(seed)``, else 0, 1."""
+    from agentgym.rollout.sources import TrajectorySource
+    from agentgym.types import Trajectory, Turn
+
+    class Scripted(TrajectorySource):
+        def __init__(self) -> None:
+            self.seed = 0
+
+        async def collect(self, step: int) -> list[Trajectory]:
+            raise AssertionError("the asynchronous trainer runs tasks one by one")
+
+        async def next_tasks(self) -> list[dict]:
+            self.seed += 2
+            return [{"seed": self.seed - 2}, {"seed": self.seed - 1}]
+
+        async def run_task(self, task: dict, group_id: str) -> list[Trajectory]:
+            seed = task["seed"]
+            return [
+                Trajectory(
+                    turns=[Turn(prompt_ids=[5, 6, 7], response_ids=[8 + seed % 7, 9], logprobs=[-1.0, -1.0])],
+                    outcome_reward=0.0 if flat(seed) else float(i),
+                    seed=seed,
+                    task=dict(task),
+                )
+                for i in range(2)
+            ]
+
+    return Scripted()
+
+
+def _scripted_run(tmp_path: Path, name: str, flat, overrides: list[str]) -> dict:
+    from agentgym.trainer.run import train
+
+    cfg = load_config(
+        env="first_letter",
+        config_name="async_ppo_trainer",
+        overrides=[
+            f"trainer.default_local_dir={tmp_path / name}",
+            "trainer.logger=[jsonl]",
+            "trainer.use_ray=false",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.save_hf_model=false",
+            "trainer.total_training_steps=3",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            "async_training.staleness_threshold=0.5",
+            "async_training.trigger_parameter_sync_step=1",
+            "async_training.use_rollout_log_probs=false",
+            "algorithm.rollout_correction.rollout_is=null",
+            *overrides,
+        ],
+    )
+    return train(cfg, source=_scripted_source(flat), servers=False, show_progress=False)
+
+
+@pytest.mark.parametrize("enable", [True, False])
+def test_async_dynamic_sampling_trains_no_group_without_signal(tmp_path, enable):
+    """Even seeds are flat. With algorithm.filter_groups on, no update trains one (the batches record every
+    trained task) and the sync trainer's sampling/* metrics say how many were dropped; off, they are trained."""
+    summary = _scripted_run(
+        tmp_path, "ds", lambda seed: seed % 2 == 0, [f"algorithm.filter_groups.enable={str(enable).lower()}"]
+    )
+    seeds = [g["task"]["seed"] for r in _rows(Path(summary["run_dir"]) / "async_batches.jsonl") for g in r["groups"]]
+    rows = _rows(Path(summary["metrics_file"]))
+    assert len(rows) == 3 and len(seeds) == 6
+    if enable:
+        assert all(seed % 2 for seed in seeds)
+        assert sum(r["sampling/groups_dropped"] for r in rows) >= 3 and rows[0]["sampling/flat_group_frac"] > 0
+        assert summary["flat_reward_steps"] == 0
+    else:
+        assert any(seed % 2 == 0 for seed in seeds) and not any("sampling/groups_dropped" in r for r in rows)
+
+
+def test_async_dynamic_sampling_ends_when_every_group_is_flat(tmp_path, caplog):
+    """Every group flat, max_num_gen_batches=2 (a step may drop 2 * 2 - 2 = 2 groups): the run ends, its
+    steps train flat groups past the budget and the flat-reward warning says so, as in the sync trainer."""
+    with caplog.at_level("WARNING", logger="agentgym.trainer"):
+        summary = _scripted_run(
+            tmp_path,
+            "flat",
+            lambda seed: True,
+            ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=2"],
+        )
+    rows = _rows(Path(summary["metrics_file"]))
+    assert len(rows) == 3 and summary["flat_reward_steps"] == 3
+    assert all(r["sampling/groups_dropped"] <= 2 and r["sampling/flat_group_frac"] == 1.0 for r in rows)
+    assert rows[0]["sampling/groups_dropped"] == 2
+    assert "identical rewards" in caplog.text

@@ -252,6 +252,48 @@ def test_a_trainer_step_learns_from_the_teacher_when_every_env_reward_is_equal(t
         assert summary["flat_reward_steps"] == 1
 
 
+@pytest.mark.parametrize("distill", [True, False])
+def test_no_group_is_dropped_by_env_score_while_a_teacher_scores(tmp_path, caplog, distill):
+    """Dynamic sampling on, one group flat by env score (g0) and one with a spread (g1), one rollout round:
+    without a teacher the flat group is dropped; with one both groups reach the update (the teacher scores
+    them all), and a line says the filter is off."""
+    from agentgym.rollout.sources import FixedTrajectorySource
+    from agentgym.trainer.config import load_config
+    from agentgym.trainer.run import train
+
+    trajs = [episode(20 + i, group=f"g{i // 2}") for i in range(4)]
+    trajs[3].outcome_reward = 1.0
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            f"distillation.enable={str(distill).lower()}",
+            "distillation.teacher.path=tiny",
+            "algorithm.filter_groups.enable=true",
+            "algorithm.filter_groups.max_num_gen_batches=1",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.save_hf_model=false",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[jsonl]",
+            "data.max_response_length=64",
+        ],
+        warn=False,
+    )
+    with caplog.at_level("WARNING", logger="agentgym.trainer"):
+        train(cfg, source=FixedTrajectorySource([trajs]), servers=False, show_progress=False)
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    said = "filter_groups (dynamic sampling) is off" in caplog.text
+    if distill:
+        assert row["episodes"] == 4 and not any(k.startswith("sampling/") for k in row) and said
+    else:
+        assert row["episodes"] == 2 and row["sampling/flat_group_frac"] == 0.5 and not said
+
+
 def test_the_clip_bounds_each_tokens_push_but_not_the_metrics():
     adv = torch.zeros(1, 3)
     student, teacher = torch.tensor([[-0.1, -0.1, -3.0]]), torch.tensor([[-20.0, -0.2, -1.0]])
