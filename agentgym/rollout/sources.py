@@ -391,7 +391,7 @@ def filter_groups_active(cfg: Any) -> bool:
     """Whether dynamic sampling (``algorithm.filter_groups``) drops groups: its ``enable``, except while a
     distillation teacher scores. The filter judges env scores, and a group whose env scores are all equal
     still learns from the teacher's per-token advantages, so it must reach the update."""
-    return bool(cfg.algorithm.filter_groups.enable) and not cfg.distillation.enable
+    return cfg.algorithm.filter_groups.enable and not cfg.distillation.enable
 
 
 def round_size(cfg: Any) -> int:

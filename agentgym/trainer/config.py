@@ -173,7 +173,7 @@ def world_size(cfg: DictConfig) -> int:
 
 def uses_reference(cfg: DictConfig) -> bool:
     """The reference policy is loaded only when a KL term needs it."""
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
 _choice_error = choice_error

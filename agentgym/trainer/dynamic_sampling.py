@@ -62,8 +62,8 @@ class DynamicSamplingSource(SourceWrapper):
         self.train_batch_size = int(train_batch_size)
         self.metric = metric
         self.max_rounds = int(max_rounds)
-        self.turn_reward_coef = float(turn_reward_coef)
-        self.outcome_reward_coef = float(outcome_reward_coef)
+        self.turn_reward_coef = turn_reward_coef
+        self.outcome_reward_coef = outcome_reward_coef
         self._sampling_metrics: dict[str, float] = {}
 
     @classmethod
@@ -136,16 +136,16 @@ class GroupFilter:
     ) -> None:
         self.metric = metric
         self.drop_budget = drop_budget
-        self.turn_reward_coef = float(turn_reward_coef)
-        self.outcome_reward_coef = float(outcome_reward_coef)
+        self.turn_reward_coef = turn_reward_coef
+        self.outcome_reward_coef = outcome_reward_coef
         self._window = dict.fromkeys(("sampled", "kept", "flat", "dropped", "episodes", "solved"), 0)
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> GroupFilter:
         fg = cfg.algorithm.filter_groups
-        b = int(cfg.data.train_batch_size)
-        rounds = int(fg.max_num_gen_batches)
-        budget = None if rounds <= 0 else max(0, rounds * int(cfg.data.gen_batch_size or b) - b)
+        b = cfg.data.train_batch_size
+        rounds = fg.max_num_gen_batches
+        budget = None if rounds <= 0 else max(0, rounds * (cfg.data.gen_batch_size or b) - b)
         return cls(fg.metric, budget, cfg.algorithm.turn_reward_coef, cfg.algorithm.outcome_reward_coef)
 
     def keep(self, group: list[Trajectory]) -> bool:
