@@ -35,7 +35,8 @@ from agentgym.config import ConfigError, compose
 from agentgym.stages.sft_data import SFTDataError, iter_batches, load_sft_trajectories
 from agentgym.tracking import Tracking
 from agentgym.trainer import checkpoint
-from agentgym.trainer.batch import build_batch, pad_for_workers, update_plan
+from agentgym.trainer.batch import build_batch, pad_for_workers, rank_shards, update_plan
+from agentgym.trainer.config import world_size
 from agentgym.types import Trajectory
 
 log = logging.getLogger("agentgym.trainer")
@@ -161,7 +162,7 @@ class SFTTrainer:
         self.cfg = cfg
         self.show_progress = show_progress
         self.run_dir = Path(cfg.trainer.default_local_dir)
-        self.world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+        self.world_size = world_size(cfg)
         path = str(cfg.model.partial_pretrain)
         try:
             tokenizer = load_tokenizer(path)
@@ -243,10 +244,7 @@ class SFTTrainer:
         for start in range(0, len(self.val_set), self.batch_size):
             batch, _ = build_batch(self.val_set[start : start + self.batch_size], self.pad_token_id)
             batch, _ = pad_for_workers(batch, self.world_size, [1])
-            shards = [
-                list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
-                for r in range(self.world_size)
-            ]
+            shards = rank_shards(len(batch), self.world_size)
             for out in self.actor.call(
                 PolicyWorker.sft_loss, self.actor.put(batch.tensors), per_rank=[(s,) for s in shards]
             ):

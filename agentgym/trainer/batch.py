@@ -182,6 +182,11 @@ def add_pad_rows(batch: Batch, count: int) -> Batch:
     )
 
 
+def rank_shards(rows: int, world_size: int) -> list[list[int]]:
+    """The rows each rank holds: ``world_size`` contiguous, equal shares (after ``pad_for_workers``)."""
+    return [list(range(r * rows // world_size, (r + 1) * rows // world_size)) for r in range(world_size)]
+
+
 def pad_for_workers(batch: Batch, world_size: int, num_mini_batches: Sequence[int]) -> tuple[Batch, list[int]]:
     """Pad so the rows split evenly over ``world_size`` ranks, and so that every mini-batch
     (for each count in ``num_mini_batches``) can be topped up to a multiple of ``world_size``.

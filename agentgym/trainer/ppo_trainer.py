@@ -58,7 +58,7 @@ from agentgym.tracking import (
     write_samples,
 )
 from agentgym.trainer import algos, checkpoint, step_checks
-from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, update_plan
+from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, rank_shards, update_plan
 from agentgym.trainer.config import uses_reference, world_size
 from agentgym.trainer.distillation import distill_advantages, distilling
 from agentgym.trainer.step_checks import (
@@ -273,10 +273,7 @@ class PPOTrainer:
         actor_minis = max(1, rows // (cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n))
         critic_minis = max(1, rows // (cfg.critic.ppo_mini_batch_size * n)) if self.critic else 1
         batch, pad_rows = pad_for_workers(batch, self.world_size, [actor_minis, critic_minis])
-        shards = [
-            list(range(r * len(batch) // self.world_size, (r + 1) * len(batch) // self.world_size))
-            for r in range(self.world_size)
-        ]
+        shards = rank_shards(len(batch), self.world_size)
         return batch, BatchLayout(rows, pad_rows, actor_minis, critic_minis, shards, skipped)
 
     def skip_update(
