@@ -43,60 +43,20 @@ def train(
     (``table`` is the printed table). A bad config raises ``agentgym.config.ConfigError`` saying what to
     change; a run that stops raises the trainer's error."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from agentgym.config import ConfigError
-    from agentgym.preflight import preflight
-    from agentgym.stages.config_command import resolve_command_line
-    from agentgym.stages.train_command import _check_env as check_env
-    from agentgym.stages.train_command import _env_names as env_names
     from agentgym.stages.train_command import (
-        check_stages,
         held_out_report,
+        prepare_training,
         remove_handler,
-        run_start_stages,
+        run_stages,
         show_trainer_warnings,
     )
-    from agentgym.trainer.config import load_config
-    from agentgym.trainer.run import agent_source, describe, rollout_servers
-    from agentgym.trainer.run import train as run_training
 
     handler = show_trainer_warnings()
     try:
-        line = resolve_command_line(None if config is None else str(config), list(overrides))
-        try:
-            cfg = load_config(
-                env=env,
-                config_file=line.config_file,
-                overrides=line.overrides,
-                agent=agent if isinstance(agent, str) or agent is None else _agent_name(agent),
-                config_name=line.config_name or ("async_ppo_trainer" if asynchronous else None),
-            )
-        finally:
-            line.delete()
-        from agentgym.gateway.agent_flows import resolve_agent_flow
-
-        flow = resolve_agent_flow(cfg) if agent is None else None  # actor_rollout_ref.rollout.agent
-        plan = preflight(cfg, None if agent is None and flow is None else _agent_name(agent or flow))
-        if agent is None and flow is None:
-            if not cfg.env.name and not cfg.env.tags:
-                raise ConfigError(
-                    "no env to train on: pass env=NAME (see `agentgym envs`), data.train_files=FILE in "
-                    "overrides (veRL rows: the env is chosen from their data_source) or agent=MODULE:FUNCTION"
-                )
-            for name in env_names(cfg):
-                check_env(name)
-        check_stages(cfg)
-        if show_progress:
-            print(describe(cfg, plan.steps), flush=True)
-        start_scores = run_start_stages(cfg)
-        source = servers = None
-        if agent is not None or flow is not None:
-            servers = rollout_servers(cfg)
-            try:
-                source = agent_source(cfg, agent if agent is not None else flow, servers)
-            except BaseException:
-                servers.stop()
-                raise
-        summary = run_training(cfg, source=source, servers=servers, show_progress=show_progress, prepared=True)
+        cfg, plan, agent = prepare_training(
+            env, agent, None if config is None else str(config), overrides, asynchronous=asynchronous
+        )
+        summary, start_scores = run_stages(cfg, plan, agent, show_progress=show_progress)
         if cfg.held_out.enable:
             held_out_report(cfg, start_scores, summary)
             written = Path(str(summary["run_dir"])) / "held_out.json"
@@ -105,9 +65,3 @@ def train(
         return summary
     finally:
         remove_handler(handler)
-
-
-def _agent_name(agent: Any) -> str:
-    if isinstance(agent, str):
-        return agent
-    return f"{getattr(agent, '__module__', 'agent')}:{getattr(agent, '__name__', 'agent')}"

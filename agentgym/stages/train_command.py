@@ -166,61 +166,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = None
     try:
         try:
-            from agentgym.stages.config_command import resolve_command_line
-
-            line = resolve_command_line(
-                args.config,
-                list(args.overrides or ()),
-                args.config_path,
-                args.config_name,
+            cfg, plan, agent = prepare_training(
+                env, agent, args.config, args.overrides, args.config_path, args.config_name, args.async_
             )
-            for note in line.notes:
-                print(f"agentgym train: {note}", file=sys.stderr, flush=True)
-            config_name = line.config_name or ("async_ppo_trainer" if args.async_ else None)
-            try:
-                cfg = load_config(
-                    env=env,
-                    config_file=line.config_file,
-                    overrides=line.overrides,
-                    agent=agent,
-                    config_name=config_name,
-                )
-            finally:
-                line.delete()
-            from agentgym.gateway.agent_flows import resolve_agent_flow
-            from agentgym.preflight import preflight
-
-            flow = resolve_agent_flow(cfg) if agent is None else None  # actor_rollout_ref.rollout.agent
-            if flow is not None:
-                agent = getattr(flow, "__name__", "agent")
-
-            plan = preflight(cfg, agent)
-            if agent is None:
-                if not cfg.env.name and not cfg.env.tags:
-                    raise ConfigError(
-                        "no env to train on: pass --env NAME (see `agentgym envs`), data.train_files=FILE "
-                        "(veRL rows: the env is chosen from their data_source) or --agent MODULE:FUNCTION"
-                    )
-                for name in _env_names(cfg):  # before the stages, which look the env up too
-                    _check_env(name)
-            check_stages(cfg)
         except ConfigError as exc:
             print(f"agentgym train: {exc}", file=sys.stderr)
             return 2
-        print(describe(cfg, plan.steps), flush=True)
-        for line in ([f"env chosen: {cfg.env.name} ({plan.env_chosen})"] if plan.env_chosen else []) + plan.notes:
-            print(f"  {line}", flush=True)
-        start_scores = run_start_stages(cfg)
-        source = None
-        servers = None
-        if agent is not None:
-            servers = rollout_servers(cfg)
-            try:
-                source = agent_source(cfg, flow if flow is not None else agent, servers)
-            except BaseException:
-                servers.stop()
-                raise
-        summary = train(cfg, source=source, servers=servers, prepared=True)
+        summary, start_scores = run_stages(cfg, plan, agent)
         print(summary_text(summary), flush=True)
         if cfg.held_out.enable:
             held_out_report(cfg, start_scores, summary)
@@ -235,6 +187,76 @@ def run(args: argparse.Namespace) -> int:
     # a config that failed to load has no trainer.shutdown_timeout yet: the schema's default then
     timeout = cfg.trainer.shutdown_timeout if cfg is not None else TrainerSettings.shutdown_timeout
     return exit_without_stuck_threads(code, timeout, threads_before)
+
+
+def prepare_training(
+    env: str | None,
+    agent: Any,
+    config_file: str | None,
+    overrides: Any,
+    config_path: str | None = None,
+    config_name: str | None = None,
+    asynchronous: bool = False,
+) -> tuple[DictConfig, Any, Any]:
+    """Everything ``agentgym train`` and ``agentgym.train`` check before any work: the composed config, the
+    preflight plan, and what produces the trajectories (``agent``, the config's agent flow, or None: the env).
+    Raises ``ConfigError`` with what to change."""
+    from agentgym.gateway.agent_flows import resolve_agent_flow
+    from agentgym.preflight import preflight
+    from agentgym.stages.config_command import resolve_command_line
+
+    line = resolve_command_line(config_file, list(overrides or ()), config_path, config_name)
+    for note in line.notes:
+        print(f"agentgym train: {note}", file=sys.stderr, flush=True)
+    try:
+        cfg = load_config(
+            env=env,
+            config_file=line.config_file,
+            overrides=line.overrides,
+            agent=None if agent is None else agent_name(agent),
+            config_name=line.config_name or ("async_ppo_trainer" if asynchronous else None),
+        )
+    finally:
+        line.delete()
+    if agent is None:
+        agent = resolve_agent_flow(cfg)  # actor_rollout_ref.rollout.agent
+    plan = preflight(cfg, None if agent is None else agent_name(agent))
+    if agent is None:
+        if not cfg.env.name and not cfg.env.tags:
+            raise ConfigError(
+                "no env to train on: pass --env NAME (env=NAME from Python; see `agentgym envs`), "
+                "data.train_files=FILE (veRL rows: the env is chosen from their data_source) or --agent MODULE:FUNCTION"
+            )
+        for name in _env_names(cfg):  # before the stages, which look the env up too
+            _check_env(name)
+    check_stages(cfg)
+    return cfg, plan, agent
+
+
+def run_stages(cfg: DictConfig, plan: Any, agent: Any, show_progress: bool = True) -> tuple[dict[str, Any], Any]:
+    """The run after ``prepare_training``: the warm start and the start scores, then RL (on the env, or on
+    ``agent`` through the gateway). Returns the trainer's summary and the start scores for the held-out table."""
+    if show_progress:
+        print(describe(cfg, plan.steps), flush=True)
+        for line in ([f"env chosen: {cfg.env.name} ({plan.env_chosen})"] if plan.env_chosen else []) + plan.notes:
+            print(f"  {line}", flush=True)
+    start_scores = run_start_stages(cfg)
+    source = servers = None
+    if agent is not None:
+        servers = rollout_servers(cfg)
+        try:
+            source = agent_source(cfg, agent, servers)
+        except BaseException:
+            servers.stop()
+            raise
+    return train(cfg, source=source, servers=servers, show_progress=show_progress, prepared=True), start_scores
+
+
+def agent_name(agent: Any) -> str:
+    """``module:function`` for an agent given as that string or as the function (or an agent flow)."""
+    if isinstance(agent, str):
+        return agent
+    return f"{getattr(agent, '__module__', 'agent')}:{getattr(agent, '__name__', 'agent')}"
 
 
 def check_stages(cfg: DictConfig) -> None:
