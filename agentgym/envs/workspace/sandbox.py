@@ -95,6 +95,7 @@ WORKSPACE = "/workspace"
 SERVER_PYTHON = "/usr/bin/python3"
 SERVER_SOURCE = (Path(__file__).with_name("server.py")).read_text()
 MAX_HEADER = 1 << 16
+START_TIMEOUT_S = 30.0
 HOST_MARGIN_S = 5.0  # how much longer than a request's own bound the host waits before declaring the sandbox dead
 T = TypeVar("T")
 
@@ -284,6 +285,13 @@ class WorkspaceSandbox:
         self.cwd = WORKSPACE
         self._proc, self._cgroups, self.layers, self._stderr = _on_spawner(self._start)
         try:
+            with self._lock:
+                try:
+                    hello, _ = self._receive(time.monotonic() + START_TIMEOUT_S)
+                except (OSError, ValueError, WorkspaceError) as exc:
+                    raise WorkspaceError(self._death(f"the workspace sandbox did not start ({exc})")) from None
+            if not hello.get("ready"):
+                raise WorkspaceError(f"the workspace sandbox said {hello!r} instead of ready")
             for path, content in (files or {}).items():
                 self.write(path, content)
         except BaseException:
@@ -350,6 +358,11 @@ class WorkspaceSandbox:
             return proc, cgroups, layers, stderr
 
     # ---- requests ----------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """The host pid of the sandbox's ``bwrap`` (every process of the episode descends from it)."""
+        return None if self._proc is None else self._proc.pid
+
     @property
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

@@ -5,7 +5,8 @@ Python (``python3 -I -S -c <this file>``) as the sandbox's only long-lived proce
 sandbox user, in the sandbox's namespaces. It uses the standard library only.
 
 Protocol (stdin: requests, stdout: replies; nothing else writes to either): a frame is one line of
-JSON (the header) followed by exactly ``header["size"]`` bytes of payload (0 when absent).
+JSON (the header) followed by exactly ``header["size"]`` bytes of payload (0 when absent). The
+server says ``{"ready": true}`` once, then answers each request with one frame (``error`` on failure).
 
 * ``run``: ``cmd``, ``timeout``, ``max_output``, optional ``cwd`` -> ``exit_code`` (None on timeout, -N for signal N),
   ``timed_out``, ``output`` (stdout and stderr merged, the first ``max_output`` bytes), ``truncated``,
@@ -300,6 +301,7 @@ class Server:
         return {}, b""
 
     def serve(self):
+        self.send({"ready": True})
         while True:
             try:
                 req, payload = self.receive()
