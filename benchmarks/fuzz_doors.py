@@ -470,12 +470,17 @@ ENV_DOORS = {
     "rows": "rows.step[gsm8k]",
     "openenv": "openenv.action",
     "workspace": "workspace.arguments",
+    "terminal": "workspace.arguments",
+    "swe": "workspace.arguments",
+    "harbor": "workspace.arguments",
+    "swebench": "workspace.arguments",
 }
 """Each built-in env (``agentgym.envs`` entry points, families aside) and the door its step is
 fuzzed through (the Sokoban presets are ``sokoban`` with other sizes; ``openenv`` forwards the
 reply to a remote server, so what runs here is turning the reply into an action; ``workspace``
 parses its calls like the other tool envs (``split_reply``, ``Toolbox.execute``) and then checks each
-call's arguments, the door here: what runs after that is the sandbox, which bounds every call itself)."""
+call's arguments, the door here: what runs after that is the sandbox, which bounds every call itself;
+``terminal``, ``swe``, ``harbor`` and ``swebench`` are the workspace env over a task suite or format)."""
 
 
 def build_doors(workdir: Path) -> dict[str, Door]:

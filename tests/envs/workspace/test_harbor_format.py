@@ -8,6 +8,8 @@ from agentgym.envs.workspace.expert_calls import submit
 from agentgym.envs.workspace.formats.harbor import HarborTasks, UnsupportedTask, load_harbor_task
 from tests.support.workspace_harness import check_results, play
 
+NEEDS_SANDBOX = False  # played in a plain temporary directory (tests/support/workspace_harness.py)
+
 DATA = Path(__file__).parent / "data"
 TASK = DATA / "harbor" / "sum-sales"
 

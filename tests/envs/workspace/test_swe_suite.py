@@ -8,6 +8,8 @@ from agentgym.envs.workspace.expert_calls import submit, write_file
 from agentgym.envs.workspace.suites.swe import BUG_KINDS, FUNCTIONS, SweSuite
 from tests.support.workspace_harness import check_results, play
 
+NEEDS_SANDBOX = False  # played in a plain temporary directory (tests/support/workspace_harness.py)
+
 BUGS = [(f, bug) for f in FUNCTIONS for bug in f.bugs]
 
 

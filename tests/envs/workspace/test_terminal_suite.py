@@ -6,6 +6,8 @@ from agentgym.envs.workspace.expert_calls import submit
 from agentgym.envs.workspace.suites.terminal import KINDS, TerminalSuite
 from tests.support.workspace_harness import check_results, play
 
+NEEDS_SANDBOX = False  # played in a plain temporary directory (tests/support/workspace_harness.py)
+
 
 def test_same_seed_same_task_and_seeds_differ():
     suite = TerminalSuite()

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.envs.workspace.expert_calls import bash, submit, write_file
+from agentgym.envs.workspace.formats import UnsupportedTask
 from agentgym.envs.workspace.task import Check, WorkspaceTask
 
 try:
@@ -71,10 +72,6 @@ else:
 print("rewards:", rewards)
 sys.exit(0 if rewards and all(v >= 1.0 for v in rewards.values()) else 1)
 '''
-
-
-class UnsupportedTask(ValueError):
-    """A task agentgym cannot run as a workspace task; the message says why."""
 
 
 def load_harbor_task(task_dir: str | Path, workspace: str = WORKSPACE, max_turns: int = 30) -> WorkspaceTask:

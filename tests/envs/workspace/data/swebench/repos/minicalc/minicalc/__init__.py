@@ -1,0 +1,1 @@
+"""minicalc: small arithmetic helpers."""
