@@ -27,6 +27,10 @@ SOKOBAN_8X8_2
 SOKOBAN_10X10_3
 gsm8k_reward  # agentgym.reward_fns
 FAMILY  # envs/adapters/*: env families, entry points `family/* = module:FAMILY`
+HarborEnv  # envs/workspace/suite_envs.py: entry points harbor, swebench, terminal/*, swe/*
+SweBenchEnv
+TERMINAL_FAMILY
+SWE_FAMILY
 
 # ---- the gymnasium API (envs/base.py: Space subclasses and Env attributes gymnasium reads)
 _.is_np_flattenable

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,20 @@ def test_registered_names_and_families():
     assert swe.spec("off_by_one").make().task_source(0).metadata["kind"] == "off_by_one"
     with pytest.raises(ValueError, match="needs path="):
         HarborEnv()
+
+
+def test_without_tool_schemas_text_calls_still_run():
+    env = TerminalEnv(kinds="count_lines", offer_tools=False, system_prompt="")
+    try:
+        messages, info = env.reset(seed=2)
+        assert "tools" not in info and [m["role"] for m in messages] == ["user"]
+        command = env.task.expert[0]["arguments"]["command"]
+        text = "<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": command}}) + "\n</tool_call>"
+        messages, *_ = env.step({"role": "assistant", "content": text})
+        answer = messages[0]["content"].split("\n")[0]
+        assert answer == env.task.checks[0].answer
+        submit = "<tool_call>\n" + json.dumps({"name": "submit", "arguments": {"answer": answer}}) + "\n</tool_call>"
+        *_, terminated, _, info = env.step({"role": "assistant", "content": submit})
+        assert terminated and info["outcome_reward"] == 1.0
+    finally:
+        env.close()
