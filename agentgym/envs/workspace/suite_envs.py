@@ -42,9 +42,12 @@ class SuiteEnv(WorkspaceEnv):
 class TerminalEnv(SuiteEnv):
     """Shell chores over a generated file tree (find, count, grep, move, extract, fix a config); seeded."""
 
-    def __init__(self, kinds: Sequence[str] | str | None = None, num_files: int = 6, **kwargs: Any) -> None:
-        """``kinds``: chore kinds drawn from (default all); ``num_files``: filler files in the tree."""
-        super().__init__(tasks=TerminalSuite(kinds, num_files), **kwargs)
+    def __init__(
+        self, kinds: Sequence[str] | str | None = None, num_files: int = 6, nested: bool = True, **kwargs: Any
+    ) -> None:
+        """``kinds``: chore kinds drawn from (default all); ``num_files``: filler files in the tree; ``nested``:
+        paths two directories deep (else one)."""
+        super().__init__(tasks=TerminalSuite(kinds, num_files, nested), **kwargs)
 
 
 class SweEnv(SuiteEnv):

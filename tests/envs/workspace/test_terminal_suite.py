@@ -41,3 +41,12 @@ def test_instructions_are_short():
 def test_unknown_kind_names_the_kinds():
     with pytest.raises(ValueError, match="count_lines"):
         TerminalSuite(kinds=["count_words"])
+
+
+def test_flat_trees_keep_every_path_one_directory_deep(tmp_path):
+    suite = TerminalSuite(nested=False)
+    for seed in range(30):
+        task = suite(seed)
+        assert all(p.count("/") == 1 for p in task.files), task.files
+        assert all(check_results(task, play(task, tmp_path / str(seed))))
+    assert any(p.count("/") == 2 for s in range(30) for p in TerminalSuite()(s).files)

@@ -49,10 +49,13 @@ Files = dict[str, str]
 
 class TerminalSuite:
     """Seed -> a shell chore (``WorkspaceTask``). ``kinds``: the chore kinds drawn from (default all of ``KINDS``);
-    ``num_files``: how many filler files the tree has beside the chore's own; ``max_turns``: the episode's turn
-    budget (the expert needs two)."""
+    ``num_files``: how many filler files the tree has beside the chore's own; ``nested``: paths may go two
+    directories deep (``logs/old/x.txt``; else one, ``logs/x.txt``: fewer tokens to copy); ``max_turns``: the
+    episode's turn budget (the expert needs two)."""
 
-    def __init__(self, kinds: Sequence[str] | str | None = None, num_files: int = 6, max_turns: int = 4) -> None:
+    def __init__(
+        self, kinds: Sequence[str] | str | None = None, num_files: int = 6, nested: bool = True, max_turns: int = 4
+    ) -> None:
         if isinstance(kinds, str):
             kinds = [kinds]
         self.kinds = tuple(kinds) if kinds else KINDS
@@ -62,13 +65,14 @@ class TerminalSuite:
         if num_files < 0 or max_turns < 2:
             raise ValueError("num_files must be >= 0 and max_turns >= 2 (the expert uses two turns)")
         self.num_files = int(num_files)
+        self.nested = bool(nested)
         self.max_turns = int(max_turns)
 
     def __call__(self, seed: int) -> WorkspaceTask:
         rng = random.Random(int(seed))
         kind = self.kinds[rng.randrange(len(self.kinds))]
-        files = filler_tree(rng, self.num_files)
-        instruction, checks, expert = GENERATORS[kind](rng, files)
+        files = filler_tree(rng, self.num_files, self.nested)
+        instruction, checks, expert = GENERATORS[kind](rng, files, self.nested)
         return WorkspaceTask(
             task_id=f"terminal/{kind}/{seed}",
             instruction=instruction,
@@ -88,21 +92,23 @@ def text_lines(rng: random.Random, count: int) -> str:
     return "".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 5))) + "\n" for _ in range(count))
 
 
-def fresh_path(rng: random.Random, files: Files, directory: str | None = None, ext: str | None = None) -> str:
-    """A path not in ``files`` (nor a prefix of one): ``DIR[/SUB]/word_word.ext``."""
+def fresh_path(
+    rng: random.Random, files: Files, directory: str | None = None, ext: str | None = None, nested: bool = True
+) -> str:
+    """A path not in ``files`` (nor a prefix of one): ``DIR[/SUB]/word_word.ext`` (``SUB`` only when ``nested``)."""
     while True:
         d = directory or rng.choice(DIRS)
-        if directory is None and rng.random() < 0.4:
+        if directory is None and nested and rng.random() < 0.4:
             d = f"{d}/{rng.choice(SUBDIRS)}"
         path = f"{d}/{rng.choice(WORDS)}_{rng.choice(WORDS)}.{ext or rng.choice(EXTS)}"
         if path not in files and not any(p.startswith(path + "/") for p in files):
             return path
 
 
-def filler_tree(rng: random.Random, num_files: int) -> Files:
+def filler_tree(rng: random.Random, num_files: int, nested: bool = True) -> Files:
     files: Files = {}
     for _ in range(num_files):
-        files[fresh_path(rng, files)] = text_lines(rng, rng.randint(1, 6))
+        files[fresh_path(rng, files, nested=nested)] = text_lines(rng, rng.randint(1, 6))
     return files
 
 
@@ -114,11 +120,13 @@ def _no_rare(files: Files) -> None:
 # ---- the chores --------------------------------------------------------------------------------
 
 Chore = tuple[str, list[Check], list[dict]]
+# A chore: (rng, the tree so far, nested) -> (instruction, checks, expert); it adds its own files to the tree.
 
 
-def find_chore(rng: random.Random, files: Files) -> Chore:
+def find_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     name = f"{rng.choice(RARE_WORDS)}_{rng.choice(WORDS)}.{rng.choice(EXTS)}"
-    path = f"{rng.choice(DIRS)}/{rng.choice(SUBDIRS)}/{name}" if rng.random() < 0.7 else f"{rng.choice(DIRS)}/{name}"
+    deep = nested and rng.random() < 0.7
+    path = f"{rng.choice(DIRS)}/{rng.choice(SUBDIRS)}/{name}" if deep else f"{rng.choice(DIRS)}/{name}"
     files[path] = text_lines(rng, rng.randint(1, 4))
     return (
         f"Find the file named {name}. Submit its path.",
@@ -127,8 +135,8 @@ def find_chore(rng: random.Random, files: Files) -> Chore:
     )
 
 
-def count_lines_chore(rng: random.Random, files: Files) -> Chore:
-    path = fresh_path(rng, files)
+def count_lines_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
+    path = fresh_path(rng, files, nested=nested)
     count = rng.randint(3, 30)
     files[path] = text_lines(rng, count)
     return (
@@ -138,8 +146,8 @@ def count_lines_chore(rng: random.Random, files: Files) -> Chore:
     )
 
 
-def count_files_chore(rng: random.Random, files: Files) -> Chore:
-    directory = f"{rng.choice(DIRS)}/{rng.choice(SUBDIRS)}"
+def count_files_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
+    directory = f"{rng.choice(DIRS)}/{rng.choice(SUBDIRS)}" if nested else rng.choice(DIRS)
     ext, other = rng.sample(EXTS, 2)
     count = rng.randint(1, 7)
     for _ in range(count):
@@ -154,7 +162,7 @@ def count_files_chore(rng: random.Random, files: Files) -> Chore:
     )
 
 
-def grep_chore(rng: random.Random, files: Files) -> Chore:
+def grep_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     _no_rare(files)
     directory = rng.choice(DIRS)
     word = rng.choice(RARE_WORDS)
@@ -172,8 +180,8 @@ def grep_chore(rng: random.Random, files: Files) -> Chore:
     )
 
 
-def move_chore(rng: random.Random, files: Files) -> Chore:
-    source = fresh_path(rng, files)
+def move_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
+    source = fresh_path(rng, files, nested=nested)
     content = text_lines(rng, rng.randint(1, 4))
     files[source] = content
     directory, _, name = source.rpartition("/")
@@ -195,7 +203,7 @@ def move_chore(rng: random.Random, files: Files) -> Chore:
     )
 
 
-def extract_chore(rng: random.Random, files: Files) -> Chore:
+def extract_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     if rng.random() < 0.5:  # a CSV field, submitted
         path = fresh_path(rng, files, rng.choice(("data", "reports")), "csv")
         people = rng.sample(NAMES, rng.randint(3, 6))
@@ -226,7 +234,7 @@ def extract_chore(rng: random.Random, files: Files) -> Chore:
     )
 
 
-def fix_config_chore(rng: random.Random, files: Files) -> Chore:
+def fix_config_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     path = fresh_path(rng, files, "config", "ini")
     keys = rng.sample(CONFIG_KEYS, rng.randint(3, 5))
     values = {k: rng.randint(1, 64) for k in keys}
@@ -241,7 +249,7 @@ def fix_config_chore(rng: random.Random, files: Files) -> Chore:
     )
 
 
-GENERATORS: dict[str, Callable[[random.Random, Files], Chore]] = {
+GENERATORS: dict[str, Callable[[random.Random, Files, bool], Chore]] = {
     "find": find_chore,
     "count_lines": count_lines_chore,
     "count_files": count_files_chore,
