@@ -24,14 +24,14 @@ def test_instance_parses_into_a_workspace_task():
     task = SweBenchTasks(INSTANCES)(0)
     assert task.task_id == "swebench/minicalc__minicalc-1"
     assert task.instruction.startswith("divide(1, 0) raises ZeroDivisionError")
-    assert set(task.files) == {"minicalc/__init__.py", "minicalc/ops.py", "tests/__init__.py", "tests/test_ops.py"}
-    assert "test_divide_by_zero" not in task.files["tests/test_ops.py"]  # the test patch is hidden
-    assert list(task.verifier_files) == ["tests/test_ops.py"]
-    assert "def test_divide_by_zero" in task.verifier_files["tests/test_ops.py"]
+    assert set(task.files) == {"minicalc/__init__.py", "minicalc/ops.py", "tests/__init__.py", "tests/check_ops.py"}
+    assert "test_divide_by_zero" not in task.files["tests/check_ops.py"]  # the test patch is hidden
+    assert list(task.verifier_files) == ["tests/check_ops.py"]
+    assert "def test_divide_by_zero" in task.verifier_files["tests/check_ops.py"]
     assert [c.command for c in task.checks] == [
-        "python3 -m unittest tests.test_ops.TestOps.test_divide_by_zero",
-        "python3 -m unittest tests.test_ops.TestOps.test_add tests.test_ops.TestOps.test_divide "
-        "tests.test_ops.TestOps.test_mean",
+        "python3 -m unittest tests.check_ops.TestOps.test_divide_by_zero",
+        "python3 -m unittest tests.check_ops.TestOps.test_add tests.check_ops.TestOps.test_divide "
+        "tests.check_ops.TestOps.test_mean",
     ]
     assert [c["name"] for c in task.expert] == ["write_file", "submit"]
     assert task.expert[0]["arguments"]["path"] == "minicalc/ops.py"
@@ -46,7 +46,7 @@ def test_gold_patch_passes_and_the_snapshot_fails(tmp_path):
 
 def test_editing_the_test_file_does_not_help(tmp_path):
     task = SweBenchTasks(INSTANCES)(0)
-    cheat = [{"name": "write_file", "arguments": {"path": "tests/test_ops.py", "content": ""}}, submit()]
+    cheat = [{"name": "write_file", "arguments": {"path": "tests/check_ops.py", "content": ""}}, submit()]
     assert check_results(task, play(task, tmp_path, calls=cheat))[0] is False
 
 
@@ -56,11 +56,16 @@ def test_files_field_hf_style_ids_and_test_cmd():
         p.relative_to(DATA / "repos/minicalc").as_posix(): p.read_text()
         for p in (DATA / "repos/minicalc").rglob("*.py")
     }
-    row = {**row, "files": snapshot, "repo_dir": None, "FAIL_TO_PASS": ["test_divide_by_zero (tests.test_ops.TestOps)"]}
+    row = {
+        **row,
+        "files": snapshot,
+        "repo_dir": None,
+        "FAIL_TO_PASS": ["test_divide_by_zero (tests.check_ops.TestOps)"],
+    }
     row["PASS_TO_PASS"], row["test_cmd"] = "[]", "python3 -m unittest -v"
     task = swebench_task(row)
-    assert [c.command for c in task.checks] == ["python3 -m unittest -v tests.test_ops.TestOps.test_divide_by_zero"]
-    pytest_ids = {**row, "test_cmd": None, "FAIL_TO_PASS": '["tests/test_ops.py::test_x"]'}
+    assert [c.command for c in task.checks] == ["python3 -m unittest -v tests.check_ops.TestOps.test_divide_by_zero"]
+    pytest_ids = {**row, "test_cmd": None, "FAIL_TO_PASS": '["tests/check_ops.py::test_x"]'}
     assert swebench_task(pytest_ids).checks[0].command.startswith("python3 -m pytest -q")
 
 
