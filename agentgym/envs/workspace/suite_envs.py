@@ -64,7 +64,7 @@ class SweEnv(SuiteEnv):
 
 
 class HarborEnv(SuiteEnv):
-    """Harbor / Terminal-Bench task directories read from ``path`` (a task directory or a folder of them)."""
+    """Harbor / Terminal-Bench task directories, run without a container (needs path=: a task dir or a folder)."""
 
     def __init__(self, path: str | None = None, **kwargs: Any) -> None:
         from agentgym.envs.workspace.formats.harbor import HarborTasks
@@ -77,7 +77,7 @@ class HarborEnv(SuiteEnv):
 
 
 class SweBenchEnv(SuiteEnv):
-    """SWE-bench-style instances read from ``path`` (a .json or .jsonl file; repos as snapshot folders)."""
+    """SWE-bench-style instances with local repository snapshots (needs path=: a .json or .jsonl file)."""
 
     def __init__(self, path: str | None = None, **kwargs: Any) -> None:
         from agentgym.envs.workspace.formats.swebench import SweBenchTasks
