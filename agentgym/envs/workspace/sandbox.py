@@ -292,8 +292,8 @@ class WorkspaceSandbox:
                     raise WorkspaceError(self._death(f"the workspace sandbox did not start ({exc})")) from None
             if not hello.get("ready"):
                 raise WorkspaceError(f"the workspace sandbox said {hello!r} instead of ready")
-            for path, content in (files or {}).items():
-                self.write(path, content)
+            if files:
+                self.write_files(files)
         except BaseException:
             self.close()
             raise
@@ -459,6 +459,14 @@ class WorkspaceSandbox:
             raise ValueError(f"{path}: {len(data)} bytes is over max_request_mb={self.limits.max_request_mb}")
         reply, _ = self._request({"op": "write", "path": path, "force": force}, data)
         return str(reply["path"])
+
+    def write_files(self, files: Mapping[str, str | bytes]) -> list[str]:
+        """Write many workspace files in one request (a task's files at reset); bytes must be UTF-8."""
+        texts = {p: c.decode("utf-8") if isinstance(c, bytes) else c for p, c in files.items()}
+        data = json.dumps(texts).encode("utf-8", errors="surrogatepass")
+        if len(data) > self.limits.max_request_mb << 20:
+            raise ValueError(f"the files are {len(data)} bytes, over max_request_mb={self.limits.max_request_mb}")
+        return list(self._request({"op": "files"}, data)[0]["paths"])
 
     def read(self, path: str, max_bytes: int | None = None) -> FileRead:
         """A workspace file's first ``max_bytes`` (default: ``max_request_mb``)."""

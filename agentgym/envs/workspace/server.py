@@ -27,17 +27,15 @@ its memory or file descriptors through /proc (``ptrace`` is refused by the secco
 
 import contextlib
 import ctypes
-import io
 import json
 import os
 import resource
 import select
-import shutil
 import signal
-import subprocess
 import sys
-import tarfile
 import time
+
+# (tarfile, io and shutil are imported where they are used: start-up time is the episode's reset time)
 
 WORKSPACE = "/workspace"
 ENV = {
@@ -56,15 +54,44 @@ SCRIPT = 'cd -- "$1" 2>/dev/null || cd /workspace; trap \'pwd -P >&{fd} 2>/dev/n
 MAX_HEADER = 1 << 16
 
 
-def limits_for(timeout: float, memory_mb: int, max_file_mb: int):
-    def preexec():
-        resource.setrlimit(resource.RLIMIT_CPU, (int(timeout) + 1, int(timeout) + 1))
-        if memory_mb:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        if max_file_mb:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_mb << 20, max_file_mb << 20))
+def spawn(argv, cwd, out_fd, keep_fd, timeout, memory_mb, max_file_mb):
+    """Fork and exec ``argv`` in its own session: stdin /dev/null, stdout and stderr ``out_fd``,
+    ``keep_fd`` inherited, every other descriptor closed, the per-call limits set. (The server has one
+    thread, so a bare fork is safe; it is cheaper than importing subprocess at every start-up.)"""
+    null = os.open(os.devnull, os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:  # the child: nothing here may return
+        try:
+            os.setsid()
+            os.dup2(null, 0)
+            os.dup2(out_fd, 1)
+            os.dup2(out_fd, 2)
+            os.closerange(3, keep_fd)
+            os.closerange(keep_fd + 1, 1 << 16)
+            os.set_inheritable(keep_fd, True)
+            cpu = int(timeout) + 1
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+            if memory_mb:
+                resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+            if max_file_mb:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_mb << 20, max_file_mb << 20))
+            try:
+                os.chdir(cwd)
+            except OSError:
+                os.chdir(WORKSPACE)
+            os.execve(argv[0], argv, ENV)
+        finally:
+            os._exit(127)
+    os.close(null)
+    return pid
 
-    return preexec
+
+def wait_exit(pid):
+    """The child's exit status if it has exited (reaped), else None."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
 
 
 def others():
@@ -151,18 +178,9 @@ class Server:
         out_r, out_w = os.pipe()
         cwd_r, cwd_w = os.pipe()
         start = time.monotonic()
+        argv = ["/bin/bash", "-c", SCRIPT.format(fd=cwd_w), "bash", req.get("cwd") or self.cwd, req["cmd"]]
         try:
-            proc = subprocess.Popen(
-                ["/bin/bash", "-c", SCRIPT.format(fd=cwd_w), "bash", req.get("cwd") or self.cwd, req["cmd"]],
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=out_w,
-                pass_fds=(cwd_w,),
-                cwd=WORKSPACE,
-                env=ENV,
-                start_new_session=True,
-                preexec_fn=limits_for(timeout, self.memory_mb, self.max_file_mb),
-            )
+            pid = spawn(argv, WORKSPACE, out_w, cwd_w, timeout, self.memory_mb, self.max_file_mb)
         finally:
             os.close(out_w)
             os.close(cwd_w)
@@ -171,25 +189,31 @@ class Server:
         timed_out = False
         deadline = start + timeout
         open_ = True
+        code = None
+        try:  # the child's exit wakes the wait below, even while a background process holds the pipe
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
         while True:
-            if proc.poll() is not None:
+            code = wait_exit(pid)
+            if code is not None:
                 break
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            if open_:
-                ready = select.select([out_r], [], [], min(left, 0.05))[0]
-                if ready:
-                    chunk = os.read(out_r, 65536)
-                    if not chunk:
-                        open_ = False
-                    else:
-                        total += len(chunk)
-                        if len(kept) < cap:
-                            kept += chunk[: cap - len(kept)]
-            else:
-                time.sleep(min(left, 0.002))
+            watched = ([out_r] if open_ else []) + ([pidfd] if pidfd is not None else [])
+            ready = select.select(watched, [], [], left if pidfd is not None else min(left, 0.005))[0]
+            if out_r in ready:
+                chunk = os.read(out_r, 65536)
+                if not chunk:
+                    open_ = False
+                else:
+                    total += len(chunk)
+                    if len(kept) < cap:
+                        kept += chunk[: cap - len(kept)]
+        if pidfd is not None:
+            os.close(pidfd)
         # what is already in the pipe (a background process may hold it open: don't wait for EOF)
         os.set_blocking(out_r, False)
         try:
@@ -204,9 +228,11 @@ class Server:
             pass
         if timed_out:
             with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)
         kill_others()
-        proc.wait()
+        if code is None:
+            with contextlib.suppress(ChildProcessError):
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         reap()
         os.close(out_r)
         os.set_blocking(cwd_r, False)
@@ -217,7 +243,8 @@ class Server:
         os.close(cwd_r)
         if reported and reported[-1].startswith("/") and os.path.isdir(reported[-1]):
             self.cwd = reported[-1]
-        code = None if timed_out else proc.returncode
+        if timed_out:
+            code = None
         return {
             "exit_code": code,
             "timed_out": timed_out,
@@ -258,8 +285,18 @@ class Server:
         if os.path.islink(full) or (os.path.exists(full) and not os.path.isdir(full)):
             os.unlink(full)
         elif os.path.isdir(full):
+            import shutil
+
             shutil.rmtree(full)
         return full
+
+    def op_files(self, _req, payload):
+        """Many files at once (the task's, at reset): the payload is JSON ``{path: text}``."""
+        written = []
+        for path, text in json.loads(payload).items():
+            header, _ = self.op_write({"path": path}, text.encode("utf-8", "surrogatepass"))
+            written.append(header["path"])
+        return {"paths": written}, b""
 
     def op_read(self, req, _payload):
         full = self.resolve(req["path"])
@@ -277,6 +314,9 @@ class Server:
             return {"exists": True, "file_size": os.fstat(fd).st_size}, data
 
     def op_archive(self, _req, _payload):
+        import io
+        import tarfile
+
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for name in sorted(os.listdir(WORKSPACE)):
@@ -284,6 +324,9 @@ class Server:
         return {}, buf.getvalue()
 
     def op_extract(self, _req, payload):
+        import io
+        import tarfile
+
         with tarfile.open(fileobj=io.BytesIO(payload), mode="r") as tar:
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(WORKSPACE, filter="data")

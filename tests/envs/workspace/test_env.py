@@ -58,10 +58,17 @@ def sandbox_pids(env: WorkspaceEnv) -> list[int]:
     return [sandbox.pid, *(p.pid for p in psutil.Process(sandbox.pid).children(recursive=True))]
 
 
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def all_gone(pids: list[int], wait_s: float = 3.0) -> bool:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        if not any(running(p) for p in pids):
             return True
         time.sleep(0.05)
     return False
