@@ -57,7 +57,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
-import json
+import marshal
 import os
 import queue
 import resource
@@ -268,6 +268,33 @@ def require_workspace() -> None:
 _counter = itertools.count()
 
 
+def parse_reply_line(line: bytes) -> tuple[dict[str, Any], list[tuple[str, int]]]:
+    """The fields of a reply line (``key=value`` ...: ``~`` None, ``?0``/``?1`` bool, ``@N`` a string of N
+    bytes after the line, else an int or a float) and the strings to read, in order. Raises
+    ``WorkspaceError`` on anything else."""
+    fields: dict[str, Any] = {}
+    strings: list[tuple[str, int]] = []
+    for token in line.decode("ascii", "replace").split(" "):
+        key, sep, value = token.partition("=")
+        if not sep or not key.isidentifier() or len(value) > 40:
+            raise WorkspaceError(f"malformed reply field {token[:60]!r}")
+        if value == "~":
+            fields[key] = None
+        elif value in ("?0", "?1"):
+            fields[key] = value == "?1"
+        elif value.startswith("@") and value[1:].isdigit():
+            strings.append((key, int(value[1:])))
+        else:
+            try:
+                fields[key] = int(value)
+            except ValueError:
+                try:
+                    fields[key] = float(value)
+                except ValueError:
+                    raise WorkspaceError(f"malformed reply field {token[:60]!r}") from None
+    return fields, strings
+
+
 class WorkspaceSandbox:
     """One episode's sandbox: ``run`` commands, ``read``/``write`` files, ``archive``/``extract`` the
     workspace, ``close``. Thread-safe (one request at a time). Raises ``SandboxUnavailable`` where
@@ -372,10 +399,10 @@ class WorkspaceSandbox:
             proc = self._proc
             if proc is None or proc.poll() is not None:
                 raise WorkspaceError(self._death("the workspace sandbox is not running"))
-            header = {**header, "size": len(payload)}
             try:
                 deadline = time.monotonic() + wait_s + HOST_MARGIN_S
-                self._send(json.dumps(header).encode() + b"\n" + payload, deadline)
+                request = marshal.dumps((header, payload), 4)
+                self._send(b"%d\n" % len(request) + request, deadline)
                 reply, data = self._receive(deadline)
             except (OSError, ValueError, WorkspaceError) as exc:
                 why = self._death(f"the workspace sandbox stopped answering ({exc})")
@@ -408,19 +435,26 @@ class WorkspaceSandbox:
         return chunk
 
     def _receive(self, deadline: float) -> tuple[dict[str, Any], bytes]:
+        """One reply: a line of ``key=value`` fields (see ``server.py``), its strings, its payload."""
         while b"\n" not in self._buffer:
             if len(self._buffer) > MAX_HEADER:
                 raise WorkspaceError("reply header too long")
             self._buffer += self._read_some(deadline)
         line, self._buffer = self._buffer.split(b"\n", 1)
-        header = json.loads(line)
-        size = int(header.get("size", 0))
-        if size > (self.limits.max_request_mb << 20) + self.limits.max_output_bytes:
+        fields, strings = parse_reply_line(line)
+        size = fields.pop("size", 0)
+        limit = (self.limits.max_request_mb << 20) + 4 * self.limits.max_output_bytes + MAX_HEADER
+        if not isinstance(size, int) or size < 0 or size + sum(n for _, n in strings) > limit:
             raise WorkspaceError(f"reply of {size} bytes is over the limit")
+        for key, length in strings:
+            while len(self._buffer) < length:
+                self._buffer += self._read_some(deadline)
+            fields[key] = self._buffer[:length].decode("utf-8", "replace")
+            self._buffer = self._buffer[length:]
         while len(self._buffer) < size:
             self._buffer += self._read_some(deadline)
         data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return header, data
+        return fields, data
 
     def _death(self, what: str) -> str:
         proc = self._proc
@@ -460,13 +494,16 @@ class WorkspaceSandbox:
         reply, _ = self._request({"op": "write", "path": path, "force": force}, data)
         return str(reply["path"])
 
-    def write_files(self, files: Mapping[str, str | bytes]) -> list[str]:
-        """Write many workspace files in one request (a task's files at reset); bytes must be UTF-8."""
-        texts = {p: c.decode("utf-8") if isinstance(c, bytes) else c for p, c in files.items()}
-        data = json.dumps(texts).encode("utf-8", errors="surrogatepass")
+    def write_files(self, files: Mapping[str, str | bytes]) -> int:
+        """Write many workspace files in one request (a task's files at reset). Returns how many."""
+        encoded = {
+            str(path): text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+            for path, text in files.items()
+        }
+        data = marshal.dumps(encoded, 4)
         if len(data) > self.limits.max_request_mb << 20:
             raise ValueError(f"the files are {len(data)} bytes, over max_request_mb={self.limits.max_request_mb}")
-        return list(self._request({"op": "files"}, data)[0]["paths"])
+        return int(self._request({"op": "files"}, data)[0]["count"])
 
     def read(self, path: str, max_bytes: int | None = None) -> FileRead:
         """A workspace file's first ``max_bytes`` (default: ``max_request_mb``)."""

@@ -4,9 +4,13 @@ This file is never imported by agentgym: ``sandbox.py`` reads its text and runs 
 Python (``python3 -I -S -c <this file>``) as the sandbox's only long-lived process, as the unprivileged
 sandbox user, in the sandbox's namespaces. It uses the standard library only.
 
-Protocol (stdin: requests, stdout: replies; nothing else writes to either): a frame is one line of
-JSON (the header) followed by exactly ``header["size"]`` bytes of payload (0 when absent). The
-server says ``{"ready": true}`` once, then answers each request with one frame (``error`` on failure).
+Protocol (stdin: requests, stdout: replies; nothing else writes to either). A request is a line
+holding a byte count N, then N bytes of ``marshal`` data: ``(header dict, payload bytes)`` (the host
+writes it; marshal is built in, so the server imports no json, which is most of a start-up). A reply
+is one line of ``key=value`` fields - ``~`` None, ``?0``/``?1`` a bool, ``@N`` a string of N UTF-8
+bytes that follows the line (in field order), else an int or a float - whose last field is
+``size=N``, then the strings, then N bytes of payload. Nothing in a reply is evaluated on the host.
+The server says ``ready=?1`` once, then answers each request with one reply (``error=`` on failure).
 
 * ``run``: ``cmd``, ``timeout``, ``max_output``, optional ``cwd`` -> ``exit_code`` (None on timeout, -N for signal N),
   ``timed_out``, ``output`` (stdout and stderr merged, the first ``max_output`` bytes), ``truncated``,
@@ -25,19 +29,19 @@ The process makes itself non-dumpable first: code the agent runs as the same use
 its memory or file descriptors through /proc (``ptrace`` is refused by the seccomp filter anyway).
 """
 
-import contextlib
+import _signal  # the C module: the signal package imports enum, which costs start-up time
 import ctypes
-import json
+import marshal
 import os
 import resource
 import select
-import signal
 import sys
 import time
 
 # (tarfile, io and shutil are imported where they are used: start-up time is the episode's reset time)
 
 WORKSPACE = "/workspace"
+SIGKILL, SIGPIPE = 9, 13
 ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",
@@ -51,7 +55,6 @@ ENV = {
 }
 # $1: the working directory to start in, $2: the command. The EXIT trap reports where it ended on fd {fd}.
 SCRIPT = 'cd -- "$1" 2>/dev/null || cd /workspace; trap \'pwd -P >&{fd} 2>/dev/null\' EXIT; eval "$2"'
-MAX_HEADER = 1 << 16
 
 
 def spawn(argv, cwd, out_fd, keep_fd, timeout, memory_mb, max_file_mb):
@@ -119,8 +122,10 @@ def kill_others(deadline_s=2.0):
         if not pids:
             return True
         for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, SIGKILL)
+            except OSError:
+                continue
         reap()
         if time.monotonic() > end:
             return False
@@ -147,19 +152,31 @@ class Server:
 
     # ---- framing
     def receive(self):
-        line = self.inp.readline(MAX_HEADER)
+        line = self.inp.readline(64)
         if not line:
             return None, b""
-        header = json.loads(line)
-        size = int(header.get("size", 0))
-        payload = self.inp.read(size) if size else b""
-        if len(payload) != size:
+        size = int(line)
+        data = self.inp.read(size)
+        if len(data) != size:
             return None, b""
+        header, payload = marshal.loads(data)
         return header, payload
 
-    def send(self, header, payload=b""):
-        header["size"] = len(payload)
-        self.out.write(json.dumps(header).encode() + b"\n" + payload)
+    def send(self, fields, payload=b""):
+        parts, blobs = [], []
+        for key, value in fields.items():
+            if value is None:
+                parts.append(key + "=~")
+            elif value is True or value is False:
+                parts.append(f"{key}=?{int(value)}")
+            elif isinstance(value, (int, float)):
+                parts.append(f"{key}={value!r}")
+            else:
+                blob = str(value).encode("utf-8", "replace")
+                parts.append(f"{key}=@{len(blob)}")
+                blobs.append(blob)
+        parts.append(f"size={len(payload)}")
+        self.out.write(" ".join(parts).encode() + b"\n" + b"".join(blobs) + payload)
         self.out.flush()
 
     # ---- paths
@@ -227,12 +244,16 @@ class Server:
         except BlockingIOError:
             pass
         if timed_out:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
+            try:  # noqa: SIM105 - no contextlib: every import is start-up time
+                os.killpg(pid, SIGKILL)
+            except OSError:
+                pass
         kill_others()
         if code is None:
-            with contextlib.suppress(ChildProcessError):
+            try:  # noqa: SIM105 - no contextlib: every import is start-up time
                 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            except ChildProcessError:
+                pass
         reap()
         os.close(out_r)
         os.set_blocking(cwd_r, False)
@@ -291,12 +312,12 @@ class Server:
         return full
 
     def op_files(self, _req, payload):
-        """Many files at once (the task's, at reset): the payload is JSON ``{path: text}``."""
-        written = []
-        for path, text in json.loads(payload).items():
-            header, _ = self.op_write({"path": path}, text.encode("utf-8", "surrogatepass"))
-            written.append(header["path"])
-        return {"paths": written}, b""
+        """Many files at once (the task's, at reset): the payload is ``marshal`` data ``{path: bytes}``."""
+        count = 0
+        for path, data in marshal.loads(payload).items():
+            self.op_write({"path": path}, data)
+            count += 1
+        return {"count": count}, b""
 
     def op_read(self, req, _payload):
         full = self.resolve(req["path"])
@@ -348,7 +369,7 @@ class Server:
         while True:
             try:
                 req, payload = self.receive()
-            except ValueError:
+            except (ValueError, EOFError, TypeError):
                 self.send({"error": "malformed request"})
                 continue
             if req is None:
@@ -369,7 +390,7 @@ class Server:
 def main():
     libc = ctypes.CDLL(None)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    _signal.signal(SIGPIPE, _signal.SIG_DFL)  # and commands inherit the default (Python ignores it)
     os.chdir(WORKSPACE)
     os.umask(0o022)
     Server(int(sys.argv[1]), int(sys.argv[2])).serve()
