@@ -240,3 +240,14 @@ def test_without_bubblewrap_it_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sandbox_module, "_problem", ["bubblewrap (`bwrap`) is not installed"])
     with pytest.raises(SandboxUnavailable, match="bwrap.*not installed.*apt-get install -y bubblewrap"):
         WorkspaceSandbox()
+
+
+def test_concurrent_episodes_complete_without_a_failure() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def episode(i: int) -> bool:
+        with WorkspaceSandbox(LIMITS, {"n.txt": str(i)}) as box:
+            return all(box.run("cat n.txt").output == str(i) for _ in range(5)) and box.read("n.txt").data == b"%d" % i
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(episode, range(8))) == [True] * 8
