@@ -4,8 +4,10 @@
 
 Rows (medians; failures counted, never hidden):
 
-* **start-up**: ``WorkspaceSandbox(limits, files)`` until its server says ready and the task's files
-  are written (what ``WorkspaceEnv.reset`` pays), then ``close``.
+* **start-up (cold)**: ``WorkspaceSandbox(limits, files)`` until its server says ready and the
+  task's files are written, then ``close``: what a reset pays when no spare is ready.
+* **reset with a spare**: ``SparePool.take(files)`` when the spare started ahead is ready (what
+  ``WorkspaceEnv.reset`` pays between episodes: the task's files written into it).
 * **bash round trip**: ``sandbox.run("true")`` on a warm sandbox (the host -> server -> bash -> kill
   sweep -> host path every bash call takes); also a ``read_file``-sized read.
 * **concurrent episodes**: N threads, each an episode: start a sandbox, ``--per-episode`` tool calls
@@ -33,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from agentgym.envs.workspace.sandbox import (  # noqa: E402
+    SparePool,
     WorkspaceLimits,
     WorkspaceSandbox,
     workspace_problem,
@@ -59,6 +62,23 @@ def startup(n: int) -> tuple[list[float], int]:
         times.append(time.perf_counter() - begin)
         box.close()
     return times, failures
+
+
+def warm_resets(n: int) -> list[float]:
+    pool = SparePool(LIMITS, size=1)
+    times = []
+    try:
+        for _ in range(n):
+            deadline = time.monotonic() + 30
+            while not pool._ready and time.monotonic() < deadline:  # the spare of the previous take
+                time.sleep(0.01)
+            begin = time.perf_counter()
+            box = pool.take(FILES)
+            times.append(time.perf_counter() - begin)
+            box.close()
+    finally:
+        pool.close()
+    return times
 
 
 def round_trips(n: int) -> tuple[list[float], list[float]]:
@@ -165,9 +185,13 @@ def main() -> int:
     with WorkspaceSandbox(LIMITS) as box:
         print(f"layers: {', '.join(box.layers)}")
     starts, start_failures = startup(args.starts)
-    print(f"{'start-up (reset)':<34} median {ms(starts)} ms   failures {start_failures}/{args.starts}")
+    print(f"{'start-up, cold (no spare)':<34} median {ms(starts)} ms   failures {start_failures}/{args.starts}")
+    warm = warm_resets(args.starts)
+    print(f"{'reset with a spare ready':<34} median {ms(warm)} ms")
     bash, reads = round_trips(args.calls)
-    print(f"{'bash round trip (true)':<34} median {ms(bash)} ms   p90 {1000 * sorted(bash)[int(0.9 * len(bash))]:.2f} ms")
+    print(
+        f"{'bash round trip (true)':<34} median {ms(bash)} ms   p90 {1000 * sorted(bash)[int(0.9 * len(bash))]:.2f} ms"
+    )
     print(f"{'read_file round trip':<34} median {ms(reads)} ms")
     rows = []
     print(f"{'episodes':>9} {'calls':>7} {'calls/s':>9} {'median ms':>10} {'failed calls':>13} {'failed eps':>11}")
@@ -183,6 +207,7 @@ def main() -> int:
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     summary = {
         "startup_ms": 1000 * statistics.median(starts) if starts else None,
+        "warm_reset_ms": 1000 * statistics.median(warm),
         "bash_ms": 1000 * statistics.median(bash),
         "concurrent": rows,
     }

@@ -550,3 +550,81 @@ class WorkspaceSandbox:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+class SparePool:
+    """Sandboxes started ahead of need, so that an episode's reset only writes its task's files.
+
+    A spare is a fresh, empty sandbox that nothing has run in; ``take`` hands one out (or starts one
+    when none is ready) and starts its replacement on a background thread. Each sandbox still
+    serves exactly one episode. Spares are ordinary sandboxes: ``close`` (or the process's death)
+    kills them. ``size`` 0 disables the pool (every ``take`` starts a sandbox)."""
+
+    def __init__(self, limits: WorkspaceLimits, size: int = 1) -> None:
+        if size < 0:
+            raise ValueError(f"the spare pool's size must be >= 0, got {size}")
+        self.limits = limits
+        self.size = size
+        self._ready: list[WorkspaceSandbox] = []
+        self._lock = threading.Lock()
+        self._filling = False
+        self._closed = False
+        self.failures = 0  # spares that failed to start (take then starts one itself, and raises if it fails)
+        self._refill()
+
+    def take(self, files: Mapping[str, str | bytes] | None = None) -> WorkspaceSandbox:
+        """A started sandbox holding ``files``."""
+        with self._lock:
+            if self._closed:
+                raise WorkspaceError("the spare pool is closed")
+            box = self._ready.pop() if self._ready else None
+        try:
+            if box is None or not box.alive:
+                if box is not None:
+                    box.close()
+                return WorkspaceSandbox(self.limits, files)
+            if files:
+                try:
+                    box.write_files(files)
+                except BaseException:
+                    box.close()
+                    raise
+            return box
+        finally:
+            self._refill()  # after the files: the replacement's start-up competes for the CPU
+
+    def _refill(self) -> None:
+        with self._lock:
+            if self._closed or self._filling or len(self._ready) >= self.size:
+                return
+            self._filling = True
+        threading.Thread(target=self._fill, name="agentgym-workspace-spares", daemon=True).start()
+
+    def _fill(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._closed or len(self._ready) >= self.size:
+                        return
+                try:
+                    box = WorkspaceSandbox(self.limits)
+                except Exception:  # noqa: BLE001 - take() starts one itself and raises what went wrong
+                    self.failures += 1
+                    return
+                with self._lock:
+                    if not self._closed:
+                        self._ready.append(box)
+                        continue
+                box.close()
+                return
+        finally:
+            with self._lock:
+                self._filling = False
+
+    def close(self) -> None:
+        """Kill every spare; ``take`` fails afterwards."""
+        with self._lock:
+            self._closed = True
+            spares, self._ready = self._ready, []
+        for box in spares:
+            box.close()
