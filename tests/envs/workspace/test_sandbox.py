@@ -251,3 +251,19 @@ def test_concurrent_episodes_complete_without_a_failure() -> None:
 
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(episode, range(8))) == [True] * 8
+
+
+def test_a_sandbox_outlives_the_thread_that_made_it() -> None:
+    """The parent-death signal follows the forking *thread*: sandboxes are forked by one long-lived
+    thread, so an episode reset on a pool thread that is later retired keeps its sandbox."""
+    import threading
+
+    made: list[WorkspaceSandbox] = []
+    worker = threading.Thread(target=lambda: made.append(WorkspaceSandbox(LIMITS, {"x": "still here"})))
+    worker.start()
+    worker.join()
+    time.sleep(0.3)
+    try:
+        assert made[0].alive and made[0].run("cat x").output == "still here"
+    finally:
+        made[0].close()
