@@ -64,6 +64,7 @@ import resource
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -72,13 +73,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agentgym.envs.tools.sandbox.bubblewrap import (
+from agentgym.envs.tools.sandbox.bubblewrap import (  # the python tool's pieces of the same boundary
     ETC_FILES,
     PATH,
     SANDBOX_GID,
     SANDBOX_UID,
     SYSTEM_DIRS,
     SandboxUnavailable,
+    _bind_roots,
+    _outermost,
+    _python_roots,
     strong_problem,
 )
 from agentgym.envs.tools.sandbox.process import (
@@ -92,7 +96,18 @@ from agentgym.envs.tools.sandbox.process import (
 from agentgym.envs.tools.sandbox.seccomp import filter_program
 
 WORKSPACE = "/workspace"
-SERVER_PYTHON = "/usr/bin/python3"
+SERVER_PYTHON = "/usr/bin/python3"  # the system Python runs the server; else this interpreter, bound read-only
+
+
+def server_python() -> tuple[str, list[str]]:
+    """``(interpreter, directories to bind read-only)`` for the server: the system ``python3`` (under
+    /usr, bound anyway), else this process's interpreter with its own directories (as the python tool
+    binds them; a GPU image may keep its Python in /opt)."""
+    if os.access(SERVER_PYTHON, os.X_OK):
+        return SERVER_PYTHON, []
+    return sys.executable, _outermost(_python_roots(None))
+
+
 SERVER_SOURCE = (Path(__file__).with_name("server.py")).read_text()
 MAX_HEADER = 1 << 16
 START_TIMEOUT_S = 30.0
@@ -214,6 +229,9 @@ def workspace_bwrap_argv(limits: WorkspaceLimits, seccomp_fd: int | None) -> tup
     argv += ["--perms", "0755", "--dir", "/etc"]
     for path in ETC_FILES:
         argv += ["--ro-bind-try", path, path]
+    python, roots = server_python()
+    made = {"/", "/usr", "/etc", *SYSTEM_DIRS}
+    argv += _bind_roots([r for r in roots if not r.startswith(("/tmp/", "/dev/shm/"))], made)
     argv += ["--proc", "/proc", "--dev", "/dev"]
     for mount, size in ((WORKSPACE, limits.max_disk_mb), ("/tmp", limits.max_tmp_mb), ("/dev/shm", limits.max_tmp_mb)):
         argv += ["--perms", "1777", "--size", str(size << 20), "--tmpfs", mount]
@@ -236,7 +254,7 @@ def workspace_bwrap_argv(limits: WorkspaceLimits, seccomp_fd: int | None) -> tup
             "--no-new-privs",
             "--",
         ]
-    argv += [SERVER_PYTHON, "-I", "-S", "-B", "-c", SERVER_SOURCE, str(limits.memory_mb), str(limits.max_file_mb)]
+    argv += [python, "-I", "-S", "-B", "-c", SERVER_SOURCE, str(limits.memory_mb), str(limits.max_file_mb)]
     return argv, layers
 
 
@@ -247,8 +265,6 @@ def workspace_problem() -> str | None:
     """Why a workspace sandbox cannot run here, or None (the python tool's probe, plus the server's Python)."""
     if not _problem:
         problem = strong_problem()
-        if problem is None and not os.access(SERVER_PYTHON, os.X_OK):
-            problem = f"the workspace server needs {SERVER_PYTHON} (the system Python 3), which is missing"
         if problem is None and not os.access("/bin/bash", os.X_OK):
             problem = "the workspace needs /bin/bash"
         _problem.append(problem)

@@ -267,3 +267,11 @@ def test_a_sandbox_outlives_the_thread_that_made_it() -> None:
         assert made[0].alive and made[0].run("cat x").output == "still here"
     finally:
         made[0].close()
+
+
+def test_without_a_system_python_the_server_runs_on_this_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox_module, "SERVER_PYTHON", "/nonexistent/python3")
+    python, roots = sandbox_module.server_python()
+    assert python == sys.executable and roots
+    with WorkspaceSandbox(LIMITS, {"a": "b"}) as box:
+        assert box.run("cat a").output == "b"
