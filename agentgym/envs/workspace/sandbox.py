@@ -57,6 +57,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
+import logging
 import marshal
 import os
 import queue
@@ -113,6 +114,7 @@ MAX_HEADER = 1 << 16
 START_TIMEOUT_S = 30.0
 HOST_MARGIN_S = 5.0  # how much longer than a request's own bound the host waits before declaring the sandbox dead
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class WorkspaceError(RuntimeError):
@@ -585,7 +587,6 @@ class SparePool:
         self._lock = threading.Lock()
         self._filling = False
         self._closed = False
-        self.failures = 0  # spares that failed to start (take then starts one itself, and raises if it fails)
         self._refill()
 
     def take(self, files: Mapping[str, str | bytes] | None = None) -> WorkspaceSandbox:
@@ -624,8 +625,8 @@ class SparePool:
                         return
                 try:
                     box = WorkspaceSandbox(self.limits)
-                except Exception:  # noqa: BLE001 - take() starts one itself and raises what went wrong
-                    self.failures += 1
+                except Exception as exc:  # noqa: BLE001 - take() starts one itself and raises what went wrong
+                    logger.warning("a spare workspace sandbox failed to start (the next reset starts one): %s", exc)
                     return
                 with self._lock:
                     if not self._closed:
