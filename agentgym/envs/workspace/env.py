@@ -3,12 +3,12 @@
     env = WorkspaceEnv(tasks=my_tasks)             # my_tasks(seed) -> WorkspaceTask
     env = agentgym.make("workspace", tasks="my_pkg.suite:task")   # the same, named as "module:callable"
 
-Each ``reset(seed)`` draws ``task = tasks(seed)``, kills the previous episode's sandbox and starts a
-fresh one (``WorkspaceSandbox``) with ``task.files`` in ``/workspace``; the first messages are a
-system prompt and ``task.instruction``; ``info["tools"]`` holds the five tools' schemas (``bash``,
-``read_file``, ``write_file``, ``str_replace``, ``submit``), called natively or as Hermes
-``<tool_call>`` text. Each ``step`` runs the reply's calls (one ``tool`` message each). A reply
-without a call gets a reminder and costs a turn.
+Each ``reset(seed)`` draws ``task = tasks(seed)``, kills the previous episode's sandbox and takes a
+fresh one (``WorkspaceSandbox``, started ahead by a ``SparePool``) with ``task.files`` in
+``/workspace``; the first messages are a system prompt and ``task.instruction``; ``info["tools"]``
+holds the five tools' schemas (``bash``, ``read_file``, ``write_file``, ``str_replace``, ``submit``),
+called natively or as Hermes ``<tool_call>`` text. Each ``step`` runs the reply's calls (one
+``tool`` message each). A reply without a call gets a reminder and costs a turn.
 
 The episode ends on ``submit`` (``terminated``) or after ``max_turns`` turns (``truncated``; default
 ``task.max_turns``). Then the workspace is taken out, the episode's sandbox is killed, and the
@@ -30,7 +30,12 @@ from typing import Any
 
 from agentgym.envs.base import TextEnv
 from agentgym.envs.tools import CallResult, Toolbox, call_metrics, split_reply
-from agentgym.envs.workspace.sandbox import WorkspaceError, WorkspaceLimits, WorkspaceSandbox, require_workspace
+from agentgym.envs.workspace.sandbox import (
+    SparePool,
+    WorkspaceError,
+    WorkspaceLimits,
+    require_workspace,
+)
 from agentgym.envs.workspace.task import WorkspaceTask
 from agentgym.envs.workspace.tools import WorkspaceHandle, make_workspace_tools
 from agentgym.envs.workspace.verifier import VerifierReport, verify
@@ -88,13 +93,15 @@ class WorkspaceEnv(TextEnv):
         max_calls_per_episode: int = 64,
         max_output_chars: int = 8000,
         system_prompt: str | None = SYSTEM_PROMPT,
+        spares: int = 1,
         render_mode: str | None = None,
     ) -> None:
         """``tasks``: seed -> ``WorkspaceTask`` (or ``"module:attribute"``). ``limits``: the episode
         sandbox's bounds (``WorkspaceLimits`` or a dict of its fields); ``verifier_limits`` the
         verifier's (default: the same; a command check's ``timeout_s`` raises its timeout).
-        ``max_turns``: overrides each task's ``max_turns``. Raises ``SandboxUnavailable`` where the
-        sandbox cannot run."""
+        ``max_turns``: overrides each task's ``max_turns``. ``spares``: sandboxes kept started ahead
+        of the next reset (each still serves one episode; 0: start one at each reset). Raises
+        ``SandboxUnavailable`` where the sandbox cannot run."""
         super().__init__(render_mode=render_mode)
         self.task_source = load_task_source(tasks)  # type: ignore[arg-type]  # None: the error says what to pass
         if max_turns is not None and max_turns < 1:
@@ -105,6 +112,7 @@ class WorkspaceEnv(TextEnv):
         self.turn_budget = max_turns
         self.system_prompt = system_prompt
         self.handle = WorkspaceHandle()
+        self.spares = SparePool(self.limits, spares)
         self.toolbox = Toolbox(
             make_workspace_tools(self.handle, max_output_chars),
             max_calls_per_turn=max_calls_per_turn,
@@ -139,7 +147,7 @@ class WorkspaceEnv(TextEnv):
         self.task, self.seed, self.report = task, seed, None
         self.max_turns = self.turn_budget or task.max_turns
         self.handle.submitted, self.handle.answer, self.handle.calls = False, None, {}
-        self.handle.sandbox = WorkspaceSandbox(self.limits, task.files)
+        self.handle.sandbox = self.spares.take(task.files)
         prompt: list[Message] = []
         if self.system_prompt:
             prompt.append({"role": "system", "content": self.system_prompt})
@@ -252,6 +260,7 @@ class WorkspaceEnv(TextEnv):
     # ---- the rest --------------------------------------------------------------------------------
     def close(self) -> None:
         self._end_sandbox()
+        self.spares.close()
         self._done = True
         super().close()
 

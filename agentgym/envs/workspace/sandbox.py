@@ -57,13 +57,15 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
-import json
+import logging
+import marshal
 import os
 import queue
 import resource
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -72,13 +74,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agentgym.envs.tools.sandbox.bubblewrap import (
+from agentgym.envs.tools.sandbox.bubblewrap import (  # the python tool's pieces of the same boundary
     ETC_FILES,
     PATH,
     SANDBOX_GID,
     SANDBOX_UID,
     SYSTEM_DIRS,
     SandboxUnavailable,
+    _bind_roots,
+    _outermost,
+    _python_roots,
     strong_problem,
 )
 from agentgym.envs.tools.sandbox.process import (
@@ -92,12 +97,24 @@ from agentgym.envs.tools.sandbox.process import (
 from agentgym.envs.tools.sandbox.seccomp import filter_program
 
 WORKSPACE = "/workspace"
-SERVER_PYTHON = "/usr/bin/python3"
+SERVER_PYTHON = "/usr/bin/python3"  # the system Python runs the server; else this interpreter, bound read-only
+
+
+def server_python() -> tuple[str, list[str]]:
+    """``(interpreter, directories to bind read-only)`` for the server: the system ``python3`` (under
+    /usr, bound anyway), else this process's interpreter with its own directories (as the python tool
+    binds them; a GPU image may keep its Python in /opt)."""
+    if os.access(SERVER_PYTHON, os.X_OK):
+        return SERVER_PYTHON, []
+    return sys.executable, _outermost(_python_roots(None))
+
+
 SERVER_SOURCE = (Path(__file__).with_name("server.py")).read_text()
 MAX_HEADER = 1 << 16
 START_TIMEOUT_S = 30.0
 HOST_MARGIN_S = 5.0  # how much longer than a request's own bound the host waits before declaring the sandbox dead
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class WorkspaceError(RuntimeError):
@@ -214,6 +231,9 @@ def workspace_bwrap_argv(limits: WorkspaceLimits, seccomp_fd: int | None) -> tup
     argv += ["--perms", "0755", "--dir", "/etc"]
     for path in ETC_FILES:
         argv += ["--ro-bind-try", path, path]
+    python, roots = server_python()
+    made = {"/", "/usr", "/etc", *SYSTEM_DIRS}
+    argv += _bind_roots([r for r in roots if not r.startswith(("/tmp/", "/dev/shm/"))], made)
     argv += ["--proc", "/proc", "--dev", "/dev"]
     for mount, size in ((WORKSPACE, limits.max_disk_mb), ("/tmp", limits.max_tmp_mb), ("/dev/shm", limits.max_tmp_mb)):
         argv += ["--perms", "1777", "--size", str(size << 20), "--tmpfs", mount]
@@ -236,7 +256,7 @@ def workspace_bwrap_argv(limits: WorkspaceLimits, seccomp_fd: int | None) -> tup
             "--no-new-privs",
             "--",
         ]
-    argv += [SERVER_PYTHON, "-I", "-S", "-B", "-c", SERVER_SOURCE, str(limits.memory_mb), str(limits.max_file_mb)]
+    argv += [python, "-I", "-S", "-B", "-c", SERVER_SOURCE, str(limits.memory_mb), str(limits.max_file_mb)]
     return argv, layers
 
 
@@ -247,8 +267,6 @@ def workspace_problem() -> str | None:
     """Why a workspace sandbox cannot run here, or None (the python tool's probe, plus the server's Python)."""
     if not _problem:
         problem = strong_problem()
-        if problem is None and not os.access(SERVER_PYTHON, os.X_OK):
-            problem = f"the workspace server needs {SERVER_PYTHON} (the system Python 3), which is missing"
         if problem is None and not os.access("/bin/bash", os.X_OK):
             problem = "the workspace needs /bin/bash"
         _problem.append(problem)
@@ -266,6 +284,33 @@ def require_workspace() -> None:
 
 
 _counter = itertools.count()
+
+
+def parse_reply_line(line: bytes) -> tuple[dict[str, Any], list[tuple[str, int]]]:
+    """The fields of a reply line (``key=value`` ...: ``~`` None, ``?0``/``?1`` bool, ``@N`` a string of N
+    bytes after the line, else an int or a float) and the strings to read, in order. Raises
+    ``WorkspaceError`` on anything else."""
+    fields: dict[str, Any] = {}
+    strings: list[tuple[str, int]] = []
+    for token in line.decode("ascii", "replace").split(" "):
+        key, sep, value = token.partition("=")
+        if not sep or not key.isidentifier() or len(value) > 40:
+            raise WorkspaceError(f"malformed reply field {token[:60]!r}")
+        if value == "~":
+            fields[key] = None
+        elif value in ("?0", "?1"):
+            fields[key] = value == "?1"
+        elif value.startswith("@") and value[1:].isdigit():
+            strings.append((key, int(value[1:])))
+        else:
+            try:
+                fields[key] = int(value)
+            except ValueError:
+                try:
+                    fields[key] = float(value)
+                except ValueError:
+                    raise WorkspaceError(f"malformed reply field {token[:60]!r}") from None
+    return fields, strings
 
 
 class WorkspaceSandbox:
@@ -292,8 +337,8 @@ class WorkspaceSandbox:
                     raise WorkspaceError(self._death(f"the workspace sandbox did not start ({exc})")) from None
             if not hello.get("ready"):
                 raise WorkspaceError(f"the workspace sandbox said {hello!r} instead of ready")
-            for path, content in (files or {}).items():
-                self.write(path, content)
+            if files:
+                self.write_files(files)
         except BaseException:
             self.close()
             raise
@@ -372,10 +417,10 @@ class WorkspaceSandbox:
             proc = self._proc
             if proc is None or proc.poll() is not None:
                 raise WorkspaceError(self._death("the workspace sandbox is not running"))
-            header = {**header, "size": len(payload)}
             try:
                 deadline = time.monotonic() + wait_s + HOST_MARGIN_S
-                self._send(json.dumps(header).encode() + b"\n" + payload, deadline)
+                request = marshal.dumps((header, payload), 4)
+                self._send(b"%d\n" % len(request) + request, deadline)
                 reply, data = self._receive(deadline)
             except (OSError, ValueError, WorkspaceError) as exc:
                 why = self._death(f"the workspace sandbox stopped answering ({exc})")
@@ -408,19 +453,26 @@ class WorkspaceSandbox:
         return chunk
 
     def _receive(self, deadline: float) -> tuple[dict[str, Any], bytes]:
+        """One reply: a line of ``key=value`` fields (see ``server.py``), its strings, its payload."""
         while b"\n" not in self._buffer:
             if len(self._buffer) > MAX_HEADER:
                 raise WorkspaceError("reply header too long")
             self._buffer += self._read_some(deadline)
         line, self._buffer = self._buffer.split(b"\n", 1)
-        header = json.loads(line)
-        size = int(header.get("size", 0))
-        if size > (self.limits.max_request_mb << 20) + self.limits.max_output_bytes:
+        fields, strings = parse_reply_line(line)
+        size = fields.pop("size", 0)
+        limit = (self.limits.max_request_mb << 20) + 4 * self.limits.max_output_bytes + MAX_HEADER
+        if not isinstance(size, int) or size < 0 or size + sum(n for _, n in strings) > limit:
             raise WorkspaceError(f"reply of {size} bytes is over the limit")
+        for key, length in strings:
+            while len(self._buffer) < length:
+                self._buffer += self._read_some(deadline)
+            fields[key] = self._buffer[:length].decode("utf-8", "replace")
+            self._buffer = self._buffer[length:]
         while len(self._buffer) < size:
             self._buffer += self._read_some(deadline)
         data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return header, data
+        return fields, data
 
     def _death(self, what: str) -> str:
         proc = self._proc
@@ -459,6 +511,17 @@ class WorkspaceSandbox:
             raise ValueError(f"{path}: {len(data)} bytes is over max_request_mb={self.limits.max_request_mb}")
         reply, _ = self._request({"op": "write", "path": path, "force": force}, data)
         return str(reply["path"])
+
+    def write_files(self, files: Mapping[str, str | bytes]) -> int:
+        """Write many workspace files in one request (a task's files at reset). Returns how many."""
+        encoded = {
+            str(path): text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+            for path, text in files.items()
+        }
+        data = marshal.dumps(encoded, 4)
+        if len(data) > self.limits.max_request_mb << 20:
+            raise ValueError(f"the files are {len(data)} bytes, over max_request_mb={self.limits.max_request_mb}")
+        return int(self._request({"op": "files"}, data)[0]["count"])
 
     def read(self, path: str, max_bytes: int | None = None) -> FileRead:
         """A workspace file's first ``max_bytes`` (default: ``max_request_mb``)."""
@@ -505,3 +568,80 @@ class WorkspaceSandbox:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+class SparePool:
+    """Sandboxes started ahead of need, so that an episode's reset only writes its task's files.
+
+    A spare is a fresh, empty sandbox that nothing has run in; ``take`` hands one out (or starts one
+    when none is ready) and starts its replacement on a background thread. Each sandbox still
+    serves exactly one episode. Spares are ordinary sandboxes: ``close`` (or the process's death)
+    kills them. ``size`` 0 disables the pool (every ``take`` starts a sandbox)."""
+
+    def __init__(self, limits: WorkspaceLimits, size: int = 1) -> None:
+        if size < 0:
+            raise ValueError(f"the spare pool's size must be >= 0, got {size}")
+        self.limits = limits
+        self.size = size
+        self._ready: list[WorkspaceSandbox] = []
+        self._lock = threading.Lock()
+        self._filling = False
+        self._closed = False
+        self._refill()
+
+    def take(self, files: Mapping[str, str | bytes] | None = None) -> WorkspaceSandbox:
+        """A started sandbox holding ``files``."""
+        with self._lock:
+            if self._closed:
+                raise WorkspaceError("the spare pool is closed")
+            box = self._ready.pop() if self._ready else None
+        try:
+            if box is None or not box.alive:
+                if box is not None:
+                    box.close()
+                return WorkspaceSandbox(self.limits, files)
+            if files:
+                try:
+                    box.write_files(files)
+                except BaseException:
+                    box.close()
+                    raise
+            return box
+        finally:
+            self._refill()  # after the files: the replacement's start-up competes for the CPU
+
+    def _refill(self) -> None:
+        with self._lock:
+            if self._closed or self._filling or len(self._ready) >= self.size:
+                return
+            self._filling = True
+        threading.Thread(target=self._fill, name="agentgym-workspace-spares", daemon=True).start()
+
+    def _fill(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._closed or len(self._ready) >= self.size:
+                        return
+                try:
+                    box = WorkspaceSandbox(self.limits)
+                except Exception as exc:  # noqa: BLE001 - take() starts one itself and raises what went wrong
+                    logger.warning("a spare workspace sandbox failed to start (the next reset starts one): %s", exc)
+                    return
+                with self._lock:
+                    if not self._closed:
+                        self._ready.append(box)
+                        continue
+                box.close()
+                return
+        finally:
+            with self._lock:
+                self._filling = False
+
+    def close(self) -> None:
+        """Kill every spare; ``take`` fails afterwards."""
+        with self._lock:
+            self._closed = True
+            spares, self._ready = self._ready, []
+        for box in spares:
+            box.close()

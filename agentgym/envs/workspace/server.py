@@ -4,9 +4,13 @@ This file is never imported by agentgym: ``sandbox.py`` reads its text and runs 
 Python (``python3 -I -S -c <this file>``) as the sandbox's only long-lived process, as the unprivileged
 sandbox user, in the sandbox's namespaces. It uses the standard library only.
 
-Protocol (stdin: requests, stdout: replies; nothing else writes to either): a frame is one line of
-JSON (the header) followed by exactly ``header["size"]`` bytes of payload (0 when absent). The
-server says ``{"ready": true}`` once, then answers each request with one frame (``error`` on failure).
+Protocol (stdin: requests, stdout: replies; nothing else writes to either). A request is a line
+holding a byte count N, then N bytes of ``marshal`` data: ``(header dict, payload bytes)`` (the host
+writes it; marshal is built in, so the server imports no json, which is most of a start-up). A reply
+is one line of ``key=value`` fields - ``~`` None, ``?0``/``?1`` a bool, ``@N`` a string of N UTF-8
+bytes that follows the line (in field order), else an int or a float - whose last field is
+``size=N``, then the strings, then N bytes of payload. Nothing in a reply is evaluated on the host.
+The server says ``ready=?1`` once, then answers each request with one reply (``error=`` on failure).
 
 * ``run``: ``cmd``, ``timeout``, ``max_output``, optional ``cwd`` -> ``exit_code`` (None on timeout, -N for signal N),
   ``timed_out``, ``output`` (stdout and stderr merged, the first ``max_output`` bytes), ``truncated``,
@@ -25,21 +29,19 @@ The process makes itself non-dumpable first: code the agent runs as the same use
 its memory or file descriptors through /proc (``ptrace`` is refused by the seccomp filter anyway).
 """
 
-import contextlib
+import _signal  # the C module: the signal package imports enum, which costs start-up time
 import ctypes
-import io
-import json
+import marshal
 import os
 import resource
 import select
-import shutil
-import signal
-import subprocess
 import sys
-import tarfile
 import time
 
+# (tarfile, io and shutil are imported where they are used: start-up time is the episode's reset time)
+
 WORKSPACE = "/workspace"
+SIGKILL, SIGPIPE = 9, 13
 ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",
@@ -53,18 +55,46 @@ ENV = {
 }
 # $1: the working directory to start in, $2: the command. The EXIT trap reports where it ended on fd {fd}.
 SCRIPT = 'cd -- "$1" 2>/dev/null || cd /workspace; trap \'pwd -P >&{fd} 2>/dev/null\' EXIT; eval "$2"'
-MAX_HEADER = 1 << 16
 
 
-def limits_for(timeout: float, memory_mb: int, max_file_mb: int):
-    def preexec():
-        resource.setrlimit(resource.RLIMIT_CPU, (int(timeout) + 1, int(timeout) + 1))
-        if memory_mb:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        if max_file_mb:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_mb << 20, max_file_mb << 20))
+def spawn(argv, cwd, out_fd, keep_fd, timeout, memory_mb, max_file_mb):
+    """Fork and exec ``argv`` in its own session: stdin /dev/null, stdout and stderr ``out_fd``,
+    ``keep_fd`` inherited, every other descriptor closed, the per-call limits set. (The server has one
+    thread, so a bare fork is safe; it is cheaper than importing subprocess at every start-up.)"""
+    null = os.open(os.devnull, os.O_RDONLY)
+    pid = os.fork()
+    if pid == 0:  # the child: nothing here may return
+        try:
+            os.setsid()
+            os.dup2(null, 0)
+            os.dup2(out_fd, 1)
+            os.dup2(out_fd, 2)
+            os.closerange(3, keep_fd)
+            os.closerange(keep_fd + 1, 1 << 16)
+            os.set_inheritable(keep_fd, True)
+            cpu = int(timeout) + 1
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+            if memory_mb:
+                resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+            if max_file_mb:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_mb << 20, max_file_mb << 20))
+            try:
+                os.chdir(cwd)
+            except OSError:
+                os.chdir(WORKSPACE)
+            os.execve(argv[0], argv, ENV)
+        finally:
+            os._exit(127)
+    os.close(null)
+    return pid
 
-    return preexec
+
+def wait_exit(pid):
+    """The child's exit status if it has exited (reaped), else None."""
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
 
 
 def others():
@@ -92,8 +122,10 @@ def kill_others(deadline_s=2.0):
         if not pids:
             return True
         for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, SIGKILL)
+            except OSError:
+                continue
         reap()
         if time.monotonic() > end:
             return False
@@ -120,19 +152,31 @@ class Server:
 
     # ---- framing
     def receive(self):
-        line = self.inp.readline(MAX_HEADER)
+        line = self.inp.readline(64)
         if not line:
             return None, b""
-        header = json.loads(line)
-        size = int(header.get("size", 0))
-        payload = self.inp.read(size) if size else b""
-        if len(payload) != size:
+        size = int(line)
+        data = self.inp.read(size)
+        if len(data) != size:
             return None, b""
+        header, payload = marshal.loads(data)
         return header, payload
 
-    def send(self, header, payload=b""):
-        header["size"] = len(payload)
-        self.out.write(json.dumps(header).encode() + b"\n" + payload)
+    def send(self, fields, payload=b""):
+        parts, blobs = [], []
+        for key, value in fields.items():
+            if value is None:
+                parts.append(key + "=~")
+            elif value is True or value is False:
+                parts.append(f"{key}=?{int(value)}")
+            elif isinstance(value, (int, float)):
+                parts.append(f"{key}={value!r}")
+            else:
+                blob = str(value).encode("utf-8", "replace")
+                parts.append(f"{key}=@{len(blob)}")
+                blobs.append(blob)
+        parts.append(f"size={len(payload)}")
+        self.out.write(" ".join(parts).encode() + b"\n" + b"".join(blobs) + payload)
         self.out.flush()
 
     # ---- paths
@@ -151,18 +195,9 @@ class Server:
         out_r, out_w = os.pipe()
         cwd_r, cwd_w = os.pipe()
         start = time.monotonic()
+        argv = ["/bin/bash", "-c", SCRIPT.format(fd=cwd_w), "bash", req.get("cwd") or self.cwd, req["cmd"]]
         try:
-            proc = subprocess.Popen(
-                ["/bin/bash", "-c", SCRIPT.format(fd=cwd_w), "bash", req.get("cwd") or self.cwd, req["cmd"]],
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=out_w,
-                pass_fds=(cwd_w,),
-                cwd=WORKSPACE,
-                env=ENV,
-                start_new_session=True,
-                preexec_fn=limits_for(timeout, self.memory_mb, self.max_file_mb),
-            )
+            pid = spawn(argv, WORKSPACE, out_w, cwd_w, timeout, self.memory_mb, self.max_file_mb)
         finally:
             os.close(out_w)
             os.close(cwd_w)
@@ -171,25 +206,31 @@ class Server:
         timed_out = False
         deadline = start + timeout
         open_ = True
+        code = None
+        try:  # the child's exit wakes the wait below, even while a background process holds the pipe
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
         while True:
-            if proc.poll() is not None:
+            code = wait_exit(pid)
+            if code is not None:
                 break
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            if open_:
-                ready = select.select([out_r], [], [], min(left, 0.05))[0]
-                if ready:
-                    chunk = os.read(out_r, 65536)
-                    if not chunk:
-                        open_ = False
-                    else:
-                        total += len(chunk)
-                        if len(kept) < cap:
-                            kept += chunk[: cap - len(kept)]
-            else:
-                time.sleep(min(left, 0.002))
+            watched = ([out_r] if open_ else []) + ([pidfd] if pidfd is not None else [])
+            ready = select.select(watched, [], [], left if pidfd is not None else min(left, 0.005))[0]
+            if out_r in ready:
+                chunk = os.read(out_r, 65536)
+                if not chunk:
+                    open_ = False
+                else:
+                    total += len(chunk)
+                    if len(kept) < cap:
+                        kept += chunk[: cap - len(kept)]
+        if pidfd is not None:
+            os.close(pidfd)
         # what is already in the pipe (a background process may hold it open: don't wait for EOF)
         os.set_blocking(out_r, False)
         try:
@@ -203,10 +244,16 @@ class Server:
         except BlockingIOError:
             pass
         if timed_out:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            try:  # noqa: SIM105 - no contextlib: every import is start-up time
+                os.killpg(pid, SIGKILL)
+            except OSError:
+                pass
         kill_others()
-        proc.wait()
+        if code is None:
+            try:  # noqa: SIM105 - no contextlib: every import is start-up time
+                code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            except ChildProcessError:
+                pass
         reap()
         os.close(out_r)
         os.set_blocking(cwd_r, False)
@@ -217,7 +264,8 @@ class Server:
         os.close(cwd_r)
         if reported and reported[-1].startswith("/") and os.path.isdir(reported[-1]):
             self.cwd = reported[-1]
-        code = None if timed_out else proc.returncode
+        if timed_out:
+            code = None
         return {
             "exit_code": code,
             "timed_out": timed_out,
@@ -258,8 +306,18 @@ class Server:
         if os.path.islink(full) or (os.path.exists(full) and not os.path.isdir(full)):
             os.unlink(full)
         elif os.path.isdir(full):
+            import shutil
+
             shutil.rmtree(full)
         return full
+
+    def op_files(self, _req, payload):
+        """Many files at once (the task's, at reset): the payload is ``marshal`` data ``{path: bytes}``."""
+        count = 0
+        for path, data in marshal.loads(payload).items():
+            self.op_write({"path": path}, data)
+            count += 1
+        return {"count": count}, b""
 
     def op_read(self, req, _payload):
         full = self.resolve(req["path"])
@@ -277,6 +335,9 @@ class Server:
             return {"exists": True, "file_size": os.fstat(fd).st_size}, data
 
     def op_archive(self, _req, _payload):
+        import io
+        import tarfile
+
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for name in sorted(os.listdir(WORKSPACE)):
@@ -284,6 +345,9 @@ class Server:
         return {}, buf.getvalue()
 
     def op_extract(self, _req, payload):
+        import io
+        import tarfile
+
         with tarfile.open(fileobj=io.BytesIO(payload), mode="r") as tar:
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(WORKSPACE, filter="data")
@@ -305,7 +369,7 @@ class Server:
         while True:
             try:
                 req, payload = self.receive()
-            except ValueError:
+            except (ValueError, EOFError, TypeError):
                 self.send({"error": "malformed request"})
                 continue
             if req is None:
@@ -326,7 +390,7 @@ class Server:
 def main():
     libc = ctypes.CDLL(None)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    _signal.signal(SIGPIPE, _signal.SIG_DFL)  # and commands inherit the default (Python ignores it)
     os.chdir(WORKSPACE)
     os.umask(0o022)
     Server(int(sys.argv[1]), int(sys.argv[2])).serve()

@@ -18,6 +18,7 @@ from agentgym.envs.tools.base import Tool, ToolError
 from agentgym.envs.workspace.sandbox import WORKSPACE, WorkspaceError, WorkspaceSandbox
 
 MAX_PATH_CHARS = 4096
+MAX_TEXT_BYTES = 4 << 20  # read_file / str_replace take files up to this size (the host decodes and numbers them)
 WORKSPACE_TOOLS = ("bash", "read_file", "write_file", "str_replace", "submit")
 
 
@@ -125,9 +126,15 @@ class WorkspaceTool(Tool):
 
     def read_text(self, path: str) -> str:
         sandbox = self.handle.require()
-        read = sandbox.read(path)
+        read = sandbox.read(path, max_bytes=MAX_TEXT_BYTES)
         if not read.exists:
             raise ToolError(f"{self.name}: {path!r} does not exist", kind="not_found")
+        if read.truncated:
+            raise ToolError(
+                f"{self.name}: {path!r} is {read.size} bytes, over {MAX_TEXT_BYTES >> 20} MB; "
+                "look at parts of it with bash (head, sed -n, grep)",
+                kind="too_large",
+            )
         try:
             return read.data.decode("utf-8")
         except UnicodeDecodeError:

@@ -140,7 +140,15 @@ def verify(
                 raise WorkspaceError("the episode's workspace was lost (its sandbox died)")
             slowest = max((c.timeout_s for c in task.checks if c.kind == "command"), default=1.0)
             base = limits or WorkspaceLimits()
-            sandbox = WorkspaceSandbox(dataclasses.replace(base, timeout_s=max(base.timeout_s, slowest)))
+            # room for the verifier's files even when the agent filled its workspace to the brim
+            room = (
+                base.max_disk_mb
+                + (sum(len(t.encode("utf-8", "surrogatepass")) for t in task.verifier_files.values()) >> 20)
+                + 8
+            )
+            sandbox = WorkspaceSandbox(
+                dataclasses.replace(base, timeout_s=max(base.timeout_s, slowest), max_disk_mb=room)
+            )
             sandbox.extract(archive)
             for path, content in task.verifier_files.items():
                 sandbox.write(path, content, force=True)

@@ -82,3 +82,15 @@ def test_argument_checks_are_bounded_on_generated_input() -> None:
         with contextlib.suppress(ToolError):
             check_arguments(name, {**big, "new_str": "w", "start_line": "9" * 11})
     assert time.process_time() - start < 0.5
+
+
+# ---- the host's reading of the server's replies -----------------------------------------------------
+def test_reply_lines_parse_without_evaluating_anything() -> None:
+    from agentgym.envs.workspace.sandbox import WorkspaceError, parse_reply_line
+
+    fields, strings = parse_reply_line(b"exit_code=~ timed_out=?1 seconds=0.25 n=-3 output=@12 cwd=@10 size=0")
+    assert fields == {"exit_code": None, "timed_out": True, "seconds": 0.25, "n": -3, "size": 0}
+    assert strings == [("output", 12), ("cwd", 10)]
+    for bad in (b"x=__import__('os')", b"=1", b"a b", b"x=" + b"9" * 100, b"x=@-1"):
+        with pytest.raises(WorkspaceError, match="malformed"):
+            parse_reply_line(bad)

@@ -58,10 +58,17 @@ def sandbox_pids(env: WorkspaceEnv) -> list[int]:
     return [sandbox.pid, *(p.pid for p in psutil.Process(sandbox.pid).children(recursive=True))]
 
 
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def all_gone(pids: list[int], wait_s: float = 3.0) -> bool:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        if not any(running(p) for p in pids):
             return True
         time.sleep(0.05)
     return False
@@ -217,3 +224,38 @@ def test_demos_replay_the_expert(tmp_path: Path) -> None:
     demos = read_demos(path, env="workspace")
     assert demos[0]["messages"][2]["tool_calls"][0]["function"]["name"] == "read_file"
     assert demos[0]["outcome_reward"] == 1.0
+
+
+def wait_for_spare(env: WorkspaceEnv, wait_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        with env.spares._lock:
+            if env.spares._ready:
+                return env.spares._ready[0]
+        time.sleep(0.02)
+    raise AssertionError("no spare sandbox was started")
+
+
+def test_spares_are_fresh_for_each_episode_and_die_with_the_env() -> None:
+    env = WorkspaceEnv(tasks=toy_task, limits=LIMITS, spares=1)
+    env.reset(seed=1)
+    env.step(call("bash", command="echo leftover > left.txt"))
+    spare = wait_for_spare(env)
+    env.reset(seed=2)
+    assert env.handle.sandbox is spare  # the reset took the spare that was started ahead
+    observation, *_ = env.step(call("bash", command="ls"))
+    assert "left.txt" not in observation[0]["content"] and "add.py" in observation[0]["content"]
+    next_spare = wait_for_spare(env)
+    pids = sandbox_pids(env) + [next_spare.pid, *(p.pid for p in psutil.Process(next_spare.pid).children(True))]
+    env.close()
+    assert all_gone(pids)
+
+
+def test_without_spares_every_reset_starts_its_own_sandbox() -> None:
+    env = WorkspaceEnv(tasks=toy_task, limits=LIMITS, spares=0)
+    try:
+        env.reset(seed=1)
+        time.sleep(0.2)
+        assert env.spares._ready == [] and env.handle.sandbox is not None and env.handle.sandbox.alive
+    finally:
+        env.close()

@@ -3,6 +3,7 @@ rule, writes that stay inside, bash's exit code, submit."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -65,3 +66,12 @@ def test_submit_marks_the_handle(toolbox: Toolbox) -> None:
     handle = toolbox.tools["submit"].handle  # type: ignore[attr-defined]
     assert run(toolbox, "submit", answer=" 7 ")[1] is None
     assert handle.submitted and handle.answer == " 7 "
+
+
+def test_a_huge_file_is_refused_not_read_whole(toolbox: Toolbox) -> None:
+    run(toolbox, "bash", command="head -c 6000000 /dev/zero | tr '\\0' 'a' > big.txt")
+    start = time.perf_counter()
+    text, error = run(toolbox, "read_file", path="big.txt")
+    assert error == "too_large" and "bash" in text
+    assert run(toolbox, "str_replace", path="big.txt", old_str="a", new_str="b")[1] == "too_large"
+    assert time.perf_counter() - start < 5.0
