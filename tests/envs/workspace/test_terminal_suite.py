@@ -14,7 +14,7 @@ def test_same_seed_same_task_and_seeds_differ():
     assert suite(7) == suite(7)
     tasks = [suite(s) for s in range(40)]
     assert len({(t.instruction, tuple(sorted(t.files.items()))) for t in tasks}) == 40
-    assert {t.metadata["kind"] for t in tasks} == set(KINDS)  # every kind drawn
+    assert [t.metadata["kind"] for t in tasks[:7]] == list(KINDS)  # kinds in turn: a held-out range is balanced
     assert suite(1_000_000).task_id == f"terminal/{suite(1_000_000).metadata['kind']}/1000000"
 
 
