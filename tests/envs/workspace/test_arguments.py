@@ -70,18 +70,18 @@ def test_argument_checks_are_bounded_on_generated_input() -> None:
     @settings(max_examples=300, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.sampled_from(WORKSPACE_TOOLS), st.dictionaries(keys, values, max_size=5))
     def check(name: str, arguments: dict[str, Any]) -> None:
-        start = time.process_time()
+        start = time.thread_time()
         with contextlib.suppress(ToolError):
             check_arguments(name, arguments)
-        assert time.process_time() - start < 0.05
+        assert time.thread_time() - start < 0.05
 
     check()
-    start = time.process_time()
+    start = time.thread_time()
     for name in WORKSPACE_TOOLS:
         big = {"command": "x" * (1 << 20), "path": "a/" * 100_000, "content": "y" * (1 << 20), "old_str": "z"}
         with contextlib.suppress(ToolError):
             check_arguments(name, {**big, "new_str": "w", "start_line": "9" * 11})
-    assert time.process_time() - start < 0.5
+    assert time.thread_time() - start < 0.5
 
 
 # ---- the host's reading of the server's replies -----------------------------------------------------

@@ -191,14 +191,14 @@ def test_a_dead_sandbox_ends_the_episode_with_reward_zero(env: WorkspaceEnv) -> 
 
 def test_output_and_time_stay_bounded_through_the_tools() -> None:
     env = WorkspaceEnv(
-        tasks=toy_task, limits=WorkspaceLimits(timeout_s=0.5, max_output_bytes=1000), max_output_chars=1500
+        tasks=toy_task, limits=WorkspaceLimits(timeout_s=1.0, max_output_bytes=1000), max_output_chars=1500
     )
     try:
         env.reset(seed=0)
         start = time.perf_counter()
         observation, *_ = env.step(call("bash", command="sleep 30"))
-        assert time.perf_counter() - start < 3.0 and "did not finish within 0.5 s" in observation[0]["content"]
-        observation, *_ = env.step(call("bash", command="yes | head -c 1000000"))
+        assert time.perf_counter() - start < 4.0 and "did not finish within 1 s" in observation[0]["content"]
+        observation, *_ = env.step(call("bash", command="yes | head -c 200000"))
         assert len(observation[0]["content"]) < 1200 and "[output truncated]" in observation[0]["content"]
     finally:
         env.close()

@@ -82,13 +82,13 @@ def test_a_call_is_stopped_at_its_timeout(box: WorkspaceSandbox) -> None:
     start = time.perf_counter()
     result = box.run("echo started; sleep 60", timeout_s=0.5)
     assert result.timed_out and result.exit_code is None and "started" in result.output
-    assert time.perf_counter() - start < 3.0
+    assert time.perf_counter() - start < 3.5  # the timeout, the kill sweep, a loaded machine's slack
     assert box.run("echo still here").output == "still here\n"  # the episode goes on
 
 
 def test_output_is_capped_and_a_flood_does_not_block(box: WorkspaceSandbox) -> None:
     start = time.perf_counter()
-    result = box.run("yes 0123456789 | head -c 50000000")
+    result = box.run("yes 0123456789 | head -c 5000000")  # 1250 times the cap
     assert result.ok and result.truncated and len(result.output.encode()) <= LIMITS.max_output_bytes
     assert time.perf_counter() - start < LIMITS.timeout_s
 
