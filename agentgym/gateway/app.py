@@ -34,7 +34,10 @@ that ``agentgym gateway`` prints and ``GatewayHandle.admin_key`` holds):
 OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
 session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
 ``logprobs``, ``stream``, forced tool calls, ``response_format``, penalties: docs/openai_api.md),
-``POST /completions``, ``GET /models``. Another session's key is a 403, a missing or unknown key a
+``POST /completions``, ``GET /models``. Anthropic's Messages API: ``POST /sessions/<id>/v1/messages``
+(``agentgym.gateway.messages``; the ``anthropic`` client's ``base_url`` is ``anthropic_base_url``,
+the session's URL without ``/v1``), recorded as a chat completion, errors in Anthropic's shape; the
+key may come as ``x-api-key``. Another session's key is a 403, a missing or unknown key a
 401; every error has OpenAI's shape. An agent that disconnects before its answer cancels the
 generation and nothing is recorded (``GET /stats``: ``undelivered``).
 
@@ -53,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -60,8 +64,11 @@ from fastapi.responses import Response
 
 from agentgym.gateway.archive import STATUSES, ArchivedSession, archived_summary, finish_body
 from agentgym.gateway.gateway import SAMPLING_FIELDS, Gateway
+from agentgym.gateway.messages import messages
 from agentgym.gateway.model_calls import Delivery
 from agentgym.gateway.validation import check_index, check_number, check_sampling, check_task
+from agentgym.server import anthropic_api
+from agentgym.server.anthropic_types import MessagesRequest
 from agentgym.server.errors import APIError, error_response, install_error_handlers, json_object, validate
 from agentgym.server.openai_types import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from agentgym.server.streaming import wait_for_disconnect
@@ -240,6 +247,7 @@ async def create_session(gw: Gateway, request: Request) -> dict[str, Any]:
         "id": session.id,
         "api_key": session.key,
         "base_url": gw.base_url(request, session.id),
+        "anthropic_base_url": gw.base_url(request, session.id).removesuffix("/v1"),
         "group_id": session.group_id,
     }
 
@@ -283,7 +291,10 @@ async def read_body(gw: Gateway, request: Request, model: type | None = None, re
 _MODEL_CALLS = {
     "chat/completions": (ChatCompletionRequest, Gateway.chat_completion),
     "completions": (CompletionRequest, Gateway.completion),
+    "messages": (MessagesRequest, messages),
 }
+_ERROR_SHAPES = {"messages": anthropic_api.error_response}
+"""The model calls whose errors are not in OpenAI's shape."""
 
 
 class GatewayApp:
@@ -309,7 +320,7 @@ class GatewayApp:
                 sid, sep, rest = path[10:].partition("/v1/")
                 call = _MODEL_CALLS.get(rest) if sep and sid and "/" not in sid else None
                 if call is not None:
-                    await self.model_call(sid, *call, scope, receive, send)
+                    await self.model_call(sid, *call, scope, receive, send, _ERROR_SHAPES.get(rest, error_response))
                     return
                 sid, sep, rest = path[10:].partition("/")
                 if rest == "finish" and sid and scope["method"] == "POST":
@@ -321,7 +332,14 @@ class GatewayApp:
         await self.api(scope, receive, send)
 
     async def model_call(
-        self, sid: str, model: type, method: Any, scope: dict[str, Any], receive: Any, send: Any
+        self,
+        sid: str,
+        model: type,
+        method: Any,
+        scope: dict[str, Any],
+        receive: Any,
+        send: Any,
+        error_response: Callable[..., Response] = error_response,
     ) -> None:
         """One model call. Once its body is read, the call runs while the agent's connection is
         watched: an agent that goes away cancels it (its generation is aborted, nothing is recorded);

@@ -213,7 +213,9 @@ class Gateway(ModelCalls):
     def bearer(request: Request) -> str | None:
         header = request.headers.get("authorization") or ""
         scheme, _, token = header.partition(" ")
-        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+        return request.headers.get("x-api-key") or None  # Anthropic's clients send the key so
 
     def is_admin(self, key: str | None) -> bool:
         return key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode())
@@ -248,7 +250,7 @@ class Gateway(ModelCalls):
         if key is None:
             raise APIError(
                 401,
-                "no API key: pass the session's api_key (Authorization: Bearer <key>)",
+                "no API key: pass the session's api_key (Authorization: Bearer <key>, or x-api-key: <key>)",
                 "authentication_error",
                 code="invalid_api_key",
             )

@@ -1,6 +1,7 @@
 """The embedded policy server's HTTP routes (FastAPI) over an ``Engine``.
 
 OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``.
+Anthropic: ``POST /v1/messages`` (``agentgym.server.anthropic_api``, over the chat path).
 Serving: ``GET /health``, ``GET /weight_version``, ``GET /stats``.
 Weights (SGLang's names): ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``,
 ``POST /update_weights_from_tensor`` (a safetensors file as the body, ``?weight_version=N``; a part of
@@ -38,6 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from agentgym.model.weights import tensors_from_bytes
+from agentgym.server.anthropic_api import add_messages_route
 from agentgym.server.engine import Engine, Sequence
 from agentgym.server.engine import Request as EngineRequest
 from agentgym.server.errors import APIError, install_error_handlers, json_object, validate
@@ -160,6 +162,8 @@ def build_app(
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         return await until_disconnect(request.receive, server.completions(await parse(request, CompletionRequest)))
+
+    add_messages_route(app, server, body_json)
 
     @app.post("/update_weights_from_disk")
     async def update_from_disk(request: Request) -> JSONResponse:
