@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 REQUEST_BLOCKS = frozenset({"text", "tool_use", "tool_result"})
 """The content blocks a request may hold here."""
@@ -58,7 +58,7 @@ class ToolResultBlockParam(_Request):
     @classmethod
     def _text_blocks(cls, v: Any) -> Any:
         if isinstance(v, list):
-            _check_blocks(v, frozenset({"text"}), "a tool_result's content")
+            return _check_blocks(v, frozenset({"text"}), "a tool_result's content")
         return v
 
     @property
@@ -69,12 +69,14 @@ class ToolResultBlockParam(_Request):
 
 
 ContentBlockParam = Annotated[TextBlockParam | ToolUseBlockParam | ToolResultBlockParam, Field(discriminator="type")]
+_BLOCKS = TypeAdapter(list[ContentBlockParam])
 
 
-def _check_blocks(blocks: list[Any], allowed: frozenset[str], where: str) -> None:
-    """A ``ValueError`` that says what to send instead, for a block this server does not take."""
+def _check_blocks(blocks: list[Any], allowed: frozenset[str], where: str) -> list[Any]:
+    """``blocks`` validated, or a ``ValueError`` that names the block and says what to send instead
+    (pydantic's own message for a bad block in a ``str | list`` field names the string branch)."""
     for k, block in enumerate(blocks):
-        kind = block.get("type") if isinstance(block, dict) else None
+        kind = block.get("type") if isinstance(block, dict) else getattr(block, "type", None)
         if kind in allowed:
             continue
         if kind in TEXT_ONLY_BLOCKS:
@@ -82,6 +84,13 @@ def _check_blocks(blocks: list[Any], allowed: frozenset[str], where: str) -> Non
         if kind in ("thinking", "redacted_thinking"):
             raise ValueError(f"{where}[{k}] is a {kind} block: extended thinking is not supported here; drop it")
         raise ValueError(f"{where}[{k}] has type {kind!r}; the blocks taken here are {', '.join(sorted(allowed))}")
+    try:
+        return _BLOCKS.validate_python(blocks)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = first["loc"]
+        field = ".".join(str(p) for p in loc[2:])  # past the index and the block type
+        raise ValueError(f"{where}[{loc[0]}]{'.' + field if field else ''}: {first['msg']}") from None
 
 
 class MessageParam(_Request):
@@ -92,7 +101,7 @@ class MessageParam(_Request):
     @classmethod
     def _known_blocks(cls, v: Any) -> Any:
         if isinstance(v, list):
-            _check_blocks(v, REQUEST_BLOCKS, "content")
+            return _check_blocks(v, REQUEST_BLOCKS, "content")
         return v
 
     def blocks(self) -> list[TextBlockParam | ToolUseBlockParam | ToolResultBlockParam]:
@@ -170,7 +179,7 @@ class MessagesRequest(_Request):
     @classmethod
     def _system_text(cls, v: Any) -> Any:
         if isinstance(v, list):
-            _check_blocks(v, frozenset({"text"}), "system")
+            return _check_blocks(v, frozenset({"text"}), "system")
         return v
 
     @field_validator("stop_sequences")
