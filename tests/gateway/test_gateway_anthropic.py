@@ -14,6 +14,7 @@ import json
 import httpx
 import pytest
 
+from agentgym.gateway.agent_source import load_agent
 from agentgym.gateway.serve import start_gateway
 from agentgym.model import load_tokenizer
 from tests.gateway.test_gateway import assert_sampled_by_server, assert_token_views_consistent, finish, new_session
@@ -98,6 +99,17 @@ def test_tool_loop_is_one_token_exact_trajectory(gw, oracle, tok):
     assert "<tool_response>\n27\n</tool_response>" in tok.decode(traj.turns[1].prompt_ids)
     assert_sampled_by_server(traj, oracle)
     assert_token_views_consistent(traj)
+
+
+def test_the_anthropic_example_agent_is_recorded_and_rewarded(gw, oracle):
+    agent = load_agent("examples.anthropic_agent:run")
+    info = new_session(gw, task={"reward_fn": "gsm8k", "ground_truth": "27"}, group_id="g-example")
+    assert agent(info["base_url"], info["api_key"], {"question": "CALC: 48 / 2 + 3"}) == "The tool says 27. #### 27"
+    [traj] = finish(gw, info)
+    assert traj.num_turns == 2 and traj.metrics["branches"] == 1 and traj.outcome_reward == 1.0
+    assert traj.messages[2]["tool_calls"][0]["function"]["name"] == "calculator"
+    assert traj.messages[3]["content"] == "27"
+    assert_sampled_by_server(traj, oracle)
 
 
 def test_streamed_tool_loop_matches_and_extends_the_branch(gw, tok):
@@ -238,3 +250,43 @@ def test_over_the_embedded_tiny_model_the_recorded_call_is_what_the_client_got(e
     if second.stop_reason != "tool_use":
         assert tok.decode(traj.turns[1].response_ids, skip_special_tokens=True).startswith(text)
     assert_token_views_consistent(traj)
+
+
+@pytest.mark.slow
+def test_agentgym_train_runs_the_anthropic_example_agent(tmp_path):
+    """``agentgym train --agent examples.anthropic_agent:run``: two GRPO steps on the CPU, the agent's
+    Messages calls recorded through the gateway as the trajectories trained on."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    rows = [{"question": f"What is {i} * 3 + {i}?", "answer": f"so #### {4 * i}"} for i in range(1, 5)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "train",
+        "--agent",
+        "examples.anthropic_agent:run",
+        f"data.train_files={tmp_path / 'train.jsonl'}",
+        "data.train_batch_size=2",
+        "data.val_batch_size=2",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.max_tokens_per_turn=32",
+        "trainer.total_training_steps=2",
+        "trainer.use_ray=false",
+        f"trainer.default_local_dir={out}",
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if s.get("split") != "val" and "reward/mean" in s] == [1, 2]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    trained = [s for s in samples if s["split"] == "train"]
+    assert trained and all(s["messages"][0]["content"].startswith("You solve grade-school maths") for s in trained)
+    assert all(sum(len(t["response_ids"]) for t in s["turns"]) > 0 for s in trained)
