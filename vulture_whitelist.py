@@ -97,6 +97,15 @@ _._constrained
 _._int_version
 _._int_is_a_number
 _._one_stop
+# the Anthropic Messages models (agentgym/server/anthropic_types.py)
+_._text_blocks
+_._known_blocks
+_._client_tool
+_._no_thinking
+_._system_text
+_._stops
+thinking
+input_tokens
 
 # ---- Ray actor methods, called by name through worker groups (trainer/workers.py)
 _.rendezvous_address

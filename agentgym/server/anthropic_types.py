@@ -24,8 +24,6 @@ REQUEST_BLOCKS = frozenset({"text", "tool_use", "tool_result"})
 TEXT_ONLY_BLOCKS = frozenset({"image", "document", "search_result", "container_upload"})
 """Blocks a text-only model cannot read: a 400 naming them."""
 
-STOP_REASONS = ("end_turn", "max_tokens", "stop_sequence", "tool_use")
-
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
