@@ -67,6 +67,7 @@ _.agentgym_load_weights
 # ---- FastAPI routes and exception handlers (registered by decorators)
 listing
 root_v1
+doubled_v1
 update_from_tensor
 update_from_ipc
 _api_error

@@ -4,7 +4,7 @@ Admin endpoints (``Authorization: Bearer <admin key>``; every gateway has a key:
 that ``agentgym gateway`` prints and ``GatewayHandle.admin_key`` holds):
 
 * ``POST /sessions`` ``{"task": {...}, "group_id": str, "sampling": {...}}`` ->
-  ``{"id", "api_key", "base_url", "group_id"}``. ``sampling`` (``SamplingParams`` names:
+  ``{"id", "api_key", "base_url", "anthropic_base_url", "group_id"}``. ``sampling`` (``SamplingParams`` names:
   ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed``...) is pinned: it
   overrides what the agent asks for, and is checked here (``agentgym.gateway.validation``). The task
   may name a reward function (``"reward_fn": "gsm8k"``, or a ``"module:function"`` the operator
@@ -200,6 +200,16 @@ def build_app(gateway: Gateway) -> GatewayApp:
         return ModelList(
             data=[ModelCard(id=gw.model_name, root=gw.model_name, max_model_len=gw.max_model_len)]
         ).model_dump()
+
+    @app.post("/sessions/{sid}/v1/v1/messages")
+    async def doubled_v1(sid: str, request: Request) -> Response:
+        """An ``anthropic`` client given the OpenAI ``base_url``: it adds ``/v1`` itself."""
+        gw.session_for(sid, request)
+        return anthropic_api.error_response(
+            404,
+            "the anthropic client adds /v1/messages to its base_url itself: give it the session's "
+            "anthropic_base_url (its base_url without /v1)",
+        )
 
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST"])
     async def root_v1(rest: str, request: Request) -> dict[str, Any]:

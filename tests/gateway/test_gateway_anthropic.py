@@ -204,6 +204,9 @@ def test_keys_and_errors_have_anthropics_shape(gw):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(gw.url + "/sessions/nope/v1/messages", json={"max_tokens": 5, "messages": user}, headers=headers)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    misdirected = anthropic.Anthropic(base_url=a["base_url"], api_key=a["api_key"], max_retries=0)
+    with pytest.raises(anthropic.NotFoundError, match="anthropic_base_url"):  # the OpenAI base_url: /v1/v1
+        misdirected.messages.create(model="m", max_tokens=10, messages=user)
     assert finish(gw, a) == [] and finish(gw, b) == []  # nothing failed was recorded
 
 
