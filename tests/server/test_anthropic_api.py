@@ -260,3 +260,63 @@ def test_errors_have_anthropics_shape(client, embedded_server):
         assert says in r.json()["error"]["message"], (body, r.text)
     r = httpx.post(embedded_server.url + "/v1/messages", content=b"{oops")
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_chat_stream_becomes_messages_events_and_is_closed_with_them():
+    import asyncio
+
+    from agentgym.server.anthropic_api import message_events
+
+    def data(obj) -> str:
+        return f"data: {json.dumps(obj)}\n\n"
+
+    chunks = [
+        data(
+            {
+                "id": "chatcmpl-x",
+                "model": "tiny",
+                "prompt_token_ids": [1, 2, 3],
+                "choices": [{"delta": {"role": "assistant", "content": ""}}],
+            }
+        ),
+        data({"id": "chatcmpl-x", "choices": [{"delta": {"content": "Hel"}, "token_ids": [7]}]}),
+        "data: " + json.dumps({"id": "chatcmpl-x", "choices": [{"delta": {"content": "lo"}, "token_ids": [8]}]}),  # cut
+        "\n\n",
+        data({"error": {"message": "session s was finished", "type": "conflict_error"}}),
+        data({"id": "chatcmpl-x", "choices": [{"delta": {"content": "never sent"}}]}),
+    ]
+    closed = []
+
+    async def stream():
+        try:
+            for c in chunks:
+                yield c
+        finally:
+            closed.append(True)
+
+    async def collect(limit=None):
+        out = []
+        events = message_events(stream(), None, lambda ids: "")
+        async for e in events:
+            out.append(json.loads(e.split("data: ", 1)[1]))
+            if limit and len(out) == limit:
+                await events.aclose()  # the client went away
+                break
+        return out
+
+    events = asyncio.run(collect())
+    assert [e["type"] for e in events] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "error",
+    ]
+    assert events[0]["message"]["usage"] == {"input_tokens": 3, "output_tokens": 0}
+    assert events[0]["message"]["id"] == "msg_x"
+    assert "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta") == "Hello"
+    assert events[-1]["error"] == {"type": "invalid_request_error", "message": "session s was finished"}
+    assert closed == [True]
+    closed.clear()
+    assert len(asyncio.run(collect(limit=2))) == 2 and closed == [True]  # the chat stream (its generation) ends too
