@@ -38,7 +38,7 @@ session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``
 (``agentgym.gateway.messages``; the ``anthropic`` client's ``base_url`` is ``anthropic_base_url``,
 the session's URL without ``/v1``), recorded as a chat completion, errors in Anthropic's shape; the
 key may come as ``x-api-key``. Another session's key is a 403, a missing or unknown key a
-401; every error has OpenAI's shape. An agent that disconnects before its answer cancels the
+401; every other error has OpenAI's shape. An agent that disconnects before its answer cancels the
 generation and nothing is recorded (``GET /stats``: ``undelivered``).
 
 Limits (``Gateway`` options; ``agentgym gateway`` flags of the same names): ``max_sessions`` open at
