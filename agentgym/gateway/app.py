@@ -34,7 +34,8 @@ that ``agentgym gateway`` prints and ``GatewayHandle.admin_key`` holds):
 OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
 session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
 ``logprobs``, ``stream``, forced tool calls, ``response_format``, penalties: docs/openai_api.md),
-``POST /completions``, ``GET /models``. Another session's key is a 403, a missing or unknown key a
+``POST /completions``, ``POST /responses`` (OpenAI's Responses API over the chat path, recorded the same
+way: ``agentgym.gateway.responses``), ``GET /models``. Another session's key is a 403, a missing or unknown key a
 401; every error has OpenAI's shape. An agent that disconnects before its answer cancels the
 generation and nothing is recorded (``GET /stats``: ``undelivered``).
 
@@ -61,9 +62,11 @@ from fastapi.responses import Response
 from agentgym.gateway.archive import STATUSES, ArchivedSession, archived_summary, finish_body
 from agentgym.gateway.gateway import SAMPLING_FIELDS, Gateway
 from agentgym.gateway.model_calls import Delivery
+from agentgym.gateway.responses import responses_call
 from agentgym.gateway.validation import check_index, check_number, check_sampling, check_task
 from agentgym.server.errors import APIError, error_response, install_error_handlers, json_object, validate
 from agentgym.server.openai_types import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from agentgym.server.responses_types import ResponsesRequest
 from agentgym.server.streaming import wait_for_disconnect
 
 
@@ -283,6 +286,7 @@ async def read_body(gw: Gateway, request: Request, model: type | None = None, re
 _MODEL_CALLS = {
     "chat/completions": (ChatCompletionRequest, Gateway.chat_completion),
     "completions": (CompletionRequest, Gateway.completion),
+    "responses": (ResponsesRequest, responses_call),  # the Responses API: agentgym/gateway/responses.py
 }
 
 

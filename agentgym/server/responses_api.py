@@ -162,18 +162,23 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def chat_request(req: ResponsesRequest, history: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:
     """The chat completion request a Responses request is served as: ``instructions`` as the system
-    message, then ``history`` (a previous response's conversation), then the input's messages."""
+    message, then ``history`` (a previous response's conversation), then the input's messages. Under a
+    forced tool call (``tool_choice`` required or named) ``text.format`` is not passed on: the reply is
+    the call, no text, as with OpenAI (the Agents SDK sends both when an agent with an ``output_type``
+    must call a tool)."""
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + list(history or [])
     messages += input_messages(req.input)
     if not messages:
         raise APIError(400, "input holds no message", param="input")
+    forced = req.tool_choice == "required" or isinstance(req.tool_choice, dict)
     data = {
         "model": req.model,
         "messages": messages,
         "tools": _tools(req.tools),
         "tool_choice": _tool_choice(req.tool_choice),
         "parallel_tool_calls": req.parallel_tool_calls,
-        "response_format": _response_format(req.text),
+        # a forced tool call writes no text: text.format has nothing to shape (the chat path refuses both)
+        "response_format": None if forced and req.tools else _response_format(req.text),
         "max_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
