@@ -107,3 +107,33 @@ def test_the_agents_sdk_through_the_gateway_is_recorded_token_exactly(embedded_s
     for turn, response in zip(turns, result.raw_responses):
         assert len(turn.response_ids) == len(turn.logprobs) == response.usage.output_tokens
         assert len(turn.prompt_ids) == response.usage.input_tokens
+
+
+def test_the_example_agent_gives_trajectories_to_train_on(embedded_server):
+    """examples/agents_sdk_responses.py, as ``agentgym train --agent`` runs it: each session ends with a
+    structured answer the GSM8K reward reads, and is recorded as a trajectory that is not failed."""
+    from agentgym.gateway.agent_source import AgentTrajectorySource
+
+    tasks = [
+        {"index": i, "question": f"What is {i} + 2?", "ground_truth": str(i + 2), "reward_fn": "gsm8k"}
+        for i in range(2)
+    ]
+    gw = start_gateway([embedded_server.url], model="tiny", max_model_len=4096)
+
+    async def collect() -> list[Trajectory]:
+        source = AgentTrajectorySource(
+            "examples.agents_sdk_responses:run", tasks, n=2, gateway=gw, sampling={"max_tokens": 200}
+        )
+        try:
+            return await source.collect(1)
+        finally:
+            await source.aclose()
+
+    try:
+        trajs = asyncio.run(collect())
+    finally:
+        gw.stop()
+    assert len(trajs) >= 4 and all(t.status != "failed" for t in trajs), [t.failure for t in trajs]
+    for traj in trajs:
+        assert traj.num_turns >= 1 and traj.outcome_reward in (0.0, 1.0)
+        json.loads(load_tokenizer("tiny").decode(traj.turns[-1].response_ids, skip_special_tokens=True))
