@@ -97,6 +97,17 @@ _._constrained
 _._int_version
 _._int_is_a_number
 _._one_stop
+# the Responses API (server/responses_types.py): fields of openai.types.responses a client reads
+_._items
+annotations
+reasoning_tokens
+input_tokens
+input_tokens_details
+output_tokens
+output_tokens_details
+created_at
+incomplete_details
+_.incomplete_details
 
 # ---- Ray actor methods, called by name through worker groups (trainer/workers.py)
 _.rendezvous_address
