@@ -218,6 +218,7 @@ class ResponseBuilder:
         )
         self.sequence = 0
         self.message: OutputMessage | None = None  # the message item being written
+        self.pending_logprobs: list[dict[str, Any]] = []
         self.started = False
 
     @property
@@ -244,6 +245,14 @@ class ResponseBuilder:
         ]
 
     def text(self, delta: str, logprobs: list[dict[str, Any]] | None = None) -> list[str]:
+        """Reply text (and its tokens' logprobs). Logprobs of tokens that wrote no text yet wait for the
+        text; a reply that is only tool calls has no message item (nor logprobs: OpenAI gives none for
+        function calls)."""
+        if self.message is None and not delta:
+            self.pending_logprobs += logprobs or []
+            return []
+        if logprobs is not None and self.pending_logprobs:
+            logprobs, self.pending_logprobs = self.pending_logprobs + logprobs, []
         if not delta and not logprobs:
             return []
         out = []

@@ -168,6 +168,15 @@ def test_logprobs_are_the_chat_paths(client):
     expected = chat.choices[0].logprobs.content
     assert [lp.token for lp in logprobs] == [lp.token for lp in expected]
     assert [lp.logprob for lp in logprobs] == pytest.approx([lp.logprob for lp in expected], abs=2e-4)
+    calls = client.responses.create(
+        model="default",
+        input="Count.",
+        tools=TOOLS,
+        tool_choice="required",
+        include=["message.output_text.logprobs"],
+        max_output_tokens=200,
+    )
+    assert {o.type for o in calls.output} == {"function_call"}  # no empty message for the call's tokens
 
 
 @pytest.mark.parametrize(
