@@ -292,8 +292,8 @@ _MODEL_CALLS = {
 
 class GatewayApp:
     """The gateway's ASGI app. The calls made for every session are answered here, before the
-    FastAPI app (``api``) that serves every other route: ``POST /sessions/<id>/v1/chat/completions``
-    and ``.../completions``, and ``POST /sessions`` and ``POST /sessions/<id>/finish``.
+    FastAPI app (``api``) that serves every other route: ``POST /sessions/<id>/v1/chat/completions``,
+    ``.../completions`` and ``.../responses``, and ``POST /sessions`` and ``POST /sessions/<id>/finish``.
 
     Why: they are the gateway's hot path, and FastAPI's middleware stack (error, exception,
     body-limit, telemetry and exit-stack middlewares, the router, dependency solving, anyio's
