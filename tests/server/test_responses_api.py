@@ -205,3 +205,65 @@ def test_the_openai_client_sees_errors_as_its_own(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model="default", input="hi", previous_response_id="resp_x")
     assert err.value.code == "previous_response_not_found"
+
+
+def test_a_chat_stream_becomes_responses_events_text_then_calls_then_the_end():
+    """The translation itself, on chat chunks as both the server and the gateway send them: text, then the
+    tool calls parsed at the end, usage, [DONE]; an error chunk becomes an ``error`` event."""
+    import asyncio
+
+    from agentgym.server.responses_api import ResponseBuilder, stream_events
+    from agentgym.server.responses_types import ResponsesRequest
+
+    def data(body: dict) -> str:
+        return f"data: {json.dumps(body)}\n\n"
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "count", "arguments": '{"n": 1}'}}
+    chunks = [
+        data({"model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+        data({"model": "m", "choices": [{"index": 0, "delta": {"content": "Let me "}}]}),
+        data({"model": "m", "choices": [{"index": 0, "delta": {"content": "count."}}]}),
+        data({"model": "m", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **call}]}}]}),
+        data({"model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+        data({"model": "m", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}}),
+        "data: [DONE]\n\n",
+    ]
+
+    async def source(items):
+        for item in items:
+            yield item
+
+    async def run(items) -> list[dict]:
+        builder = ResponseBuilder(ResponsesRequest(input="hi"))
+        out = [e async for e in stream_events(source(items), builder)]
+        return [json.loads(e.split("data: ", 1)[1]) for e in out]
+
+    events = asyncio.run(run(chunks))
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    final = events[-1]["response"]
+    message, function_call = final["output"]
+    assert message["content"][0]["text"] == "Let me count." and message["status"] == "completed"
+    assert function_call["call_id"] == "call_1" and function_call["arguments"] == '{"n": 1}'
+    assert events[9]["output_index"] == 1 and events[9]["item"]["arguments"] == ""
+    assert final["usage"]["input_tokens"] == 7 and final["usage"]["output_tokens"] == 5
+    assert final["status"] == "completed" and final["model"] == "m"
+
+    broken = asyncio.run(run([chunks[1], data({"error": {"message": "server gone", "code": "upstream"}})]))
+    assert broken[-1]["type"] == "error" and broken[-1]["message"] == "server gone"
+    assert "response.completed" not in [e["type"] for e in broken]
