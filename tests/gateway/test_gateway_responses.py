@@ -189,3 +189,31 @@ def test_bad_responses_requests_are_400s_at_the_gateway(gw):
     with pytest.raises(openai.BadRequestError, match="item_reference"):
         client.responses.create(model="tiny", input=[{"type": "item_reference", "id": "msg_1"}])
     assert finish(gw, info) == []  # nothing was recorded
+
+
+def test_an_agent_that_leaves_a_responses_stream_records_nothing():
+    """The Responses stream wraps the chat stream: an agent that goes away mid-stream cancels the
+    generation and no turn is recorded, as with chat completions."""
+    import time
+
+    from tests.support import standin_server
+
+    slow = standin_server.StandinServer(policy=standin_server.BuiltinPolicy("echo"), token_delay_ms=60)
+    slow.start()
+    try:
+        with start_gateway([slow.url], model="tiny", health_check_interval=0) as handle:
+            info, _ = session(handle)
+            headers = {"Authorization": f"Bearer {info['api_key']}"}
+            body = {"model": "m", "input": "leave early please", "max_output_tokens": 30, "stream": True}
+            with httpx.stream("POST", info["base_url"] + "/responses", json=body, headers=headers) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if "response.output_text.delta" in line:  # the first text: go away
+                        break
+            deadline = time.monotonic() + 10
+            while handle.gateway.inflight and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert handle.gateway.inflight == 0  # the generation was given up, not left running
+            assert finish(handle, info) == []
+    finally:
+        slow.stop()
