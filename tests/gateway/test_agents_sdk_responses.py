@@ -8,6 +8,7 @@ structured final answer (``output_type``: ``text.format`` json_schema), which en
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Annotated, Any
 
@@ -113,6 +114,7 @@ def test_the_example_agent_gives_trajectories_to_train_on(embedded_server):
     """examples/agents_sdk_responses.py, as ``agentgym train --agent`` runs it: each session ends with a
     structured answer the GSM8K reward reads, and is recorded as a trajectory that is not failed."""
     from agentgym.gateway.agent_source import AgentTrajectorySource
+    from examples.agents_sdk_responses import run
 
     tasks = [
         {"index": i, "question": f"What is {i} + 2?", "ground_truth": str(i + 2), "reward_fn": "gsm8k"}
@@ -121,9 +123,10 @@ def test_the_example_agent_gives_trajectories_to_train_on(embedded_server):
     gw = start_gateway([embedded_server.url], model="tiny", max_model_len=4096)
 
     async def collect() -> list[Trajectory]:
-        source = AgentTrajectorySource(
-            "examples.agents_sdk_responses:run", tasks, n=2, gateway=gw, sampling={"max_tokens": 200}
-        )
+        # many turns allowed: where the chat path lets the model choose between a tool call and the JSON
+        # answer (tool_choice auto with text.format), a random model may call the calculator a few times
+        agent = functools.partial(run, max_turns=20)
+        source = AgentTrajectorySource(agent, tasks, n=2, gateway=gw, sampling={"max_tokens": 200})
         try:
             return await source.collect(1)
         finally:
