@@ -44,6 +44,8 @@ from agentgym.server.responses_types import (
 from agentgym.server.streaming import until_disconnect
 
 TEXT_PARTS = ("input_text", "output_text", "text")
+CHAT_TO_RESPONSES = {"messages": "input", "response_format": "text.format", "max_tokens": "max_output_tokens"}
+"""The Responses field a chat request's field came from, for the ``param`` of an error."""
 
 
 # ---- request: Responses -> chat ------------------------------------------------------------------
@@ -190,7 +192,12 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]] | None = N
         "stream_options": {"include_usage": True} if req.stream else None,
         "user": req.user,
     }
-    return validate(ChatCompletionRequest, {k: v for k, v in data.items() if v is not None})
+    try:
+        return validate(ChatCompletionRequest, {k: v for k, v in data.items() if v is not None})
+    except APIError as exc:  # name the Responses field the agent sent
+        head = (exc.param or "").split(".")[0].split("[")[0]
+        exc.param = CHAT_TO_RESPONSES.get(head, exc.param)
+        raise
 
 
 # ---- result: chat -> Responses ------------------------------------------------------------------

@@ -199,6 +199,12 @@ def test_bad_requests_are_400s_that_say_why(embedded_server, body, says):
     assert says in r.json()["error"]["message"]
 
 
+def test_an_error_of_the_chat_request_names_the_responses_field(embedded_server):
+    body = {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": "not a schema"}}}
+    r = httpx.post(embedded_server.url + "/v1/responses", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "text.format", r.text
+
+
 def test_the_openai_client_sees_errors_as_its_own(client):
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="another-model", input="hi")
