@@ -107,6 +107,16 @@ _._system_text
 _._stops
 thinking
 input_tokens
+# the Responses API (server/responses_types.py): fields of openai.types.responses a client reads
+_._items
+annotations
+reasoning_tokens
+input_tokens_details
+output_tokens
+output_tokens_details
+created_at
+incomplete_details
+_.incomplete_details
 
 # ---- Ray actor methods, called by name through worker groups (trainer/workers.py)
 _.rendezvous_address

@@ -34,7 +34,8 @@ that ``agentgym gateway`` prints and ``GatewayHandle.admin_key`` holds):
 OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
 session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
 ``logprobs``, ``stream``, forced tool calls, ``response_format``, penalties: docs/openai_api.md),
-``POST /completions``, ``GET /models``. Anthropic's Messages API: ``POST /sessions/<id>/v1/messages``
+``POST /completions``, ``POST /responses`` (OpenAI's Responses API over the chat path, recorded the same
+way: ``agentgym.gateway.responses``), ``GET /models``. Anthropic's Messages API: ``POST /sessions/<id>/v1/messages``
 (``agentgym.gateway.messages``; the ``anthropic`` client's ``base_url`` is ``anthropic_base_url``,
 the session's URL without ``/v1``), recorded as a chat completion, errors in Anthropic's shape; the
 key may come as ``x-api-key``. Another session's key is a 403, a missing or unknown key a
@@ -66,11 +67,13 @@ from agentgym.gateway.archive import STATUSES, ArchivedSession, archived_summary
 from agentgym.gateway.gateway import SAMPLING_FIELDS, Gateway
 from agentgym.gateway.messages import messages
 from agentgym.gateway.model_calls import Delivery
+from agentgym.gateway.responses import responses_call
 from agentgym.gateway.validation import check_index, check_number, check_sampling, check_task
 from agentgym.server import anthropic_api
 from agentgym.server.anthropic_types import MessagesRequest
 from agentgym.server.errors import APIError, error_response, install_error_handlers, json_object, validate
 from agentgym.server.openai_types import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from agentgym.server.responses_types import ResponsesRequest
 from agentgym.server.streaming import wait_for_disconnect
 
 
@@ -302,6 +305,7 @@ _MODEL_CALLS = {
     "chat/completions": (ChatCompletionRequest, Gateway.chat_completion),
     "completions": (CompletionRequest, Gateway.completion),
     "messages": (MessagesRequest, messages),
+    "responses": (ResponsesRequest, responses_call),  # the Responses API: agentgym/gateway/responses.py
 }
 _ERROR_SHAPES = {"messages": anthropic_api.error_response}
 """The model calls whose errors are not in OpenAI's shape."""
@@ -309,8 +313,8 @@ _ERROR_SHAPES = {"messages": anthropic_api.error_response}
 
 class GatewayApp:
     """The gateway's ASGI app. The calls made for every session are answered here, before the
-    FastAPI app (``api``) that serves every other route: ``POST /sessions/<id>/v1/chat/completions``
-    and ``.../completions``, and ``POST /sessions`` and ``POST /sessions/<id>/finish``.
+    FastAPI app (``api``) that serves every other route: ``POST /sessions/<id>/v1/chat/completions``,
+    ``.../completions`` and ``.../responses``, and ``POST /sessions`` and ``POST /sessions/<id>/finish``.
 
     Why: they are the gateway's hot path, and FastAPI's middleware stack (error, exception,
     body-limit, telemetry and exit-stack middlewares, the router, dependency solving, anyio's

@@ -1,6 +1,7 @@
 """The embedded policy server's HTTP routes (FastAPI) over an ``Engine``.
 
-OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``.
+OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, and
+``POST /v1/responses`` (the Responses API over the chat path: ``agentgym.server.responses_api``).
 Anthropic: ``POST /v1/messages`` (``agentgym.server.anthropic_api``, over the chat path).
 Serving: ``GET /health``, ``GET /weight_version``, ``GET /stats``.
 Weights (SGLang's names): ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``,
@@ -69,6 +70,7 @@ from agentgym.server.openai_types import (
     UsageInfo,
 )
 from agentgym.server.request_params import compile_constraint, generation_params
+from agentgym.server.responses_api import add_route as add_responses_route
 from agentgym.server.sampling import GenerationParams
 from agentgym.server.streaming import events, sse, until_disconnect
 from agentgym.server.token_pieces import IncrementalText, TokenPieces, top_by_name
@@ -164,6 +166,7 @@ def build_app(
         return await until_disconnect(request.receive, server.completions(await parse(request, CompletionRequest)))
 
     add_messages_route(app, server, body_json)
+    add_responses_route(app, parse, server.chat)  # POST /v1/responses
 
     @app.post("/update_weights_from_disk")
     async def update_from_disk(request: Request) -> JSONResponse:
