@@ -62,7 +62,16 @@ from agentgym.gateway.archive import STATUSES, ArchivedSession, archived_summary
 from agentgym.gateway.gateway import SAMPLING_FIELDS, Gateway
 from agentgym.gateway.model_calls import Delivery
 from agentgym.gateway.validation import check_index, check_number, check_sampling, check_task
-from agentgym.server.errors import APIError, error_response, install_error_handlers, json_object, validate
+from agentgym.server.errors import (
+    APIError,
+    error_response,
+    install_error_handlers,
+    json_object,
+    path_methods,
+    served_routes,
+    unserved_message,
+    validate,
+)
 from agentgym.server.openai_types import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from agentgym.server.streaming import wait_for_disconnect
 
@@ -76,7 +85,20 @@ def build_app(gateway: Gateway) -> GatewayApp:
     def count_error(_: Exception) -> None:
         gw.counts["errors"] += 1
 
-    install_error_handlers(app, internal_type="server_error", on_internal=count_error)
+    def unserved(request: Request) -> tuple[int, str, str]:
+        path = request.url.path
+        if path == "/v1" or path.startswith("/v1/"):
+            return 404, no_session_message(path, request), "no_session"
+        return unserved_message(
+            "the agentgym gateway",
+            request.method,
+            path,
+            gateway_routes(app),
+            path_methods(app, request.scope),
+            hint="An agent talks to its own session: base_url http://host:port/sessions/<id>/v1 (POST /sessions).",
+        )
+
+    install_error_handlers(app, internal_type="server_error", on_internal=count_error, unserved=unserved)
 
     async def body(request: Request, model: type | None = None, required: bool = True) -> Any:
         return await read_body(gw, request, model, required)
@@ -194,19 +216,25 @@ def build_app(gateway: Gateway) -> GatewayApp:
             data=[ModelCard(id=gw.model_name, root=gw.model_name, max_model_len=gw.max_model_len)]
         ).model_dump()
 
-    @app.api_route("/v1/{rest:path}", methods=["GET", "POST"])
-    async def root_v1(rest: str, request: Request) -> dict[str, Any]:
-        """An OpenAI client pointed at the gateway's root: say how to get a session's base_url."""
-        raise APIError(
-            404,
-            f"the gateway has no /v1/{rest} of its own: every agent talks to its own session. "
-            f"Create one first: POST {str(request.base_url).rstrip('/')}/sessions (body "
-            f'{{"task": {{...}}}}), then use the base_url and api_key it returns with the OpenAI '
-            f"client: OpenAI(base_url=session['base_url'], api_key=session['api_key'])",
-            code="no_session",
-        )
-
     return GatewayApp(gw, app)
+
+
+def no_session_message(path: str, request: Request) -> str:
+    """An OpenAI client pointed at the gateway's root: say how to get a session's base_url."""
+    return (
+        f"the gateway has no {path} of its own: every agent talks to its own session. "
+        f"Create one first: POST {str(request.base_url).rstrip('/')}/sessions (body "
+        f'{{"task": {{...}}}}), then use the base_url and api_key it returns with the OpenAI '
+        f"client: OpenAI(base_url=session['base_url'], api_key=session['api_key'])"
+    )
+
+
+def gateway_routes(app: FastAPI) -> list[tuple[str, str]]:
+    """What the gateway serves: the model calls and admin calls ``GatewayApp`` answers itself, then
+    the FastAPI app's routes (read now: routes added later are listed)."""
+    own = [("POST", f"/sessions/{{id}}/v1/{rest}") for rest in _MODEL_CALLS]
+    own += [("POST", "/sessions"), ("POST", "/sessions/{sid}/finish")]
+    return own + served_routes(app)
 
 
 async def create_session(gw: Gateway, request: Request) -> dict[str, Any]:
