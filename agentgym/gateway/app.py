@@ -232,7 +232,7 @@ def no_session_message(path: str, request: Request) -> str:
 def gateway_routes(app: FastAPI) -> list[tuple[str, str]]:
     """What the gateway serves: the model calls and admin calls ``GatewayApp`` answers itself, then
     the FastAPI app's routes (read now: routes added later are listed)."""
-    own = [("POST", f"/sessions/{{id}}/v1/{rest}") for rest in _MODEL_CALLS]
+    own = [("POST", f"/sessions/{{sid}}/v1/{rest}") for rest in _MODEL_CALLS]
     own += [("POST", "/sessions"), ("POST", "/sessions/{sid}/finish")]
     return own + served_routes(app)
 
