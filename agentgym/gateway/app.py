@@ -34,7 +34,8 @@ that ``agentgym gateway`` prints and ``GatewayHandle.admin_key`` holds):
 OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
 session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
 ``logprobs``, ``stream``, forced tool calls, ``response_format``, penalties: docs/openai_api.md),
-``POST /completions``, ``GET /models``. Another session's key is a 403, a missing or unknown key a
+``POST /completions``, ``GET /models``; a path not served is a 404 that lists the ones that are
+(``/v1/...`` at the root: how to get a session). Another session's key is a 403, a missing or unknown key a
 401; every error has OpenAI's shape. An agent that disconnects before its answer cancels the
 generation and nothing is recorded (``GET /stats``: ``undelivered``).
 

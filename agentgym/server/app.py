@@ -12,6 +12,12 @@ CUDA IPC handles from a trainer on this host: ``agentgym/server/weight_transfer.
 A client that disconnects from a request that is not streamed ends its generation, as one that
 stops reading a stream does (``streaming.until_disconnect``, vLLM's ``with_cancellation``).
 
+Chat requests may carry ``tools`` beside ``response_format`` (under ``auto``: a tool call or the
+JSON, one union grammar), the legacy ``functions``/``function_call`` (``legacy_functions.py``: the
+reply as ``message.function_call``); a tool call cut by ``max_tokens`` is returned as a call with
+the arguments written so far (``tool_calls.py``). A path not served is a 404 listing the ones that
+are (``errors.py``). docs/openai_api.md describes all of it.
+
 The server answers to its model name and to ``"default"`` (and to a request with no
 ``model``); any other name is a 404 ``model_not_found``. Errors come back in OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status, malformed JSON and
