@@ -17,6 +17,7 @@ recording are the ones of a tools request; only the reply is given back in the l
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from agentgym.client.structured import ConstraintError
@@ -54,6 +55,24 @@ def legacy_request(fields: dict[str, Any]) -> dict[str, Any] | None:
         "tool_choice": tool_choice,
         "parallel_tool_calls": False,  # a legacy reply holds one call
     }
+
+
+LEGACY_PARAMS = {"tools": "functions", "tool_choice": "function_call"}
+_TODAYS_WORDS = re.compile(r"tools\[(\d+)\]\.function\.|\btool_choice\b|\btools\b")
+
+
+def legacy_error(exc: ConstraintError) -> ConstraintError:
+    """A constraint error about ``tools``/``tool_choice`` in the words of the legacy request they came
+    from (``functions``/``function_call``), so the 400 names the field the client sent."""
+    if exc.param not in LEGACY_PARAMS:
+        return exc
+
+    def legacy(m: re.Match[str]) -> str:
+        if m.group(1) is not None:
+            return f"functions[{m.group(1)}]."
+        return LEGACY_PARAMS[m.group(0)]
+
+    return ConstraintError(_TODAYS_WORDS.sub(legacy, str(exc)), LEGACY_PARAMS[exc.param])
 
 
 def legacy_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from agentgym.client.structured import request_constraint
-from agentgym.server.legacy_functions import legacy_messages, legacy_reply, legacy_request
+from agentgym.client.structured import ConstraintError, request_constraint
+from agentgym.server.legacy_functions import legacy_error, legacy_messages, legacy_reply, legacy_request
 
 
 class _Request(BaseModel):
@@ -195,7 +195,10 @@ class ChatCompletionRequest(_SamplingFields):
                 legacy["parallel_tool_calls"],
             )
             self._legacy = True
-        self._constraint = request_constraint(vars(self), chat=True)
+        try:
+            self._constraint = request_constraint(vars(self), chat=True)
+        except ConstraintError as exc:
+            raise legacy_error(exc) if self._legacy else exc from None
         return self
 
     @property
