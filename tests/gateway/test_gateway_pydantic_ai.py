@@ -68,6 +68,7 @@ def run_agent(base_url: str, api_key: str, tool_call_token: int) -> tuple[object
         first = not keys  # until the tool has run, push the model to call it; then to answer
         return {
             "max_tokens": 160,
+            "parallel_tool_calls": False,  # one call, so the reply always ends within max_tokens
             "logit_bias": {str(tool_call_token): 100 if first else -100},
             "extra_body": {"return_token_ids": True},
         }
