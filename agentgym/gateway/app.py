@@ -38,7 +38,8 @@ session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``
 way: ``agentgym.gateway.responses``), ``GET /models``. Anthropic's Messages API: ``POST /sessions/<id>/v1/messages``
 (``agentgym.gateway.messages``; the ``anthropic`` client's ``base_url`` is ``anthropic_base_url``,
 the session's URL without ``/v1``), recorded as a chat completion, errors in Anthropic's shape; the
-key may come as ``x-api-key``. Another session's key is a 403, a missing or unknown key a
+key may come as ``x-api-key``. A path not served is a 404 that lists the ones that are (``/v1/...`` at the
+root: how to get a session). Another session's key is a 403, a missing or unknown key a
 401; every other error has OpenAI's shape. An agent that disconnects before its answer cancels the
 generation and nothing is recorded (``GET /stats``: ``undelivered``).
 
@@ -71,7 +72,16 @@ from agentgym.gateway.responses import responses_call
 from agentgym.gateway.validation import check_index, check_number, check_sampling, check_task
 from agentgym.server import anthropic_api
 from agentgym.server.anthropic_types import MessagesRequest
-from agentgym.server.errors import APIError, error_response, install_error_handlers, json_object, validate
+from agentgym.server.errors import (
+    APIError,
+    error_response,
+    install_error_handlers,
+    json_object,
+    path_methods,
+    served_routes,
+    unserved_message,
+    validate,
+)
 from agentgym.server.openai_types import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from agentgym.server.responses_types import ResponsesRequest
 from agentgym.server.streaming import wait_for_disconnect
@@ -86,7 +96,20 @@ def build_app(gateway: Gateway) -> GatewayApp:
     def count_error(_: Exception) -> None:
         gw.counts["errors"] += 1
 
-    install_error_handlers(app, internal_type="server_error", on_internal=count_error)
+    def unserved(request: Request) -> tuple[int, str, str]:
+        path = request.url.path
+        if path == "/v1" or path.startswith("/v1/"):
+            return 404, no_session_message(path, request), "no_session"
+        return unserved_message(
+            "the agentgym gateway",
+            request.method,
+            path,
+            gateway_routes(app),
+            path_methods(app, request.scope),
+            hint="An agent talks to its own session: base_url http://host:port/sessions/<id>/v1 (POST /sessions).",
+        )
+
+    install_error_handlers(app, internal_type="server_error", on_internal=count_error, unserved=unserved)
 
     async def body(request: Request, model: type | None = None, required: bool = True) -> Any:
         return await read_body(gw, request, model, required)
@@ -214,19 +237,25 @@ def build_app(gateway: Gateway) -> GatewayApp:
             "anthropic_base_url (its base_url without /v1)",
         )
 
-    @app.api_route("/v1/{rest:path}", methods=["GET", "POST"])
-    async def root_v1(rest: str, request: Request) -> dict[str, Any]:
-        """An OpenAI client pointed at the gateway's root: say how to get a session's base_url."""
-        raise APIError(
-            404,
-            f"the gateway has no /v1/{rest} of its own: every agent talks to its own session. "
-            f"Create one first: POST {str(request.base_url).rstrip('/')}/sessions (body "
-            f'{{"task": {{...}}}}), then use the base_url and api_key it returns with the OpenAI '
-            f"client: OpenAI(base_url=session['base_url'], api_key=session['api_key'])",
-            code="no_session",
-        )
-
     return GatewayApp(gw, app)
+
+
+def no_session_message(path: str, request: Request) -> str:
+    """An OpenAI client pointed at the gateway's root: say how to get a session's base_url."""
+    return (
+        f"the gateway has no {path} of its own: every agent talks to its own session. "
+        f"Create one first: POST {str(request.base_url).rstrip('/')}/sessions (body "
+        f'{{"task": {{...}}}}), then use the base_url and api_key it returns with the OpenAI '
+        f"client: OpenAI(base_url=session['base_url'], api_key=session['api_key'])"
+    )
+
+
+def gateway_routes(app: FastAPI) -> list[tuple[str, str]]:
+    """What the gateway serves: the model calls and admin calls ``GatewayApp`` answers itself, then
+    the FastAPI app's routes (read now: routes added later are listed)."""
+    own = [("POST", f"/sessions/{{sid}}/v1/{rest}") for rest in _MODEL_CALLS]
+    own += [("POST", "/sessions"), ("POST", "/sessions/{sid}/finish")]
+    return own + served_routes(app)
 
 
 async def create_session(gw: Gateway, request: Request) -> dict[str, Any]:

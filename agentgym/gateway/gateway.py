@@ -22,7 +22,11 @@ Choices made:
 * ``tool_choice`` ``required``/named, ``response_format`` and ``structured_outputs``, penalties,
   ``logit_bias``, ``min_tokens`` and ``top_logprobs`` go to the policy servers, each in its own
   words (``agentgym.gateway.model_calls``); each turn names what shaped its sampling
-  (``Turn.shaped_by``).
+  (``Turn.shaped_by``); ``tools`` beside ``response_format`` under ``auto``: a call or the JSON.
+* The legacy ``functions``/``function_call`` are read as ``tools``/``tool_choice`` (the history's
+  ``function_call`` and ``function`` messages as tool calls and results,
+  ``agentgym.server.legacy_functions``): the turn is recorded as a tool call, the agent gets
+  ``message.function_call``. A call cut by ``max_tokens`` is a call with partial arguments.
 * A turn is recorded only once the agent has its reply: an agent that goes away before it (a
   client timeout) cancels the generation and leaves nothing in the session.
 * The ``model`` field is ignored: the session decides what answers.
