@@ -274,7 +274,7 @@ def test_cut_calls_are_parsed_from_the_text():
 # ---- unserved paths ----------------------------------------------------------------------------------
 def test_an_unserved_path_names_the_api_and_what_it_serves(server, client):
     with pytest.raises(openai.NotFoundError) as err:
-        client.responses.create(model="tiny", input="hi")
+        client.embeddings.create(model="tiny", input="hi")  # no embeddings API here
     message = err.value.body["message"]
     assert "agentgym" in message and "POST /v1/chat/completions" in message and "docs/openai_api.md" in message
     assert err.value.body["code"] == "unknown_url"
