@@ -53,7 +53,7 @@ def run_agent(base_url: str, api_key: str, streamed: bool) -> tuple[Any, Budget]
             tools=[calculator],
             output_type=Answer,
             model=agents.OpenAIResponsesModel(model="tiny", openai_client=client),  # the SDK's default class
-            model_settings=agents.ModelSettings(tool_choice="required", max_tokens=100),
+            model_settings=agents.ModelSettings(tool_choice="required", max_tokens=100, parallel_tool_calls=False),
         )
         budget, config = Budget(), agents.RunConfig(tracing_disabled=True)
         if streamed:
