@@ -107,6 +107,9 @@ class MCPConnection:
         try:
             self.tools = ready.result(self.config.connect_timeout_s)
         except concurrent.futures.TimeoutError:
+            self._kill_group()  # it is not speaking MCP: no polite shutdown
+            if self._main is not None:
+                self._main.cancel()
             self._shutdown()
             raise MCPUnavailable(
                 f"MCP server {self.config.name!r} ({self.config.where}) did not answer the handshake and tool list "
@@ -264,10 +267,11 @@ class MCPConnection:
 
     def _revive(self) -> None:
         """Start a dead server again (at most ``max_restarts`` times in this connection's life)."""
-        if self.session is not None and not (self._main is not None and self._main.done()):
+        if self._healthy():
             return
         with self._lock:
-            if self.session is not None or self.restarts >= self.config.max_restarts or self.dead == "closed":
+            if self._healthy() or self.restarts >= self.config.max_restarts or self.dead == "closed":
+                self.session = self.session if self._healthy() else None
                 return
             self.restarts += 1
             logger.warning(
@@ -282,6 +286,9 @@ class MCPConnection:
                 self._start()
             except MCPUnavailable as exc:
                 self.dead = str(exc)
+
+    def _healthy(self) -> bool:
+        return self.dead is None and self.session is not None and not (self._main is not None and self._main.done())
 
     def _dead_message(self) -> str:
         left = self.config.max_restarts - self.restarts
