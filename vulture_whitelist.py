@@ -11,6 +11,7 @@ ArithmeticEnv
 FirstLetterEnv
 Gsm8kEnv
 Gsm8kToolEnv
+ToolTaskEnv
 RowsEnv
 OpenEnvClientEnv
 CalculatorTool

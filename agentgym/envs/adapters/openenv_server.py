@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if getattr(args, "mcp", False):
+    if args.mcp:
         from agentgym.envs.adapters import mcp_server
 
         return mcp_server.run(args, env_kwargs)

@@ -396,7 +396,6 @@ def release(connection: MCPConnection) -> None:
     connection.close()
 
 
-@atexit.register
 def _close_all() -> None:
     with _shared_lock:
         connections = list(_shared.values())
@@ -404,3 +403,6 @@ def _close_all() -> None:
     for connection in connections:
         with contextlib.suppress(Exception):
             connection.close()
+
+
+atexit.register(_close_all)  # a clean close at exit (a killed process: the servers' PDEATHSIG)
