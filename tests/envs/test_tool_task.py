@@ -56,7 +56,7 @@ async def test_rollouts_answer_with_the_mcp_servers_results(standin_server):
 
 @pytest.mark.slow
 def test_agentgym_train_runs_two_steps_with_mcp_tools(tmp_path):
-    """`agentgym train --env tool_task` with a stdio MCP server's calculator: 2 GRPO steps on the tiny model."""
+    """`agentgym train --env mcp_arithmetic`: the calculator MCP server's tool over stdio, 2 GRPO steps."""
     import psutil
 
     from agentgym.cli import main
@@ -67,23 +67,17 @@ def test_agentgym_train_runs_two_steps_with_mcp_tools(tmp_path):
         [
             "train",
             "--env",
-            "tool_task",
-            "env.kwargs.task=arithmetic",
-            "env.kwargs.task_kwargs={digits: 1, subtract: false}",
-            f"env.kwargs.mcp_servers=[{{name: calc, command: {sys.executable}, args: [{SERVER}], tools: [add]}}]",
-            "env.kwargs.max_turns=2",
+            "mcp_arithmetic",
             f"trainer.default_local_dir={run}",
             "trainer.total_training_steps=2",
             "data.train_batch_size=2",
             "actor_rollout_ref.rollout.n=2",
-            "data.max_prompt_length=384",
             "data.max_response_length=48",
+            "actor_rollout_ref.rollout.max_tokens_per_turn=24",
             "env.num_val_tasks=2",
             "trainer.test_freq=-1",
-            "trainer.save_freq=-1",
             "trainer.val_before_train=false",
             "trainer.logger=[jsonl]",
-            "trainer.use_ray=false",
         ]
     )
     assert code == 0
@@ -91,6 +85,6 @@ def test_agentgym_train_runs_two_steps_with_mcp_tools(tmp_path):
     assert [s["step"] for s in steps if "actor/pg_loss" in s] == [1, 2]
     sample = json.loads((run / "samples.jsonl").read_text().splitlines()[0])
     prompt = TOK.decode(sample["turns"][0]["prompt_ids"])
-    assert '"name": "add", "description": "Add two numbers and return the sum."' in prompt  # the server's schema
-    leftovers = [p for p in psutil.Process().children(recursive=True) if SERVER in " ".join(p.cmdline())]
-    assert all(wait_gone(p.pid) for p in leftovers), "the MCP server outlived the run"
+    assert '{"name": "calculate", "description": "Evaluate an arithmetic expression' in prompt  # the server's
+    servers = [p for p in psutil.Process().children(recursive=True) if "calculator_server" in " ".join(p.cmdline())]
+    assert all(wait_gone(p.pid) for p in servers), "the MCP server outlived the run"

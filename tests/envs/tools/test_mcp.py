@@ -205,3 +205,16 @@ def test_streamable_http_server(http_server):
         assert not gone.ok and time.perf_counter() - start < 1.5, gone
     finally:
         box.close()
+
+
+def test_agentgyms_calculator_server():
+    """agentgym.envs.tools.mcp.calculator_server (configs/env/mcp_arithmetic.yaml), started as `python -m`."""
+    server = {"name": "calc", "command": "python", "args": ["-m", "agentgym.envs.tools.mcp.calculator_server"]}
+    box = Toolbox(mcp_tools([server]))
+    try:
+        assert [s["function"]["name"] for s in box.schemas] == ["calculate"]
+        assert call(box, "calculate", expression="(16 - 3 - 4) * 2").text == "18"
+        refused = call(box, "calculate", expression="9**9**9")
+        assert refused.error == "tool_error" and "too large" in refused.text
+    finally:
+        box.close()

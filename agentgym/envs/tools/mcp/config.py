@@ -2,8 +2,8 @@
 
     mcp_servers:
       - name: calc                                   # what errors and metrics call it
-        command: python                              # stdio: a local command ...
-        args: [-m, my_calculator_server]
+        command: python                              # stdio: a local command (python: agentgym's own) ...
+        args: [-m, agentgym.envs.tools.mcp.calculator_server]
         call_timeout_s: 10
       - name: search
         url: http://127.0.0.1:8000/mcp               # ... or a streamable-HTTP endpoint
@@ -27,7 +27,7 @@ class MCPServerConfig:
     """One MCP server (stdio command or streamable-HTTP URL) and the bounds its tools are called under."""
 
     name: str
-    command: str | None = None  # stdio: the executable (run in its own process group, see launch.py)
+    command: str | None = None  # stdio: the executable; python / python3: this interpreter (+ $PYTHONPATH)
     args: tuple[str, ...] = ()  # stdio: its arguments
     env: tuple[tuple[str, str], ...] = ()  # stdio: environment added to the SDK's safe default (HOME, PATH, ...)
     cwd: str | None = None  # stdio: working directory

@@ -40,6 +40,7 @@ from agentgym.envs.tools.mcp.config import MCPServerConfig
 logger = logging.getLogger(__name__)
 LAUNCHER = str(Path(__file__).with_name("launch.py"))
 GRACE_S = 0.1  # how much past its timeout a call may wait for the loop to hand back the SDK's own timeout
+PYTHON_NAMES = ("python", "python3")  # a stdio command named so runs with sys.executable (and $PYTHONPATH)
 CLOSE_TIMEOUT_S = 5.0  # the SDK's stdin-close / SIGTERM / SIGKILL sequence takes at most ~4 s
 
 
@@ -171,10 +172,14 @@ class MCPConnection:
             command = [sys.executable, LAUNCHER, "--parent", str(os.getpid()), "--tag", self._tag]
             if config.memory_mb:
                 command += ["--memory-mb", str(config.memory_mb)]
-            command += ["--", config.command, *config.args]
-            params = StdioServerParameters(
-                command=command[0], args=command[1:], env=dict(config.env) or None, cwd=config.cwd
-            )
+            env = dict(config.env)
+            program = config.command
+            if program in PYTHON_NAMES:  # this interpreter, its packages importable as they are here
+                program = sys.executable
+                if os.environ.get("PYTHONPATH") and "PYTHONPATH" not in env:
+                    env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+            command += ["--", program, *config.args]
+            params = StdioServerParameters(command=command[0], args=command[1:], env=env or None, cwd=config.cwd)
             return _remember_pid(stdio_client(params, errlog=_stderr()), self)
         import httpx
 
