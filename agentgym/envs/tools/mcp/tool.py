@@ -56,7 +56,8 @@ class MCPTool(Tool):
         try:
             result, seconds = self.connection.call(self.remote_name, arguments)
         except MCPCallError as exc:
-            raise ToolError(str(exc), kind=f"mcp_{exc.kind}" if exc.kind != "timeout" else "timeout") from None
+            kind = {"timeout": "timeout", "server_dead": "mcp_server_dead"}.get(exc.kind, "mcp_error")
+            raise ToolError(str(exc), kind=kind) from None
         text = truncate(result_text(result), config.max_output_chars)
         metrics = {"mcp_seconds": seconds}
         if result.isError:
