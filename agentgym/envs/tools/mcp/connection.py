@@ -194,15 +194,19 @@ class MCPConnection:
         )
         return _two(streamable_http_client(config.url, http_client=client), client)
 
-    def _find_pid(self) -> None:
-        """The launched server's pid (= its process group id), found by the tag on its command line."""
+    async def _find_pid(self) -> None:
+        """The launched server's pid (= its process group id), found by the tag on its command line
+        (looked for again for up to a second: between fork and exec a child shows our command line)."""
         import psutil
 
-        for child in psutil.Process().children(recursive=False):
-            with contextlib.suppress(psutil.Error):
-                if self._tag in child.cmdline() or self._tag in " ".join(child.cmdline()):
-                    self.pid = child.pid
-                    return
+        for _ in range(100):
+            for child in psutil.Process().children(recursive=False):
+                with contextlib.suppress(psutil.Error):
+                    if self._tag in child.cmdline():
+                        self.pid = child.pid
+                        return
+            await asyncio.sleep(0.01)
+        logger.warning("MCP server %r: its process was not found; it is killed by the SDK only", self.config.name)
 
     def _kill_group(self) -> None:
         if self.pid is not None:
@@ -242,11 +246,21 @@ class MCPConnection:
             session.call_tool(name, arguments, read_timeout_seconds=datetime.timedelta(seconds=timeout)),
             mcp_loop(),
         )
-        try:
-            result = future.result(timeout + GRACE_S)
-        except concurrent.futures.TimeoutError:
+        main = self._main
+        # the call's answer, or the connection's end (a transport that failed: an HTTP server that
+        # went away), whichever comes first
+        concurrent.futures.wait(
+            [future, main] if main is not None else [future],
+            timeout + GRACE_S,
+            return_when=concurrent.futures.FIRST_COMPLETED,
+        )
+        if not future.done():
             future.cancel()
-            raise MCPCallError(self._timeout_message(name), "timeout") from None
+            if main is not None and main.done():
+                raise MCPCallError(self._dead_message(), "server_dead")
+            raise MCPCallError(self._timeout_message(name), "timeout")
+        try:
+            result = future.result()
         except concurrent.futures.CancelledError:
             raise MCPCallError(self._dead_message(), "server_dead") from None
         except Exception as exc:
@@ -324,7 +338,7 @@ def _stderr() -> Any:
 @contextlib.asynccontextmanager
 async def _remember_pid(transport: Any, connection: MCPConnection) -> Any:
     async with transport as streams:
-        connection._find_pid()
+        await connection._find_pid()
         yield streams
 
 
