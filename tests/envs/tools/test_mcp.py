@@ -164,11 +164,12 @@ def test_the_server_dies_with_agentgym():
 
 
 def test_envs_share_one_server_until_the_last_closes():
-    first, second = mcp_tools([stdio("shared")]), mcp_tools([stdio("shared")])
-    assert first[0].connection is second[0].connection
+    first = mcp_tools([stdio("shared")])
+    second = mcp_tools([stdio("shared", tools=["add"], call_timeout_s=3, prefix="p_")])  # same server, own settings
+    assert first[0].connection is second[0].connection and [t.name for t in second] == ["p_add"]
     pid = first[0].connection.pid
     Toolbox(first).close()
-    assert alive(pid) and call(Toolbox(second), "add", a=2, b=2).text == "4"
+    assert alive(pid) and call(Toolbox(second), "p_add", a=2, b=2).text == "4"
     Toolbox(second).close()
     assert wait_gone(pid)
 
@@ -195,9 +196,9 @@ def test_config_is_checked():
     with pytest.raises(ValueError, match="exactly one of command"):
         MCPServerConfig.from_value({"name": "a", "command": "x", "url": "http://h"})
     with pytest.raises(ValueError, match="has no tool \\['subtract'\\]"):
-        mcp_tools([stdio("allow", tools=["subtract"])])
-    with pytest.raises(ValueError, match="two tools are named 'add'"):
-        make_tools((), None, [stdio("one", tools=["add"]), stdio("two", tools=["add"])])
+        mcp_tools([stdio("routes", tools=["subtract"])])  # the module's server (same command): no new start
+    with pytest.raises(ValueError, match="two tools are named 'add' \\(MCP server 'routes' and MCP server 'two'\\)"):
+        make_tools((), None, [stdio("routes", tools=["add"]), stdio("two", tools=["add"])])
 
 
 def _free_port() -> int:

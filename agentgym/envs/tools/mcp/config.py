@@ -39,7 +39,7 @@ class MCPServerConfig:
     connect_timeout_s: float = 30.0  # starting the server, the MCP handshake and listing its tools
     max_output_chars: int = 4000  # the text of one result is cut to this many characters
     memory_mb: int | None = None  # stdio: the server's address-space limit (RLIMIT_AS); None: no limit
-    shared: bool = True  # one connection per process for every env with this same config (else one per env)
+    shared: bool = True  # one connection per process for every env using this server (else one per env)
     max_restarts: int = 3  # a dead server is started again on a later call, at most this many times
 
     def __post_init__(self) -> None:
@@ -53,6 +53,12 @@ class MCPServerConfig:
             raise ValueError(f"MCP server {self.name!r}: call_timeout_s and connect_timeout_s must be positive")
         if self.max_output_chars < 1:
             raise ValueError(f"MCP server {self.name!r}: max_output_chars must be at least 1")
+
+    @property
+    def server_key(self) -> tuple[Any, ...]:
+        """What makes a server the same server: processes and connections are shared by this key (a
+        different ``tools``, ``prefix``, ``call_timeout_s`` or ``max_output_chars`` reuses them)."""
+        return (self.name, self.command, self.args, self.env, self.cwd, self.url, self.headers, self.memory_mb)
 
     @property
     def transport(self) -> str:

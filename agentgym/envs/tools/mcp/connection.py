@@ -8,8 +8,9 @@ no more, and one that died answers at once with an error - never a hang.
 
 Each connection is one task on the loop that enters the transport (stdio or streamable HTTP)
 and the ``ClientSession``, lists the tools, then waits to be closed: the SDK's task groups are
-entered and left by the same task, as anyio requires. Connections with the same config are shared
-by the envs of a process (reference counted) unless ``shared: false``.
+entered and left by the same task, as anyio requires. Connections to the same server
+(``MCPServerConfig.server_key``) are shared by the envs of a process (reference counted) unless
+``shared: false``.
 
 A stdio server starts through ``launch.py``: its own session and process group (the SDK),
 SIGKILL when the agentgym thread that started it dies, no core files, an optional memory cap. On
@@ -190,7 +191,7 @@ class MCPConnection:
 
             return _two(streamablehttp_client(config.url, headers=dict(config.headers) or None))
         client = httpx.AsyncClient(
-            headers=dict(config.headers), timeout=httpx.Timeout(config.call_timeout_s + 5, read=None)
+            headers=dict(config.headers), timeout=httpx.Timeout(config.connect_timeout_s, read=None)
         )
         return _two(streamable_http_client(config.url, http_client=client), client)
 
@@ -233,14 +234,13 @@ class MCPConnection:
             self.dead = self.dead or "closed"
 
     # -- calls
-    def call(self, name: str, arguments: dict[str, Any]) -> tuple[Any, float]:
+    def call(self, name: str, arguments: dict[str, Any], timeout: float) -> tuple[Any, float]:
         """``(CallToolResult, seconds)`` of one call; raises ``MCPCallError`` on timeout, death or a
-        protocol error, always within ``call_timeout_s`` (+ ``GRACE_S``) after the server is up."""
+        protocol error, always within ``timeout`` (+ ``GRACE_S``) after the server is up."""
         self._revive()
         session = self.session
         if session is None:
             raise MCPCallError(self._dead_message(), "server_dead")
-        timeout = self.config.call_timeout_s
         start = time.perf_counter()
         future = asyncio.run_coroutine_threadsafe(
             session.call_tool(name, arguments, read_timeout_seconds=datetime.timedelta(seconds=timeout)),
@@ -258,16 +258,16 @@ class MCPConnection:
             future.cancel()
             if main is not None and main.done():
                 raise MCPCallError(self._dead_message(), "server_dead")
-            raise MCPCallError(self._timeout_message(name), "timeout")
+            raise MCPCallError(self._timeout_message(name, timeout), "timeout")
         try:
             result = future.result()
         except concurrent.futures.CancelledError:
             raise MCPCallError(self._dead_message(), "server_dead") from None
         except Exception as exc:
-            raise self._classify(name, exc) from None
+            raise self._classify(name, exc, timeout) from None
         return result, time.perf_counter() - start
 
-    def _classify(self, name: str, exc: Exception) -> MCPCallError:
+    def _classify(self, name: str, exc: Exception, timeout: float) -> MCPCallError:
         from mcp import McpError
         from mcp.types import CONNECTION_CLOSED
 
@@ -276,7 +276,7 @@ class MCPConnection:
                 self.dead = self.dead or "the connection closed"
                 return MCPCallError(self._dead_message(), "server_dead")
             if "Timed out" in exc.error.message:
-                return MCPCallError(self._timeout_message(name), "timeout")
+                return MCPCallError(self._timeout_message(name, timeout), "timeout")
             message = f"the MCP server {self.config.name!r} refused the call: {exc.error.message}"
             return MCPCallError(message, "mcp_error")
         if (self._main is not None and self._main.done()) or isinstance(exc, (OSError, EOFError)):
@@ -314,8 +314,8 @@ class MCPConnection:
         again = " It will be started again on a later call." if left > 0 and self.dead != "closed" else ""
         return f"the MCP server {self.config.name!r} is not running ({self.dead or 'unknown reason'}).{again}"
 
-    def _timeout_message(self, name: str) -> str:
-        return f"{name} (MCP server {self.config.name!r}) did not answer within {self.config.call_timeout_s:g} s"
+    def _timeout_message(self, name: str, timeout: float) -> str:
+        return f"{name} (MCP server {self.config.name!r}) did not answer within {timeout:g} s"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -380,7 +380,7 @@ async def _two(transport: Any, client: Any = None) -> Any:
 
 
 # ---- sharing ------------------------------------------------------------------------------------
-_shared: dict[MCPServerConfig, MCPConnection] = {}
+_shared: dict[tuple[Any, ...], MCPConnection] = {}  # by MCPServerConfig.server_key
 _shared_lock = threading.Lock()
 
 
@@ -392,9 +392,9 @@ def acquire(config: MCPServerConfig) -> MCPConnection:
         return connection
     with _shared_lock:
         mcp_loop()  # resets _shared after a fork
-        connection = _shared.get(config)
+        connection = _shared.get(config.server_key)
         if connection is None or connection.dead == "closed":
-            connection = _shared[config] = MCPConnection(config)
+            connection = _shared[config.server_key] = MCPConnection(config)
         connection.refs += 1
         return connection
 
@@ -410,8 +410,8 @@ def release(connection: MCPConnection) -> None:
         connection.refs -= 1
         if connection.refs > 0:
             return
-        if _shared.get(connection.config) is connection:
-            del _shared[connection.config]
+        if _shared.get(connection.config.server_key) is connection:
+            del _shared[connection.config.server_key]
     connection.close()
 
 

@@ -38,9 +38,11 @@ def result_text(result: Any) -> str:
 class MCPTool(Tool):
     """A tool of an MCP server: its ``inputSchema`` is the parameters; calls go to the server."""
 
-    def __init__(self, connection: MCPConnection, remote: Any) -> None:
-        config = connection.config
+    def __init__(self, connection: MCPConnection, remote: Any, config: MCPServerConfig) -> None:
+        """``remote``: the server's ``Tool`` (name, description, inputSchema); ``config``: this env's
+        settings for it (prefix, call timeout, output cap), on a connection that may be shared."""
         self.connection = connection
+        self.config = config
         self.remote_name: str = remote.name
         self.name = config.prefix + remote.name  # type: ignore[misc]
         self.description = remote.description or remote.title or f"{remote.name} (MCP server {config.name})"  # type: ignore[misc]
@@ -52,9 +54,9 @@ class MCPTool(Tool):
         self._closed = False
 
     def execute(self, arguments: dict[str, Any]) -> tuple[str, float, dict[str, float]]:
-        config = self.connection.config
+        config = self.config
         try:
-            result, seconds = self.connection.call(self.remote_name, arguments)
+            result, seconds = self.connection.call(self.remote_name, arguments, config.call_timeout_s)
         except MCPCallError as exc:
             kind = {"timeout": "timeout", "server_dead": "mcp_server_dead"}.get(exc.kind, "mcp_error")
             raise ToolError(str(exc), kind=kind) from None
@@ -82,7 +84,7 @@ def mcp_tools(servers: Iterable[MCPServerConfig | dict[str, Any]] | Any) -> list
             connection = acquire(config)
             try:
                 remote = _chosen(connection.tools, config.tools, config)
-                tools.extend(MCPTool(connection, r) for r in remote)
+                tools.extend(MCPTool(connection, r, config) for r in remote)
             finally:
                 release(connection)
         check_unique(tools)
@@ -108,8 +110,8 @@ def check_unique(tools: Sequence[Tool]) -> None:
     seen: dict[str, Tool] = {}
     for tool in tools:
         if tool.name in seen:
-            where = [getattr(getattr(t, "connection", None), "config", None) for t in (seen[tool.name], tool)]
-            origin = [f"MCP server {w.name!r}" if w else "built-in" for w in where]
+            pair = (seen[tool.name], tool)
+            origin = [f"MCP server {t.config.name!r}" if isinstance(t, MCPTool) else "built-in" for t in pair]
             raise ValueError(
                 f"two tools are named {tool.name!r} ({origin[0]} and {origin[1]}): set a prefix on an MCP server "
                 f"(mcp_servers: [{{name: ..., prefix: 'calc_'}}]) or leave one out (tools: [...])"
