@@ -13,8 +13,8 @@ pytest.importorskip("mcp")
 from agentgym.client import PolicyClient  # noqa: E402
 from agentgym.model import load_tokenizer  # noqa: E402
 from agentgym.rollout import RolloutConfig, RolloutRunner  # noqa: E402
-from tests.envs.tools.mcp_env import ensure_tool_task  # noqa: E402
 from tests.envs.tools.test_mcp import SERVER, wait_gone  # noqa: E402
+from tests.support.mcp_env import ensure_tool_task  # noqa: E402
 
 TOK = load_tokenizer("tiny")
 

@@ -76,7 +76,7 @@ def test_a_hanging_call_costs_its_timeout_and_the_server_goes_on(box):
     result = call(box, "sleep_forever")
     took = time.perf_counter() - start
     assert result.error == "timeout" and "did not answer within 1 s" in result.text
-    assert 1.0 <= took < 1.5, took
+    assert 1.0 <= took < 1.75, took  # the timeout + GRACE_S (0.1 s), with room for a loaded machine
     assert call(box, "add", a=1, b=1).text == "2"
 
 
@@ -88,7 +88,7 @@ def test_output_is_capped(box):
 
 def test_hermes_text_calls_reach_the_server():
     import agentgym
-    from tests.envs.tools.mcp_env import ensure_tool_task
+    from tests.support.mcp_env import ensure_tool_task
 
     ensure_tool_task()
     env = agentgym.make("tool_task", task="arithmetic", mcp_servers=[stdio("hermes", tools=["add"], prefix="calc_")])
