@@ -3,7 +3,8 @@
     agentgym env-serve --env sokoban --mcp                                   # stdio (an MCP client launches it)
     agentgym env-serve --env sokoban --mcp --mcp-transport streamable-http --port 8010   # http://HOST:PORT/mcp
 
-Tools (each MCP session holds its own env instance, closed when the session ends):
+Tools (each MCP session holds its own env instance, closed when the session ends; at most
+``--max-sessions`` at once):
 
 * ``reset(seed?, options?)``: start an episode; the result is the first observation.
 * ``step(action)``: the agent's reply (text; or an OpenAI assistant message with ``tool_calls`` for
@@ -50,6 +51,7 @@ def create_mcp_server(
     factory: Callable[[], Any] | None = None,
     host: str = "127.0.0.1",
     port: int = 8010,
+    max_sessions: int = 1024,
 ) -> Any:
     """The FastMCP server offering ``reset`` and ``step`` on ``env_name`` (or ``factory``'s envs)."""
     from mcp.server.fastmcp import Context, FastMCP
@@ -81,6 +83,10 @@ def create_mcp_server(
         with guard:
             episode = episodes.get(session)
             if episode is None:
+                if len(episodes) >= max_sessions:
+                    raise ToolError(
+                        f"env server full: {max_sessions} sessions hold an env (agentgym env-serve --max-sessions)"
+                    )
                 env = idle.pop() if idle else build()
                 episode = episodes[session] = _Episode(env)
                 weakref.finalize(session, _close, env)  # the session is gone: so is its env
@@ -162,7 +168,7 @@ def run(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> int:
     from agentgym.registry import UnknownNameError
 
     try:
-        server = create_mcp_server(args.env, env_kwargs, host=args.host, port=args.port)
+        server = create_mcp_server(args.env, env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions)
     except UnknownNameError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -117,3 +117,16 @@ async def test_each_http_session_has_its_own_env():
     finally:
         server.kill()
         server.wait()
+
+
+async def test_max_sessions_bounds_the_envs_held():
+    from mcp.shared.memory import create_connected_server_and_client_session
+
+    from agentgym.envs.adapters.mcp_server import create_mcp_server
+
+    server = create_mcp_server("sokoban", max_sessions=1)
+    async with create_connected_server_and_client_session(server._mcp_server) as one:
+        assert result(await one.call_tool("reset", {"seed": 1}))["done"] is False
+        async with create_connected_server_and_client_session(server._mcp_server) as two:
+            full = await two.call_tool("reset", {"seed": 2})
+            assert full.isError and "env server full: 1 sessions" in full.content[0].text
