@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 
 import pytest
 
@@ -13,7 +14,7 @@ pytest.importorskip("mcp")
 from agentgym.client import PolicyClient  # noqa: E402
 from agentgym.model import load_tokenizer  # noqa: E402
 from agentgym.rollout import RolloutConfig, RolloutRunner  # noqa: E402
-from tests.envs.tools.test_mcp import SERVER, wait_gone  # noqa: E402
+from tests.envs.tools.test_mcp import SERVER, own_children  # noqa: E402
 from tests.support.mcp_env import ensure_tool_task  # noqa: E402
 
 TOK = load_tokenizer("tiny")
@@ -57,8 +58,6 @@ async def test_rollouts_answer_with_the_mcp_servers_results(standin_server):
 @pytest.mark.slow
 def test_agentgym_train_runs_two_steps_with_mcp_tools(tmp_path):
     """`agentgym train --env mcp_arithmetic`: the calculator MCP server's tool over stdio, 2 GRPO steps."""
-    import psutil
-
     from agentgym.cli import main
 
     ensure_tool_task()
@@ -86,5 +85,7 @@ def test_agentgym_train_runs_two_steps_with_mcp_tools(tmp_path):
     sample = json.loads((run / "samples.jsonl").read_text().splitlines()[0])
     prompt = TOK.decode(sample["turns"][0]["prompt_ids"])
     assert '{"name": "calculate", "description": "Evaluate an arithmetic expression' in prompt  # the server's
-    servers = [p for p in psutil.Process().children(recursive=True) if "calculator_server" in " ".join(p.cmdline())]
-    assert all(wait_gone(p.pid) for p in servers), "the MCP server outlived the run"
+    deadline = time.monotonic() + 5
+    while any("calculator_server" in line for line in own_children()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any("calculator_server" in line for line in own_children()), "the MCP server outlived the run"

@@ -181,13 +181,21 @@ def test_servers_that_cannot_start_fail_fast_with_a_clear_message():
     with pytest.raises(MCPUnavailable, match="within connect_timeout_s=1 s"):
         mcp_tools([{"name": "mute", "command": "sleep", "args": ["600"], "connect_timeout_s": 1}])
     assert time.perf_counter() - start < 3.0
-    assert not any("sleep 600" in line for line in _own_children())
+    assert not any("sleep 600" in line for line in own_children())
 
 
-def _own_children() -> list[str]:
+def own_children() -> list[str]:
+    """The command lines of this process's live descendants (zombies and processes gone meanwhile left out)."""
     import psutil
 
-    return [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True) if p.is_running()]
+    lines = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                lines.append(" ".join(child.cmdline()))
+        except psutil.Error:
+            pass
+    return lines
 
 
 def test_config_is_checked():

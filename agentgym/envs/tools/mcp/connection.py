@@ -41,6 +41,7 @@ from agentgym.envs.tools.mcp.config import MCPServerConfig
 logger = logging.getLogger(__name__)
 LAUNCHER = str(Path(__file__).with_name("launch.py"))
 GRACE_S = 0.1  # how much past its timeout a call may wait for the loop to hand back the SDK's own timeout
+TAG_VARIABLE = "AGENTGYM_MCP_SERVER"  # set to a fresh id in each stdio server's environment
 PYTHON_NAMES = ("python", "python3")  # a stdio command named so runs with sys.executable (and $PYTHONPATH)
 CLOSE_TIMEOUT_S = 5.0  # the SDK's stdin-close / SIGTERM / SIGKILL sequence takes at most ~4 s
 
@@ -170,10 +171,10 @@ class MCPConnection:
             from mcp.client.stdio import stdio_client
 
             self._tag = uuid.uuid4().hex
-            command = [sys.executable, LAUNCHER, "--parent", str(os.getpid()), "--tag", self._tag]
+            command = [sys.executable, LAUNCHER, "--parent", str(os.getpid())]
             if config.memory_mb:
                 command += ["--memory-mb", str(config.memory_mb)]
-            env = dict(config.env)
+            env = {**dict(config.env), TAG_VARIABLE: self._tag}  # survives exec: how _find_pid knows it
             program = config.command
             if program in PYTHON_NAMES:  # this interpreter, its packages importable as they are here
                 program = sys.executable
@@ -196,14 +197,14 @@ class MCPConnection:
         return _two(streamable_http_client(config.url, http_client=client), client)
 
     async def _find_pid(self) -> None:
-        """The launched server's pid (= its process group id), found by the tag on its command line
-        (looked for again for up to a second: between fork and exec a child shows our command line)."""
+        """The launched server's pid (= its process group id), found by the tag in its environment
+        (looked for again for up to 2 s: between fork and exec a child still has our environment)."""
         import psutil
 
-        for _ in range(100):
+        for _ in range(200):
             for child in psutil.Process().children(recursive=False):
                 with contextlib.suppress(psutil.Error):
-                    if self._tag in child.cmdline():
+                    if child.environ().get(TAG_VARIABLE) == self._tag:
                         self.pid = child.pid
                         return
             await asyncio.sleep(0.01)

@@ -2,13 +2,13 @@
 
 Run as a script (stdlib only, so it starts in milliseconds)::
 
-    python launch.py --parent PID --tag TAG [--memory-mb N] -- COMMAND [ARGS...]
+    python launch.py --parent PID [--memory-mb N] -- COMMAND [ARGS...]
 
 Before ``exec``: the server is killed (SIGKILL) when the agentgym thread that started it dies
 (``PR_SET_PDEATHSIG``; the launcher exits at once if that parent is already gone), writes no core
 files, and with ``--memory-mb`` its address space is capped (``RLIMIT_AS``). The MCP SDK has already
-put it in its own session and process group, which agentgym kills as a whole on close. ``--tag``
-only marks the command line, so agentgym can find the process (and its group) again.
+put it in its own session and process group, which agentgym kills as a whole on close. agentgym finds
+the process (and its group) again by a variable in its environment, which ``exec`` keeps.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ PR_SET_PDEATHSIG = 1
 
 def main(argv: list[str]) -> int:
     if "--" not in argv:
-        print("usage: launch.py --parent PID --tag TAG [--memory-mb N] -- COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: launch.py --parent PID [--memory-mb N] -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     split = argv.index("--")
     options, command = argv[:split], argv[split + 1 :]
