@@ -11,6 +11,7 @@ ArithmeticEnv
 FirstLetterEnv
 Gsm8kEnv
 Gsm8kToolEnv
+ToolTaskEnv
 RowsEnv
 OpenEnvClientEnv
 CalculatorTool
@@ -138,6 +139,7 @@ compute_policy_loss_topr  # @_register_policy_loss("topr")
 _.sampling_metrics  # read with getattr by ppo_trainer (sampling/* metrics)
 _.warmup_style  # the optimizer config key train_state reads
 __getattr__  # server/__init__.py: the lazy names
+calculate_expression  # envs/tools/mcp/calculator_server.py: an MCP tool, @server.tool(name="calculate")
 
 # ---- public API that users call and tests pin (no caller inside agentgym)
 FixedTrajectorySource  # tests and users hand the trainer fixed trajectories
