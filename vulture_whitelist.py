@@ -12,6 +12,7 @@ FirstLetterEnv
 Gsm8kEnv
 Gsm8kToolEnv
 ToolTaskEnv
+WorkspaceEnv
 RowsEnv
 OpenEnvClientEnv
 CalculatorTool
@@ -172,3 +173,10 @@ max_critic_ckpt_to_keep
 shutdown_timeout
 num_cpus
 include_dashboard
+
+# envs/workspace/server.py: the server dispatches requests to op_<name> by getattr
+op_run
+op_files
+op_read
+op_archive
+op_extract

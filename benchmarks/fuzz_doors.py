@@ -26,7 +26,8 @@ Every call runs in a worker process. A call still running after ``HANG_S`` secon
 a hang: the worker is killed (a thread cannot be) and the call fails. A call over a fifth of the
 budget is run twice more and judged on its fastest run, so a stray pause (a garbage collection) is
 neither a failure nor the worst time shown. The python tool is not a door here: it hands the code
-to the sandbox, which has its own wall-clock ``timeout_s``.
+to the sandbox, which has its own wall-clock ``timeout_s``. Nor is the workspace env's step past its
+argument checks (``workspace.arguments``): the rest runs in the episode's sandbox, which bounds each call.
 """
 
 from __future__ import annotations
@@ -439,6 +440,7 @@ TEXT_DOORS = [
     "rows.step[gsm8k]",
     "rows.step[math]",
     "rows.step[tool_agent]",
+    "workspace.arguments",
 ]
 MESSAGE_DOORS = [
     "normalize_tool_calls",
@@ -455,6 +457,7 @@ MESSAGE_DOORS = [
     "rows.step[gsm8k](message)",
     "rows.step[math](message)",
     "rows.step[tool_agent](message)",
+    "workspace.arguments(message)",
 ]
 """Every door by name: ``TEXT_DOORS`` read a reply's text, ``MESSAGE_DOORS`` an assistant message dict."""
 ENV_DOORS = {
@@ -467,10 +470,13 @@ ENV_DOORS = {
     "frozenlake": "frozenlake.step",
     "rows": "rows.step[gsm8k]",
     "openenv": "openenv.action",
+    "workspace": "workspace.arguments",
 }
 """Each built-in env (``agentgym.envs`` entry points, families aside) and the door its step is
 fuzzed through (the Sokoban presets are ``sokoban`` with other sizes; ``openenv`` forwards the
-reply to a remote server, so what runs here is turning the reply into an action)."""
+reply to a remote server, so what runs here is turning the reply into an action; ``workspace``
+parses its calls like the other tool envs (``split_reply``, ``Toolbox.execute``) and then checks each
+call's arguments, the door here: what runs after that is the sandbox, which bounds every call itself)."""
 
 
 def build_doors(workdir: Path) -> dict[str, Door]:
@@ -487,6 +493,8 @@ def build_doors(workdir: Path) -> dict[str, Door]:
     from agentgym.envs.tools import Toolbox, normalize_tool_calls, parse_tool_calls, split_reply
     from agentgym.envs.tools.base import ToolError
     from agentgym.envs.tools.calculator import CalculatorTool, calculate
+    from agentgym.envs.tools.parsing import load_json
+    from agentgym.envs.workspace.tools import WORKSPACE_TOOLS, check_arguments
     from agentgym.gateway.rewards import gsm8k_reward
     from agentgym.interactions.gsm8k import Gsm8kInteraction
     from agentgym.server.tool_calls import assistant_reply
@@ -498,6 +506,22 @@ def build_doors(workdir: Path) -> dict[str, Door]:
     loop = asyncio.new_event_loop()
     interaction = Gsm8kInteraction({"name": "gsm8k"})
     openenv = SimpleNamespace(agentgym_server=False, action_format="json", action_field="text")
+
+    def workspace_arguments(raw: Any) -> list[Any]:
+        """A call's raw arguments as each workspace tool reads them (JSON text parsed, then checked)."""
+        try:
+            arguments = load_json(raw) if isinstance(raw, str) else raw
+        except ValueError as exc:
+            return [str(exc)]
+        if not isinstance(arguments, dict):
+            return [type(arguments).__name__]
+        out: list[Any] = []
+        for name in WORKSPACE_TOOLS:
+            try:
+                out.append(check_arguments(name, arguments))
+            except ToolError as exc:
+                out.append(str(exc))
+        return out
 
     def tool_call(name: str, arguments: Any) -> dict[str, Any]:
         return {
@@ -548,6 +572,12 @@ def build_doors(workdir: Path) -> dict[str, Door]:
             prepare=lambda: loop.run_until_complete(interaction.start_interaction(None, ground_truth="72")),
         ),
         Door("openenv.action", lambda _, t: _invalid_ok(OpenEnvClientEnv._action, openenv, t)),
+        Door("workspace.arguments", lambda _, t: workspace_arguments(t)),
+        Door(
+            "workspace.arguments(message)",
+            lambda _, m: [workspace_arguments(c["function"]["arguments"]) for c in split_reply(m)[1][:8]],
+            kind="message",
+        ),
         Door("normalize_tool_calls", lambda _, m: normalize_tool_calls(m.get("tool_calls")), kind="message"),
         Door("split_reply(message)", lambda _, m: split_reply(m), kind="message"),
         Door("Toolbox.execute(call)", lambda _, m: [toolbox.execute(c) for c in _calls(m)[:8]], kind="message"),
