@@ -124,6 +124,17 @@ def test_the_config_names_the_teacher_it_needs():
 
     with pytest.raises(ConfigError, match="teacher.path=DIR .* or distillation.teacher.server_urls"):
         load_config(env="first_letter", overrides=["distillation.enable=true"], warn=False)
+    with pytest.raises(ConfigError, match="loss_mode=topk needs distillation.topk >= 1"):
+        load_config(
+            env="first_letter",
+            overrides=[
+                "distillation.enable=true",
+                "distillation.teacher.path=tiny",
+                "distillation.loss_mode=topk",
+                "distillation.topk=0",
+            ],
+            warn=False,
+        )
     with pytest.raises(ConfigError, match="needs distillation.teacher.tokenizer"):
         load_config(
             env="first_letter",
