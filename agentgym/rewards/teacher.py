@@ -4,7 +4,11 @@ The student samples as in any RL run; ``TeacherScorer`` then asks the teacher fo
 sampled token given the whole context before it (the env's prompt, earlier turns, the env's messages
 between them: the trajectory's own token ids), and stores them in ``Turn.teacher_logprobs``. Only the
 sampled tokens are scored; the context tokens are read, never scored. The trainer turns them into a
-dense per-token advantage (``agentgym.trainer.distillation``).
+dense per-token advantage (``agentgym.trainer.distillation``). With ``distillation.topk`` > 0 the
+teacher also returns its ``k`` most likely tokens and their logprobs at each of those positions
+(``Turn.teacher_topk_ids`` / ``teacher_topk_logprobs``), for the top-k loss and the agreement metrics:
+the worker reads them off the logits it computes anyway, vLLM is asked for ``prompt_logprobs=k``,
+SGLang for ``top_logprobs_num=k``.
 
 Where the teacher runs:
 
