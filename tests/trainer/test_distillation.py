@@ -534,6 +534,8 @@ def test_a_trainer_step_with_the_topk_loss_moves_the_student_towards_the_teacher
     assert first["critic/advantages/mean"] == 0.0 and first["actor/distill_loss"] > 0
     assert second["distill/topk_kl"] < first["distill/topk_kl"]
     assert second["distill/greedy_agreement"] > first["distill/greedy_agreement"]
+    saved = json.loads((tmp_path / "samples.jsonl").read_text().splitlines()[0])  # k numbers a token stay out
+    assert saved["turns"][0]["teacher_logprobs"] and "teacher_topk_ids" not in saved["turns"][0]
 
 
 def test_the_packed_forward_gives_the_same_view_of_the_teachers_tokens():
