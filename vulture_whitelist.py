@@ -11,6 +11,7 @@ ArithmeticEnv
 FirstLetterEnv
 Gsm8kEnv
 Gsm8kToolEnv
+ToolTaskEnv
 WorkspaceEnv
 RowsEnv
 OpenEnvClientEnv
@@ -72,6 +73,7 @@ _.agentgym_load_weights
 # ---- FastAPI routes and exception handlers (registered by decorators)
 listing
 root_v1
+doubled_v1
 update_from_tensor
 update_from_ipc
 _api_error
@@ -102,6 +104,25 @@ _._constrained
 _._int_version
 _._int_is_a_number
 _._one_stop
+# the Anthropic Messages models (agentgym/server/anthropic_types.py)
+_._text_blocks
+_._known_blocks
+_._client_tool
+_._no_thinking
+_._system_text
+_._stops
+thinking
+input_tokens
+# the Responses API (server/responses_types.py): fields of openai.types.responses a client reads
+_._items
+annotations
+reasoning_tokens
+input_tokens_details
+output_tokens
+output_tokens_details
+created_at
+incomplete_details
+_.incomplete_details
 
 # ---- Ray actor methods, called by name through worker groups (trainer/workers.py)
 _.rendezvous_address
@@ -123,6 +144,7 @@ compute_policy_loss_topr  # @_register_policy_loss("topr")
 _.sampling_metrics  # read with getattr by ppo_trainer (sampling/* metrics)
 _.warmup_style  # the optimizer config key train_state reads
 __getattr__  # server/__init__.py: the lazy names
+calculate_expression  # envs/tools/mcp/calculator_server.py: an MCP tool, @server.tool(name="calculate")
 
 # ---- public API that users call and tests pin (no caller inside agentgym)
 FixedTrajectorySource  # tests and users hand the trainer fixed trajectories

@@ -228,7 +228,9 @@ class Progress:
 
 def write_samples(path: Path, trajectories: Sequence[Trajectory], step: int, count: int, tag: str = "train") -> None:
     """Append ``count`` trajectories (spread over the batch) whole: token ids, logprobs, rewards,
-    versions and messages, plus ``step`` and ``split`` (``agentgym view samples.jsonl`` shows them)."""
+    versions and messages, plus ``step`` and ``split`` (``agentgym view samples.jsonl`` shows them).
+    A distillation teacher's top-k tokens (``Turn.teacher_topk_*``, k ids and logprobs per token) are
+    left out: they would make each record k times its size; its logprob of each token stays."""
     if count <= 0 or not trajectories:
         return
     stride = max(1, len(trajectories) // count)
@@ -237,6 +239,9 @@ def write_samples(path: Path, trajectories: Sequence[Trajectory], step: int, cou
     with open(path, "a") as f:
         for traj in chosen:
             record = {"step": step, "split": tag, **traj.to_dict()}
+            for turn in record["turns"]:
+                turn.pop("teacher_topk_ids", None)
+                turn.pop("teacher_topk_logprobs", None)
             f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
 
 

@@ -136,6 +136,8 @@ class Turn:
 
     ``teacher_logprobs``: on-policy distillation's teacher's logprob of each response token, given the
     whole context before it (``agentgym.rewards.teacher``); empty when no teacher scored the turn.
+    ``teacher_topk_ids`` / ``teacher_topk_logprobs``: with ``distillation.topk`` > 0, the teacher's ``k``
+    most likely tokens at each response position (most likely first) and their logprobs; empty otherwise.
     """
 
     prompt_ids: list[int]
@@ -151,6 +153,8 @@ class Turn:
     metrics: dict[str, float] = field(default_factory=dict)
     shaped_by: list[str] = field(default_factory=list)
     teacher_logprobs: list[float] = field(default_factory=list)
+    teacher_topk_ids: list[list[int]] = field(default_factory=list)
+    teacher_topk_logprobs: list[list[float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):
@@ -167,6 +171,14 @@ class Turn:
             raise ValueError(
                 f"teacher_logprobs holds one logprob per response token (or none): got "
                 f"{len(self.teacher_logprobs)} for {len(self.response_ids)} tokens"
+            )
+        if self.teacher_topk_ids and not (
+            len(self.teacher_topk_ids) == len(self.teacher_topk_logprobs) == len(self.response_ids)
+        ):
+            raise ValueError(
+                "teacher_topk_ids and teacher_topk_logprobs hold one row per response token (or none): got "
+                f"{len(self.teacher_topk_ids)} and {len(self.teacher_topk_logprobs)} "
+                f"for {len(self.response_ids)} tokens"
             )
 
     def versions(self) -> list[int]:

@@ -408,6 +408,7 @@ TEXT_DOORS = [
     "parse_tool_calls",
     "split_reply",
     "server.assistant_reply",
+    "server.assistant_reply[length]",
     "Toolbox.execute",
     "Toolbox.execute[expression]",
     "calculator",
@@ -538,6 +539,10 @@ def build_doors(workdir: Path) -> dict[str, Door]:
         Door("parse_tool_calls", lambda _, t: parse_tool_calls(t)),
         Door("split_reply", lambda _, t: split_reply(t)),
         Door("server.assistant_reply", lambda _, t: assistant_reply(t, "stop", True)),
+        Door(  # a reply cut by max_tokens: its last, unclosed call is cut out (tool_calls.cut_tool_call)
+            "server.assistant_reply[length]",
+            lambda _, t: assistant_reply(t, "length", True, ["calculator", "search"]),
+        ),
         Door("Toolbox.execute", lambda _, t: toolbox.execute(tool_call("calculator", t)["tool_calls"][0])),
         Door(
             "Toolbox.execute[expression]",

@@ -5,8 +5,9 @@ fail a well-formed request running beside it.
     .venv/bin/python benchmarks/fuzz_server.py --cases 5000 --seed 3
     .venv/bin/python benchmarks/fuzz_server.py --url http://127.0.0.1:8000 --admin-key KEY
 
-Each case takes a valid request to one route (chat, text completions with text or token ids,
-the weight and pause routes) and breaks one thing: a field set to a hostile value (wrong types,
+Each case takes a valid request to one route (chat, chat with tools beside ``response_format``,
+chat with the legacy ``functions``, text completions with text or token ids, the weight and pause
+routes, a path the server does not serve) and breaks one thing: a field set to a hostile value (wrong types,
 huge or negative numbers, a 5000-digit integer, ``NaN``, lone surrogates, deep nesting, long
 strings, Jinja), one message's fields, the raw body (truncated, not an object, invalid UTF-8,
 over the size limit) or the headers (no admin key, a wrong one, ``text/plain``). Meanwhile
@@ -119,6 +120,13 @@ HOSTILE: list[Any] = [
     {"enable_thinking": True},
     {"include_usage": "yes"},
     [{"type": "function", "function": {"name": 5}}],
+    "function",
+    {"name": "lookup"},
+    {"name": 5, "arguments": {"key": 1}},
+    [{"name": "lookup", "parameters": {"type": "object"}}],
+    [{"description": "no name"}],
+    {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},
+    {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "nonsense"}}},
 ]
 
 FIELDS = [
@@ -154,14 +162,37 @@ CHAT_FIELDS = [
     "continue_final_message",
     "chat_template_kwargs",
     "response_format",
+    "functions",
+    "function_call",
 ]
 TEXT_FIELDS = ["prompt", "echo"]
-MESSAGE_FIELDS = ["role", "content", "name", "tool_call_id", "tool_calls"]
+MESSAGE_FIELDS = ["role", "content", "name", "tool_call_id", "tool_calls", "function_call"]
 
 CHAT = {
     "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}],
     "max_tokens": 4,
 }
+LOOKUP = {
+    "name": "lookup",
+    "parameters": {"type": "object", "properties": {"key": {"type": "integer"}}, "required": ["key"]},
+}
+CHAT_TOOLS_JSON = {  # tools beside response_format under auto: the union grammar
+    **CHAT,
+    "tools": [{"type": "function", "function": LOOKUP}],
+    "tool_choice": "auto",
+    "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},
+}
+CHAT_LEGACY = {  # the legacy functions, with a legacy history
+    "messages": [
+        {"role": "user", "content": "Look up 7."},
+        {"role": "assistant", "content": None, "function_call": {"name": "lookup", "arguments": '{"key": 7}'}},
+        {"role": "function", "name": "lookup", "content": "found"},
+    ],
+    "functions": [LOOKUP],
+    "function_call": {"name": "lookup"},
+    "max_tokens": 4,
+}
+UNSERVED = ["/v1/responses", "/v1/messages", "/v1/chat/completion", "/v1/embeddings", "/nope"]
 TEXT = {"prompt": "Once upon a time", "max_tokens": 4}
 TOKENS = {"prompt": [5, 6, 7, 8], "max_tokens": 4}
 
@@ -227,9 +258,14 @@ def make_case(rng: random.Random, admin_key: str, max_body_bytes: int) -> Case:
                 f"{route} garbage ({how})",
             )
         return Case(route, dumps(body), headers, f"{route} {how}: {dumps(body)[:60]!r}")
+    if roll > 0.97:  # a path the server does not serve: a 404 naming what it does
+        route = rng.choice(UNSERVED)
+        return Case(route, dumps(CHAT), json_headers, f"{route} (not served)")
     route, base, fields = rng.choice(
         [
             ("/v1/chat/completions", CHAT, FIELDS + CHAT_FIELDS),
+            ("/v1/chat/completions", CHAT_TOOLS_JSON, FIELDS + CHAT_FIELDS),
+            ("/v1/chat/completions", CHAT_LEGACY, FIELDS + CHAT_FIELDS),
             ("/v1/completions", TEXT, FIELDS + TEXT_FIELDS),
             ("/v1/completions", TOKENS, FIELDS + TEXT_FIELDS),
         ]
@@ -243,7 +279,7 @@ def make_case(rng: random.Random, admin_key: str, max_body_bytes: int) -> Case:
     elif roll < 0.75 and "messages" in body:
         name = rng.choice(MESSAGE_FIELDS)
         value = rng.choice(HOSTILE)
-        body["messages"][rng.randrange(2)][name] = value
+        body["messages"][rng.randrange(len(body["messages"]))][name] = value
         what = f"{route} messages[].{name}={dumps(value)[:50]!r}"
     elif roll < 0.85:  # two fields at once
         for name in rng.sample(fields, 2):

@@ -6,6 +6,8 @@ held-out figures of every run, their mean and spread, and (``--ablate``) each ch
     python benchmarks/learning.py --seeds 1 2 3 --ablate       # and each change of the recipe off, per seed
     python benchmarks/learning.py --env arithmetic             # the single-turn job
     python benchmarks/learning.py --seeds 1 -- trainer.total_training_steps=90   # extra overrides
+    python benchmarks/learning.py --seeds 1 2 3 --async        # and agentgym train --async beside each
+    python benchmarks/learning.py --seeds 1 --async --dry-run  # print the commands, run nothing
 
 Each run is a child process in a fresh run directory with a fresh tiny-model cache (unless
 ``--keep-cache``), so every stage counts: building the tiny model, demos, SFT, held-out scores of the
@@ -17,9 +19,16 @@ mean (spread between runs). ``--ablate`` repeats each seed with one change switc
 variants in ``ABLATIONS``), in a table beside the full recipe: each ablation runs RL only, from the
 full recipe's SFT model of the same seed, so the change is the only difference between the two rows.
 
+``--async`` runs each seed a second time with ``agentgym train --async`` (the asynchronous trainer, the
+same recipe and overrides, its own fresh directory) and prints the two side by side: per seed the greedy
+gain and the wall minutes of sync and async, then the means.
+
 Targets (issue 22), checked on the full recipe's runs: greedy gain >= ``--min-gain`` (3 points) in
 every run and >= ``--min-mean-gain`` (8 points) on average; malformed replies after RL at each turn at
-most ``--max-malformed-rise`` (5 points) above SFT's; each run <= ``--max-minutes``. Exit 0 when all hold.
+most ``--max-malformed-rise`` (5 points) above SFT's; each run <= ``--max-minutes``. With ``--async``
+(issue 37): every async run's greedy gain >= ``--min-gain``, the async mean within ``--async-tolerance``
+(3 points) of the sync mean, and each async run no slower than the sync run of its seed. Exit 0 when all
+hold.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -44,6 +54,7 @@ ABLATIONS: dict[str, list[str]] = {
     "PPO with a critic instead of GiGPO": ["algorithm=ppo"],
 }
 """Each change of the main job's recipe (configs/env/sokoban.yaml), switched off on its own."""
+ASYNC = "async (agentgym train --async)"
 
 
 @dataclass
@@ -77,10 +88,13 @@ def run_once(
     base: Path,
     keep_cache: bool,
     start_model: Path | None = None,
+    flags: tuple[str, ...] = (),
+    dry_run: bool = False,
 ) -> Run:
     """One ``agentgym train`` in a fresh run directory; ``start_model``: RL from this model (the full
-    recipe's SFT model of the same seed) instead of running the warm start again."""
-    run_dir = base / f"{variant.replace(' ', '_')}-seed{seed}" / "run"
+    recipe's SFT model of the same seed) instead of running the warm start again; ``flags``: flags of
+    ``agentgym train`` (``--async``); ``dry_run``: print the command only."""
+    run_dir = base / f"{re.sub(r'[^A-Za-z0-9]+', '_', variant).strip('_')}-seed{seed}" / "run"
     if start_model is not None:
         overrides = ["warm_start.enable=false", f"actor_rollout_ref.model.path={start_model}", *overrides]
     env = dict(os.environ)
@@ -91,6 +105,7 @@ def run_once(
         "-m",
         "agentgym.cli",
         "train",
+        *flags,
         "--env",
         env_name,
         f"trainer.seed={seed}",
@@ -98,6 +113,8 @@ def run_once(
         *overrides,
     ]
     print(f"\n$ {' '.join(cmd)}", flush=True)
+    if dry_run:
+        return Run(variant, seed, 0.0, False, run_dir=str(run_dir))
     started = time.perf_counter()
     code = subprocess.call(cmd, cwd=ROOT, env=env)
     minutes = (time.perf_counter() - started) / 60
@@ -144,6 +161,26 @@ def report(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def side_by_side(runs: list[Run], sync: str, other: str) -> str:
+    """Per seed, the greedy gain and the minutes of ``sync`` and ``other`` runs beside each other; then the means."""
+    lines = [f"| seed | {sync}: gain | {other}: gain | {sync}: minutes | {other}: minutes |", "|---|---|---|---|---|"]
+    by = {(r.variant, r.seed): r for r in runs}
+    for seed in dict.fromkeys(r.seed for r in runs):
+        a, b = by.get((sync, seed)), by.get((other, seed))
+        cells = []
+        for r in (a, b):
+            cells.append(f"{r.gain()[0]:+.3f} ± {r.gain()[1]:.3f}" if r and r.ok else "failed" if r else "-")
+        lines.append(
+            f"| {seed} | {cells[0]} | {cells[1]} | {a.minutes if a else 0:.1f} | {b.minutes if b else 0:.1f} |"
+        )
+    for name in (sync, other):
+        gains = [r.gain()[0] for r in runs if r.variant == name and r.ok]
+        minutes = [r.minutes for r in runs if r.variant == name and r.ok]
+        if gains:
+            lines.append(f"{name}: mean gain {statistics.mean(gains):+.3f}, mean {statistics.mean(minutes):.1f} min")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="sokoban")
@@ -162,11 +199,32 @@ def main() -> int:
     parser.add_argument("--min-mean-gain", type=float, default=0.08)
     parser.add_argument("--max-malformed-rise", type=float, default=0.05)
     parser.add_argument("--max-minutes", type=float, default=15.0)
+    parser.add_argument(
+        "--async",
+        dest="run_async",
+        action="store_true",
+        help="also run each seed with agentgym train --async and print the two side by side",
+    )
+    parser.add_argument("--async-tolerance", type=float, default=0.03, help="async mean gain >= sync mean - this")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands and run nothing")
     parser.add_argument("overrides", nargs="*", help="extra KEY=VALUE overrides for every run")
     args = parser.parse_args()
 
     base = Path(args.run_dir or tempfile.mkdtemp(prefix="agentgym-learning-"))
-    runs = [run_once(args.env, seed, "full recipe", list(args.overrides), base, args.keep_cache) for seed in args.seeds]
+    dry = args.dry_run
+    runs = [
+        run_once(args.env, seed, "full recipe", list(args.overrides), base, args.keep_cache, dry_run=dry)
+        for seed in args.seeds
+    ]
+    if args.run_async:
+        runs += [
+            run_once(
+                args.env, seed, ASYNC, list(args.overrides), base, args.keep_cache, flags=("--async",), dry_run=dry
+            )
+            for seed in args.seeds
+        ]
+    if dry:
+        return 0
     if args.ablate:  # RL only, from the full recipe's SFT model of the same seed: the change is the only difference
         for name, extra in ABLATIONS.items():
             for full in list(runs[: len(args.seeds)]):
@@ -183,9 +241,12 @@ def main() -> int:
                             base,
                             args.keep_cache,
                             start_model=sft,
+                            dry_run=dry,
                         )
                     )
     text = report(runs)
+    if args.run_async:
+        text += "\n\n" + side_by_side(runs, "full recipe", ASYNC)
     print(f"\n{text}\n({os.cpu_count()} CPUs; runs under {base})")
     (base / "learning.md").write_text(text + "\n")
 
@@ -204,6 +265,20 @@ def main() -> int:
         ),
         f"every run <= {args.max_minutes:g} min": all(r.minutes <= args.max_minutes for r in full),
     }
+    if args.run_async:
+        by_seed = {r.seed: r for r in full}
+        other = [r for r in runs if r.variant == ASYNC]
+        async_gains = [r.gain()[0] for r in other if r.ok]
+        checks[f"every async run's greedy gain >= {args.min_gain:+.2f}"] = (
+            len(async_gains) == len(other) > 0 and min(async_gains) >= args.min_gain
+        )
+        checks[f"async mean gain within {100 * args.async_tolerance:.0f} points of sync's"] = (
+            bool(async_gains and gains)
+            and statistics.mean(async_gains) >= statistics.mean(gains) - args.async_tolerance
+        )
+        checks["every async run no slower than the sync run of its seed"] = all(
+            r.ok and r.seed in by_seed and r.minutes <= by_seed[r.seed].minutes for r in other
+        )
     for name, held in checks.items():
         print(f"target: {name}: {'met' if held else 'NOT met'}")
     return 0 if all(checks.values()) else 1

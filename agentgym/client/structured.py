@@ -10,7 +10,9 @@ trajectories' call records):
   (``parallel``: one or more, separated by a newline) in the Hermes format the chat template
   writes and ``agentgym.envs.tools.parsing`` reads, ``<tool_call>\\n{"name": "<name>",
   "arguments": <JSON valid against the tool's parameters>}\\n</tool_call>``, and nothing else
-  (``tool_choice`` ``required``; a named ``tool_choice`` is the same with that one tool);
+  (``tool_choice`` ``required``; a named ``tool_choice`` is the same with that one tool); with
+  ``"or_json": schema`` (``response_format`` beside tools under ``tool_choice`` ``auto``): those
+  calls or one JSON value valid against the schema;
 * what a vLLM-style ``structured_outputs`` (or ``guided_*``) field asks, passed on:
   ``{"type": "structural_tag", "tag"}``, ``{"type": "regex", "regex"}``, ``{"type": "choice",
   "choices"}``, ``{"type": "grammar", "grammar"}`` (in the backend's own dialect).
@@ -121,28 +123,33 @@ def response_format_schema(response_format: Any) -> dict[str, Any] | None:
 def chat_constraint(
     tools: list[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool | None, response_format: Any
 ) -> dict[str, Any] | None:
-    """The constraint a chat request asks for (None: free text), or a ``ConstraintError``."""
+    """The constraint a chat request asks for (None: free text), or a ``ConstraintError``.
+
+    ``tool_choice`` ``required`` or named: the tool calls, whatever ``response_format`` says (the
+    tools win, as with OpenAI). ``response_format`` with tools under ``auto`` (or no
+    ``tool_choice``): a tool call or the JSON (``or_json``), the union grammar vLLM's issue #39929
+    proposes; with ``tool_choice`` ``none``: the JSON alone."""
     check_tool_choice(tools, tool_choice)
     schema = response_format_schema(response_format)
     forced = tool_choice == "required" or isinstance(tool_choice, dict)
-    if forced and schema is not None:
-        raise ConstraintError(
-            "response_format asks for JSON and tool_choice for a tool call; ask for one of them", "response_format"
-        )
-    if schema is not None:
-        return {"type": "json", "schema": schema}
-    if not forced:
-        return None
+    either = schema is not None and bool(tools) and tool_choice in (None, "auto")
+    if not forced and not either:
+        return {"type": "json", "schema": schema} if schema is not None else None
     functions = [tool_function(t, f"tools[{i}]") for i, t in enumerate(tools or [])]
     name = named_tool(tool_choice)
     if name is not None:
         functions = [f for f in functions if f["name"] == name][:1]
-    return {"type": "tool_calls", "tools": functions, "parallel": name is None and parallel_tool_calls is not False}
+    parallel = name is None and parallel_tool_calls is not False
+    constraint = {"type": "tool_calls", "tools": functions, "parallel": parallel}
+    if either:
+        constraint["or_json"] = schema
+    return constraint
 
 
 # ---- for each backend ----------------------------------------------------------------------
 def structural_tag(constraint: dict[str, Any]) -> dict[str, Any]:
-    """A ``tool_calls`` constraint in xgrammar's structural-tag format (vLLM, SGLang)."""
+    """A ``tool_calls`` constraint in xgrammar's structural-tag format (vLLM, SGLang); with ``or_json``
+    the calls are one branch of an ``or`` whose other is the JSON schema."""
     tags = [
         {
             "type": "tag",
@@ -152,16 +159,17 @@ def structural_tag(constraint: dict[str, Any]) -> dict[str, Any]:
         }
         for t in constraint["tools"]
     ]
-    return {
-        "type": "structural_tag",
-        "format": {
-            "type": "tags_with_separator",
-            "tags": tags,
-            "separator": TOOL_CALL_SEPARATOR,
-            "at_least_one": True,
-            "stop_after_first": not constraint["parallel"],
-        },
+    calls = {
+        "type": "tags_with_separator",
+        "tags": tags,
+        "separator": TOOL_CALL_SEPARATOR,
+        "at_least_one": True,
+        "stop_after_first": not constraint["parallel"],
     }
+    if constraint.get("or_json") is None:
+        return {"type": "structural_tag", "format": calls}
+    json_reply = {"type": "json_schema", "json_schema": constraint["or_json"]}
+    return {"type": "structural_tag", "format": {"type": "or", "elements": [calls, json_reply]}}
 
 
 def backend_fields(constraint: dict[str, Any] | None, backend: str) -> dict[str, Any]:

@@ -217,6 +217,17 @@ class DistillationConfig:
     clip: float | None = setting(
         None, "clip each token's reverse KL to [-clip, clip] before it enters the advantage (null: none)"
     )
+    loss_mode: Literal["sampled", "topk"] = setting(
+        "sampled",
+        "sampled: the reverse KL of the sampled token in the advantage | topk: the reverse KL over the teacher's "
+        "top-k tokens (and a tail bucket) from the student's logits, added to the actor loss",
+    )
+    topk: int = setting(
+        20, "the teacher's k most likely tokens returned per scored position (topk's support; 0 with sampled: none)"
+    )
+    action_tag: str | None = setting(
+        "answer", "distill/*_action metrics: tokens inside <tag>...</tag> of a reply (null: no split)"
+    )
     teacher: TeacherConfig = section(TeacherConfig, "the teacher model")
 
 

@@ -18,7 +18,7 @@ from agentgym.envs.base import TextEnv
 from agentgym.envs.data import Task, choose_index, load_tasks
 from agentgym.envs.gsm8k import DataFiles, gsm8k_task
 from agentgym.envs.rewards import answers_match, compute_score, extract_answer
-from agentgym.envs.tools import CallResult, Toolbox, call_metrics, make_tool, split_reply
+from agentgym.envs.tools import CallResult, Toolbox, call_metrics, make_tools, split_reply
 from agentgym.types import Action, Message
 
 TOOL_SYSTEM_PROMPT = (
@@ -37,6 +37,7 @@ class Gsm8kToolEnv(TextEnv):
         split: str = "train",
         tools: Sequence[str] = ("calculator", "python"),
         tool_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        mcp_servers: Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
         max_turns: int = 8,
         max_calls_per_turn: int = 4,
         max_calls_per_episode: int = 16,
@@ -49,7 +50,8 @@ class Gsm8kToolEnv(TextEnv):
         render_mode: str | None = None,
     ) -> None:
         """``tools``: registered tool names; ``tool_kwargs``: ``{name: constructor kwargs}`` (e.g.
-        ``{"python": {"timeout_s": 3}}``). ``max_turns``: model turns before truncation; the call
+        ``{"python": {"timeout_s": 3}}``); ``mcp_servers``: MCP servers whose tools are offered too
+        (docs/mcp.md). ``max_turns``: model turns before truncation; the call
         limits are per turn and per episode. ``tool_reward``: turn reward per successful call.
         ``system_prompt``: prepended when a row's prompt has no system message (None: never)."""
         super().__init__(render_mode=render_mode)
@@ -61,9 +63,8 @@ class Gsm8kToolEnv(TextEnv):
         self.tool_reward = tool_reward
         self.method, self.format_score, self.score = method, format_score, score
         self.system_prompt = system_prompt
-        kwargs = tool_kwargs or {}
         self.toolbox = Toolbox(
-            [make_tool(name, **dict(kwargs.get(name, {}))) for name in tools],
+            make_tools(tools, tool_kwargs, mcp_servers),
             max_calls_per_turn=max_calls_per_turn,
             max_calls_per_episode=max_calls_per_episode,
             max_output_chars=max_output_chars,

@@ -4,7 +4,7 @@ Admin endpoints (``Authorization: Bearer <admin key>``; every gateway has a key:
 that ``agentgym gateway`` prints and ``GatewayHandle.admin_key`` holds):
 
 * ``POST /sessions`` ``{"task": {...}, "group_id": str, "sampling": {...}}`` ->
-  ``{"id", "api_key", "base_url", "group_id"}``. ``sampling`` (``SamplingParams`` names:
+  ``{"id", "api_key", "base_url", "anthropic_base_url", "group_id"}``. ``sampling`` (``SamplingParams`` names:
   ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``, ``seed``...) is pinned: it
   overrides what the agent asks for, and is checked here (``agentgym.gateway.validation``). The task
   may name a reward function (``"reward_fn": "gsm8k"``, or a ``"module:function"`` the operator
@@ -34,8 +34,13 @@ that ``agentgym gateway`` prints and ``GatewayHandle.admin_key`` holds):
 OpenAI endpoints, under ``base_url`` = ``http://host:port/sessions/<id>/v1``, with the
 session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``, ``stop``,
 ``logprobs``, ``stream``, forced tool calls, ``response_format``, penalties: docs/openai_api.md),
-``POST /completions``, ``GET /models``. Another session's key is a 403, a missing or unknown key a
-401; every error has OpenAI's shape. An agent that disconnects before its answer cancels the
+``POST /completions``, ``POST /responses`` (OpenAI's Responses API over the chat path, recorded the same
+way: ``agentgym.gateway.responses``), ``GET /models``. Anthropic's Messages API: ``POST /sessions/<id>/v1/messages``
+(``agentgym.gateway.messages``; the ``anthropic`` client's ``base_url`` is ``anthropic_base_url``,
+the session's URL without ``/v1``), recorded as a chat completion, errors in Anthropic's shape; the
+key may come as ``x-api-key``. A path not served is a 404 that lists the ones that are (``/v1/...`` at the
+root: how to get a session). Another session's key is a 403, a missing or unknown key a
+401; every other error has OpenAI's shape. An agent that disconnects before its answer cancels the
 generation and nothing is recorded (``GET /stats``: ``undelivered``).
 
 Limits (``Gateway`` options; ``agentgym gateway`` flags of the same names): ``max_sessions`` open at
@@ -53,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -60,10 +66,24 @@ from fastapi.responses import Response
 
 from agentgym.gateway.archive import STATUSES, ArchivedSession, archived_summary, finish_body
 from agentgym.gateway.gateway import SAMPLING_FIELDS, Gateway
+from agentgym.gateway.messages import messages
 from agentgym.gateway.model_calls import Delivery
+from agentgym.gateway.responses import responses_call
 from agentgym.gateway.validation import check_index, check_number, check_sampling, check_task
-from agentgym.server.errors import APIError, error_response, install_error_handlers, json_object, validate
+from agentgym.server import anthropic_api
+from agentgym.server.anthropic_types import MessagesRequest
+from agentgym.server.errors import (
+    APIError,
+    error_response,
+    install_error_handlers,
+    json_object,
+    path_methods,
+    served_routes,
+    unserved_message,
+    validate,
+)
 from agentgym.server.openai_types import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from agentgym.server.responses_types import ResponsesRequest
 from agentgym.server.streaming import wait_for_disconnect
 
 
@@ -76,7 +96,20 @@ def build_app(gateway: Gateway) -> GatewayApp:
     def count_error(_: Exception) -> None:
         gw.counts["errors"] += 1
 
-    install_error_handlers(app, internal_type="server_error", on_internal=count_error)
+    def unserved(request: Request) -> tuple[int, str, str]:
+        path = request.url.path
+        if path == "/v1" or path.startswith("/v1/"):
+            return 404, no_session_message(path, request), "no_session"
+        return unserved_message(
+            "the agentgym gateway",
+            request.method,
+            path,
+            gateway_routes(app),
+            path_methods(app, request.scope),
+            hint="An agent talks to its own session: base_url http://host:port/sessions/<id>/v1 (POST /sessions).",
+        )
+
+    install_error_handlers(app, internal_type="server_error", on_internal=count_error, unserved=unserved)
 
     async def body(request: Request, model: type | None = None, required: bool = True) -> Any:
         return await read_body(gw, request, model, required)
@@ -194,19 +227,35 @@ def build_app(gateway: Gateway) -> GatewayApp:
             data=[ModelCard(id=gw.model_name, root=gw.model_name, max_model_len=gw.max_model_len)]
         ).model_dump()
 
-    @app.api_route("/v1/{rest:path}", methods=["GET", "POST"])
-    async def root_v1(rest: str, request: Request) -> dict[str, Any]:
-        """An OpenAI client pointed at the gateway's root: say how to get a session's base_url."""
-        raise APIError(
+    @app.post("/sessions/{sid}/v1/v1/messages")
+    async def doubled_v1(sid: str, request: Request) -> Response:
+        """An ``anthropic`` client given the OpenAI ``base_url``: it adds ``/v1`` itself."""
+        gw.session_for(sid, request)
+        return anthropic_api.error_response(
             404,
-            f"the gateway has no /v1/{rest} of its own: every agent talks to its own session. "
-            f"Create one first: POST {str(request.base_url).rstrip('/')}/sessions (body "
-            f'{{"task": {{...}}}}), then use the base_url and api_key it returns with the OpenAI '
-            f"client: OpenAI(base_url=session['base_url'], api_key=session['api_key'])",
-            code="no_session",
+            "the anthropic client adds /v1/messages to its base_url itself: give it the session's "
+            "anthropic_base_url (its base_url without /v1)",
         )
 
     return GatewayApp(gw, app)
+
+
+def no_session_message(path: str, request: Request) -> str:
+    """An OpenAI client pointed at the gateway's root: say how to get a session's base_url."""
+    return (
+        f"the gateway has no {path} of its own: every agent talks to its own session. "
+        f"Create one first: POST {str(request.base_url).rstrip('/')}/sessions (body "
+        f'{{"task": {{...}}}}), then use the base_url and api_key it returns with the OpenAI '
+        f"client: OpenAI(base_url=session['base_url'], api_key=session['api_key'])"
+    )
+
+
+def gateway_routes(app: FastAPI) -> list[tuple[str, str]]:
+    """What the gateway serves: the model calls and admin calls ``GatewayApp`` answers itself, then
+    the FastAPI app's routes (read now: routes added later are listed)."""
+    own = [("POST", f"/sessions/{{sid}}/v1/{rest}") for rest in _MODEL_CALLS]
+    own += [("POST", "/sessions"), ("POST", "/sessions/{sid}/finish")]
+    return own + served_routes(app)
 
 
 async def create_session(gw: Gateway, request: Request) -> dict[str, Any]:
@@ -240,6 +289,7 @@ async def create_session(gw: Gateway, request: Request) -> dict[str, Any]:
         "id": session.id,
         "api_key": session.key,
         "base_url": gw.base_url(request, session.id),
+        "anthropic_base_url": gw.base_url(request, session.id).removesuffix("/v1"),
         "group_id": session.group_id,
     }
 
@@ -283,13 +333,17 @@ async def read_body(gw: Gateway, request: Request, model: type | None = None, re
 _MODEL_CALLS = {
     "chat/completions": (ChatCompletionRequest, Gateway.chat_completion),
     "completions": (CompletionRequest, Gateway.completion),
+    "messages": (MessagesRequest, messages),
+    "responses": (ResponsesRequest, responses_call),  # the Responses API: agentgym/gateway/responses.py
 }
+_ERROR_SHAPES = {"messages": anthropic_api.error_response}
+"""The model calls whose errors are not in OpenAI's shape."""
 
 
 class GatewayApp:
     """The gateway's ASGI app. The calls made for every session are answered here, before the
-    FastAPI app (``api``) that serves every other route: ``POST /sessions/<id>/v1/chat/completions``
-    and ``.../completions``, and ``POST /sessions`` and ``POST /sessions/<id>/finish``.
+    FastAPI app (``api``) that serves every other route: ``POST /sessions/<id>/v1/chat/completions``,
+    ``.../completions`` and ``.../responses``, and ``POST /sessions`` and ``POST /sessions/<id>/finish``.
 
     Why: they are the gateway's hot path, and FastAPI's middleware stack (error, exception,
     body-limit, telemetry and exit-stack middlewares, the router, dependency solving, anyio's
@@ -309,7 +363,7 @@ class GatewayApp:
                 sid, sep, rest = path[10:].partition("/v1/")
                 call = _MODEL_CALLS.get(rest) if sep and sid and "/" not in sid else None
                 if call is not None:
-                    await self.model_call(sid, *call, scope, receive, send)
+                    await self.model_call(sid, *call, scope, receive, send, _ERROR_SHAPES.get(rest, error_response))
                     return
                 sid, sep, rest = path[10:].partition("/")
                 if rest == "finish" and sid and scope["method"] == "POST":
@@ -321,7 +375,14 @@ class GatewayApp:
         await self.api(scope, receive, send)
 
     async def model_call(
-        self, sid: str, model: type, method: Any, scope: dict[str, Any], receive: Any, send: Any
+        self,
+        sid: str,
+        model: type,
+        method: Any,
+        scope: dict[str, Any],
+        receive: Any,
+        send: Any,
+        error_response: Callable[..., Response] = error_response,
     ) -> None:
         """One model call. Once its body is read, the call runs while the agent's connection is
         watched: an agent that goes away cancels it (its generation is aborted, nothing is recorded);

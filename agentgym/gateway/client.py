@@ -52,7 +52,7 @@ class GatewayClient:
         sampling: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """-> ``{"id", "api_key", "base_url", "group_id"}``."""
+        """-> ``{"id", "api_key", "base_url", "anthropic_base_url", "group_id"}``."""
         body = {"task": task or {}, "group_id": group_id, "sampling": sampling or {}}
         if metadata:
             body["metadata"] = metadata

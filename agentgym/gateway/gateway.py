@@ -22,7 +22,11 @@ Choices made:
 * ``tool_choice`` ``required``/named, ``response_format`` and ``structured_outputs``, penalties,
   ``logit_bias``, ``min_tokens`` and ``top_logprobs`` go to the policy servers, each in its own
   words (``agentgym.gateway.model_calls``); each turn names what shaped its sampling
-  (``Turn.shaped_by``).
+  (``Turn.shaped_by``); ``tools`` beside ``response_format`` under ``auto``: a call or the JSON.
+* The legacy ``functions``/``function_call`` are read as ``tools``/``tool_choice`` (the history's
+  ``function_call`` and ``function`` messages as tool calls and results,
+  ``agentgym.server.legacy_functions``): the turn is recorded as a tool call, the agent gets
+  ``message.function_call``. A call cut by ``max_tokens`` is a call with partial arguments.
 * A turn is recorded only once the agent has its reply: an agent that goes away before it (a
   client timeout) cancels the generation and leaves nothing in the session.
 * The ``model`` field is ignored: the session decides what answers.
@@ -213,7 +217,9 @@ class Gateway(ModelCalls):
     def bearer(request: Request) -> str | None:
         header = request.headers.get("authorization") or ""
         scheme, _, token = header.partition(" ")
-        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+        return request.headers.get("x-api-key") or None  # Anthropic's clients send the key so
 
     def is_admin(self, key: str | None) -> bool:
         return key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode())
@@ -248,7 +254,7 @@ class Gateway(ModelCalls):
         if key is None:
             raise APIError(
                 401,
-                "no API key: pass the session's api_key (Authorization: Bearer <key>)",
+                "no API key: pass the session's api_key (Authorization: Bearer <key>, or x-api-key: <key>)",
                 "authentication_error",
                 code="invalid_api_key",
             )

@@ -39,12 +39,11 @@ from agentgym.server.openai_types import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
-    ToolCall,
     TopLogprob,
     UsageInfo,
 )
 from agentgym.server.token_pieces import top_by_name
-from agentgym.server.tool_calls import assistant_reply
+from agentgym.server.tool_calls import assistant_reply, forced_tool_names
 from agentgym.types import SamplingParams, TokenSample
 
 
@@ -228,16 +227,20 @@ class ModelCalls:
         choices, replies = [], []
         for i, sample in enumerate(samples):
             content, calls, finish = assistant_reply(
-                self.reply_text(sample, sampling.stop), sample.finish_reason, bool(tools)
+                self.reply_text(sample, sampling.stop),
+                sample.finish_reason,
+                bool(tools),
+                forced_tool_names(sampling.structured),
             )
             reply: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 reply["tool_calls"] = calls
             replies.append(reply)
+            message, finish = ChatMessage.reply(content, calls, finish, req.legacy_functions)
             choices.append(
                 ChatChoice(
                     index=i,
-                    message=ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]),
+                    message=message,
                     logprobs=self.chat_logprobs(sample) if req.logprobs else None,
                     finish_reason=finish,
                     token_ids=list(sample.token_ids) if req.return_token_ids else None,

@@ -183,6 +183,8 @@ class Session:
     trajectories: list[Trajectory] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)  # the admin's own notes (the query API)
     calls: list[dict[str, Any]] = field(default_factory=list)  # one record per model call (the query API)
+    responses: dict[str, tuple[str | None, list[dict[str, Any]]]] = field(default_factory=dict)
+    # the Responses API's previous_response_id: id -> (the response it continued, the messages it added)
     finished_at: float | None = None
     record: Any = None  # once finished: the ArchivedSession written to the archive
     archived: Any = None  # the archive's write of it (a future)

@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from agentgym.gateway.sessions import Plan, Session, normalize_message
 from agentgym.server.errors import APIError
+from agentgym.server.legacy_functions import legacy_reply
 from agentgym.server.openai_types import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -27,7 +28,7 @@ from agentgym.server.openai_types import (
     UsageInfo,
 )
 from agentgym.server.token_pieces import IncrementalText
-from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply
+from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, forced_tool_names
 from agentgym.types import SamplingParams, TokenSample
 
 if TYPE_CHECKING:
@@ -74,9 +75,11 @@ def chat_chunks(response: ChatCompletionResponse, include_usage: bool) -> list[s
                     )
                 )
             )
-        if message.tool_calls:
-            calls = [{"index": k, **c.model_dump()} for k, c in enumerate(message.tool_calls)]
-            out.append(chunk(ChatStreamChoice(index=choice.index, delta=DeltaMessage(tool_calls=calls))))
+        if message.tool_calls or message.function_call:
+            calls = [{"index": k, **c.model_dump()} for k, c in enumerate(message.tool_calls)] or None
+            function_call = message.function_call.model_dump() if message.function_call else None
+            delta = DeltaMessage(tool_calls=calls, function_call=function_call)
+            out.append(chunk(ChatStreamChoice(index=choice.index, delta=delta)))
         out.append(
             chunk(
                 ChatStreamChoice(
@@ -288,18 +291,26 @@ async def live_chat(
                     )
             sample = live.sample()
             content, calls, finish = assistant_reply(
-                gw.reply_text(sample, sampling.stop), sample.finish_reason, bool(tools)
+                gw.reply_text(sample, sampling.stop),
+                sample.finish_reason,
+                bool(tools),
+                forced_tool_names(sampling.structured),
             )
             reply: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
-                reply["tool_calls"] = calls
+                reply["tool_calls"] = calls  # recorded as a tools reply whatever shape the agent gets
+            function_call = None
+            if req.legacy_functions:
+                content, function_call, calls, finish = legacy_reply(content, calls, finish)
             tail = live.text.finish(content or "")
-            if tail or calls:
+            if tail or calls or function_call:
                 yield chunk(
                     ChatStreamChoice(
                         index=0,
                         delta=DeltaMessage(
-                            content=tail or None, tool_calls=[{"index": k, **c} for k, c in enumerate(calls)] or None
+                            content=tail or None,
+                            tool_calls=[{"index": k, **c} for k, c in enumerate(calls)] or None,
+                            function_call=function_call,
                         ),
                     )
                 )

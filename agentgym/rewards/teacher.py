@@ -4,7 +4,11 @@ The student samples as in any RL run; ``TeacherScorer`` then asks the teacher fo
 sampled token given the whole context before it (the env's prompt, earlier turns, the env's messages
 between them: the trajectory's own token ids), and stores them in ``Turn.teacher_logprobs``. Only the
 sampled tokens are scored; the context tokens are read, never scored. The trainer turns them into a
-dense per-token advantage (``agentgym.trainer.distillation``).
+dense per-token advantage (``agentgym.trainer.distillation``). With ``distillation.topk`` > 0 the
+teacher also returns its ``k`` most likely tokens and their logprobs at each of those positions
+(``Turn.teacher_topk_ids`` / ``teacher_topk_logprobs``), for the top-k loss and the agreement metrics:
+the worker reads them off the logits it computes anyway, vLLM is asked for ``prompt_logprobs=k``,
+SGLang for ``top_logprobs_num=k``.
 
 Where the teacher runs:
 
@@ -60,6 +64,7 @@ class TeacherSettings:
     max_retries: int
     use_ray: bool
     device: str = "cpu"
+    topk: int = 0
 
     @classmethod
     def from_cfg(cls, cfg: DictConfig) -> TeacherSettings | None:
@@ -85,6 +90,12 @@ class TeacherSettings:
                 "distillation.teacher.server_urls needs distillation.teacher.tokenizer (the teacher's "
                 "model directory or hub name): agentgym checks it equals the student's before training"
             )
+        topk = int(d.topk)
+        if str(d.loss_mode) == "topk" and topk < 1:
+            raise ConfigError(
+                f"distillation.loss_mode=topk needs distillation.topk >= 1 (got {topk}): the KL is taken over "
+                "the teacher's top-k tokens at each position"
+            )
         device = str(cfg.trainer.device)
         if device == "auto":
             import torch
@@ -102,6 +113,7 @@ class TeacherSettings:
             int(t.max_retries),
             cfg.trainer.use_ray,
             device,
+            max(topk, 0),
         )
 
 
@@ -148,9 +160,20 @@ def sampled_positions(traj: Trajectory) -> list[list[int]]:
     return out
 
 
+@dataclass
+class TeacherScores:
+    """The teacher's answer for one sequence: its logprob of each asked-for token, and with ``topk`` > 0
+    its ``k`` most likely tokens at each of those positions (most likely first) and their logprobs."""
+
+    logprobs: list[float]
+    topk_ids: list[list[int]]
+    topk_logprobs: list[list[float]]
+
+
 class TeacherWorker:
-    """Holds the teacher model; ``logprobs(rows, positions)``: for each row of token ids, the log-prob
-    of the token at each given position given the tokens before it."""
+    """Holds the teacher model; ``scores(rows, positions, topk)``: for each row of token ids, the log-prob
+    of the token at each given position given the tokens before it (and the ``topk`` most likely tokens
+    there, from the same full-vocabulary distribution)."""
 
     def __init__(self, path: str, micro_batch_size: int, device: str = "cpu", threads: int | None = None) -> None:
         import torch
@@ -167,11 +190,13 @@ class TeacherWorker:
         return True
 
     def logprobs(self, rows: list[list[int]], positions: list[list[int]]) -> list[list[float]]:
+        return [s.logprobs for s in self.scores(rows, positions, 0)]
+
+    def scores(self, rows: list[list[int]], positions: list[list[int]], topk: int = 0) -> list[TeacherScores]:
         import torch
 
-        out: list[list[float]] = []
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # similar lengths share a micro-batch
-        results: dict[int, list[float]] = {}
+        results: dict[int, TeacherScores] = {}
         with torch.no_grad():
             for start in range(0, len(order), self.micro_batch_size):
                 chunk = order[start : start + self.micro_batch_size]
@@ -186,12 +211,17 @@ class TeacherWorker:
                 for k, i in enumerate(chunk):
                     pos = torch.tensor(positions[i], dtype=torch.long, device=logp.device)
                     if pos.numel() == 0:
-                        results[i] = []
+                        results[i] = TeacherScores([], [], [])
                         continue
                     tokens = ids[k].to(logp.device)[pos]
-                    results[i] = logp[k, pos - 1].gather(-1, tokens[:, None]).squeeze(-1).tolist()
-        out = [results[i] for i in range(len(rows))]
-        return out
+                    at = logp[k, pos - 1]
+                    sampled = at.gather(-1, tokens[:, None]).squeeze(-1).tolist()
+                    if topk > 0:
+                        values, top = at.topk(min(topk, at.shape[-1]), dim=-1)
+                        results[i] = TeacherScores(sampled, top.tolist(), values.tolist())
+                    else:
+                        results[i] = TeacherScores(sampled, [], [])
+        return [results[i] for i in range(len(rows))]
 
 
 class TeacherScorer:
@@ -216,11 +246,12 @@ class TeacherScorer:
                 self.worker = TeacherWorker(str(s.path), s.micro_batch_size, s.device)
         return self.worker
 
-    async def _local(self, rows: list[list[int]], positions: list[list[int]]) -> list[list[float]]:
+    async def _local(self, rows: list[list[int]], positions: list[list[int]]) -> list[TeacherScores]:
         worker = self._worker()
+        k = self.settings.topk
         if self.settings.use_ray:
-            return await worker.logprobs.remote(rows, positions)
-        return await asyncio.to_thread(worker.logprobs, rows, positions)
+            return await worker.scores.remote(rows, positions, k)
+        return await asyncio.to_thread(worker.scores, rows, positions, k)
 
     # ---- the teacher on servers -----------------------------------------------------------------
     def _endpoint(self) -> Endpoint:
@@ -233,31 +264,35 @@ class TeacherScorer:
             ]
         return self.endpoints[next(self._next) % len(self.endpoints)]
 
-    async def _remote(self, ids: list[int], positions: list[int]) -> list[float]:
+    async def _remote(self, ids: list[int], positions: list[int]) -> TeacherScores:
         s = self.settings
+        k = s.topk
         endpoint = self._endpoint()
         if s.backend == "vllm":
-            payload: dict[str, Any] = {"prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+            # prompt_logprobs=k: each position's k most likely tokens, plus the prompt's own token
+            payload: dict[str, Any] = {"prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
             if s.model:
                 payload["model"] = s.model
             body = await endpoint.post("completions", payload)
             try:
                 table = body["choices"][0]["prompt_logprobs"]
-                return [float(_vllm_logprob(table[p], ids[p])) for p in positions]
+                sampled = [float(_vllm_logprob(table[p], ids[p])) for p in positions]
+                tops = [_vllm_top(table[p], k) for p in positions] if k else []
             except (KeyError, IndexError, TypeError, ValueError) as exc:
                 raise EndpointError(
                     f"{endpoint.base_url}/completions gave no prompt logprob for a sampled token "
                     f"({type(exc).__name__}: {exc}); is it a vLLM server?"
                 ) from None
-        body = await endpoint.post(
-            "generate",
-            {
-                "input_ids": ids,
-                "return_logprob": True,
-                "logprob_start_len": 0,
-                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            },
-        )
+            return TeacherScores(sampled, [t[0] for t in tops], [t[1] for t in tops])
+        request: dict[str, Any] = {
+            "input_ids": ids,
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        }
+        if k:
+            request["top_logprobs_num"] = k
+        body = await endpoint.post("generate", request)
         try:
             table = body["meta_info"]["input_token_logprobs"]
             out = []
@@ -266,12 +301,20 @@ class TeacherScorer:
                 if int(token) != ids[p]:
                     raise ValueError(f"position {p} holds token {token}, not {ids[p]}")
                 out.append(float(value))
-            return out
+            tops = []
+            if k:
+                top_table = body["meta_info"]["input_top_logprobs"]
+                for p in positions:
+                    entries = sorted(top_table[p], key=lambda e: -float(e[0]))[:k]
+                    if len(entries) < k:
+                        raise ValueError(f"position {p} has {len(entries)} top logprobs, not {k}")
+                    tops.append(([int(e[1]) for e in entries], [float(e[0]) for e in entries]))
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise EndpointError(
                 f"{endpoint.base_url}/generate gave no input logprob for a sampled token "
                 f"({type(exc).__name__}: {exc}); is it an SGLang server?"
             ) from None
+        return TeacherScores(out, [t[0] for t in tops], [t[1] for t in tops])
 
     # ---- scoring ----------------------------------------------------------------------------------
     async def score(self, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -283,7 +326,7 @@ class TeacherScorer:
         rows = [t.token_ids() for t in todo]
         errors = 0
         if self.settings.path:
-            results: list[list[float] | None] = list(await self._local(rows, flat))
+            results: list[TeacherScores | None] = list(await self._local(rows, flat))
         else:
             answers = await asyncio.gather(
                 *(self._remote(r, f) for r, f in zip(rows, flat, strict=True)), return_exceptions=True
@@ -303,8 +346,11 @@ class TeacherScorer:
                 continue
             k = 0
             for turn, turn_pos in zip(traj.turns, positions, strict=True):
-                turn.teacher_logprobs = list(values[k : k + len(turn_pos)])
-                k += len(turn_pos)
+                end = k + len(turn_pos)
+                turn.teacher_logprobs = list(values.logprobs[k:end])
+                turn.teacher_topk_ids = [list(row) for row in values.topk_ids[k:end]]
+                turn.teacher_topk_logprobs = [list(row) for row in values.topk_logprobs[k:end]]
+                k = end
         return {"distill/teacher_scored": float(len(todo) - errors), "distill/teacher_errors": float(errors)}
 
     async def aclose(self) -> None:
@@ -323,3 +369,13 @@ def _vllm_logprob(entry: Any, token: int) -> float:
     """vLLM's prompt_logprobs entry (``{token_id: {"logprob": x, ...}}``) for ``token``."""
     item = entry[str(token)] if str(token) in entry else entry[token]
     return float(item["logprob"] if isinstance(item, dict) else item)
+
+
+def _vllm_top(entry: Any, k: int) -> tuple[list[int], list[float]]:
+    """The ``k`` most likely tokens of a vLLM prompt_logprobs entry and their logprobs, most likely first."""
+    items = sorted(
+        ((int(t), float(v["logprob"] if isinstance(v, dict) else v)) for t, v in entry.items()), key=lambda x: -x[1]
+    )[:k]
+    if len(items) < k:
+        raise ValueError(f"{len(items)} prompt logprobs at a position, not {k}: is prompt_logprobs capped?")
+    return [t for t, _ in items], [v for _, v in items]

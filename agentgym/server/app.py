@@ -1,6 +1,8 @@
 """The embedded policy server's HTTP routes (FastAPI) over an ``Engine``.
 
-OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``.
+OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, and
+``POST /v1/responses`` (the Responses API over the chat path: ``agentgym.server.responses_api``).
+Anthropic: ``POST /v1/messages`` (``agentgym.server.anthropic_api``, over the chat path).
 Serving: ``GET /health``, ``GET /weight_version``, ``GET /stats``.
 Weights (SGLang's names): ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``,
 ``POST /update_weights_from_tensor`` (a safetensors file as the body, ``?weight_version=N``; a part of
@@ -11,6 +13,12 @@ CUDA IPC handles from a trainer on this host: ``agentgym/server/weight_transfer.
 
 A client that disconnects from a request that is not streamed ends its generation, as one that
 stops reading a stream does (``streaming.until_disconnect``, vLLM's ``with_cancellation``).
+
+Chat requests may carry ``tools`` beside ``response_format`` (under ``auto``: a tool call or the
+JSON, one union grammar), the legacy ``functions``/``function_call`` (``legacy_functions.py``: the
+reply as ``message.function_call``); a tool call cut by ``max_tokens`` is returned as a call with
+the arguments written so far (``tool_calls.py``). A path not served is a 404 listing the ones that
+are (``errors.py``). docs/openai_api.md describes all of it.
 
 The server answers to its model name and to ``"default"`` (and to a request with no
 ``model``); any other name is a 404 ``model_not_found``. Errors come back in OpenAI's shape
@@ -38,9 +46,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from agentgym.model.weights import tensors_from_bytes
+from agentgym.server.anthropic_api import add_messages_route
 from agentgym.server.engine import Engine, Sequence
 from agentgym.server.engine import Request as EngineRequest
 from agentgym.server.errors import APIError, install_error_handlers, json_object, validate
+from agentgym.server.legacy_functions import legacy_reply
 from agentgym.server.limits import ServerLimits, new_admin_key, read_body, require_admin, text_chars
 from agentgym.server.openai_types import (
     ChatChoice,
@@ -60,17 +70,17 @@ from agentgym.server.openai_types import (
     ModelCard,
     ModelList,
     PauseRequest,
-    ToolCall,
     TopLogprob,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsResponse,
     UsageInfo,
 )
 from agentgym.server.request_params import compile_constraint, generation_params
+from agentgym.server.responses_api import add_route as add_responses_route
 from agentgym.server.sampling import GenerationParams
 from agentgym.server.streaming import events, sse, until_disconnect
 from agentgym.server.token_pieces import IncrementalText, TokenPieces, top_by_name
-from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, parse_tool_calls
+from agentgym.server.tool_calls import TOOL_CALL_OPEN, assistant_reply, forced_tool_names
 from agentgym.server.weight_transfer import BucketStaging, SharedWeights
 
 log = logging.getLogger("agentgym.server")
@@ -118,7 +128,7 @@ def build_app(
     app.state.server = server
     app.state.admin_key = admin_key
 
-    install_error_handlers(app)
+    install_error_handlers(app, what="agentgym's policy server (OpenAI-compatible)")
     staging, shared = BucketStaging(), SharedWeights()
 
     async def body_json(request: Request, required: bool = True) -> dict[str, Any]:
@@ -160,6 +170,9 @@ def build_app(
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         return await until_disconnect(request.receive, server.completions(await parse(request, CompletionRequest)))
+
+    add_messages_route(app, server, body_json)
+    add_responses_route(app, parse, server.chat)  # POST /v1/responses
 
     @app.post("/update_weights_from_disk")
     async def update_from_disk(request: Request) -> JSONResponse:
@@ -242,12 +255,16 @@ def _weights_failed(engine: Engine, message: str) -> JSONResponse:
     )
 
 
-def chat_message(text: str, finish_reason: str, parse_tools: bool) -> tuple[ChatMessage, str]:
+def chat_message(
+    text: str, finish_reason: str, parse_tools: bool, legacy: bool = False, forced: list[str] | None = None
+) -> tuple[ChatMessage, str]:
     """The assistant message for generated ``text``: with tools, Hermes ``<tool_call>`` blocks
     become ``tool_calls`` and a ``stop`` finish becomes ``tool_calls``; malformed blocks stay
-    in the content."""
-    content, calls, finish_reason = assistant_reply(text, finish_reason, parse_tools)
-    return ChatMessage(content=content, tool_calls=[ToolCall(**c) for c in calls]), finish_reason
+    in the content; a call cut by ``max_tokens`` is a call with the arguments written so far
+    (finish ``length``; ``forced``: ``tool_calls.cut_tool_call``). ``legacy``: the reply to a
+    ``functions`` request (``function_call``)."""
+    content, calls, finish_reason = assistant_reply(text, finish_reason, parse_tools, forced)
+    return ChatMessage.reply(content, calls, finish_reason, legacy)
 
 
 class _Server:
@@ -396,8 +413,9 @@ class _Server:
         request = self.engine.submit(prompt_ids, params, n=req.n)
         seqs = await self.wait(request)
         choices = []
+        forced, legacy = forced_tool_names(req.constraint), req.legacy_functions
         for seq in seqs:
-            message, finish = chat_message(seq.text, seq.finish_reason or "stop", parse_tools)
+            message, finish = chat_message(seq.text, seq.finish_reason or "stop", parse_tools, legacy, forced)
             choices.append(
                 ChatChoice(
                     index=seq.index,
@@ -471,23 +489,27 @@ class _Server:
             logprobs = None
             if req.logprobs and event.token_id is not None:
                 logprobs = self.chat_logprobs([event.token_id], [event.logprob], [event.top_logprobs or []])
-            calls = None
+            calls = function_call = None
             finish = event.finish_reason
             if finish is not None:
                 final = event.text or ""
                 if parse_tools:
-                    content, parsed, _ = parse_tool_calls(final)
+                    content, parsed, finish = assistant_reply(final, finish, True, forced_tool_names(req.constraint))
                     final = content or ""
+                    if req.legacy_functions:
+                        _, function_call, parsed, finish = legacy_reply(content, parsed, finish)
                     if parsed:
                         calls = [{"index": k, **c} for k, c in enumerate(parsed)]
-                        if finish == "stop":
-                            finish = "tool_calls"
                 delta += stream.finish(final)
-            if delta or calls or logprobs or finish or event.token_id is not None:
+            if delta or calls or function_call or logprobs or finish or event.token_id is not None:
                 yield chunk(
                     ChatStreamChoice(
                         index=event.index,
-                        delta=DeltaMessage(content=delta if delta or not calls else None, tool_calls=calls),
+                        delta=DeltaMessage(
+                            content=delta if delta or not (calls or function_call) else None,
+                            tool_calls=calls,
+                            function_call=function_call,
+                        ),
                         logprobs=logprobs,
                         finish_reason=finish,
                         token_ids=[event.token_id] if event.token_id is not None else [],

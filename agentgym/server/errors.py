@@ -1,8 +1,11 @@
 """OpenAI-shaped errors for the HTTP apps (the embedded server and the gateway).
 
 Every error is ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status:
-malformed JSON and invalid fields are a 400 (not FastAPI's 422), an unknown route a 404, and an
-unexpected exception a 500 that leaves the server up.
+malformed JSON and invalid fields are a 400 (not FastAPI's 422), an unknown route a 404 that names
+the API and every path it serves (read from the app's routes when it is asked, so routes added
+later are listed, and win: this is an exception handler, not a catch-all route), a method the path
+does not take a 405 naming the ones it does, and an unexpected exception a 500 that leaves the
+server up.
 
 ``json_object`` is the one door for a request body: besides malformed JSON it answers 400 for
 what Python's ``json`` accepts but nothing downstream should see — ``NaN``/``Infinity``, integers
@@ -29,6 +32,7 @@ ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
 }
@@ -144,10 +148,68 @@ def validate(model: type, data: dict[str, Any]) -> Any:
         raise APIError(400, message, param=param) from None
 
 
+DOCS = "docs/openai_api.md"
+IGNORED_METHODS = frozenset({"HEAD", "OPTIONS"})
+
+
+def served_routes(app: FastAPI) -> list[tuple[str, str]]:
+    """``(methods, path)`` of every route ``app`` serves now, OpenAI's ``/v1`` ones first."""
+    out = []
+    for route in app.routes:
+        methods = sorted(set(getattr(route, "methods", None) or ()) - IGNORED_METHODS)
+        path = getattr(route, "path", None)
+        if methods and path:
+            out.append(("/".join(methods), path))
+    return sorted(out, key=lambda r: "/v1/" not in r[1])
+
+
+def path_methods(app: FastAPI, scope: dict[str, Any]) -> list[str]:
+    """The methods ``app``'s routes take at this request's path (none: the path is not served)."""
+    from starlette.routing import Match
+
+    out: set[str] = set()
+    for route in app.routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            out |= set(getattr(route, "methods", None) or ()) - IGNORED_METHODS
+    return sorted(out)
+
+
+def unserved_message(
+    what: str, method: str, path: str, routes: list[tuple[str, str]], takes: list[str], hint: str | None = None
+) -> tuple[int, str, str]:
+    """``(status, message, code)`` for a request to a path ``what`` does not serve (404) or with a method
+    it does not take there (405; ``takes``: the ones it does): the message lists what ``what`` serves
+    and where it is documented."""
+    if takes:
+        return 405, f"{what}: {path} takes {', '.join(takes)}, not {method} (see {DOCS})", "method_not_allowed"
+    listing = ", ".join(f"{m} {p}" for m, p in routes)
+    return (
+        404,
+        f"{what} does not serve {method} {path}. It serves: {listing}. "
+        f"{hint + ' ' if hint else ''}See {DOCS} for what each takes.",
+        "unknown_url",
+    )
+
+
 def install_error_handlers(
-    app: FastAPI, internal_type: str = "internal_error", on_internal: Callable[[Exception], None] | None = None
+    app: FastAPI,
+    internal_type: str = "internal_error",
+    on_internal: Callable[[Exception], None] | None = None,
+    what: str = "this agentgym server",
+    unserved: Callable[[Request], tuple[int, str, str]] | None = None,
 ) -> None:
-    """Answer every error ``app`` raises in OpenAI's shape. ``on_internal`` sees each unexpected one."""
+    """Answer every error ``app`` raises in OpenAI's shape. ``on_internal`` sees each unexpected one.
+    ``what`` names the API in the answer to an unknown path; ``unserved`` (request -> ``(status,
+    message, code)``) replaces that answer (default: ``unserved_message`` over ``app``'s routes)."""
+
+    def no_route(request: Request) -> JSONResponse:
+        if unserved is not None:
+            status, message, code = unserved(request)
+        else:
+            takes = path_methods(app, request.scope)
+            status, message, code = unserved_message(what, request.method, request.url.path, served_routes(app), takes)
+        return error_response(status, message, ERROR_TYPES.get(status, "invalid_request_error"), code=code)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -159,7 +221,9 @@ def install_error_handlers(
         return error_response(400, message, param=param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if (exc.status_code, exc.detail) in ((404, "Not Found"), (405, "Method Not Allowed")):
+            return no_route(request)  # the router's own: no route for this path (or method)
         return error_response(
             exc.status_code, str(exc.detail), ERROR_TYPES.get(exc.status_code, "invalid_request_error")
         )

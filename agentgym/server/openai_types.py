@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from agentgym.client.structured import request_constraint
+from agentgym.client.structured import ConstraintError, request_constraint
+from agentgym.server.legacy_functions import legacy_error, legacy_messages, legacy_reply, legacy_request
 
 
 class _Request(BaseModel):
@@ -155,15 +156,25 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None  # OpenAI's legacy function calling: legacy_functions.py
+    function_call: str | dict[str, Any] | None = None
+    _legacy: bool = PrivateAttr(False)
 
     @field_validator("messages")
     @classmethod
     def _roles(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for i, m in enumerate(v):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-                raise ValueError(f"messages[{i}] needs a role of system, developer, user, assistant or tool")
+            if not isinstance(m, dict) or m.get("role") not in (
+                "system",
+                "developer",
+                "user",
+                "assistant",
+                "tool",
+                "function",
+            ):
+                raise ValueError(f"messages[{i}] needs a role of system, developer, user, assistant, tool or function")
             check_message(m, f"messages[{i}]")
-        return v
+        return legacy_messages(v)
 
     @field_validator("tool_choice")
     @classmethod
@@ -176,12 +187,29 @@ class ChatCompletionRequest(_SamplingFields):
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
-        self._constraint = request_constraint(vars(self), chat=True)
+        legacy = legacy_request(vars(self))
+        if legacy is not None:
+            self.tools, self.tool_choice, self.parallel_tool_calls = (
+                legacy["tools"],
+                legacy["tool_choice"],
+                legacy["parallel_tool_calls"],
+            )
+            self._legacy = True
+        try:
+            self._constraint = request_constraint(vars(self), chat=True)
+        except ConstraintError as exc:
+            raise legacy_error(exc) if self._legacy else exc from None
         return self
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def legacy_functions(self) -> bool:
+        """Whether the request used ``functions``/``function_call`` (read as ``tools``/``tool_choice``):
+        its reply then takes the legacy shape (``message.function_call``)."""
+        return self._legacy
 
 
 class CompletionRequest(_SamplingFields):
@@ -254,6 +282,22 @@ class ChatMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    function_call: FunctionCall | None = None  # the legacy shape, for a request with functions
+
+    @classmethod
+    def reply(
+        cls, content: str | None, calls: list[dict[str, Any]], finish_reason: str, legacy: bool
+    ) -> tuple[ChatMessage, str]:
+        """``(message, finish_reason)`` for a parsed reply (``tool_calls.assistant_reply``); ``legacy``:
+        the reply to a ``functions`` request, its call as ``function_call`` (``legacy_functions``)."""
+        function_call = None
+        if legacy:
+            content, function_call, calls, finish_reason = legacy_reply(content, calls, finish_reason)
+        return cls(
+            content=content,
+            tool_calls=[ToolCall(**c) for c in calls],
+            function_call=FunctionCall(**function_call) if function_call else None,
+        ), finish_reason
 
 
 class ChatChoice(_Response):
@@ -280,6 +324,7 @@ class DeltaMessage(_Response):
     role: str | None = None
     content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    function_call: dict[str, Any] | None = None
 
 
 class ChatStreamChoice(_Response):

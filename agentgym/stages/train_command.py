@@ -127,7 +127,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--env", help="registered env name; picks configs/env/<name>.yaml when present")
-    target.add_argument("--agent", metavar="MODULE:FUNCTION", help="train an OpenAI-client agent through the gateway")
+    target.add_argument(
+        "--agent",
+        metavar="MODULE:FUNCTION",
+        help="train an agent program (OpenAI or Anthropic client) through the gateway",
+    )
     parser.add_argument(
         "--config",
         "--config-file",

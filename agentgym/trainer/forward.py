@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from agentgym.trainer import algos
+from agentgym.trainer.algos.distill import teacher_support
 
 Tensors = dict[str, torch.Tensor]
 
@@ -31,16 +32,22 @@ def _response_positions(micro: Tensors) -> tuple[torch.Tensor, int, int, int]:
 
 
 def policy_forward(
-    model: nn.Module, micro: Tensors, with_entropy: bool = False, entropy_grad: bool = False, packed: bool = False
+    model: nn.Module,
+    micro: Tensors,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    packed: bool = False,
+    aux: Tensors | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each row's response tokens, ``(b, R)`` (0 past the row's end), and the
     per-token entropy when asked. Only the logits of response positions are computed
     (``logits_to_keep``), which matters with a large vocabulary. ``packed``: the rows run as one
-    sequence with no padding (``packing.py``, veRL's ``use_remove_padding``)."""
+    sequence with no padding (``packing.py``, veRL's ``use_remove_padding``). ``aux``: filled with
+    the student's view of a distillation teacher's top-k tokens (``teacher_support``)."""
     if packed:
         from agentgym.trainer.packing import packed_policy_forward
 
-        return packed_policy_forward(model, micro, with_entropy, entropy_grad)
+        return packed_policy_forward(model, micro, with_entropy, entropy_grad, aux)
     offsets, seq_len, first, resp_len = _response_positions(micro)
     input_ids = micro["input_ids"][:, :seq_len]
     attention_mask = micro["attention_mask"][:, :seq_len]
@@ -52,6 +59,7 @@ def policy_forward(
         logits, micro["responses"][:, :resp_len], with_entropy, entropy_grad
     )
     full = micro["responses"].shape[1]
+    teacher_support(logits, micro, aux, full)
     if resp_len < full:
         log_probs = nn.functional.pad(log_probs, (0, full - resp_len))
         entropy = nn.functional.pad(entropy, (0, full - resp_len)) if entropy is not None else None

@@ -54,7 +54,7 @@ def pack(micro: Tensors) -> Packed:
 
 
 def packed_policy_forward(
-    model: nn.Module, micro: Tensors, with_entropy: bool = False, entropy_grad: bool = False
+    model: nn.Module, micro: Tensors, with_entropy: bool = False, entropy_grad: bool = False, aux: Tensors | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``forward.policy_forward`` on the packed micro-batch: each row's response log-probs ``(b, R)``
     (0 past the row's end) and entropies; logits only where a response token is predicted."""
@@ -77,6 +77,10 @@ def packed_policy_forward(
     log_probs = torch.where(packed.valid, log_probs, torch.zeros_like(log_probs))
     if entropy is not None:
         entropy = torch.where(packed.valid, entropy, torch.zeros_like(entropy))
+    if aux is not None:
+        from agentgym.trainer.algos.distill import teacher_support
+
+        teacher_support(logits, micro, aux, micro["responses"].shape[1])
     return _to_width(log_probs, micro), _to_width(entropy, micro) if entropy is not None else None
 
 

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentgym.model import lora
 from agentgym.trainer import algos
+from agentgym.trainer.algos.distill import topk_metrics, topk_reverse_kl
 from agentgym.trainer.batch import micro_batches
 from agentgym.trainer.forward import ValueModel, chunks, policy_forward, select_rows, value_forward
 from agentgym.trainer.train_state import (
@@ -275,8 +276,9 @@ class PolicyWorker(Worker):
             for i, chunk in enumerate(micros):
                 micro = select_rows(batch, chunk, self.device)
                 state.set_gradient_sync(i == len(micros) - 1)
+                aux: Tensors | None = {} if "teacher_topk_ids" in micro else None
                 log_prob, entropy = policy_forward(
-                    model, micro, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0, packed=self.packed
+                    model, micro, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0, packed=self.packed, aux=aux
                 )
                 mask = micro["response_mask"]
                 # One epoch over one mini-batch: the weights have not moved since the rollout's
@@ -294,6 +296,8 @@ class PolicyWorker(Worker):
                     episode_scores=micro["token_level_scores"].sum(-1),
                     **loss_kwargs,
                 )
+                if aux:
+                    loss = loss + self.distill_loss(aux, micro, entry["global"], metrics)
                 loss.backward()
                 tokens += int(micro["attention_mask"].sum())
                 for key, value in metrics.items():
@@ -304,7 +308,7 @@ class PolicyWorker(Worker):
             grad_norm = state.step(cfg.grad_clip)
             for key, values in per_step.items():
                 # losses are already shares of the global mini-batch loss: they add up
-                summed = key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
+                summed = key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/distill_loss")
                 totals[key].append(sum(values) if summed else sum(values) / len(values))
             totals["actor/grad_norm"].append(grad_norm)
         state.scheduler.step()
@@ -313,6 +317,24 @@ class PolicyWorker(Worker):
         out["perf/update_tokens"] = float(tokens)
         out["perf/update_s"] = time.perf_counter() - started
         return out
+
+    def distill_loss(
+        self, aux: Tensors, micro: Tensors, global_info: dict[str, Any], metrics: dict[str, float]
+    ) -> torch.Tensor:
+        """On-policy distillation against the teacher's top-k tokens (``distillation.loss_mode=topk``):
+        ``kl_coef`` times the per-token reverse KL over them and a tail bucket (``algos.distill``),
+        aggregated like the policy loss over the scored tokens; 0 with ``loss_mode=sampled``, where only
+        the ``distill/greedy_agreement*`` and ``distill/topk_kl*`` metrics are read from it."""
+        d = self.config.distillation
+        mask = micro["distill_mask"]
+        kl = topk_reverse_kl(aux["student_topk_log_probs"], micro["teacher_topk_log_probs"])
+        teacher_greedy = micro["teacher_topk_ids"][..., 0]
+        metrics.update(topk_metrics(kl, aux["student_greedy"], teacher_greedy, mask, micro.get("distill_action")))
+        if d.loss_mode != "topk":
+            return torch.zeros((), device=kl.device)
+        loss = algos.agg_loss(kl, mask, self.config.actor_rollout_ref.actor.loss_agg_mode, **global_info)
+        metrics["actor/distill_loss"] = float(loss.detach())
+        return d.kl_coef * loss
 
     # ---- supervised fine-tuning (agentgym sft) ------------------------------------------------------
     def update_sft(self, batch: Tensors, plan: list[dict[str, Any]]) -> dict[str, float]:

@@ -395,6 +395,13 @@ def test_the_structural_tag_sent_to_vllm_and_sglang_compiles_with_xgrammar():
         tag = structural_tag(chat_constraint(TOOLS, "required", parallel, None))
         matcher = xgr.GrammarMatcher(compiler.compile_structural_tag(json.dumps(tag)))
         assert (matcher.accept_string(text) and matcher.is_completed()) is accepted, (parallel, text)
+    # tools beside response_format under auto: an "or" of the calls and the JSON
+    answer = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": answer}}
+    union = json.dumps(structural_tag(chat_constraint(TOOLS, "auto", True, rf)))
+    for text, accepted in ((two, True), ('{"ok": true}', True), ("The answer is 4.", False), ('{"no": 1}', False)):
+        matcher = xgr.GrammarMatcher(compiler.compile_structural_tag(union))
+        assert (matcher.accept_string(text) and matcher.is_completed()) is accepted, text
 
 
 async def test_a_rows_bias_and_grammar_leave_with_its_request(server):

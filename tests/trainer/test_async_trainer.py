@@ -461,6 +461,21 @@ def test_async_dynamic_sampling_trains_no_group_without_signal(tmp_path, enable)
         assert any(seed % 2 == 0 for seed in seeds) and not any("sampling/groups_dropped" in r for r in rows)
 
 
+def test_async_distillation_drops_no_group_by_env_score(tmp_path):
+    """A teacher scores (distillation.enable) with algorithm.filter_groups on: the filter judges env scores,
+    which say nothing of what the teacher teaches, so it is off and the env-flat groups are trained too."""
+    summary = _scripted_run(
+        tmp_path,
+        "distill",
+        lambda seed: seed % 2 == 0,
+        ["algorithm.filter_groups.enable=true", "distillation.enable=true", "distillation.teacher.path=tiny"],
+    )
+    seeds = [g["task"]["seed"] for r in _rows(Path(summary["run_dir"]) / "async_batches.jsonl") for g in r["groups"]]
+    rows = _rows(Path(summary["metrics_file"]))
+    assert len(rows) == 3 and any(seed % 2 == 0 for seed in seeds)
+    assert not any("sampling/groups_dropped" in r for r in rows)
+
+
 def test_async_dynamic_sampling_ends_when_every_group_is_flat(tmp_path, caplog):
     """Every group flat, max_num_gen_batches=2 (a step may drop 2 * 2 - 2 = 2 groups): the run ends, its
     steps train flat groups past the budget and the flat-reward warning says so, as in the sync trainer."""

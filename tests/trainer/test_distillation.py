@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,7 +19,7 @@ from agentgym.model import load_causal_lm, tiny_model_path
 from agentgym.rewards.teacher import TeacherScorer, TeacherSettings, TeacherWorker, check_tokenizers
 from agentgym.trainer.algos.distill import compute_distillation_advantage
 from agentgym.trainer.batch import build_batch
-from agentgym.trainer.distillation import teacher_log_probs
+from agentgym.trainer.distillation import teacher_log_probs, teacher_topk
 from agentgym.types import Trajectory, Turn
 
 
@@ -52,6 +53,21 @@ def full_forward_logprobs(traj: Trajectory) -> list[list[float]]:
     return out
 
 
+def full_forward_topk(traj: Trajectory, k: int) -> list[tuple[list[list[int]], list[list[float]]]]:
+    """Per turn, the tiny model's k most likely tokens and their logprobs at each sampled position."""
+    model = tiny_lm()
+    ids = torch.tensor([traj.token_ids()])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits.float(), -1)[0]
+    out, pos = [], 0
+    for turn in traj.turns:
+        pos += len(turn.prompt_ids)
+        values, top = logp[pos - 1 : pos - 1 + len(turn.response_ids)].topk(k, -1)
+        out.append((top.tolist(), values.tolist()))
+        pos += len(turn.response_ids)
+    return out
+
+
 def settings(**kw) -> TeacherSettings:
     base = {
         "path": "tiny",
@@ -79,6 +95,19 @@ def test_the_teacher_scores_only_the_sampled_tokens_given_the_whole_context():
             assert turn.teacher_logprobs == pytest.approx(values, abs=1e-4)
 
 
+def test_the_teacher_gives_its_top_k_tokens_at_each_sampled_position():
+    trajs = [episode(1), episode(2, turns=3)]
+    asyncio.run(TeacherScorer(settings(topk=4), "tiny").score(trajs))
+    for traj in trajs:
+        for turn, values, (top, top_values) in zip(
+            traj.turns, full_forward_logprobs(traj), full_forward_topk(traj, 4), strict=True
+        ):
+            assert turn.teacher_logprobs == pytest.approx(values, abs=1e-4)  # the sampled tokens as before
+            assert turn.teacher_topk_ids == top and len(turn.teacher_topk_ids) == len(turn.response_ids)
+            for row, expected in zip(turn.teacher_topk_logprobs, top_values, strict=True):
+                assert row == pytest.approx(expected, abs=1e-4) and row == sorted(row, reverse=True)
+
+
 def test_a_teacher_with_another_tokenizer_is_refused(tmp_path):
     from transformers import AutoTokenizer
 
@@ -95,6 +124,17 @@ def test_the_config_names_the_teacher_it_needs():
 
     with pytest.raises(ConfigError, match="teacher.path=DIR .* or distillation.teacher.server_urls"):
         load_config(env="first_letter", overrides=["distillation.enable=true"], warn=False)
+    with pytest.raises(ConfigError, match="loss_mode=topk needs distillation.topk >= 1"):
+        load_config(
+            env="first_letter",
+            overrides=[
+                "distillation.enable=true",
+                "distillation.teacher.path=tiny",
+                "distillation.loss_mode=topk",
+                "distillation.topk=0",
+            ],
+            warn=False,
+        )
     with pytest.raises(ConfigError, match="needs distillation.teacher.tokenizer"):
         load_config(
             env="first_letter",
@@ -133,13 +173,29 @@ class StandinTeacherServer:
                         self._send(500, {"error": "busy"})
                         return
                     ids = request.get("prompt") or request["input_ids"]
-                    values = outer.worker.logprobs([ids], [list(range(1, len(ids)))])[0]
-                if self.path == "/v1/completions":
-                    table = [None] + [{str(t): {"logprob": v, "rank": 1}} for t, v in zip(ids[1:], values, strict=True)]
+                    k = int(request.get("prompt_logprobs") or request.get("top_logprobs_num") or 0)
+                    scores = outer.worker.scores([ids], [list(range(1, len(ids)))], k)[0]
+                values = scores.logprobs
+                tops = scores.topk_ids or [[] for _ in values]
+                top_values = scores.topk_logprobs or [[] for _ in values]
+                if self.path == "/v1/completions":  # the prompt's token, then the top-k (vLLM's layout)
+                    table = [None]
+                    for t, v, top, top_v in zip(ids[1:], values, tops, top_values, strict=True):
+                        entry = {str(t): {"logprob": v, "rank": 99}}
+                        entry.update(
+                            {str(a): {"logprob": b, "rank": r + 1} for r, (a, b) in enumerate(zip(top, top_v))}
+                        )
+                        table.append(entry)
                     self._send(200, {"choices": [{"text": "", "prompt_logprobs": table}]})
                 else:
                     table = [[None, ids[0], None]] + [[v, t, None] for t, v in zip(ids[1:], values, strict=True)]
-                    self._send(200, {"text": "", "meta_info": {"input_token_logprobs": table}})
+                    meta = {"input_token_logprobs": table}
+                    if k:  # shuffled order: the client sorts
+                        meta["input_top_logprobs"] = [None] + [
+                            [[b, a, None] for a, b in reversed(list(zip(top, top_v)))]
+                            for top, top_v in zip(tops, top_values, strict=True)
+                        ]
+                    self._send(200, {"text": "", "meta_info": meta})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -150,21 +206,28 @@ class StandinTeacherServer:
         self.server.server_close()
 
 
+@pytest.mark.parametrize("topk", [0, 3])
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
-def test_a_teacher_on_servers_gives_the_same_logprobs_and_retries_failures(backend):
+def test_a_teacher_on_servers_gives_the_same_logprobs_and_retries_failures(backend, topk):
     server = StandinTeacherServer(fail_first=2)
     try:
         trajs = [episode(4), episode(5)]
         scorer = TeacherScorer(
-            settings(path=None, server_urls=(server.url,), backend=backend, tokenizer="tiny"), "tiny"
+            settings(path=None, server_urls=(server.url,), backend=backend, tokenizer="tiny", topk=topk), "tiny"
         )
         counts = asyncio.run(scorer.score(trajs))
     finally:
         server.stop()
     assert counts["distill/teacher_errors"] == 0
     for traj in trajs:
-        for turn, values in zip(traj.turns, full_forward_logprobs(traj), strict=True):
+        expected_top = full_forward_topk(traj, topk) if topk else None
+        for t, (turn, values) in enumerate(zip(traj.turns, full_forward_logprobs(traj), strict=True)):
             assert turn.teacher_logprobs == pytest.approx(values, abs=1e-4)
+            if topk:
+                assert turn.teacher_topk_ids == expected_top[t][0]
+                assert sum(turn.teacher_topk_logprobs, []) == pytest.approx(sum(expected_top[t][1], []), abs=1e-4)
+            else:
+                assert turn.teacher_topk_ids == [] and turn.teacher_topk_logprobs == []
 
 
 def test_an_episode_the_teacher_servers_cannot_score_is_kept_out_not_made_up():
@@ -300,3 +363,190 @@ def test_the_clip_bounds_each_tokens_push_but_not_the_metrics():
     out, metrics = compute_distillation_advantage(adv, student, teacher, torch.ones(1, 3), env_coef=0.0, clip=2.0)
     assert out.tolist() == [[-2.0, pytest.approx(-0.1), 2.0]]
     assert metrics["distill/reverse_kl"] == pytest.approx((19.9 + 0.1 - 2.0) / 3)
+
+
+# ---- the top-k form -----------------------------------------------------------------------------------
+def test_topk_reverse_kl_is_zero_with_zero_gradient_when_the_teacher_is_the_student():
+    from agentgym.trainer.algos.distill import student_on_teacher_support, topk_reverse_kl
+
+    logits = torch.randn(2, 5, 50, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    teacher_values, ids = torch.log_softmax(logits.detach(), -1).topk(8, -1)
+    student, _ = student_on_teacher_support(logits, ids)
+    kl = topk_reverse_kl(student, teacher_values)
+    kl.sum().backward()
+    assert kl.abs().max() < 1e-6 and logits.grad.abs().max() < 1e-6
+    other = torch.log_softmax(torch.randn(2, 5, 50, generator=torch.Generator().manual_seed(1)), -1).gather(
+        -1, ids
+    )  # another teacher: a positive KL
+    assert float(topk_reverse_kl(student.detach(), other).min()) > 0
+
+
+def topk_setup(seed: int = 30):
+    """Two episodes in a batch (prompt, sampled tokens, env tokens, sampled tokens), a teacher whose top-3
+    at every sampled position is tokens 5, 6, 7 with probabilities 0.8, 0.1, 0.05 (a token the tiny student
+    does not favour), and the second turn of the second episode left unscored."""
+    trajs = [episode(seed), episode(seed + 1)]
+    for traj in trajs:
+        for turn in traj.turns:
+            n = len(turn.response_ids)
+            turn.teacher_logprobs = [-1.0] * n
+            turn.teacher_topk_ids = [[5, 6, 7]] * n
+            turn.teacher_topk_logprobs = [[math.log(0.8), math.log(0.1), math.log(0.05)]] * n
+    trajs[1].turns[1].teacher_topk_ids, trajs[1].turns[1].teacher_topk_logprobs = [], []
+    batch, _ = build_batch(trajs, pad_token_id=0)
+    ids, values, scored = teacher_topk(trajs, batch, 3)
+    batch["teacher_topk_ids"], batch["teacher_topk_log_probs"], batch["distill_mask"] = ids, values, scored
+    return trajs, batch
+
+
+class _Self:
+    """What ``PolicyWorker.distill_loss`` reads of its worker: the config."""
+
+    def __init__(self, loss_mode: str = "topk") -> None:
+        from omegaconf import OmegaConf
+
+        self.config = OmegaConf.create(
+            {
+                "distillation": {"loss_mode": loss_mode, "kl_coef": 1.0},
+                "actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}},
+            }
+        )
+
+
+def _distill_loss(model, batch, loss_mode: str = "topk"):
+    from agentgym.trainer.forward import policy_forward
+    from agentgym.trainer.workers import PolicyWorker
+
+    aux: dict = {}
+    policy_forward(model, batch.tensors, aux=aux)
+    metrics: dict = {}
+    loss = PolicyWorker.distill_loss(_Self(loss_mode), aux, batch.tensors, {}, metrics)
+    return loss, metrics
+
+
+def test_the_topk_layout_scores_only_sampled_tokens_of_trained_rows():
+    trajs, batch = topk_setup()
+    mask = batch["response_mask"]
+    scored = batch["distill_mask"]
+    assert bool((scored <= mask).all())  # never an env token or padding
+    assert scored[0].sum() == mask[0].sum() and 0 < scored[1].sum() < mask[1].sum()  # the unscored turn
+    assert bool((batch["teacher_topk_ids"][scored.bool()] == torch.tensor([5, 6, 7])).all())
+    batch["valid"][1] = False  # a row the trainer does not train
+    _, _, untrained = teacher_topk(trajs, batch, 3)
+    assert untrained[1].sum() == 0 and untrained[0].sum() == mask[0].sum()
+
+
+def test_the_topk_loss_ignores_whatever_lies_outside_the_scored_tokens():
+    _, batch = topk_setup()
+    model = tiny_lm()
+    with torch.no_grad():
+        base, _ = _distill_loss(model, batch)
+        outside = ~batch["distill_mask"].bool()
+        batch["teacher_topk_log_probs"][outside] = torch.tensor([-0.01, -9.0, -9.0])
+        batch["teacher_topk_ids"][outside] = torch.tensor([11, 12, 13])
+        masked, _ = _distill_loss(model, batch)
+        assert float(masked) == pytest.approx(float(base), abs=1e-6)
+        inside = batch["distill_mask"].bool()
+        batch["teacher_topk_log_probs"][inside] = torch.tensor([-0.01, -9.0, -9.0])  # a scored position counts
+        assert abs(float(_distill_loss(model, batch)[0]) - float(base)) > 1e-3
+        assert float(_distill_loss(model, batch, "sampled")[0]) == 0.0  # sampled: metrics only
+
+
+def test_one_topk_step_moves_the_student_towards_the_teachers_tokens():
+    _, batch = topk_setup()
+    model = load_causal_lm("tiny")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    loss, before = _distill_loss(model, batch)
+    assert before["distill/topk_kl"] > 0.5 and before["distill/greedy_agreement"] < 0.5
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    with torch.no_grad():
+        _, after = _distill_loss(model, batch)
+    # the tiny student's near-uniform 50k-token tail keeps the KL high, but its choice turns to the teacher's
+    assert after["distill/topk_kl"] < before["distill/topk_kl"] - 0.02
+    assert after["distill/greedy_agreement"] > 0.5 > before["distill/greedy_agreement"]
+
+
+def test_the_action_tokens_are_those_inside_the_tag():
+    from agentgym.model import load_tokenizer
+    from agentgym.trainer.distillation import action_mask, action_spans
+
+    assert action_spans(["a<ans", "wer>U", "p</", "answer>"], "answer") == [0.0, 1.0, 1.0, 0.0]
+    assert action_spans(["<answer>", "Left", " no close"], "answer") == [0.0, 1.0, 1.0]
+    tok = load_tokenizer("tiny")
+    reply = tok("I push.<answer>Up || Left</answer> done", add_special_tokens=False)["input_ids"]
+    prompt = tok("the board", add_special_tokens=False)["input_ids"]
+    traj = Trajectory(
+        turns=[
+            Turn(prompt_ids=prompt, response_ids=reply, logprobs=[-1.0] * len(reply)),
+            Turn(prompt_ids=prompt, response_ids=reply, logprobs=[-1.0] * len(reply)),
+        ]
+    )
+    batch, _ = build_batch([traj], pad_token_id=0)
+    action = action_mask([traj], batch, tok, "answer")
+    picked = batch["responses"][0][action[0].bool()].tolist()
+    assert tok.decode(picked[: len(picked) // 2]).strip() == "Up || Left"  # each turn's action, no tag, no env token
+    assert tok.decode(picked).count("Up || Left") == 2 and float(action.sum()) == len(picked)
+
+
+def test_a_trainer_step_with_the_topk_loss_moves_the_student_towards_the_teacher(tmp_path):
+    """``loss_mode=topk`` with ``env_coef=0`` and flat env rewards: the advantages are 0 (the teacher's signal
+    is in the loss, not the advantage), the actor's distillation loss is on, and two steps on the same
+    episodes lower the top-k KL and raise the agreement with the teacher's greedy token."""
+    from agentgym.rollout.sources import FixedTrajectorySource
+    from agentgym.trainer.config import load_config
+    from agentgym.trainer.ppo_trainer import PPOTrainer
+
+    trajs, _ = topk_setup(40)
+    trajs += topk_setup(42)[0]
+    for i, traj in enumerate(trajs):
+        traj.group_id = f"g{i // 2}"
+    cfg = load_config(
+        env="first_letter",
+        overrides=[
+            "distillation.enable=true",
+            "distillation.teacher.path=tiny",
+            "distillation.env_coef=0",
+            "distillation.loss_mode=topk",
+            "distillation.topk=3",
+            "actor_rollout_ref.actor.optim.lr=0.01",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.save_hf_model=false",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[jsonl]",
+            "data.max_response_length=64",
+        ],
+        warn=False,
+    )
+    trainer = PPOTrainer(cfg, FixedTrajectorySource([trajs]), servers=None, show_progress=False)
+    try:
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+    first, second = (json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()[-2:])
+    assert first["critic/advantages/mean"] == 0.0 and first["actor/distill_loss"] > 0
+    assert second["distill/topk_kl"] < first["distill/topk_kl"]
+    assert second["distill/greedy_agreement"] > first["distill/greedy_agreement"]
+    saved = json.loads((tmp_path / "samples.jsonl").read_text().splitlines()[0])  # k numbers a token stay out
+    assert saved["turns"][0]["teacher_logprobs"] and "teacher_topk_ids" not in saved["turns"][0]
+
+
+def test_the_packed_forward_gives_the_same_view_of_the_teachers_tokens():
+    from agentgym.trainer.forward import policy_forward
+
+    _, batch = topk_setup(50)
+    model = tiny_lm()
+    with torch.no_grad():
+        padded, packed = {}, {}
+        policy_forward(model, batch.tensors, aux=padded)
+        policy_forward(model, batch.tensors, aux=packed, packed=True)
+    mask = batch["distill_mask"].bool()
+    assert torch.allclose(padded["student_topk_log_probs"][mask], packed["student_topk_log_probs"][mask], atol=1e-4)
+    assert torch.equal(padded["student_greedy"][mask], packed["student_greedy"][mask])

@@ -2,6 +2,7 @@
 
     agentgym env-serve --env sokoban --port 8010
     agentgym env-serve --env rg/chain_sum --env-arg size=500
+    agentgym env-serve --env sokoban --mcp      # as MCP tools instead (mcp_server.py)
 
 The routes are OpenEnv's (``openenv-core``'s ``HTTPEnvServer``), so OpenEnv's own clients
 (``GenericEnvClient(base_url=...)``) and agentgym's ``openenv`` env / ``env.executor=openenv``
@@ -41,6 +42,8 @@ from typing import Any
 # this module's globals, and a WebSocket parameter it cannot resolve turns into a 403.
 from fastapi import Body, FastAPI, HTTPException, WebSocket, WebSocketDisconnect
 
+from agentgym.envs.adapters.wire import jsonable
+
 ACTION_SCHEMA = {
     "title": "AgentgymAction",
     "type": "object",
@@ -71,21 +74,6 @@ STATE_SCHEMA = {
     "type": "object",
     "properties": {"episode_id": {"type": "string"}, "step_count": {"type": "integer"}},
 }
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` with everything JSON cannot hold turned into plain values (numpy, tuples, sets...)."""
-    return json.loads(json.dumps(value, default=_plain))
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=str)
-    if hasattr(value, "model_dump"):
-        return value.model_dump()
-    return str(value)
 
 
 class _Session:
@@ -324,10 +312,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8010)
     parser.add_argument("--max-sessions", type=int, default=1024, help="most env instances alive at once")
+    from agentgym.envs.adapters import mcp_server
+
+    mcp_server.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    """``agentgym env-serve --env NAME [--env-arg K=V] [--host] [--port] [--max-sessions]``."""
+    """``agentgym env-serve --env NAME [--env-arg K=V] [--host] [--port] [--max-sessions] [--mcp]``."""
     import uvicorn
 
     from agentgym.envs.env_args import parse_env_args
@@ -338,6 +329,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.mcp:
+        from agentgym.envs.adapters import mcp_server
+
+        return mcp_server.run(args, env_kwargs)
     try:
         app = create_app(args.env, env_kwargs, max_sessions=args.max_sessions)
     except UnknownNameError as exc:
