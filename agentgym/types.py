@@ -297,6 +297,16 @@ class Trajectory:
         ids.extend(self.turns[k].prompt_ids)
         return ids
 
+    def segment_lengths(self) -> list[int]:
+        """The tokens of each token sequence (``segments()``): its whole first prompt, its replies and the
+        observations between them. One per trajectory for a single sequence (``len(token_ids())``)."""
+        lengths = self.context_lengths()
+        out = []
+        for first, end in self.segments():
+            rest = sum(len(t.prompt_ids) + len(t.response_ids) for t in self.turns[first + 1 : end])
+            out.append(lengths[first] + len(self.turns[first].response_ids) + rest)
+        return out
+
     def context_lengths(self) -> list[int]:
         """The length of each turn's whole prompt (``len(turn_context(k))`` for every k, in one pass)."""
         out: list[int] = []

@@ -52,8 +52,9 @@ class History:
     task: list[Message] = field(default_factory=list)
     turns: list[list[Message]] = field(default_factory=list)
 
-    def reply(self, text: str) -> None:
-        self.turns.append([{"role": "assistant", "content": text}])
+    def reply(self, reply: str | Message) -> None:
+        """The model's reply: its sampled text (the runner), or a whole assistant message (demonstrations)."""
+        self.turns.append([{"role": "assistant", "content": reply} if isinstance(reply, str) else dict(reply)])
 
     def observe(self, messages: Sequence[Message]) -> None:
         if self.turns:

@@ -81,3 +81,18 @@ def test_history_and_default_summary():
         check_policy("window", 0)
     with pytest.raises(ValueError, match="context_policy"):
         check_policy("sliding", 2)
+
+
+def test_frozenlake_summarizes_the_moves_it_leaves_out():
+    import agentgym
+
+    env = agentgym.make("frozenlake", size=8, is_slippery=True, max_steps=50)
+    history = [
+        {"role": "assistant", "content": "<answer>Down</answer>"},
+        {"role": "user", "content": "board"},
+        {"role": "assistant", "content": "no idea"},
+        {"role": "user", "content": "board"},
+        {"role": "assistant", "content": "<answer>Right</answer>"},
+    ]
+    summary = env.summarize(history)
+    assert summary == "3 earlier turns not shown. Moves asked for: Down Right. 1 replies had no readable move."
