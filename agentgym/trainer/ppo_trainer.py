@@ -303,9 +303,7 @@ class PPOTrainer:
             if mode == "token-mean"
             else f"{mode}: each sample (a turn or a sequence), not each episode, counts as a sequence"
         )
-        msg = f"per-turn samples: {why}; advantages are computed per episode and reach every sample; {agg}"
-        log.warning("%s", msg)
-        print(msg, flush=True)
+        print(f"per-turn samples: {why}; advantages are computed per episode and reach every sample; {agg}", flush=True)
 
     def skip_update(
         self, step: int, layout: BatchLayout, timing: dict[str, float], metrics: dict[str, float], step_start: float

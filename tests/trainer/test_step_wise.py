@@ -144,3 +144,43 @@ def test_windowed_trajectory_trains_without_the_switch():
     assert scores.tolist() == pytest.approx([1.0 + 0.0 + 0.0, 0.0 + 0.1 + 0.2])  # rewards kept, none twice
     back = batch.episodes.scatter(batch["episode_position"], torch.ones(2, batch.episodes.length))
     assert torch.equal(back, batch["response_mask"])
+
+
+def fit_one_step(tmp_path, trajs: list[Trajectory], step_wise: bool) -> dict[str, float]:
+    cfg = load_config(
+        env="sokoban",
+        overrides=[
+            f"trainer.default_local_dir={tmp_path}",
+            "trainer.logger=[]",
+            "trainer.use_ray=false",
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.save_hf_model=false",
+            "actor_rollout_ref.rollout.n=4",
+            "data.train_batch_size=1",
+            "algorithm.adv_estimator=grpo",
+            "algorithm.filter_groups.enable=false",
+            "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            f"trainer.step_wise_training={str(step_wise).lower()}",
+        ],
+    )
+    trainer = PPOTrainer(cfg, FixedTrajectorySource([trajs]), pad_token_id=0, show_progress=False)
+    try:
+        return trainer.fit()["metrics"]
+    finally:
+        trainer.shutdown()
+
+
+def test_token_mean_step_wise_takes_the_step_of_one_row_per_episode(tmp_path):
+    """Same episodes, same first update: each turn's row holds the prefix its tokens had in the episode's
+    row, so with token-mean the loss and its gradient are the same, only computed on more, shorter rows."""
+    trajs = episodes([1.0, 0.0, 0.0, 1.0])
+    whole = fit_one_step(tmp_path / "whole", trajs, False)
+    step = fit_one_step(tmp_path / "step", trajs, True)
+    assert "batch/samples_per_episode" not in whole and step["batch/samples_per_episode"] == 3.0
+    assert step["actor/pg_loss"] == pytest.approx(whole["actor/pg_loss"], abs=1e-5)
+    assert step["actor/grad_norm"] == pytest.approx(whole["actor/grad_norm"], rel=1e-3)
+    assert step["context/processed_tokens"] > step["sampled_tokens/mean"]
