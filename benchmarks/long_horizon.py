@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 POLICIES = ("full", "window", "compact")
+MODEL_LEN = 4096  # the tiny model's context (max_position_embeddings)
 
 
 def overrides(policy: str, window: int, turns: int, episodes: int, run_dir: str) -> list[str]:
@@ -89,6 +90,7 @@ def one_cell(policy: str, turns: int, episodes: int, window: int) -> dict[str, f
                 max_tokens=int(cfg.actor_rollout_ref.rollout.max_tokens_per_turn),
                 prompt_length=cfg.data.max_prompt_length,
                 response_length=cfg.data.max_response_length,
+                max_model_len=MODEL_LEN,  # full history past it: the episode ends there, truncated
                 env_executor="inline",
                 context_policy=policy,
                 context_window=window,
