@@ -162,7 +162,8 @@ def cost_table(args: argparse.Namespace) -> str:
             print(f"  {policy:>7} x {turns:>2} turns: {cell}", flush=True)
             rows.append((policy, turns, cell))
     has_cuda = any(c and "peak_cuda_mb" in c for _, _, c in rows)
-    head = "| policy | turns | rollout s | update s | step s | rows | tokens / episode | last prompt | peak RSS MB |"
+    head = "| policy | turns | played | rollout s | update s | step s | rows | tokens / episode | last prompt |"
+    head += " peak RSS MB |"
     head += " peak CUDA MB |" if has_cuda else ""
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for policy, turns, c in rows:
@@ -170,7 +171,8 @@ def cost_table(args: argparse.Namespace) -> str:
             lines.append(f"| {policy} | {turns} | failed |")
             continue
         line = (
-            f"| {policy} | {turns} | {c['rollout_s']:.1f} | {c['update_s']:.2f} | {c['step_s']:.2f} | {c['rows']:.0f} "
+            f"| {policy} | {turns} | {c['turns_played']:.0f} | {c['rollout_s']:.1f} | {c['update_s']:.2f} "
+            f"| {c['step_s']:.2f} | {c['rows']:.0f} "
             f"| {c['tokens_per_episode']:.0f} | {c['last_prompt']:.0f} | {c['peak_rss_mb']:.0f} |"
         )
         lines.append(line + (f" {c.get('peak_cuda_mb', 0):.0f} |" if has_cuda else ""))
