@@ -187,8 +187,8 @@ class SFTTrainer:
             "max_length": data.max_length,
             "truncation": str(data.truncation),
             "expect_env": data.env,
-            "context_policy": str(data.context_policy),
-            "context_window": int(data.context_window),
+            "context_policy": data.context_policy,
+            "context_window": data.context_window,
             "summarize": _summarizer(data),
         }
         self.train_set, self.skipped = load_sft_trajectories(
@@ -362,11 +362,11 @@ class SFTTrainer:
 
 def _summarizer(data: Any) -> Any:
     """``compact`` demos: the env's summary rule (``TextEnv.summarize``), from an env built with its defaults."""
-    if str(data.context_policy) != "compact" or not data.env:
+    if data.context_policy != "compact" or not data.env:
         return None
     from agentgym.registry import make
 
-    return getattr(make(str(data.env)), "summarize", None)
+    return getattr(make(data.env), "summarize", None)
 
 
 def _files(value: Any) -> Any:

@@ -267,7 +267,7 @@ class PPOTrainer:
             cfg.algorithm.outcome_reward_coef,
             cfg.data.max_prompt_length,
             cfg.data.max_response_length,
-            step_wise=bool(cfg.trainer.step_wise_training),
+            step_wise=cfg.trainer.step_wise_training,
         )
         rows = len(batch)
         for reason, count in skipped.items():
@@ -297,7 +297,7 @@ class PPOTrainer:
                 f"turn's (a context policy, or an agent that rewrote its messages): one sample per token sequence "
                 f"(set trainer.step_wise_training=true for one per turn)"
             )
-        mode = str(self.cfg.actor_rollout_ref.actor.loss_agg_mode)
+        mode = self.cfg.actor_rollout_ref.actor.loss_agg_mode
         agg = (
             "token-mean: every sampled token weighs the same, as with one row per episode"
             if mode == "token-mean"
