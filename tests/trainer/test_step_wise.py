@@ -184,3 +184,20 @@ def test_token_mean_step_wise_takes_the_step_of_one_row_per_episode(tmp_path):
     assert step["actor/pg_loss"] == pytest.approx(whole["actor/pg_loss"], abs=1e-5)
     assert step["actor/grad_norm"] == pytest.approx(whole["actor/grad_norm"], rel=1e-3)
     assert step["context/processed_tokens"] > step["sampled_tokens/mean"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_saved_trajectories_keep_their_contexts(tmp_path, suffix):
+    """A windowed trajectory read back from disk trains the same rows (a lost new_context would glue a
+    whole context onto the previous turn's tokens)."""
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow")
+    from agentgym.rollout.storage import read_trajectories, write_trajectories
+
+    trajs = episodes([1.0, 0.0])
+    trajs[0].turns[2].prompt_ids = [1, 2, 3, 8, 9]
+    trajs[0].turns[2].new_context = True
+    write_trajectories(tmp_path / f"t{suffix}", trajs)
+    back = read_trajectories(tmp_path / f"t{suffix}")
+    assert [[t.new_context for t in tr.turns] for tr in back] == [[False, False, True], [False, False, False]]
+    assert back[0].turn_context(2) == [1, 2, 3, 8, 9]
