@@ -414,19 +414,16 @@ class RolloutRunner:
                     seat.context = list(delta)  # the whole sequence so far, sent on every turn
                 else:
                     seat.traj.messages.extend(observation)
-                    windowed = seat.history.prompt(cfg.context_policy, cfg.context_window, self._summarize)
-                    if windowed is not None:  # older turns left out: this prompt is rendered afresh
-                        delta = chat.prompt_ids(windowed, tools, tkey=tkey)
-                        full = cfg.max_model_len is not None and len(delta) >= cfg.max_model_len
-                        if full or len(delta) >= cfg.prompt_length + cfg.response_length:
+                    delta = chat.delta_ids(observation, tools, seat.last_ids[-1] if seat.last_ids else None, tkey=tkey)
+                    if cfg.context_policy != "full":
+                        windowed = self._window(seat, len(seat.context) + len(delta), tools, tkey)
+                        if windowed is False:  # not even the task and the last turn fit a sample
                             break
-                        seat.context = list(delta)
+                    if windowed is not None:  # older turns left out: this prompt is rendered afresh
+                        delta, seat.context = windowed, list(windowed)
                     else:
-                        delta = chat.delta_ids(
-                            observation, tools, seat.last_ids[-1] if seat.last_ids else None, tkey=tkey
-                        )
                         full = cfg.max_model_len is not None and len(seat.context) + len(delta) >= cfg.max_model_len
-                        if full or seat.used + len(delta) >= cfg.response_length:
+                        if full or cfg.context_policy == "full" and seat.used + len(delta) >= cfg.response_length:
                             break
                         seat.context.extend(delta)
                         seat.used += len(delta)
@@ -527,6 +524,27 @@ class RolloutRunner:
             self._finish(seat.traj, finish_infos[name], tools, check, env_time, gen_time)
             out.append(seat.traj)
         return out
+
+    def _window(self, seat: _Seat, extended: int, tools: Any, tkey: str) -> list[int] | None | Literal[False]:
+        """The next prompt under a ``window`` / ``compact`` policy: None when the history still fits the window
+        and a sample's budget (``extended`` tokens: the prompt extended by the new delta), else the ids of the
+        prompt rendered afresh with the most recent turns that fit (``context_window`` at most, fewer when the
+        budget is short); False when not even the last turn fits."""
+        cfg = self.config
+        limit = cfg.prompt_length + cfg.response_length
+        if cfg.max_model_len is not None:
+            limit = min(limit, cfg.max_model_len)
+        window = cfg.context_window
+        if seat.history.dropped(window) == 0 and extended < limit:
+            return None
+        for keep in range(min(window, len(seat.history.turns)), 0, -1):
+            messages = seat.history.prompt(cfg.context_policy, keep, self._summarize)
+            if messages is None:  # every turn fits this window, but not the budget: keep fewer
+                continue
+            ids = self.chat.prompt_ids(messages, tools, tkey=tkey)
+            if len(ids) < limit:
+                return ids
+        return False
 
     async def _generate(
         self,

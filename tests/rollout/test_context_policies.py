@@ -44,6 +44,19 @@ async def test_dropped_turns_never_reach_a_later_prompt(standin_server, policy):
     assert len(set(lengths[window + 2 :])) == 1
 
 
+async def test_a_window_shrinks_to_the_sample_budget(standin_server):
+    """A window of 6 turns that does not fit ``prompt_length + response_length``: the prompt keeps as many
+    recent turns as fit, and the episode goes on (the budget is per sample, not per episode)."""
+    limit = 120
+    traj = (await run_episodes(standin_server, "window", 6, prompt_length=limit // 2, response_length=limit // 2))[0]
+    check_turns_are_what_the_server_saw(traj, standin_server.requests)
+    assert traj.num_turns == 8 and traj.status == "truncated"  # max_turns, not the budget, ended it
+    assert all(n < limit for n in traj.context_lengths())
+    assert any(t.new_context for t in traj.turns[:6])  # windowed before 6 turns had passed
+    last = TOK.decode(traj.turn_context(7))
+    assert "reply-6<|im_end|>" in last and "reply-0<|im_end|>" not in last
+
+
 async def test_full_history_is_one_growing_sequence(standin_server):
     traj = await run_episode(standin_server, "full", 2)
     check_turns_are_what_the_server_saw(traj, standin_server.requests)

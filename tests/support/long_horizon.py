@@ -46,12 +46,19 @@ def numbered_policy(request):
 numbered_policy.count = 0
 
 
-async def run_episodes(server, policy: str, window: int, turns: int = 8, tasks: int = 1, n: int = 1):
-    """``tasks`` x ``n`` CountingEnv episodes of ``turns`` turns against the stand-in ``server``."""
+async def run_episodes(server, policy: str, window: int, turns: int = 8, tasks: int = 1, n: int = 1, **limits):
+    """``tasks`` x ``n`` CountingEnv episodes of ``turns`` turns against the stand-in ``server``; ``limits``:
+    ``prompt_length`` / ``response_length`` for the ``RolloutConfig``."""
     numbered_policy.count = 0
     server.policy = numbered_policy
     config = RolloutConfig(
-        n=n, max_turns=turns, env_executor="inline", context_policy=policy, context_window=window, max_tokens=16
+        n=n,
+        max_turns=turns,
+        env_executor="inline",
+        context_policy=policy,
+        context_window=window,
+        max_tokens=16,
+        **limits,
     )
     async with PolicyClient(server.url) as client:
         runner = RolloutRunner(CountingEnv, client, TOK, config)
