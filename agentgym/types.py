@@ -337,8 +337,12 @@ class Trajectory:
         return len(self.turns[0].prompt_ids) if self.turns else 0
 
     def response_length(self) -> int:
-        """Tokens from the first sampled token to the end (multi-turn 'response')."""
-        return len(self.token_ids()) - self.prompt_length()
+        """Tokens from the first sampled token to the end (multi-turn 'response'); for a trajectory of several
+        token sequences (``segments``), the sum of each one's tokens after its first prompt."""
+        if self.single_sequence:
+            return len(self.token_ids()) - self.prompt_length()
+        lengths = self.context_lengths()
+        return sum(n - lengths[first] for n, (first, _) in zip(self.segment_lengths(), self.segments()))
 
     @property
     def total_reward(self) -> float:
