@@ -201,3 +201,24 @@ def test_saved_trajectories_keep_their_contexts(tmp_path, suffix):
     back = read_trajectories(tmp_path / f"t{suffix}")
     assert [[t.new_context for t in tr.turns] for tr in back] == [[False, False, True], [False, False, False]]
     assert back[0].turn_context(2) == [1, 2, 3, 8, 9]
+
+
+def test_a_teacher_scores_the_same_tokens_in_the_episode_view():
+    """On-policy distillation with per-turn samples: the teacher's logprobs land on the same sampled tokens
+    of the episode view as on one row per episode."""
+    from agentgym.trainer.distillation import teacher_log_probs
+
+    trajs = episodes([1.0, 0.0])
+    for i, traj in enumerate(trajs):
+        for k, turn in enumerate(traj.turns):
+            if (i, k) != (1, 1):  # one turn no teacher scored
+                turn.teacher_logprobs = [-(i + 1) * 0.1 - k * 0.01 - j * 0.001 for j in range(len(turn.response_ids))]
+    whole, _ = build_batch(trajs, pad_token_id=0)
+    split, _ = build_batch(trajs, pad_token_id=0, step_wise=True)
+    view = PPOTrainer.episode_view(split)
+    t_whole, s_whole = teacher_log_probs(trajs, whole)
+    t_view, s_view = teacher_log_probs(trajs, view, sampled_only=True)
+    for i in range(len(trajs)):
+        assert t_whole[i][s_whole[i].bool()].tolist() == t_view[i][s_view[i].bool()].tolist()
+        assert s_whole[i].sum() == s_view[i].sum()
+    assert s_view[1].sum() == sum(len(t.response_ids) for t in trajs[1].turns) - len(trajs[1].turns[1].response_ids)
