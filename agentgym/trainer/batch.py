@@ -115,6 +115,16 @@ class EpisodeMap:
         return (self.turn_index >= 0).to(torch.float32)
 
 
+def episode_rows(batch: Batch) -> torch.Tensor | None:
+    """Each row's episode (its index among the trajectories given to ``build_batch``), -1 for a row with no
+    sampled token of any (padding, a skipped trajectory); None when every trajectory is one row."""
+    if batch.episodes is None:
+        return None
+    position = batch["episode_position"]
+    length = max(batch.episodes.length, 1)
+    return torch.where(position >= 0, position // length, torch.full_like(position, -1)).max(dim=-1).values
+
+
 def skip_reason(traj: Trajectory, max_prompt_length: int, max_response_length: int) -> str | None:
     """Why a trajectory is not trained on as one row, or None when it is."""
     if not traj.trainable:
@@ -386,6 +396,7 @@ def update_plan(
     seed: int = 0,
     loss_agg_mode: str = "token-mean",
     loss_scale_factor: float | None = None,
+    row_episodes: torch.Tensor | None = None,
 ) -> list[list[dict[str, Any]]]:
     """For each rank, the optimizer steps it takes part in: ``epochs * num_mini_batches``
     entries of ``{"rows": its share of the mini-batch, "global": agg_loss's global counts}``.
@@ -396,6 +407,12 @@ def update_plan(
     counts in ``global`` (the whole mini-batch's ``batch_num_tokens`` and
     ``global_batch_size``) make each rank's loss its share of the global mini-batch loss;
     averaging gradients over the ``dp_size`` ranks then gives the one-rank step.
+
+    ``row_episodes`` (``episode_rows``: each row's episode, -1 for none), when trajectories span several
+    rows: ``seq-mean-token-sum`` and ``seq-mean-token-sum-norm`` then count *episodes* in
+    ``global_batch_size``, so an episode's token sum (over all its rows) is one sequence's, exactly as with
+    one row per episode. ``seq-mean-token-mean`` keeps counting rows (a row's mean does not add up to its
+    episode's): each sample weighs the same.
     """
     generator = torch.Generator().manual_seed(seed)
     plans: list[list[dict[str, Any]]] = [[] for _ in range(world_size)]
@@ -408,6 +425,9 @@ def update_plan(
                 "batch_num_tokens": float(mini_mask.sum().clamp(min=1)),
                 "global_batch_size": float((mini_mask.sum(-1) > 0).sum().clamp(min=1)),
             }
+            if row_episodes is not None and loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+                held = row_episodes[mini][(mini_mask.sum(-1) > 0) & (row_episodes[mini] >= 0)]
+                info["global_batch_size"] = float(max(1, len(set(held.tolist()))))
             if loss_agg_mode == "seq-mean-token-sum-norm" and loss_scale_factor is not None:
                 info["loss_scale_factor"] = float(loss_scale_factor)
             short = (-len(mini)) % world_size

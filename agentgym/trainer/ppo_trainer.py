@@ -58,7 +58,7 @@ from agentgym.tracking import (
     write_samples,
 )
 from agentgym.trainer import algos, checkpoint, step_checks
-from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, rank_shards, update_plan
+from agentgym.trainer.batch import Batch, build_batch, episode_rows, pad_for_workers, rank_shards, update_plan
 from agentgym.trainer.config import uses_reference, world_size
 from agentgym.trainer.distillation import distill_advantages, distilling
 from agentgym.trainer.step_checks import (
@@ -298,11 +298,10 @@ class PPOTrainer:
                 f"(set trainer.step_wise_training=true for one per turn)"
             )
         mode = self.cfg.actor_rollout_ref.actor.loss_agg_mode
-        agg = (
-            "token-mean: every sampled token weighs the same, as with one row per episode"
-            if mode == "token-mean"
-            else f"{mode}: each sample (a turn or a sequence), not each episode, counts as a sequence"
-        )
+        if mode == "seq-mean-token-mean":
+            agg = f"{mode}: each sample (a turn or a sequence), not each episode, counts as a sequence"
+        else:
+            agg = f"{mode}: the same loss as with one row per episode"
         print(f"per-turn samples: {why}; advantages are computed per episode and reach every sample; {agg}", flush=True)
 
     def skip_update(
@@ -458,6 +457,7 @@ class PPOTrainer:
         shared = self.actor.put(batch.tensors)
         plan_seed = cfg.trainer.seed * 100_003 + step
         scale = cfg.data.max_response_length
+        episodes = episode_rows(batch)  # several rows per episode: seq-mean-token-sum counts episodes
         critic_update = None
         if self.critic is not None:
             critic_plan = update_plan(
@@ -471,6 +471,7 @@ class PPOTrainer:
                 plan_seed,
                 str(cfg.critic.loss_agg_mode),
                 scale,
+                episodes,
             )
             critic_started = time.perf_counter()
             critic_update = self.critic.call_async(
@@ -487,6 +488,7 @@ class PPOTrainer:
             plan_seed,
             str(actor_cfg.loss_agg_mode),
             scale,
+            episodes,
         )
         actor_metrics: dict[str, float] = {}
         if step >= cfg.trainer.critic_warmup:  # veRL: the actor waits critic_warmup steps for the critic

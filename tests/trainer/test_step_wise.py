@@ -146,7 +146,7 @@ def test_windowed_trajectory_trains_without_the_switch():
     assert torch.equal(back, batch["response_mask"])
 
 
-def fit_one_step(tmp_path, trajs: list[Trajectory], step_wise: bool) -> dict[str, float]:
+def fit_one_step(tmp_path, trajs: list[Trajectory], step_wise: bool, agg: str = "token-mean") -> dict[str, float]:
     cfg = load_config(
         env="sokoban",
         overrides=[
@@ -162,7 +162,7 @@ def fit_one_step(tmp_path, trajs: list[Trajectory], step_wise: bool) -> dict[str
             "data.train_batch_size=1",
             "algorithm.adv_estimator=grpo",
             "algorithm.filter_groups.enable=false",
-            "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+            f"actor_rollout_ref.actor.loss_agg_mode={agg}",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             f"trainer.step_wise_training={str(step_wise).lower()}",
         ],
@@ -174,12 +174,14 @@ def fit_one_step(tmp_path, trajs: list[Trajectory], step_wise: bool) -> dict[str
         trainer.shutdown()
 
 
-def test_token_mean_step_wise_takes_the_step_of_one_row_per_episode(tmp_path):
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum"])
+def test_step_wise_takes_the_step_of_one_row_per_episode(tmp_path, agg):
     """Same episodes, same first update: each turn's row holds the prefix its tokens had in the episode's
-    row, so with token-mean the loss and its gradient are the same, only computed on more, shorter rows."""
+    row, so with token-mean (and seq-mean-token-sum, which counts episodes, not rows) the loss and its
+    gradient are the same, only computed on more, shorter rows."""
     trajs = episodes([1.0, 0.0, 0.0, 1.0])
-    whole = fit_one_step(tmp_path / "whole", trajs, False)
-    step = fit_one_step(tmp_path / "step", trajs, True)
+    whole = fit_one_step(tmp_path / "whole", trajs, False, agg)
+    step = fit_one_step(tmp_path / "step", trajs, True, agg)
     assert "batch/samples_per_episode" not in whole and step["batch/samples_per_episode"] == 3.0
     assert step["actor/pg_loss"] == pytest.approx(whole["actor/pg_loss"], abs=1e-5)
     assert step["actor/grad_norm"] == pytest.approx(whole["actor/grad_norm"], rel=1e-3)
