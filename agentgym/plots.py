@@ -4,7 +4,9 @@ Reads ``<run dir>/metrics.jsonl`` (one JSON object per step, written by the trai
 ``agentgym sft``) and draws one panel per quantity, training as a line and validation
 (``val/<metric>``) as dots on the same axes, against the step. Without ``-m`` the panels are
 the ones a person looks at first, each drawn only when the run logged it: reward, success,
-episode length, KL, entropy, staleness (async runs and weight-version lag), and the SFT loss.
+episode length, KL, entropy, staleness (async runs and weight-version lag), what long episodes cost
+(tokens processed per episode, the last turn's prompt: docs/long_horizon.md), time per step, and the
+SFT loss.
 ``agentgym train`` writes ``curves.png`` into the run directory at every validation and at
 the end of every run. matplotlib (the ``plot`` extra) draws off-screen (Agg backend).
 """
@@ -31,6 +33,9 @@ DEFAULT_PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("groups with no signal", ("sampling/flat_group_frac", "batch/zero_variance_group_frac"), "share of groups"),
     ("malformed replies by turn", ("turn*/malformed",), "share of replies"),
     ("reply length by turn", ("turn*/reply_tokens",), "tokens"),
+    ("tokens per episode", ("context/processed_tokens",), "prompt + reply tokens, all turns"),
+    ("last turn's prompt", ("context/last_turn_tokens",), "tokens"),
+    ("time per step", ("timing_s/step",), "seconds"),
     ("SFT loss", ("sft/loss",), "loss per assistant token"),
     ("learning rate", ("sft/lr",), "lr"),
 )

@@ -281,7 +281,24 @@ def trajectory_metrics(trajectories: Sequence[Trajectory], prefix: str = "") -> 
     for key in sorted({k for t in played for k in t.metrics if k.startswith("env/")}):
         out[key] = mean([t.metrics[key] for t in played if key in t.metrics])
     out.update(per_turn_metrics(trajs))
+    out.update(context_metrics(trajs))
     return {prefix + k: v for k, v in out.items()}
+
+
+def context_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """What long episodes cost (docs/long_horizon.md): ``context/processed_tokens`` per episode (every
+    turn's whole prompt and reply, ``Trajectory.processed_tokens``), ``context/prompt_tokens_per_turn`` and
+    ``context/last_turn_tokens`` (the prompt of each episode's last turn), means over the played episodes."""
+    played = [t for t in trajectories if t.turns]
+    if not played:
+        return {}
+    lengths = [t.context_lengths() for t in played]
+    turns = sum(len(x) for x in lengths)
+    return {
+        "context/processed_tokens": sum(t.processed_tokens() for t in played) / len(played),
+        "context/prompt_tokens_per_turn": sum(sum(x) for x in lengths) / turns,
+        "context/last_turn_tokens": sum(x[-1] for x in lengths) / len(played),
+    }
 
 
 def _std(xs: Sequence[float]) -> float:

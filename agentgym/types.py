@@ -138,6 +138,12 @@ class Turn:
     whole context before it (``agentgym.rewards.teacher``); empty when no teacher scored the turn.
     ``teacher_topk_ids`` / ``teacher_topk_logprobs``: with ``distillation.topk`` > 0, the teacher's ``k``
     most likely tokens at each response position (most likely first) and their logprobs; empty otherwise.
+
+    ``new_context``: ``prompt_ids`` is the *whole* context this turn was sampled from, not a delta after
+    the previous turn's tokens: a context policy (``actor_rollout_ref.rollout.multi_turn.context_policy``:
+    a history window or a summary) dropped or rewrote earlier turns, or a gateway agent rewrote its
+    messages. Such a turn starts a new *segment* (``Trajectory.segments``): a token sequence of its own,
+    trained as a batch row of its own (docs/long_horizon.md). The first turn always starts one.
     """
 
     prompt_ids: list[int]
@@ -155,6 +161,7 @@ class Turn:
     teacher_logprobs: list[float] = field(default_factory=list)
     teacher_topk_ids: list[list[int]] = field(default_factory=list)
     teacher_topk_logprobs: list[list[float]] = field(default_factory=list)
+    new_context: bool = False
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):
@@ -273,6 +280,60 @@ class Trajectory:
             rewards[last] += carry + outcome_reward_coef * self.outcome_reward
         return rewards
 
+    # ---- segments: the token sequences a trajectory is made of --------------------------
+    def segment_starts(self) -> list[int]:
+        """The turns that start a token sequence: the first, and every ``Turn.new_context`` turn."""
+        return [k for k, turn in enumerate(self.turns) if k == 0 or turn.new_context]
+
+    @property
+    def single_sequence(self) -> bool:
+        """Whether every turn extends one growing token sequence (no turn after the first starts a new
+        context): ``token_ids()`` is then what the server saw on the last turn."""
+        return len(self.segment_starts()) <= 1
+
+    def segments(self, step_wise: bool = False) -> list[tuple[int, int]]:
+        """``(first turn, end turn)`` of each token sequence to train as one sample: the runs of turns
+        that extend one context; with ``step_wise`` every turn on its own."""
+        if step_wise:
+            return [(k, k + 1) for k in range(len(self.turns))]
+        starts = self.segment_starts()
+        return [(s, e) for s, e in zip(starts, starts[1:] + [len(self.turns)])]
+
+    def turn_context(self, k: int) -> list[int]:
+        """The whole context turn ``k`` was sampled from (its prompt): the tokens the server was sent."""
+        start = max(s for s in self.segment_starts() if s <= k)
+        ids: list[int] = []
+        for turn in self.turns[start:k]:
+            ids.extend(turn.prompt_ids)
+            ids.extend(turn.response_ids)
+        ids.extend(self.turns[k].prompt_ids)
+        return ids
+
+    def segment_lengths(self) -> list[int]:
+        """The tokens of each token sequence (``segments()``): its whole first prompt, its replies and the
+        observations between them. One per trajectory for a single sequence (``len(token_ids())``)."""
+        lengths = self.context_lengths()
+        out = []
+        for first, end in self.segments():
+            rest = sum(len(t.prompt_ids) + len(t.response_ids) for t in self.turns[first + 1 : end])
+            out.append(lengths[first] + len(self.turns[first].response_ids) + rest)
+        return out
+
+    def context_lengths(self) -> list[int]:
+        """The length of each turn's whole prompt (``len(turn_context(k))`` for every k, in one pass)."""
+        out: list[int] = []
+        context = 0
+        for k, turn in enumerate(self.turns):
+            context = len(turn.prompt_ids) if k == 0 or turn.new_context else context + len(turn.prompt_ids)
+            out.append(context)
+            context += len(turn.response_ids)
+        return out
+
+    def processed_tokens(self) -> int:
+        """Tokens the policy server processed over the episode (each turn's whole prompt plus its reply),
+        before any prefix cache: what a long-horizon episode costs to roll out."""
+        return sum(self.context_lengths()) + sum(len(t.response_ids) for t in self.turns)
+
     def sampled_versions(self) -> list[int]:
         """The policy version of every sampled token, in order (see ``Turn.versions``)."""
         return [v for turn in self.turns for v in turn.versions()]
@@ -288,8 +349,12 @@ class Trajectory:
         return len(self.turns[0].prompt_ids) if self.turns else 0
 
     def response_length(self) -> int:
-        """Tokens from the first sampled token to the end (multi-turn 'response')."""
-        return len(self.token_ids()) - self.prompt_length()
+        """Tokens from the first sampled token to the end (multi-turn 'response'); for a trajectory of several
+        token sequences (``segments``), the sum of each one's tokens after its first prompt."""
+        if self.single_sequence:
+            return len(self.token_ids()) - self.prompt_length()
+        lengths = self.context_lengths()
+        return sum(n - lengths[first] for n, (first, _) in zip(self.segment_lengths(), self.segments()))
 
     @property
     def total_reward(self) -> float:

@@ -41,7 +41,7 @@ def test_the_default_panels_hold_train_and_validation_series(tmp_path):
     rows = plots.read_metrics(write_run(tmp_path / "run"))
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and rows[3]["reward/mean"] == 9.0
     panels = plots.choose_panels(rows)
-    assert [p[0] for p in panels] == ["reward", "success", "episode length", "KL", "entropy"]
+    assert [p[0] for p in panels] == ["reward", "success", "episode length", "KL", "entropy", "time per step"]
     fig = plots.figure(rows, panels)
     reward_axes = fig.axes[0]
     (train, val) = reward_axes.get_lines()
@@ -52,6 +52,15 @@ def test_the_default_panels_hold_train_and_validation_series(tmp_path):
     assert len(kl_axes.get_lines()) == 1 and kl_axes.get_lines()[0].get_ydata()[-1] == pytest.approx(0.06)
     flat = [{**r, "reward/mean": 0.0, "val/reward/mean": 0.0} for r in rows]  # a run that learns nothing shows it
     assert plots.choose_panels(flat)[0] == ("reward", "reward/mean", "mean episode reward")
+
+
+def test_long_horizon_runs_plot_what_their_episodes_cost(tmp_path):
+    rows = [
+        {**r, "context/processed_tokens": 900.0 + r["step"], "context/last_turn_tokens": 300.0}
+        for r in plots.read_metrics(write_run(tmp_path / "run"))
+    ]
+    titles = [p[0] for p in plots.choose_panels(rows)]
+    assert titles[-3:] == ["tokens per episode", "last turn's prompt", "time per step"]
 
 
 def test_a_rewritten_training_reward_is_told_apart_from_validation(tmp_path):

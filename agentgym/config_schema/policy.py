@@ -146,6 +146,13 @@ class MultiTurnConfig:
     interaction_config_path: str | None = setting(
         None, "veRL interaction YAML: dataset rows become interaction episodes"
     )
+    context_policy: Literal["full", "window", "compact"] = setting(
+        "full",
+        "what each turn's prompt holds: full (the whole history) | window (the task and the last "
+        "context_window turns) | compact (the task, the env's summary of the older turns, the last "
+        "context_window turns); window and compact train per-turn samples. docs/long_horizon.md",
+    )
+    context_window: int = setting(4, "window / compact: the most recent turns kept word for word")
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from agentgym.config_schema.fields import section, setting
 
@@ -51,6 +51,12 @@ class SFTDataConfig:
     val_batch_size: int | None = setting(256, "held-out conversations scored per validation (null: all)")
     shuffle: bool = setting(True, "shuffle the conversations each epoch (seeded by trainer.seed)")
     env: str | None = setting(None, "demos only: refuse rows written for another env (set by the warm start)")
+    context_policy: Literal["full", "window", "compact"] = setting(
+        "full",
+        "each reply's prompt as RL's multi_turn.context_policy builds it (set by the warm start): full | window "
+        "| compact; a windowed reply is a row of its own, trained once. docs/long_horizon.md",
+    )
+    context_window: int = setting(4, "window / compact: the most recent turns kept (RL's multi_turn.context_window)")
 
 
 @dataclass

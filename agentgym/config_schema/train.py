@@ -373,6 +373,12 @@ class TrainerSettings:
     cpu_threads_per_worker: int | None = setting(None, "torch threads in each CPU worker (null: cores / workers)")
     seed: int = setting(0, "seeds the task order, the model's initialisation and the sampling")
     use_ray: bool = setting(True, "false: run the workers in this process (one worker; fast tests)")
+    step_wise_training: bool = setting(
+        False,
+        "one training sample per assistant turn (its whole prompt, its reply), the episode's advantage on each "
+        "(SkyRL's name); false: one per episode, or per token sequence where a context policy or an agent "
+        "rewrote the context. docs/long_horizon.md",
+    )
     max_failed_episode_frac: float = setting(
         0.5,
         "a step where more of its episodes failed (after the client's retries) stops the run, exit 1",

@@ -109,6 +109,22 @@ def reply_text(action: Action) -> str:
     return ""
 
 
+SUMMARY_CHARS = 400  # default_summary quotes at most this much of the last dropped env message
+
+
+def default_summary(history: list[Message]) -> str:
+    """The summary of dropped turns for envs without a rule of their own (``TextEnv.summarize``): how many
+    turns are not shown and the env's last message among them (cut to ``SUMMARY_CHARS``), so its length
+    stays bounded however long the episode."""
+    turns = sum(1 for m in history if m.get("role") == "assistant")
+    last = next((m for m in reversed(history) if m.get("role") in ("user", "tool")), None)
+    text = f"{turns} earlier turn{'s' if turns != 1 else ''} not shown."
+    content = last.get("content") if last is not None else None
+    if isinstance(content, str) and content:
+        text += f" The last of them ended with:\n{content[-SUMMARY_CHARS:]}"
+    return text
+
+
 class TextEnv(gym.Env):
     """Base class for agentgym environments. Subclasses implement ``reset`` and ``step``.
 
@@ -148,6 +164,14 @@ class TextEnv(gym.Env):
         over, or the state can no longer be solved). Envs without an expert leave this alone:
         it raises ``NoExpertError``."""
         raise NoExpertError(f"{type(self).__name__} has no expert (it does not implement expert_action())")
+
+    def summarize(self, history: list[Message]) -> str:
+        """The summary of earlier turns a ``compact`` context policy shows in place of them
+        (``agentgym.rollout.context``): ``history`` is the dropped turns' messages (the model's replies
+        and the env's answers). A function of the messages only (it runs on an env instance of its own,
+        not the episode's). The default says how many turns are left out and quotes the env's last
+        message among them; envs override it with what matters in their task."""
+        return default_summary(history)
 
     # Optional, the floor of a learning table: ``random_action(rng) -> Action``, a reply drawn
     # uniformly from the env's valid answers (Sokoban: random moves). Envs without a meaningful

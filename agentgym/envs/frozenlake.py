@@ -321,6 +321,17 @@ class FrozenLakeEnv(TextEnv):
             moves = [max(range(4), key=lambda a: values[a])]
         return "<answer>" + " || ".join(ACTIONS[m] for m in moves) + "</answer>"
 
+    def summarize(self, history: list[Message]) -> str:
+        """The summary of turns a ``compact`` context leaves out (``agentgym.rollout.context``): how many
+        turns, the moves asked for in them (the board in the latest message shows where they led) and how
+        many replies had no readable move."""
+        replies = [reply_text(m) for m in history if m.get("role") == "assistant"]
+        moves = [parse_moves(text, self.max_actions_per_turn) for text in replies]
+        asked = [ACTIONS[a] for found, error in moves if error is None for a in found]
+        unreadable = sum(1 for _, error in moves if error is not None)
+        text = f"{len(replies)} earlier turns not shown. Moves asked for: {' '.join(asked) or 'none'}."
+        return text + (f" {unreadable} replies had no readable move." if unreadable else "")
+
     def random_action(self, rng: random.Random) -> str:
         """A random policy's reply: ``max_actions_per_turn`` moves drawn uniformly."""
         return "<answer>" + " || ".join(rng.choice(ACTIONS) for _ in range(self.max_actions_per_turn)) + "</answer>"

@@ -46,6 +46,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal
 
 from agentgym.gateway.client import GatewayClient
+from agentgym.gateway.episodes import join_session
 from agentgym.registry import import_object
 from agentgym.rollout.data_pool import DataPool
 from agentgym.rollout.metrics import summarize
@@ -120,8 +121,10 @@ class AgentTrajectorySource(TrajectorySource):
     a step's tasks depend only on its number and a resumed run sees the same data. ``sampling``: pinned
     for every model call (``SamplingParams`` names, e.g. the training temperature). ``val_tasks``,
     ``val_n`` and ``val_sampling``: what ``validate`` runs (default: the first 16 tasks, greedy, once).
-    ``concurrency``: agents running at once. ``branches``: ``"all"`` (every branch is a trajectory) or
-    ``"active"`` (each session's last branch only). ``weight_version``: a function giving the
+    ``concurrency``: agents running at once. ``branches``: ``"episode"`` (default: a session's chain of
+    branches, from an agent that rewrote its context, is one episode; other branches each a trajectory),
+    ``"all"`` (every branch is a trajectory) or ``"active"`` (each session's last branch only).
+    ``weight_version``: a function giving the
     version the policy servers hold, told to the gateway before each run (for servers that do not
     report it with each sample); or use ``weight_update(version)`` around each weight push.
     """
@@ -145,7 +148,7 @@ class AgentTrajectorySource(TrajectorySource):
         val_n: int = 1,
         val_sampling: dict[str, Any] | None = None,
         hidden_keys: Sequence[str] = HIDDEN_KEYS,
-        branches: Literal["all", "active"] = "all",
+        branches: Literal["episode", "all", "active"] = "episode",
         close_gateway: bool = False,
         weight_version: Callable[[], int] | None = None,
     ) -> None:
@@ -153,8 +156,8 @@ class AgentTrajectorySource(TrajectorySource):
             raise ValueError("AgentTrajectorySource needs a gateway: start_gateway(...), a GatewayClient or a URL")
         if n < 1:
             raise ValueError(f"n must be at least 1, got {n}")
-        if branches not in ("all", "active"):
-            raise ValueError(f"branches must be 'all' or 'active', got {branches!r}")
+        if branches not in ("episode", "all", "active"):
+            raise ValueError(f"branches must be 'episode', 'all' or 'active', got {branches!r}")
         self.agent = load_agent(agent)
         self.is_async = inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(
             type(self.agent).__call__
@@ -308,6 +311,8 @@ class AgentTrajectorySource(TrajectorySource):
             trajectories = await self.client.finish_session(info["id"], failure=failure, reward=reward)
         if failure is not None and not trajectories:  # no model call got through: still an episode that failed
             trajectories = [Trajectory(group_id=group_id, status="failed", failure=failure, task=visible)]
+        if self.branches == "episode":  # an agent that rewrote its context: one episode, per-turn samples
+            trajectories = join_session(trajectories)
         self.pool.add(group_id, trajectories)
         return failure
 

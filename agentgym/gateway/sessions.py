@@ -17,7 +17,11 @@ its text and tool calls equal what the model produced (see ``same_reply``):
   the template writes the tools into the system prompt): the request is rendered from scratch.
 
 Each branch becomes its own ``Trajectory`` at finish; the session's ``branches`` metric counts
-them. Text completions (``/v1/completions``) keep their own branches: a prompt that starts with
+them (``first_reply`` / ``last_reply``: where the branch's turns fall among the session's replies). An
+agent that rewrites its context (drops old turns, summarises them) makes a *chain* of branches, one
+after the other; ``agentgym.gateway.episodes`` joins a chain back into one episode whose later
+branches start new contexts, trained as per-turn samples (docs/long_horizon.md).
+Text completions (``/v1/completions``) keep their own branches: a prompt that starts with
 a branch's prompt plus the completion text it was given extends it (a token-id prompt must start
 with the branch's token ids); anything else is fresh.
 
@@ -131,6 +135,7 @@ class Branch:
     checkpoints: list[tuple[int, int]] = field(default_factory=list)
     text: str = ""  # text branches: the prompt and completions as the agent saw them
     pending: bool = False
+    commits: list[int] = field(default_factory=list)  # each turn's place among the session's replies (1, 2, ...)
 
     def matched(self, messages: Sequence[dict[str, Any]]) -> int:
         """How many leading ``messages`` equal this branch's (model replies compared by ``same_reply``)."""
@@ -178,6 +183,7 @@ class Session:
     active: int | None = None  # the branch of the latest completion
     rewards: list[PostedReward] = field(default_factory=list)
     requests: int = 0
+    commits: int = 0  # replies recorded (the order of turns across branches)
     finished: bool = False
     failure: str | None = None
     trajectories: list[Trajectory] | None = None
@@ -565,6 +571,8 @@ class SessionStore:
             b.text = (plan.prompt_text or self.chat.decode(plan.context_ids)) + text
         b.pending = False
         session.active = b.index
+        session.commits += 1
+        b.commits.append(session.commits)
         return turn
 
     def release(self, plan: Plan) -> None:
@@ -608,6 +616,9 @@ class SessionStore:
             "branch": float(b.index),
             "active_branch": float(b.index == session.active),
             "requests": float(session.requests),
+            # the branch's first and last reply among the session's (agentgym.gateway.episodes: a chain)
+            "first_reply": float(b.commits[0] if b.commits else 0),
+            "last_reply": float(b.commits[-1] if b.commits else 0),
         }
         posted = 0.0
         for r in session.rewards:

@@ -105,6 +105,8 @@ async def _main(
         env_executor=args.env_executor,
         env_workers=args.env_workers,
         env_urls=list(args.env_url or ()),
+        context_policy=args.context_policy,
+        context_window=args.context_window,
         **lengths,
     )
     writer = None

@@ -105,6 +105,7 @@ class EnvBackend:
         self._pool: Executor | None = None
         self._workers: list[WorkerProcess | None] = []
         self._keys = itertools.count()
+        self._summary_env: Any = None  # built on the first summarizer() call
         if self.kind == "thread":
             self._pool = ThreadPoolExecutor(max_workers=workers or 64, thread_name_prefix="agentgym-env")
         elif self.kind == "process":
@@ -148,6 +149,15 @@ class EnvBackend:
             return describe_env(env)
         finally:
             self._idle.append(env)
+
+    def summarizer(self) -> Any:
+        """The env's rule for summarising dropped turns (``TextEnv.summarize``, a function of the messages
+        only), from an env built in this process; None for remote envs (``openenv``) or an env without one."""
+        if self.kind == "openenv":
+            return None
+        if self._summary_env is None:
+            self._summary_env = self.factory()
+        return getattr(self._summary_env, "summarize", None)
 
     def open(self) -> EnvHandle:
         key = next(self._keys)

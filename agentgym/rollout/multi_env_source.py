@@ -52,6 +52,8 @@ class MultiEnvSource(TrajectorySource):
             "env_workers": cfg.env.workers,
             "worker_env_executor": cfg.env.worker_executor,
             "env_urls": list(cfg.env.urls or ()),
+            "context_policy": rollout.multi_turn.context_policy,
+            "context_window": rollout.multi_turn.context_window,
         }
         val = rollout.val_kwargs
         self.runners: dict[str, Any] = {}

@@ -67,6 +67,7 @@ from typing import Any, Literal
 
 from agentgym.envs.tools.parsing import parse_tool_calls
 from agentgym.rollout.chat import ChatTokenizer, tools_key
+from agentgym.rollout.context import History, Summarizer, check_policy
 from agentgym.rollout.executors import EPISODE_EXECUTORS, EnvBackend, EnvTimeout, EpisodePool
 from agentgym.rollout.metrics import state_key, summarize, turn_facts
 from agentgym.rollout.multi_agent import next_agent, seat_results
@@ -97,6 +98,8 @@ class RolloutConfig:
     seed: int = 0  # first env seed; task i uses seed + i
     partial_rollout: bool = False  # a generation a weight update aborted continues on the new weights
     sampling_seed: int | None = None  # seed every request from (this, task seed, sample, turn): reproducible
+    context_policy: Literal["full", "window", "compact"] = "full"  # what each prompt holds (rollout/context.py)
+    context_window: int = 4  # window / compact: the most recent turns kept word for word
 
     def sampling(self, max_tokens: int | None = None) -> SamplingParams:
         return SamplingParams(
@@ -204,6 +207,7 @@ class _Seat:
     context: list[int] | None = None  # the whole sequence so far (None: no prompt rendered yet)
     last_ids: list[int] = field(default_factory=list)  # the seat's last reply
     used: int = 0  # tokens after the first prompt
+    history: History = field(default_factory=History)  # the conversation as context policies cut it
 
     def receive(self, observation: Sequence[Message], info: dict[str, Any]) -> None:
         self.pending.extend(observation)
@@ -247,6 +251,10 @@ class RolloutRunner:
             self.episodes = EpisodePool(self, cfg.env_executor, cfg.env_workers)
         self._env_info: dict[str, Any] | None = None
         self._episodes_started = 0
+        check_policy(cfg.context_policy, cfg.context_window)
+        self._summarize: Summarizer | None = None
+        if cfg.context_policy == "compact" and self.episodes is None:
+            self._summarize = self.envs.summarizer()
 
     # ---- public API ------------------------------------------------------------------------
     async def env_info(self) -> dict[str, Any]:
@@ -396,6 +404,8 @@ class RolloutRunner:
                 stage = "chat template"
                 observation, seat.pending = seat.pending, []
                 who = f"{seat.traj.task['agent']}: " if agents is not None else ""
+                seat.history.observe(observation)
+                windowed = None
                 if seat.context is None:
                     seat.traj.messages = list(observation)
                     delta = chat.prompt_ids(observation, tools, tkey=tkey)
@@ -405,13 +415,24 @@ class RolloutRunner:
                 else:
                     seat.traj.messages.extend(observation)
                     delta = chat.delta_ids(observation, tools, seat.last_ids[-1] if seat.last_ids else None, tkey=tkey)
-                    full = cfg.max_model_len is not None and len(seat.context) + len(delta) >= cfg.max_model_len
-                    if full or seat.used + len(delta) >= cfg.response_length:
-                        break
-                    seat.context.extend(delta)
-                    seat.used += len(delta)
+                    if cfg.context_policy != "full":
+                        windowed = self._window(seat, len(seat.context) + len(delta), tools, tkey)
+                        if windowed is False:  # not even the task and the last turn fit a sample
+                            break
+                    if windowed is not None:  # older turns left out: this prompt is rendered afresh
+                        delta, seat.context = windowed, list(windowed)
+                    else:
+                        full = cfg.max_model_len is not None and len(seat.context) + len(delta) >= cfg.max_model_len
+                        if full or cfg.context_policy == "full" and seat.used + len(delta) >= cfg.response_length:
+                            break
+                        seat.context.extend(delta)
+                        seat.used += len(delta)
                 room = cfg.max_model_len - len(seat.context) if cfg.max_model_len else cfg.max_tokens
-                max_tokens = min(cfg.max_tokens, cfg.response_length - seat.used, room)
+                if cfg.context_policy != "full":  # a sample holds the prompt and response budget, per turn
+                    budget = cfg.prompt_length + cfg.response_length - len(seat.context)
+                else:
+                    budget = cfg.response_length - seat.used
+                max_tokens = min(cfg.max_tokens, budget, room)
                 if max_tokens < 1:  # the server's context is full
                     break
                 stage = "policy server"
@@ -439,12 +460,15 @@ class RolloutRunner:
                     response_text=text,
                     token_versions=versions if len(set(versions)) > 1 else [],
                     state_key=seat.state,
+                    new_context=windowed is not None,
                 )
                 seat.traj.turns.append(turn)
                 seat.context.extend(ids)
                 seat.used += len(ids)
                 seat.last_ids = list(ids)
-                action = assistant_message(chat.assistant_content(ids, text), tools is not None)
+                raw = chat.assistant_content(ids, text)
+                seat.history.reply(raw)
+                action = assistant_message(raw, tools is not None)
                 seat.traj.messages.append(action)
 
                 stage = "env.step"
@@ -453,7 +477,7 @@ class RolloutRunner:
                 env_time += time.perf_counter() - t0
                 turn.reward = float(reward)
                 turn.metrics = turn_facts(info, sample_out.finish_reason)
-                over = terminated or truncated or seat.used >= cfg.response_length
+                over = terminated or truncated or (cfg.context_policy == "full" and seat.used >= cfg.response_length)
                 over = over or (max_turns is not None and len(seat.traj.turns) >= max_turns)
                 if agents is None:
                     seat.receive(observation, info)  # kept in the conversation even when the episode ends here
@@ -500,6 +524,27 @@ class RolloutRunner:
             self._finish(seat.traj, finish_infos[name], tools, check, env_time, gen_time)
             out.append(seat.traj)
         return out
+
+    def _window(self, seat: _Seat, extended: int, tools: Any, tkey: str) -> list[int] | None | Literal[False]:
+        """The next prompt under a ``window`` / ``compact`` policy: None when the history still fits the window
+        and a sample's budget (``extended`` tokens: the prompt extended by the new delta), else the ids of the
+        prompt rendered afresh with the most recent turns that fit (``context_window`` at most, fewer when the
+        budget is short); False when not even the last turn fits."""
+        cfg = self.config
+        limit = cfg.prompt_length + cfg.response_length
+        if cfg.max_model_len is not None:
+            limit = min(limit, cfg.max_model_len)
+        window = cfg.context_window
+        if seat.history.dropped(window) == 0 and extended < limit:
+            return None
+        for keep in range(min(window, len(seat.history.turns)), 0, -1):
+            messages = seat.history.prompt(cfg.context_policy, keep, self._summarize)
+            if messages is None:  # every turn fits this window, but not the budget: keep fewer
+                continue
+            ids = self.chat.prompt_ids(messages, tools, tkey=tkey)
+            if len(ids) < limit:
+                return ids
+        return False
 
     async def _generate(
         self,
@@ -558,19 +603,23 @@ class RolloutRunner:
                     m[f"env/{key}"] = float(value)
         m["success"] = float(traj.success)
         if check and traj.turns and traj.status != "failed":
-            at = self.chat.mismatch(self._raw_messages(traj), tools, traj.token_ids())
+            # the first token sequence (later ones, windowed prompts, are rendered afresh: nothing to compare)
+            end = traj.segments()[0][1]
+            ids = [i for t in traj.turns[:end] for i in (*t.prompt_ids, *t.response_ids)]
+            at = self.chat.mismatch(self._raw_messages(traj, end), tools, ids)
             m["template_mismatch"] = 0.0 if at is None else 1.0
             if at is not None:
                 m["template_mismatch_at"] = float(at)
 
-    def _raw_messages(self, traj: Trajectory) -> list[Message]:
-        """The conversation up to the last assistant message (what the token sequence covers), each
-        assistant message as its raw sampled text (for the template check)."""
+    def _raw_messages(self, traj: Trajectory, turns: int | None = None) -> list[Message]:
+        """The conversation up to the last assistant message (what the token sequence covers), or up to the
+        ``turns``-th, each assistant message as its raw sampled text (for the template check)."""
         raw = iter(self.chat.assistant_content(t.response_ids, t.response_text) for t in traj.turns)
         out: list[Message] = [
             {"role": "assistant", "content": next(raw)} if m.get("role") == "assistant" else m for m in traj.messages
         ]
-        last = max(i for i, m in enumerate(out) if m.get("role") == "assistant")
+        ends = [i for i, m in enumerate(out) if m.get("role") == "assistant"]
+        last = ends[-1] if turns is None else ends[turns - 1]
         return out[: last + 1]
 
     async def aclose(self) -> None:

@@ -259,6 +259,8 @@ class EnvRolloutSource(TrajectorySource):
             "worker_env_executor": env_cfg.worker_executor,
             "env_urls": list(env_cfg.urls or ()),
             "sampling_seed": rollout.sampling_seed,
+            "context_policy": rollout.multi_turn.context_policy,
+            "context_window": rollout.multi_turn.context_window,
         }
         train_kwargs = dict(env_cfg.kwargs)
         if cfg.data.train_files:

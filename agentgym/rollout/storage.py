@@ -156,6 +156,7 @@ def _schema() -> Any:
             ("finish_reason", pa.string()),
             ("observation", pa.string()),
             ("response_text", pa.string()),
+            ("new_context", pa.bool_()),  # prompt_ids is a whole context (a window, a summary): not a delta
         ]
     )
     return pa.schema(
@@ -196,6 +197,7 @@ def _parquet_row(t: Trajectory) -> dict[str, Any]:
                 "finish_reason": u.finish_reason,
                 "observation": json.dumps(u.observation, ensure_ascii=False),
                 "response_text": u.response_text,
+                "new_context": u.new_context,
             }
             for u in t.turns
         ],
@@ -212,6 +214,7 @@ def _from_parquet_row(row: dict[str, Any]) -> Trajectory:
     for u in data.get("turns") or []:
         u = dict(u)
         u["observation"] = json.loads(u["observation"]) if u.get("observation") else []
+        u["new_context"] = bool(u.get("new_context"))  # files written before the field: False
         turns.append(u)
     data["turns"] = turns
     return Trajectory.from_dict(data)

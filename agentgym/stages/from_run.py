@@ -92,6 +92,8 @@ def run_settings(run: Run, mode: str) -> dict[str, tuple[Any, str]]:
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
         ),
         "max_tokens": (rollout.max_tokens_per_turn, "actor_rollout_ref.rollout.max_tokens_per_turn"),
+        "context_policy": (rollout.multi_turn.context_policy, "actor_rollout_ref.rollout.multi_turn.context_policy"),
+        "context_window": (rollout.multi_turn.context_window, "actor_rollout_ref.rollout.multi_turn.context_window"),
         "prompt_length": (cfg.data.max_prompt_length, "data.max_prompt_length"),
         "response_length": (cfg.data.max_response_length, "data.max_response_length"),
         "concurrency": (rollout.concurrency, "actor_rollout_ref.rollout.concurrency"),

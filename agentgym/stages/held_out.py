@@ -133,6 +133,8 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
                     seed=seeds.start,
                     env_executor=executor,
                     sampling_seed=cfg.trainer.seed if temperature > 0 else None,
+                    context_policy=rollout.multi_turn.context_policy,  # as training prompts
+                    context_window=rollout.multi_turn.context_window,
                 )
                 template_kwargs = OmegaConf.to_container(cfg.data.apply_chat_template_kwargs, resolve=True) or None
                 chat = ChatTokenizer(load_tokenizer(model_dir), template_kwargs=template_kwargs)  # as training renders

@@ -73,6 +73,8 @@ def episode_arguments(parser: argparse.ArgumentParser, mode: str) -> None:
     config_flag(p, "--concurrency", key=f"{ROLLOUT}.concurrency", action=Given)
     p.add_argument("--max-turns", type=int, action=Given, help="most model turns (the env's own)")
     p.add_argument("--max-tokens", type=int, action=Given, default=256, help="max new tokens per turn (%(default)s)")
+    config_flag(p, "--context-policy", key=f"{ROLLOUT}.multi_turn.context_policy", action=Given)
+    config_flag(p, "--context-window", key=f"{ROLLOUT}.multi_turn.context_window", action=Given)
     # eval samples as validation does (greedy), rollout as training does
     sampling = f"{ROLLOUT}.val_kwargs" if evaluating else ROLLOUT
     config_flag(p, "--temperature", key=f"{sampling}.temperature", action=Given)

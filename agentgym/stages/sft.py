@@ -187,6 +187,9 @@ class SFTTrainer:
             "max_length": data.max_length,
             "truncation": str(data.truncation),
             "expect_env": data.env,
+            "context_policy": data.context_policy,
+            "context_window": data.context_window,
+            "summarize": _summarizer(data),
         }
         self.train_set, self.skipped = load_sft_trajectories(
             _files(data.train_files), self.chat, max_samples=data.train_max_samples, **common
@@ -355,6 +358,15 @@ class SFTTrainer:
             import ray
 
             ray.shutdown()
+
+
+def _summarizer(data: Any) -> Any:
+    """``compact`` demos: the env's summary rule (``TextEnv.summarize``), from an env built with its defaults."""
+    if data.context_policy != "compact" or not data.env:
+        return None
+    from agentgym.registry import make
+
+    return getattr(make(data.env), "summarize", None)
 
 
 def _files(value: Any) -> Any:

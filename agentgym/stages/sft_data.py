@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.rollout.chat import ChatTokenizer, tools_key
+from agentgym.rollout.context import History, Summarizer, check_policy
 from agentgym.types import Message, Trajectory, Turn
 
 
@@ -149,8 +150,15 @@ def to_trajectory(
     tools: Sequence[dict[str, Any]] | None = None,
     where: str = "a row",
     group_id: str = "",
+    context_policy: str = "full",
+    context_window: int = 4,
+    summarize: Summarizer | None = None,
 ) -> Trajectory:
-    """One conversation as a trajectory whose loss mask is 1 exactly on the assistant tokens."""
+    """One conversation as a trajectory whose loss mask is 1 exactly on the assistant tokens.
+
+    ``context_policy`` / ``context_window``: each reply's prompt as the rollout runner builds it under that
+    policy (``agentgym.rollout.context``): a reply whose window left older turns out gets a prompt of its
+    own (``Turn.new_context``), so SFT trains each reply once, on the context RL will show it."""
     first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
     if first is None:
         raise SFTDataError(
@@ -159,17 +167,24 @@ def to_trajectory(
         )
     if first == 0:
         raise SFTDataError(f"{where}: the conversation starts with an assistant message; it needs a prompt first")
+    check_policy(context_policy, context_window)
     tkey = tools_key(tools)
     traj = Trajectory(group_id=group_id, messages=list(messages), data_source="sft")
     delta = chat.prompt_ids(messages[:first], tools, tkey=tkey)
+    history = History()
+    history.observe(messages[:first])
     pending: list[Message] = []
     for message in messages[first:]:
         if message.get("role") != "assistant":
             pending.append(message)
             continue
-        if pending:
+        history.observe(pending)
+        windowed = history.prompt(context_policy, context_window, summarize) if traj.turns else None
+        if windowed is not None:
+            delta = chat.prompt_ids(windowed, tools, tkey=tkey)
+        elif pending:
             delta = chat.delta_ids(pending, tools, traj.turns[-1].response_ids[-1], tkey=tkey)
-            pending = []
+        pending = []
         ids = chat.assistant_ids(message, tools)
         traj.turns.append(
             Turn(
@@ -178,8 +193,10 @@ def to_trajectory(
                 logprobs=[0.0] * len(ids),
                 observation=[],
                 response_text=chat.decode(ids),
+                new_context=windowed is not None,
             )
         )
+        history.reply(message)
     return traj
 
 
@@ -197,6 +214,9 @@ def load_sft_trajectories(
     truncation: str = "error",
     expect_env: str | None = None,
     max_samples: int = -1,
+    context_policy: str = "full",
+    context_window: int = 4,
+    summarize: Summarizer | None = None,
 ) -> tuple[list[Trajectory], int]:
     """The data's conversations as trajectories, and how many were left out as too long
     (``truncation=error`` refuses the data instead; veRL's ``data.truncation``).
@@ -220,8 +240,17 @@ def load_sft_trajectories(
         if isinstance(tools, str):
             tools = json.loads(tools)
         messages = conversation(row, messages_key, prompt_key, response_key, prompt_dict_keys, response_dict_keys)
-        traj = to_trajectory(messages, chat, tools or None, where, group_id=f"sft-{len(out)}")
-        length = len(traj.token_ids())
+        traj = to_trajectory(
+            messages,
+            chat,
+            tools or None,
+            where,
+            group_id=f"sft-{len(out)}",
+            context_policy=context_policy,
+            context_window=context_window,
+            summarize=summarize,
+        )
+        length = max(traj.segment_lengths())  # the longest training row it makes
         if max_length is not None and length > max_length:
             if truncation == "error":
                 raise SFTDataError(

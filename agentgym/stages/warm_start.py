@@ -125,6 +125,9 @@ def sft_config(cfg: DictConfig, demos: Path, base_model: str) -> DictConfig:
         f"trainer.cpu_threads_per_worker={json.dumps(cfg.trainer.cpu_threads_per_worker)}",
         f"trainer.seed={cfg.trainer.seed}",
         "trainer.logger=[jsonl]",
+        # each demo reply on the context RL will show it (a history window, a summary)
+        f"data.context_policy={cfg.actor_rollout_ref.rollout.multi_turn.context_policy}",
+        f"data.context_window={cfg.actor_rollout_ref.rollout.multi_turn.context_window}",
     ]
     if not cfg.warm_start.demos_file:
         dotted.append(f"data.env={json.dumps(str(cfg.env.name))}")

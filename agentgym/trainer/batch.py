@@ -17,6 +17,12 @@ padded to that length), or with ``use_remove_padding`` (rows packed into one seq
 ``packing.py``) the sum of its rows' lengths. Which rows share a micro-batch never changes the
 loss: every micro-batch's loss is its share of the global mini-batch loss.
 
+Several rows per trajectory (docs/long_horizon.md): with ``step_wise`` (``trainer.step_wise_training``)
+each turn is a row of its own, its prompt the whole context that turn was sampled from; a trajectory
+whose turns do not extend one sequence (``Turn.new_context``: a history window, a summary, an agent
+that rewrote its messages) gets a row per sequence even without it. ``Batch.episodes`` (``EpisodeMap``)
+then maps every row's sampled tokens into a one-row-per-episode view, where the advantages are computed.
+
 A trajectory that cannot be trained on (failed, empty, or longer than
 ``data.max_prompt_length`` / ``data.max_response_length``) keeps its row with
 ``response_mask`` all 0 and ``valid`` False, so batch shapes and group sizes stay as
@@ -40,11 +46,16 @@ Tensors = dict[str, torch.Tensor]
 @dataclass
 class Batch:
     """Row-aligned tensors plus ``uid`` (the group id of each row, veRL's ``index``) and
-    ``step_keys`` (each row's ``Turn.state_key`` per turn, for turn-level credit)."""
+    ``step_keys`` (each row's ``Turn.state_key`` per turn, for turn-level credit).
+
+    ``episodes``: when a trajectory is trained as several rows (step-wise samples, or turns that start
+    a new context), where each row's response tokens sit in the one-row-per-episode view the advantage
+    estimators run on (``EpisodeMap``); None when every trajectory is one row."""
 
     tensors: Tensors
     uid: list[str] = field(default_factory=list)
     step_keys: list[list[str]] = field(default_factory=list)
+    episodes: EpisodeMap | None = None
 
     def __len__(self) -> int:
         return int(self.tensors["input_ids"].shape[0])
@@ -61,11 +72,61 @@ class Batch:
         index = torch.as_tensor(rows, dtype=torch.long)
         uid = [self.uid[i] for i in index.tolist()] if self.uid else []
         keys = [self.step_keys[i] for i in index.tolist()] if self.step_keys else []
-        return Batch({k: v.index_select(0, index) for k, v in self.tensors.items()}, uid, keys)
+        tensors = {k: v.index_select(0, index) for k, v in self.tensors.items()}
+        return Batch(tensors, uid, keys, self.episodes)
+
+
+@dataclass
+class EpisodeMap:
+    """Rows -> episodes, for trajectories trained as several rows (docs/long_horizon.md).
+
+    The *episode view* has one row per trajectory (in the order given to ``build_batch``) holding its
+    sampled tokens only, every turn's in order (``length`` columns): the same sampled tokens, rewards
+    and turn numbers as one row per episode, without the observation tokens between turns (which no
+    estimator reads: GAE passes over them, the others sum rewards). ``position`` (the batch tensor
+    ``episode_position``) says for each row's response token where it sits in the view, flattened
+    (``episode * length + column``), -1 on observation tokens and padding. Advantages computed on the
+    view go back to every row that holds one of the episode's turns (``scatter``), so the episode's
+    advantage (and, with GiGPO, each turn's own) reaches every turn's sample."""
+
+    count: int
+    length: int
+    uid: list[str]
+    step_keys: list[list[str]]
+    turn_index: torch.Tensor  # (count, length): the turn of each sampled token, -1 past the episode's end
+
+    def gather(self, position: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Row-layout ``values`` (rows, R) -> the episode view (count, length); 0 where no row has a token."""
+        out = torch.zeros(self.count * self.length, dtype=values.dtype)
+        where = position >= 0
+        out[position[where]] = values[where]
+        return out.view(self.count, max(self.length, 0))
+
+    def scatter(self, position: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+        """Episode-view ``view`` (count, length) -> the row layout of ``position``; 0 off sampled tokens."""
+        flat = view.reshape(-1)
+        if flat.numel() == 0:
+            return torch.zeros(position.shape, dtype=view.dtype)
+        picked = flat[position.clamp(min=0)]
+        return torch.where(position >= 0, picked, torch.zeros_like(picked))
+
+    def view_mask(self) -> torch.Tensor:
+        """1 on every sampled token of the view."""
+        return (self.turn_index >= 0).to(torch.float32)
+
+
+def episode_rows(batch: Batch) -> torch.Tensor | None:
+    """Each row's episode (its index among the trajectories given to ``build_batch``), -1 for a row with no
+    sampled token of any (padding, a skipped trajectory); None when every trajectory is one row."""
+    if batch.episodes is None:
+        return None
+    position = batch["episode_position"]
+    length = max(batch.episodes.length, 1)
+    return torch.where(position >= 0, position // length, torch.full_like(position, -1)).max(dim=-1).values
 
 
 def skip_reason(traj: Trajectory, max_prompt_length: int, max_response_length: int) -> str | None:
-    """Why a trajectory is not trained on, or None when it is."""
+    """Why a trajectory is not trained on as one row, or None when it is."""
     if not traj.trainable:
         return "failed" if traj.status == "failed" else "empty"
     if traj.prompt_length() == 0:
@@ -79,6 +140,79 @@ def skip_reason(traj: Trajectory, max_prompt_length: int, max_response_length: i
     return None
 
 
+def sample_skip_reason(
+    traj: Trajectory, segments: Sequence[tuple[int, int]], max_prompt_length: int, max_response_length: int
+) -> str | None:
+    """Why a trajectory trained as several rows (``segments``) is not trained on, or None. Each row may
+    hold ``max_prompt_length + max_response_length`` tokens (the budget one row per episode had), its
+    response region (from its first sampled token) at most ``max_response_length``; one row over the
+    limits leaves the whole episode out, so no turn trains without the others."""
+    if not traj.trainable:
+        return "failed" if traj.status == "failed" else "empty"
+    if not any(turn.response_ids for turn in traj.turns):
+        return "no_sampled_tokens"
+    for first, end in segments:
+        prompt = len(traj.turn_context(first))
+        if prompt == 0:
+            return "no_prompt"
+        region = sum(len(t.response_ids) + len(t.prompt_ids) for t in traj.turns[first:end]) - len(
+            traj.turns[first].prompt_ids
+        )
+        if region > max_response_length:
+            return "response_too_long"
+        if prompt + region > max_prompt_length + max_response_length:
+            return "sample_too_long"
+    return None
+
+
+Row = tuple[list[int], int, list[int], list[float], list[float], list[int], list[int]]
+
+
+def _episode_rows(
+    traj: Trajectory, segments: Sequence[tuple[int, int]], rewards: list[float], episode: int, length: int
+) -> list[Row]:
+    """One row per segment: its whole context, then its turns' sampled tokens (mask 1) and the observation
+    deltas between them (mask 0); each sampled token's place in the episode view."""
+    offsets = []  # where each turn's prompt delta starts in the trajectory's concatenated tokens
+    pos = 0
+    sampled_before = []
+    sampled = 0
+    for turn in traj.turns:
+        offsets.append(pos)
+        pos += len(turn.prompt_ids) + len(turn.response_ids)
+        sampled_before.append(sampled)
+        sampled += len(turn.response_ids)
+    rows: list[Row] = []
+    for first, end in segments:
+        context = traj.turn_context(first)
+        ids = list(context)
+        mask: list[int] = []
+        logprobs: list[float] = []
+        token_rewards: list[float] = []
+        turns: list[int] = []
+        where: list[int] = []
+        for k in range(first, end):
+            turn = traj.turns[k]
+            if k > first:
+                n = len(turn.prompt_ids)
+                ids.extend(turn.prompt_ids)
+                mask += [0] * n
+                logprobs += [0.0] * n
+                token_rewards += [0.0] * n
+                turns += [-1] * n
+                where += [-1] * n
+            start = offsets[k] + len(turn.prompt_ids)
+            n = len(turn.response_ids)
+            ids.extend(turn.response_ids)
+            mask += [1] * n
+            logprobs += list(turn.logprobs)
+            token_rewards += rewards[start : start + n]
+            turns += [k] * n
+            where += [episode * length + sampled_before[k] + j for j in range(n)]
+        rows.append((ids, len(context), mask, logprobs, token_rewards, turns, where))
+    return rows
+
+
 def build_batch(
     trajectories: Sequence[Trajectory],
     pad_token_id: int,
@@ -86,37 +220,64 @@ def build_batch(
     outcome_reward_coef: float = 1.0,
     max_prompt_length: int = 1 << 30,
     max_response_length: int = 1 << 30,
+    step_wise: bool = False,
 ) -> tuple[Batch, dict[str, int]]:
-    """The padded batch and a count of the trajectories left out of training, by reason."""
+    """The padded batch and a count of the trajectories left out of training, by reason.
+
+    One row per trajectory, except where a trajectory is made of several token sequences (turns with
+    ``Turn.new_context``: a context policy or a rewritten agent context) or ``step_wise`` is set
+    (``trainer.step_wise_training``): then one row per sequence, or per turn, each with the whole prompt
+    that turn saw, and ``Batch.episodes`` maps the rows back to their episodes."""
     if not trajectories:
         raise ValueError("build_batch needs at least one trajectory")
-    rows: list[tuple[list[int], int, list[int], list[float], list[float], list[int]]] = []
+    split = step_wise or any(not t.single_sequence for t in trajectories)
+    length = max((sum(len(t.response_ids) for t in traj.turns) for traj in trajectories), default=0) if split else 0
+    rows: list[Row] = []
     uid: list[str] = []
     step_keys: list[list[str]] = []
     skipped: dict[str, int] = {}
+    episode_uid: list[str] = []
+    episode_keys: list[list[str]] = []
+    episode_turns = torch.full((len(trajectories), length), -1, dtype=torch.long)
     for i, traj in enumerate(trajectories):
-        reason = skip_reason(traj, max_prompt_length, max_response_length)
+        segments = traj.segments(step_wise) if split else [(0, len(traj.turns))]
+        if split:
+            reason = sample_skip_reason(traj, segments, max_prompt_length, max_response_length)
+        else:
+            reason = skip_reason(traj, max_prompt_length, max_response_length)
         if reason is None:
-            ids, start = traj.token_ids(), traj.prompt_length()
-            mask = traj.loss_mask()[start:]
-            logprobs = traj.token_logprobs()[start:]
-            rewards = traj.token_rewards(turn_reward_coef, outcome_reward_coef)[start:]
-            turns = turn_numbers(traj)[start:]
-            uid.append(traj.group_id or f"traj-{i}")
-            step_keys.append([turn.state_key for turn in traj.turns])
+            group = traj.group_id or f"traj-{i}"
+            keys = [turn.state_key for turn in traj.turns]
+            rewards = traj.token_rewards(turn_reward_coef, outcome_reward_coef)
+            if split:
+                new = _episode_rows(traj, segments, rewards, i, length)
+                column = 0
+                for k, turn in enumerate(traj.turns):
+                    episode_turns[i, column : column + len(turn.response_ids)] = k
+                    column += len(turn.response_ids)
+            else:
+                ids, start = traj.token_ids(), traj.prompt_length()
+                mask = traj.loss_mask()[start:]
+                new = [
+                    (ids, start, mask, traj.token_logprobs()[start:], rewards[start:], turn_numbers(traj)[start:], [])
+                ]
+            rows.extend(new)
+            uid.extend([group] * len(new))
+            step_keys.extend([keys] * len(new))
+            episode_uid.append(group)
+            episode_keys.append(keys)
         else:
             skipped[reason] = skipped.get(reason, 0) + 1
             ids = traj.token_ids()[: max_prompt_length + max_response_length] or [pad_token_id]
             start = min(max(traj.prompt_length(), 1), len(ids))
             if start == len(ids):
                 ids = ids + [pad_token_id]
-            mask = [0] * (len(ids) - start)
-            logprobs = [0.0] * len(mask)
-            rewards = [0.0] * len(mask)
-            turns = [-1] * len(mask)
+            n = len(ids) - start
+            rows.append((ids, start, [0] * n, [0.0] * n, [0.0] * n, [-1] * n, [-1] * n if split else []))
             uid.append(f"skipped-{i}")  # a group of its own: it must not shift others' baselines
             step_keys.append([])
-        rows.append((ids, start, mask, logprobs, rewards, turns))
+            episode_uid.append(f"skipped-{i}")
+            episode_keys.append([])
 
     batch_size = len(rows)
     seq_len = max(len(r[0]) for r in rows)
@@ -128,8 +289,9 @@ def build_batch(
     rollout_log_probs = torch.zeros((batch_size, resp_len), dtype=torch.float32)
     prompt_lengths = torch.zeros(batch_size, dtype=torch.long)
     turn_index = torch.full((batch_size, resp_len), -1, dtype=torch.long)
+    position = torch.full((batch_size, resp_len), -1, dtype=torch.long)
     reward_rows: list[list[float]] = []
-    for i, (ids, start, mask, logprobs, rewards, turns) in enumerate(rows):
+    for i, (ids, start, mask, logprobs, rewards, turns, where) in enumerate(rows):
         n = len(ids)
         input_ids[i, :n] = torch.tensor(ids)
         attention_mask[i, :n] = 1
@@ -138,6 +300,8 @@ def build_batch(
         response_mask[i, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
         rollout_log_probs[i, : len(logprobs)] = torch.tensor(logprobs, dtype=torch.float32)
         turn_index[i, : len(turns)] = torch.tensor(turns, dtype=torch.long)
+        if where:
+            position[i, : len(where)] = torch.tensor(where, dtype=torch.long)
         reward_rows.append(rewards)
     token_level_scores = algos.token_level_scores_from_rewards(reward_rows, response_mask)
     valid = response_mask.sum(-1) > 0
@@ -152,7 +316,11 @@ def build_batch(
         "turn_index": turn_index,
         "valid": valid,
     }
-    return Batch(tensors, uid, step_keys), skipped
+    episodes = None
+    if split:
+        tensors["episode_position"] = position
+        episodes = EpisodeMap(len(trajectories), length, episode_uid, episode_keys, episode_turns)
+    return Batch(tensors, uid, step_keys, episodes), skipped
 
 
 def turn_numbers(traj: Trajectory) -> list[int]:
@@ -173,12 +341,15 @@ def add_pad_rows(batch: Batch, count: int) -> Batch:
     for key in ("response_mask", "token_level_scores", "advantages", "returns", "token_level_rewards"):
         if key in pad.tensors:
             pad.tensors[key] = torch.zeros_like(pad.tensors[key])
+    if "episode_position" in pad.tensors:  # a pad row holds no episode's tokens
+        pad.tensors["episode_position"] = torch.full_like(pad.tensors["episode_position"], -1)
     pad.tensors["valid"] = torch.zeros_like(pad.tensors["valid"])
     tensors = {k: torch.cat([batch.tensors[k], pad.tensors[k]]) for k in batch.tensors}
     return Batch(
         tensors,
         batch.uid + [f"pad-{i}" for i in range(count)] if batch.uid else [],
         batch.step_keys + [[] for _ in range(count)] if batch.step_keys else [],
+        batch.episodes,
     )
 
 
@@ -225,6 +396,7 @@ def update_plan(
     seed: int = 0,
     loss_agg_mode: str = "token-mean",
     loss_scale_factor: float | None = None,
+    row_episodes: torch.Tensor | None = None,
 ) -> list[list[dict[str, Any]]]:
     """For each rank, the optimizer steps it takes part in: ``epochs * num_mini_batches``
     entries of ``{"rows": its share of the mini-batch, "global": agg_loss's global counts}``.
@@ -235,6 +407,12 @@ def update_plan(
     counts in ``global`` (the whole mini-batch's ``batch_num_tokens`` and
     ``global_batch_size``) make each rank's loss its share of the global mini-batch loss;
     averaging gradients over the ``dp_size`` ranks then gives the one-rank step.
+
+    ``row_episodes`` (``episode_rows``: each row's episode, -1 for none), when trajectories span several
+    rows: ``seq-mean-token-sum`` and ``seq-mean-token-sum-norm`` then count *episodes* in
+    ``global_batch_size``, so an episode's token sum (over all its rows) is one sequence's, exactly as with
+    one row per episode. ``seq-mean-token-mean`` keeps counting rows (a row's mean does not add up to its
+    episode's): each sample weighs the same.
     """
     generator = torch.Generator().manual_seed(seed)
     plans: list[list[dict[str, Any]]] = [[] for _ in range(world_size)]
@@ -247,6 +425,9 @@ def update_plan(
                 "batch_num_tokens": float(mini_mask.sum().clamp(min=1)),
                 "global_batch_size": float((mini_mask.sum(-1) > 0).sum().clamp(min=1)),
             }
+            if row_episodes is not None and loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+                held = row_episodes[mini][(mini_mask.sum(-1) > 0) & (row_episodes[mini] >= 0)]
+                info["global_batch_size"] = float(max(1, len(set(held.tolist()))))
             if loss_agg_mode == "seq-mean-token-sum-norm" and loss_scale_factor is not None:
                 info["loss_scale_factor"] = float(loss_scale_factor)
             short = (-len(mini)) % world_size

@@ -29,9 +29,12 @@ from agentgym.trainer.batch import Batch
 from agentgym.types import Trajectory
 
 
-def teacher_log_probs(trajectories: Sequence[Trajectory], batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_log_probs(
+    trajectories: Sequence[Trajectory], batch: Batch, sampled_only: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(teacher_log_probs, scored)``: the teacher's logprobs in the batch's response layout, and a mask
-    of the sampled tokens it scored (rows the trainer does not train, and turns no teacher scored, are 0)."""
+    of the sampled tokens it scored (rows the trainer does not train, and turns no teacher scored, are 0).
+    ``sampled_only``: the batch is the episode view (``batch.EpisodeMap``): sampled tokens only."""
     mask = batch["response_mask"]
     teacher = torch.zeros_like(batch["rollout_log_probs"])
     scored = torch.zeros_like(mask)
@@ -41,15 +44,16 @@ def teacher_log_probs(trajectories: Sequence[Trajectory], batch: Batch) -> tuple
         values: list[float] = []
         has: list[float] = []
         for turn in traj.turns:
-            values += [0.0] * len(turn.prompt_ids)
-            has += [0.0] * len(turn.prompt_ids)
+            if not sampled_only:
+                values += [0.0] * len(turn.prompt_ids)
+                has += [0.0] * len(turn.prompt_ids)
             if turn.teacher_logprobs:
                 values += list(turn.teacher_logprobs)
                 has += [1.0] * len(turn.response_ids)
             else:
                 values += [0.0] * len(turn.response_ids)
                 has += [0.0] * len(turn.response_ids)
-        start = traj.prompt_length()
+        start = 0 if sampled_only else traj.prompt_length()
         values, has = values[start:], has[start:]
         teacher[i, : len(values)] = torch.tensor(values, dtype=teacher.dtype)
         scored[i, : len(has)] = torch.tensor(has, dtype=scored.dtype)
@@ -134,6 +138,7 @@ def distill_advantages(
     trajectories: Sequence[Trajectory],
     advantages: torch.Tensor,
     metrics: dict[str, float],
+    sampled_only: bool = False,
 ) -> torch.Tensor:
     """``advantages`` with the distillation term (``distillation.kl_coef``, ``env_coef``) when
     ``distillation.enable``; unchanged otherwise. Adds ``distill/*`` to ``metrics``, and the tensors the
@@ -141,12 +146,18 @@ def distill_advantages(
     d = cfg.distillation
     if not d.enable:
         return advantages
-    teacher, scored = teacher_log_probs(trajectories, batch)
+    if sampled_only and d.loss_mode == "topk":
+        raise ValueError(
+            "distillation.loss_mode=topk reads the teacher's top-k tokens against the actor's logits row by "
+            "row, which is not laid out for trajectories trained as several rows (trainer.step_wise_training "
+            "or a context policy other than full): use distillation.loss_mode=sampled with them"
+        )
+    teacher, scored = teacher_log_probs(trajectories, batch, sampled_only)
     action = None
-    if d.action_tag:
+    if d.action_tag and not sampled_only:  # the episode view has no rows to split by token kind
         action = action_mask(trajectories, batch, _tokenizer(str(cfg.actor_rollout_ref.model.path)), d.action_tag)
         batch["distill_action"] = action
-    if d.topk > 0:
+    if d.topk > 0 and not sampled_only:
         ids, values, has = teacher_topk(trajectories, batch, d.topk)
         batch["teacher_topk_ids"], batch["teacher_topk_log_probs"], batch["distill_mask"] = ids, values, has
     # the top-k form carries the teacher's signal in the actor's loss, not in the advantage

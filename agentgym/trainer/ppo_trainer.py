@@ -58,7 +58,7 @@ from agentgym.tracking import (
     write_samples,
 )
 from agentgym.trainer import algos, checkpoint, step_checks
-from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, rank_shards, update_plan
+from agentgym.trainer.batch import Batch, build_batch, episode_rows, pad_for_workers, rank_shards, update_plan
 from agentgym.trainer.config import uses_reference, world_size
 from agentgym.trainer.distillation import distill_advantages, distilling
 from agentgym.trainer.step_checks import (
@@ -150,6 +150,7 @@ class PPOTrainer:
         # ROLL's reward_norm=running: the running mean/std of the rewards, over the whole run
         self.reward_moments = algos.RunningMoments() if cfg.algorithm.reward_norm == "running" else None
         self.resumed_metrics: dict[str, float] | None = None  # the checkpointed step's metrics line
+        self.noted_split = False  # said once that trajectories train as several rows
 
     # ---- set-up ---------------------------------------------------------------------------------
     def run(self, coro: Any) -> Any:
@@ -219,10 +220,10 @@ class PPOTrainer:
             return self.skip_update(step, layout, timing, metrics, step_start)
         self.compute_log_probs(batch, layout, timing, metrics)
         with timer("adv", timing):
-            self.compute_advantages(batch, trajectories, metrics)
-        spread = group_reward_spread(batch["token_level_scores"].sum(-1), batch.uid, batch["valid"])
-        metrics.update(self._batch_metrics(batch, spread))
-        self.check_flat_rewards(step, spread, batch["advantages"], batch["response_mask"])
+            episodes = self.compute_advantages(batch, trajectories, metrics)  # one row per episode
+        spread = group_reward_spread(episodes["token_level_scores"].sum(-1), episodes.uid, episodes["valid"])
+        metrics.update(self._batch_metrics(episodes, spread))
+        self.check_flat_rewards(step, spread, episodes["advantages"], episodes["response_mask"])
         update_tokens = self.update(step, batch, layout, timing, metrics)
         if self.weight_sync is not None:
             with timer("weight_sync", timing):
@@ -266,15 +267,42 @@ class PPOTrainer:
             cfg.algorithm.outcome_reward_coef,
             cfg.data.max_prompt_length,
             cfg.data.max_response_length,
+            step_wise=cfg.trainer.step_wise_training,
         )
         rows = len(batch)
         for reason, count in skipped.items():
             metrics[f"batch/skipped_{reason}"] = float(count)
-        actor_minis = max(1, rows // (cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n))
-        critic_minis = max(1, rows // (cfg.critic.ppo_mini_batch_size * n)) if self.critic else 1
+        if batch.episodes is not None:
+            self.note_split(trajectories)
+            metrics["batch/samples_per_episode"] = rows / max(1, len(trajectories))
+        # mini-batches count episodes (ppo_mini_batch_size is in tasks, x n episodes), however many rows each has
+        episodes = len(trajectories)
+        actor_minis = max(1, min(rows, episodes // (cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n)))
+        critic_minis = max(1, min(rows, episodes // (cfg.critic.ppo_mini_batch_size * n))) if self.critic else 1
         batch, pad_rows = pad_for_workers(batch, self.world_size, [actor_minis, critic_minis])
         shards = rank_shards(len(batch), self.world_size)
         return batch, BatchLayout(rows, pad_rows, actor_minis, critic_minis, shards, skipped)
+
+    def note_split(self, trajectories: list[Trajectory]) -> None:
+        """Say once per run that trajectories train as several rows, and why (docs/long_horizon.md)."""
+        if self.noted_split:
+            return
+        self.noted_split = True
+        if self.cfg.trainer.step_wise_training:
+            why = "trainer.step_wise_training=true: one sample per turn"
+        else:
+            count = sum(not t.single_sequence for t in trajectories)
+            why = (
+                f"{count} of {len(trajectories)} trajectories have turns whose prompt does not extend the previous "
+                f"turn's (a context policy, or an agent that rewrote its messages): one sample per token sequence "
+                f"(set trainer.step_wise_training=true for one per turn)"
+            )
+        mode = self.cfg.actor_rollout_ref.actor.loss_agg_mode
+        if mode == "seq-mean-token-mean":
+            agg = f"{mode}: each sample (a turn or a sequence), not each episode, counts as a sequence"
+        else:
+            agg = f"{mode}: the same loss as with one row per episode"
+        print(f"per-turn samples: {why}; advantages are computed per episode and reach every sample; {agg}", flush=True)
 
     def skip_update(
         self, step: int, layout: BatchLayout, timing: dict[str, float], metrics: dict[str, float], step_start: float
@@ -339,9 +367,45 @@ class PPOTrainer:
             timing["timing_s/values"] = time.perf_counter() - critic_started
 
     # ---- rewards and advantages -----------------------------------------------------------------
-    def compute_advantages(self, batch: Batch, trajectories: list[Trajectory], metrics: dict[str, float]) -> None:
+    def compute_advantages(self, batch: Batch, trajectories: list[Trajectory], metrics: dict[str, float]) -> Batch:
         """``token_level_rewards`` (the scores, shaped, with the KL penalty when it is in the reward),
-        then ``advantages`` and ``returns`` by ``algorithm.adv_estimator``."""
+        then ``advantages`` and ``returns`` by ``algorithm.adv_estimator``. Returns the batch the
+        statistics are read from: ``batch`` itself, or, when trajectories are trained as several rows
+        (``Batch.episodes``), the one-row-per-episode view the advantages were computed on; they are
+        then put back on every row that holds one of the episode's turns."""
+        if batch.episodes is None:
+            self._advantages(batch, trajectories, metrics)
+            return batch
+        view = self.episode_view(batch)
+        self._advantages(view, trajectories, metrics, sampled_only=True)
+        position = batch["episode_position"]
+        mask = batch["response_mask"]
+        for key in ("token_level_rewards", "advantages", "returns"):
+            batch[key] = batch.episodes.scatter(position, view[key]) * (mask if key == "advantages" else 1.0)
+        return view
+
+    @staticmethod
+    def episode_view(batch: Batch) -> Batch:
+        """The one-row-per-episode view of a batch whose trajectories span several rows (``EpisodeMap``):
+        every episode's sampled tokens in order, with the rows' scores, log-probs and values on them."""
+        episodes = batch.episodes
+        assert episodes is not None
+        position = batch["episode_position"]
+        mask = episodes.view_mask()
+        tensors = {
+            "response_mask": mask,
+            "turn_index": episodes.turn_index,
+            "valid": mask.sum(-1) > 0,
+            "input_ids": torch.zeros(episodes.count, 1, dtype=torch.long),  # only its length is read (len())
+        }
+        for key in ("token_level_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob", "values"):
+            if key in batch.tensors:
+                tensors[key] = episodes.gather(position, batch[key])
+        return Batch(tensors, list(episodes.uid), [list(k) for k in episodes.step_keys])
+
+    def _advantages(
+        self, batch: Batch, trajectories: list[Trajectory], metrics: dict[str, float], sampled_only: bool = False
+    ) -> None:
         cfg = self.cfg
         mask = batch["response_mask"]
         rewards, shaping_metrics = self.shape_rewards(batch, trajectories)  # ROLL's reward normalisation
@@ -373,7 +437,8 @@ class PPOTrainer:
             advantages, mask, cfg.algorithm.whiten_advantages, cfg.algorithm.advantage_clip
         )
         metrics.update(adv_metrics)
-        advantages = distill_advantages(cfg, batch, trajectories, advantages, metrics)  # a teacher's, per token
+        # a teacher's, per token
+        advantages = distill_advantages(cfg, batch, trajectories, advantages, metrics, sampled_only)
         batch["advantages"] = advantages * mask
         batch["returns"] = returns
 
@@ -392,6 +457,7 @@ class PPOTrainer:
         shared = self.actor.put(batch.tensors)
         plan_seed = cfg.trainer.seed * 100_003 + step
         scale = cfg.data.max_response_length
+        episodes = episode_rows(batch)  # several rows per episode: seq-mean-token-sum counts episodes
         critic_update = None
         if self.critic is not None:
             critic_plan = update_plan(
@@ -405,6 +471,7 @@ class PPOTrainer:
                 plan_seed,
                 str(cfg.critic.loss_agg_mode),
                 scale,
+                episodes,
             )
             critic_started = time.perf_counter()
             critic_update = self.critic.call_async(
@@ -421,6 +488,7 @@ class PPOTrainer:
             plan_seed,
             str(actor_cfg.loss_agg_mode),
             scale,
+            episodes,
         )
         actor_metrics: dict[str, float] = {}
         if step >= cfg.trainer.critic_warmup:  # veRL: the actor waits critic_warmup steps for the critic
