@@ -216,9 +216,12 @@ class SFTTrainer:
 
         use_ray = self.cfg.trainer.use_ray
         if use_ray:
+            import ray
+
             from agentgym.trainer.worker_group import init_ray
 
-            init_ray(OmegaConf.create({"ray_init": {"address": None, "num_cpus": None, "include_dashboard": False}}))
+            self.started_ray = not ray.is_initialized()
+            init_ray(self.cfg)  # ray_init.address / RAY_ADDRESS: join that cluster
         self.actor = WorkerGroup(PolicyWorker, worker_config(self.cfg), self.world_size, use_ray, "sft")
         self.actor.call(PolicyWorker.init_model, self.total_steps, False)
 
@@ -351,7 +354,7 @@ class SFTTrainer:
     def shutdown(self) -> None:
         if self.actor is not None:
             self.actor.shutdown()
-        if self.cfg.trainer.use_ray:
+        if getattr(self, "started_ray", False):  # a cluster someone else connected to stays connected
             import ray
 
             ray.shutdown()
