@@ -37,6 +37,7 @@ from agentgym.tracking import Tracking
 from agentgym.trainer import checkpoint
 from agentgym.trainer.batch import build_batch, pad_for_workers, rank_shards, update_plan
 from agentgym.trainer.config import world_size
+from agentgym.trainer.run_storage import check_shared, resolve_in_config
 from agentgym.types import Trajectory
 
 log = logging.getLogger("agentgym.trainer")
@@ -161,7 +162,7 @@ class SFTTrainer:
 
         self.cfg = cfg
         self.show_progress = show_progress
-        self.run_dir = Path(cfg.trainer.default_local_dir)
+        self.run_dir = Path(resolve_in_config(cfg))  # absolute, fixed on the driver (trainer.run_storage)
         self.world_size = world_size(cfg)
         path = str(cfg.model.partial_pretrain)
         try:
@@ -223,6 +224,7 @@ class SFTTrainer:
             self.started_ray = not ray.is_initialized()
             init_ray(self.cfg)  # ray_init.address / RAY_ADDRESS: join that cluster
         self.actor = WorkerGroup(PolicyWorker, worker_config(self.cfg), self.world_size, use_ray, "sft")
+        check_shared(self.actor, self.run_dir)
         self.actor.call(PolicyWorker.init_model, self.total_steps, False)
 
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -347,9 +349,9 @@ class SFTTrainer:
 
         directory = checkpoint.step_dir(self.run_dir, self.global_step)
         directory.mkdir(parents=True, exist_ok=True)
-        self.actor.call(PolicyWorker.save_checkpoint, str(directory))
+        written = [name for part in self.actor.call(PolicyWorker.save_checkpoint, str(directory)) for name in part]
         checkpoint.save_trainer_state(directory, {"global_step": self.global_step, "kind": "sft"})
-        checkpoint.mark_latest(self.run_dir, self.global_step)
+        checkpoint.mark_latest(self.run_dir, self.global_step, written)
 
     def shutdown(self) -> None:
         if self.actor is not None:

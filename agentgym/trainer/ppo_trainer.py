@@ -61,6 +61,7 @@ from agentgym.trainer import algos, checkpoint, step_checks
 from agentgym.trainer.batch import Batch, build_batch, pad_for_workers, rank_shards, update_plan
 from agentgym.trainer.config import uses_reference, world_size
 from agentgym.trainer.distillation import distill_advantages, distilling
+from agentgym.trainer.run_storage import check_shared, resolve_in_config
 from agentgym.trainer.step_checks import (
     GroupRewardSpread,
     advantages_vanish,
@@ -118,7 +119,8 @@ class PPOTrainer:
         self.servers = servers
         self.world_size = world_size(cfg)
         self.use_ray = cfg.trainer.use_ray
-        self.run_dir = Path(cfg.trainer.default_local_dir)
+        # one absolute location, fixed here on the driver, which the workers are given (run_storage)
+        self.run_dir = Path(resolve_in_config(cfg))
         # the files RL starts from, saved with each checkpoint: a resume from other ones is refused
         self.start_model = model_key(str(cfg.actor_rollout_ref.model.path))
         self.show_progress = show_progress
@@ -186,6 +188,9 @@ class PPOTrainer:
         self.actor.get(pending[0])
         if self.critic is not None:
             self.critic.get(pending[1])
+        for group in (self.actor, self.critic):
+            if group is not None:  # every rank reads and writes the run directory the driver does
+                check_shared(group, self.run_dir)
         if self.servers is not None:
             from agentgym.trainer.weight_sync import WeightSync
 
@@ -548,9 +553,9 @@ class PPOTrainer:
         pending = [self.actor.call_async(PolicyWorker.save_checkpoint, str(directory))]
         if self.critic is not None:
             pending.append(self.critic.call_async(CriticWorker.save_checkpoint, str(directory)))
-        self.actor.get(pending[0])
+        written = [name for part in self.actor.get(pending[0]) for name in part or ()]
         if self.critic is not None:
-            self.critic.get(pending[1])
+            written += [name for part in self.critic.get(pending[1]) for name in part or ()]
         state = {
             "global_step": step,
             "source": self.source.state_dict(),
@@ -561,7 +566,7 @@ class PPOTrainer:
             "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
         }
         checkpoint.save_trainer_state(directory, state)
-        checkpoint.mark_latest(self.run_dir, step)
+        checkpoint.mark_latest(self.run_dir, step, written)
         checkpoint.prune(self.run_dir, self.cfg.trainer.max_actor_ckpt_to_keep)
         return directory
 

@@ -73,6 +73,12 @@ def quiet_transformers() -> None:
         pass
 
 
+def written_files(directory: str, part: str) -> list[str]:
+    """The files under ``directory/part``, relative to ``directory`` (what a rank saved, as it sees them)."""
+    root = Path(directory)
+    return sorted(str(f.relative_to(root)) for f in (root / part).rglob("*") if f.is_file())
+
+
 # ---- workers ----------------------------------------------------------------------------------------
 
 
@@ -153,6 +159,12 @@ class Worker:
             return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         except Exception:  # noqa: BLE001 - informational only
             return None
+
+    def sees_run_dir(self, root: str, token: str) -> dict[str, Any]:
+        """Whether this rank sees the driver's run directory (``run_storage.check_shared``)."""
+        from agentgym.trainer.run_storage import sees_run_dir
+
+        return sees_run_dir(root, token, self.rank)
 
     def needs_process_group(self) -> bool:
         return self.world_size > 1 or self.strategy == "fsdp2"
@@ -426,11 +438,14 @@ class PolicyWorker(Worker):
         if self.rank == 0:
             lora.save_adapter(self.actor.module, directory, self.config.actor_rollout_ref.model.path)
 
-    def save_checkpoint(self, directory: str) -> None:
+    def save_checkpoint(self, directory: str) -> list[str]:
+        """Save this rank's part; returns the files written (relative to ``directory``), which the
+        driver's manifest must list."""
         contents = self.checkpoint_parts(self.config.actor_rollout_ref.actor, "save_contents")
         self.actor.save(Path(directory) / "actor", self.rank, contents)
         if "hf_model" in contents:
             self.save_hf(str(Path(directory) / "actor" / "huggingface"))
+        return written_files(directory, "actor") if self.rank == 0 else []
 
     def load_checkpoint(self, directory: str) -> None:
         self.actor.load(
@@ -509,10 +524,11 @@ class CriticWorker(Worker):
         out["critic/lr"] = state.lr
         return out
 
-    def save_checkpoint(self, directory: str) -> None:
+    def save_checkpoint(self, directory: str) -> list[str]:
         self.critic.save(
             Path(directory) / "critic", self.rank, self.checkpoint_parts(self.config.critic, "save_contents")
         )
+        return written_files(directory, "critic") if self.rank == 0 else []
 
     def load_checkpoint(self, directory: str) -> None:
         self.critic.load(
