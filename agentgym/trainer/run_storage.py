@@ -93,15 +93,13 @@ def check_shared(group: Any, root: str | os.PathLike[str]) -> None:
     process writes there and this process reads what every rank writes (see the module docstring)."""
     if not group.use_ray:
         return
-    from agentgym.trainer.workers import Worker
-
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex[:12]
     marker = root / f"{MARKER}{token}"
     marker.write_text(token)
     try:
-        reports = group.call(Worker.sees_run_dir, str(root), token)
+        reports = group.call("sees_run_dir", str(root), token)  # Worker.sees_run_dir
         blind = [r for r in reports if not r["read"] or not (root / f"{MARKER}{token}-rank{r['rank']}").is_file()]
     finally:
         for path in root.glob(f"{MARKER}{token}*"):
