@@ -257,16 +257,23 @@ class WeightSync:
         atexit.unregister(self.cleanup)
 
 
+ORPHANS = {"agentgym-policy-*-*": ("-", 2), "agentgym-weights-*-*": ("-", 2), "torch_*_*": ("_", 1)}
+"""What ``remove_orphans`` looks for, and where the PID is in each name (separator, field)."""
+
+
 def remove_orphans(base: Path, min_age_s: float = 600.0) -> list[Path]:
-    """Remove push files left under ``base`` by agentgym processes that are gone (killed with no
-    chance to clean up): ``agentgym-policy-<pid>-*`` directories and ``agentgym-weights-<pid>-*`` files
-    untouched for ``min_age_s`` (a process of another PID namespace sharing ``/dev/shm`` looks gone
-    too; its files are left alone while it pushes)."""
+    """Remove push files left under ``base`` by processes that are gone (killed with no chance to
+    clean up): ``agentgym-policy-<pid>-*`` directories, ``agentgym-weights-<pid>-*`` files and torch's
+    shared-memory files ``torch_<pid>_*`` (a Ray worker's weights, ``PolicyWorker.weight_handles``,
+    left when Ray killed the worker together with torch's manager process), untouched for
+    ``min_age_s`` (a process of another PID namespace sharing ``/dev/shm`` looks gone too; its files
+    are left alone while it pushes)."""
     removed = []
     now = time.time()
-    for pattern in ("agentgym-policy-*-*", "agentgym-weights-*-*"):
+    for pattern, (separator, field) in ORPHANS.items():
         for path in base.glob(pattern):
-            pid = path.name.split("-")[2]
+            parts = path.name.split(separator)
+            pid = parts[field] if len(parts) > field else ""
             try:
                 idle = now - path.stat().st_mtime
             except OSError:

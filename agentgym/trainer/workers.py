@@ -181,6 +181,10 @@ class PolicyWorker(Worker):
 
     def init_model(self, total_steps: int, with_ref: bool) -> None:
         from agentgym.model import load_causal_lm
+        from agentgym.model.weights import push_dir
+        from agentgym.trainer.weight_sync import remove_orphans
+
+        remove_orphans(push_dir())  # what killed runs left in this node's shared memory
 
         cfg = self.config.actor_rollout_ref
         path = cfg.model.path
@@ -393,6 +397,19 @@ class PolicyWorker(Worker):
             return None
         self._pushed = state
         return share_handles(state)
+
+    def shutdown(self) -> None:
+        """Free the models: the weights ``weight_handles`` moved into shared memory
+        (``/dev/shm/torch_<pid>_*``, the whole model) are unlinked by torch when their last tensor goes.
+        Left to the end of the process, torch's manager process would do it, but Ray ends a worker
+        together with its child processes, the manager among them, and the files (RAM) stayed behind."""
+        import gc
+
+        for name in ("_pushed", "actor", "ref"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+        gc.collect()
+        super().shutdown()
 
     def push_weights(self, path: str) -> dict[str, float] | None:
         """Write the weights as one safetensors file at ``path`` (rank 0; collective under fsdp2)."""
