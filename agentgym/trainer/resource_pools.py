@@ -74,9 +74,8 @@ class PolicyServerActor:
 
         from agentgym.server.launch import start_policy_server
 
-        host = ray.util.get_node_ip_address()
-        if backend == "embedded":
-            kwargs = {**kwargs, "host": host}
+        # every backend listens on its node's address: reachable from a driver on another node
+        kwargs = {**kwargs, "host": ray.util.get_node_ip_address()}
         self.handle = start_policy_server(backend, model, port=0, **kwargs)
         self.node_id = ray.get_runtime_context().get_node_id()
         self.received: dict[str, Any] = {}

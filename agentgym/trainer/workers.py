@@ -411,6 +411,19 @@ class PolicyWorker(Worker):
         gc.collect()
         super().shutdown()
 
+    def weight_buckets(self, size_mb: float) -> list[Any] | None:
+        """The pushed weights in the Ray object store, in buckets of at most ``size_mb`` MB (rank 0; a
+        collective under fsdp2): how a driver on another node gets them without a shared path. Returns
+        the buckets' object references (the data stays in this node's object store until fetched)."""
+        import ray
+
+        from agentgym.model.weights import buckets
+
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        return [ray.put(part) for part in buckets(state, size_mb)]
+
     def push_weights(self, path: str) -> dict[str, float] | None:
         """Write the weights as one safetensors file at ``path`` (rank 0; collective under fsdp2)."""
         started = time.perf_counter()
