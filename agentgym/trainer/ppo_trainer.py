@@ -138,6 +138,7 @@ class PPOTrainer:
         self.global_step = 0
         self.actor: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
+        self.placement_group: Any = None  # the trainer pool's, when the workers have one
         # pushes the weights after each update (None: no servers to push to; AsyncWeightSync when asynchronous)
         self.weight_sync: WeightSync | None = None
         self.tracking: Tracking | None = None
@@ -197,15 +198,18 @@ class PPOTrainer:
             self.weight_sync = WeightSync(self.servers, self.actor, str(self.cfg.actor_rollout_ref.model.path))
 
     def worker_bundles(self, num_gpus: float) -> Any:
-        """The placement group the workers go in (rank r in bundle r), or None."""
-        if not num_gpus:
+        """The trainer pool's placement group the workers go in (rank r in bundle r; actor rank r and
+        critic rank r share bundle r, ranks never do), or None: on GPUs always; on CPU when the pool
+        spans nodes (``trainer.nnodes > 1``) or the cluster pins it (``agentgym_trainer_pool``); a
+        single-node CPU pool is left to Ray's scheduler."""
+        if not self.use_ray:
             return None
-        import ray  # one bundle per GPU: actor rank r and critic rank r share GPU r, ranks never do
-        from ray.util.placement_group import placement_group
+        from agentgym.trainer.resource_pools import POOL_RESOURCE, cluster_offers, trainer_pool
 
-        bundles = placement_group([{"GPU": 1}] * self.world_size, strategy="PACK")
-        ray.get(bundles.ready())
-        return bundles
+        if not num_gpus and self.cfg.trainer.nnodes <= 1 and not cluster_offers(POOL_RESOURCE["trainer"]):
+            return None
+        self.placement_group = trainer_pool(self.cfg, self.world_size, num_gpus)
+        return self.placement_group
 
     # ---- one step -------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -713,6 +717,12 @@ class PPOTrainer:
                 self.run(self.servers.aclose())
             self.servers.stop()
         self.close_loop()
+        if self.placement_group is not None:
+            import ray
+
+            with contextlib.suppress(Exception):
+                ray.util.remove_placement_group(self.placement_group)
+            self.placement_group = None
 
     def close_loop(self) -> None:
         self.loop.close()

@@ -68,13 +68,15 @@ def test_sft_config_has_ray_init_and_the_warm_start_passes_it_on(tmp_path):
     assert sft_config(train, demos, "m").ray_init.address == "other:1"
 
 
-def test_sft_trainer_joins_the_configured_cluster(ray_init_calls, monkeypatch):
+def test_sft_trainer_joins_the_configured_cluster(ray_init_calls, monkeypatch, tmp_path):
     """``agentgym sft trainer.use_ray=true ray_init.address=...`` attaches there (it passed None before)."""
     from agentgym.stages import sft
 
     seen: list = []
 
     class Group:  # the worker group is not what is tested here: where Ray was pointed is
+        use_ray = False  # (no Ray workers to check the run directory with)
+
         def __init__(self, *args, **kwargs):
             seen.append(args[3])
 
@@ -86,7 +88,43 @@ def test_sft_trainer_joins_the_configured_cluster(ray_init_calls, monkeypatch):
     trainer.cfg = sft.load_sft_config(
         overrides=["trainer.use_ray=true", "ray_init.address=head:6379", "data.train_files=x.jsonl"]
     )
-    trainer.world_size, trainer.total_steps = 1, 1
+    trainer.world_size, trainer.total_steps, trainer.run_dir = 1, 1, tmp_path
     trainer.init_workers()
     assert ray_init_calls[0]["address"] == "head:6379" and seen == [True]
     assert trainer.started_ray is True
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "per_node", "configured", "expected"),
+    [
+        (1, 4, "auto", "STRICT_PACK"),
+        (2, 1, "auto", "STRICT_SPREAD"),  # one worker on each node (PACK put both on one)
+        (2, 4, "auto", "PACK"),
+        (2, 1, "SPREAD", "SPREAD"),
+    ],
+)
+def test_the_trainer_pools_placement_strategy(nnodes, per_node, configured, expected):
+    from agentgym.trainer.resource_pools import pool_strategy
+
+    assert pool_strategy(nnodes, per_node, configured) == expected
+
+
+def test_a_multi_node_cpu_trainer_pool_gets_a_placement_group(monkeypatch, tmp_path):
+    """On CPU, ``trainer.nnodes=2`` used to only set the world size: both workers could land on one node."""
+    from agentgym.trainer import resource_pools
+    from agentgym.trainer.config import load_config
+    from agentgym.trainer.ppo_trainer import PPOTrainer
+
+    asked = []
+    monkeypatch.setattr(resource_pools, "cluster_offers", lambda resource: False)
+    monkeypatch.setattr(resource_pools, "pool_placement_group", lambda *a, **k: asked.append((a, k)) or "pg")
+    monkeypatch.setattr(worker_group, "init_ray", lambda cfg: None)
+    for nnodes, expected in ((1, None), (2, "pg")):
+        cfg = load_config(
+            env="first_letter",
+            overrides=[f"trainer.default_local_dir={tmp_path}", f"trainer.nnodes={nnodes}", "trainer.use_ray=true"],
+        )
+        trainer = PPOTrainer.__new__(PPOTrainer)
+        trainer.cfg, trainer.use_ray, trainer.world_size = cfg, True, nnodes
+        assert trainer.worker_bundles(0.0) == expected
+    assert asked == [(("trainer", 2, 1, False), {"strategy": "auto"})]
