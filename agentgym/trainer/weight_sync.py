@@ -151,12 +151,15 @@ class WeightSync:
                 "weight_sync/version": float(version),
                 "weight_sync/buckets": float(self.servers.last_buckets),
             }
-        return {
+        out = {
             "weight_sync/save_s": saved - started,
             "weight_sync/load_s": done - saved,
             "weight_sync/mb": size / 2**20,
             "weight_sync/version": float(version),
         }
+        if self.remote_rank0:  # the weights came from rank 0 on another node, through the object store
+            out["weight_sync/object_store"] = 1.0
+        return out
 
     async def _push_handles(self, version: int, abort: bool) -> float | None:
         """Every server maps the rank-0 worker's memory and copies once; None (nothing pushed) when it
