@@ -151,7 +151,9 @@ def sft_stage(cfg: DictConfig, demos: Path, base_model: str, show_progress: bool
     sft_cfg = sft_config(cfg, demos, base_model)
     directory = Path(str(sft_cfg.trainer.default_local_dir))
     output = directory / "huggingface"
-    settings = {"sft": OmegaConf.to_container(sft_cfg, resolve=True), "demos": file_key(demos)}
+    sft_settings = OmegaConf.to_container(sft_cfg, resolve=True)
+    sft_settings.pop("ray_init", None)  # which cluster SFT ran on does not change the model: still cached
+    settings = {"sft": sft_settings, "demos": file_key(demos)}
     if is_cached(directory, settings, output):
         print(f"warm start: SFT model cached ({output})", flush=True)
         return output

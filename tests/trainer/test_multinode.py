@@ -8,9 +8,10 @@ namespace with another tmpfs ``/dev/shm`` and a tmpfs over its "local disk" (``L
 ``agentgym_trainer_pool``: the trainer's rank 0 runs there, not on the driver's node. The run directory
 is shared (the test's ``tmp_path``) unless a scenario says otherwise.
 
-Scenarios, in one cluster (a script, ``SCRIPT``): synchronous training with rank 0 on node 2 (weights
-through the object store; checkpoints, the HF export and the held-out table in the shared run
-directory), the same with a run directory node 2 does not share (refused before any step), resume of
+Scenarios, in one cluster (a script, ``SCRIPT``): synchronous training of sokoban with rank 0 on node 2
+after the warm start (demos, SFT on the cluster; RL's rank 0 loads the SFT model from the shared run
+directory), weights through the object store, checkpoints, the HF export and the held-out table in the
+shared run directory, the same with a run directory node 2 does not share (refused before any step), resume of
 the first run with another placement (the workers in the driver's process), and the driver joining
 through ``RAY_ADDRESS`` (as under ``ray job submit``) with ``ray_init.num_cpus`` set.
 """
@@ -44,19 +45,22 @@ unshare -m --propagation private sh -c "mount -t tmpfs tmpfs /dev/shm && mount -
     || { echo NODE2_FAILED; exit 3; }
 COMMON="data.train_batch_size=2 actor_rollout_ref.rollout.n=2 trainer.logger=[jsonl] \
     trainer.test_freq=-1 trainer.val_before_train=false trainer.cpu_threads_per_worker=1 \
-    held_out.num_tasks=4 held_out.temperatures=[0.0] held_out.random_policy=false"
-# 1. rank 0 on node 2, run directory shared; joined through RAY_ADDRESS with num_cpus given (ray job submit)
-RAY_ADDRESS=127.0.0.1:6379 agentgym train --env first_letter $COMMON trainer.use_ray=true ray_init.num_cpus=2 \
-    trainer.total_training_steps=2 trainer.save_freq=1 held_out.enable=true \
+    actor_rollout_ref.rollout.max_tokens_per_turn=16 held_out.num_tasks=4 held_out.temperatures=[0.0] \
+    held_out.random_policy=false warm_start.demos=40 warm_start.sft.trainer.total_training_steps=3 \
+    warm_start.sft.data.train_batch_size=8 warm_start.sft.data.micro_batch_size_per_gpu=8"
+# 1. rank 0 on node 2, run directory shared; joined through RAY_ADDRESS with num_cpus given (ray job submit);
+#    the warm start's SFT on the cluster too, its model loaded by rank 0 on node 2
+RAY_ADDRESS=127.0.0.1:6379 agentgym train --env sokoban $COMMON trainer.use_ray=true ray_init.num_cpus=2 \
+    warm_start.sft.trainer.use_ray=true trainer.total_training_steps=2 trainer.save_freq=1 \
     trainer.default_local_dir="$SHARED" > "$OUT/sync.log" 2>&1
 echo "SYNC_RC=$?"
 # 2. a run directory node 2 does not see: refused before any step
-agentgym train --env first_letter $COMMON trainer.use_ray=true ray_init.address=auto trainer.total_training_steps=1 \
-    trainer.default_local_dir="$LOCAL/run" > "$OUT/local.log" 2>&1
+agentgym train --env first_letter $COMMON held_out.enable=false trainer.use_ray=true ray_init.address=auto \
+    trainer.total_training_steps=1 trainer.default_local_dir="$LOCAL/run" > "$OUT/local.log" 2>&1
 echo "LOCAL_RC=$?"
 # 3. resume the first run with another placement: the workers in the driver's process, on the head
-agentgym train --env first_letter $COMMON trainer.use_ray=false trainer.total_training_steps=3 \
-    trainer.save_freq=1 trainer.default_local_dir="$SHARED" > "$OUT/resume.log" 2>&1
+agentgym train --env sokoban $COMMON trainer.use_ray=false warm_start.sft.trainer.use_ray=true \
+    trainer.total_training_steps=3 trainer.save_freq=1 trainer.default_local_dir="$SHARED" > "$OUT/resume.log" 2>&1
 echo "RESUME_RC=$?"
 ls /dev/shm | grep -c '^torch_' | sed 's/^/HEAD_TORCH_SHM=/'
 """
@@ -130,6 +134,8 @@ def test_two_nodes_rank0_elsewhere_shared_storage_resume_elsewhere(tmp_path):
     assert {"actor/model.pt", "actor/optim.pt", "trainer_state.pt"} <= set(manifest), manifest
     assert (shared / "huggingface" / "config.json").is_file()  # written by rank 0 on node 2
     assert (shared / "held_out.json").is_file(), report  # scored here from node 2's export
+    assert (shared / "warm_start" / "sft" / "huggingface" / "config.json").is_file(), report
+    assert "warm start: RL starts from the SFT model" in logs["sync.log"], report
     # a run directory node 2 has its own disk at: refused before any step, with the way out
     assert "LOCAL_RC=2" in done.stdout, report
     assert "not shared with every node" in logs["local.log"], report
