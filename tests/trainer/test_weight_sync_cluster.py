@@ -100,3 +100,20 @@ def test_engine_servers_given_by_url_on_another_host_are_refused(backend, tmp_pa
         )
     )
     refuse_unreachable(local)  # on this host: the file written here is there
+
+
+@pytest.mark.parametrize("backend", ["embedded", "vllm", "sglang"])
+def test_servers_placed_by_ray_listen_on_their_nodes_address(backend, monkeypatch):
+    """A vLLM/SGLang server on the rollout pool bound 127.0.0.1 (only embedded ones took the node's
+    address): unreachable from a driver on another node."""
+    import ray
+
+    from agentgym.server import launch
+    from agentgym.trainer.resource_pools import PolicyServerActor
+
+    started = []
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.1.2.3")
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"get_node_id": lambda self: "n2"})())
+    monkeypatch.setattr(launch, "start_policy_server", lambda b, m, port, **kw: started.append((b, kw)) or object())
+    PolicyServerActor(backend, "tiny", {"max_model_len": 64})
+    assert started == [(backend, {"max_model_len": 64, "host": "10.1.2.3"})]
