@@ -418,6 +418,9 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         summary = trainer.fit()
+    except ConfigError as exc:  # found once the workers run (a run directory other nodes do not see)
+        print(f"agentgym sft: {exc}", file=sys.stderr)
+        return 2
     finally:
         trainer.shutdown()
     metrics = summary["metrics"]
