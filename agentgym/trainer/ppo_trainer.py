@@ -180,18 +180,17 @@ class PPOTrainer:
         num_gpus = 1.0 / groups if cuda and self.use_ray else 0.0
         bundles = self.worker_bundles(num_gpus)
         self.actor = WorkerGroup(PolicyWorker, self.cfg, self.world_size, self.use_ray, "actor", num_gpus, bundles)
+        check_shared(self.actor, self.run_dir)  # every rank sees the run directory, before any model is loaded
         pending = [self.actor.call_async(PolicyWorker.init_model, self.total_steps, uses_reference(self.cfg))]
         if self.cfg.critic.enable:
             self.critic = WorkerGroup(
                 CriticWorker, self.cfg, self.world_size, self.use_ray, "critic", num_gpus, bundles
             )
+            check_shared(self.critic, self.run_dir)
             pending.append(self.critic.call_async(CriticWorker.init_model, self.total_steps))
         self.actor.get(pending[0])
         if self.critic is not None:
             self.critic.get(pending[1])
-        for group in (self.actor, self.critic):
-            if group is not None:  # every rank reads and writes the run directory the driver does
-                check_shared(group, self.run_dir)
         if self.servers is not None:
             from agentgym.trainer.weight_sync import WeightSync
 
