@@ -8,10 +8,10 @@ SFT model). So:
 * ``resolve_run_dir``: ``trainer.default_local_dir`` becomes an absolute path on the driver, before
   any stage, and that path is what workers get (a relative one would be resolved against each
   process's own working directory: a Ray worker's is not the driver's, and a ``ray job submit``
-  entrypoint's is a copy of the job's ``working_dir`` that Ray deletes). A relative directory inside
-  such a copy is refused. Storage URIs (``s3://``, ``gs://``...) are refused with the way out:
-  checkpoints are written with file APIs, so the bucket is mounted on every node (s3fs, gcsfuse,
-  blobfuse2) and its mount path given.
+  entrypoint's is a copy of the job's ``working_dir`` that Ray deletes). A relative directory in a
+  Ray job entrypoint (or inside such a copy) is refused. Storage URIs (``s3://``, ``gs://``...) are
+  refused with the way out: checkpoints are written with file APIs, so the bucket is mounted on every
+  node (s3fs, gcsfuse, blobfuse2) and its mount path given.
 * ``check_shared``: before a worker group on Ray does any work, the driver writes a marker file in
   the run directory; every rank reads it and writes one of its own, which the driver reads back. A
   rank that cannot (a node with its own local disk at that path) stops the run there, with the
@@ -29,6 +29,8 @@ from typing import Any
 from agentgym.config import ConfigError
 
 MARKER = ".agentgym-shared-"
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Set by Ray's job supervisor for a ``ray job submit`` entrypoint."""
 
 
 class RunDirNotShared(ConfigError):
@@ -52,11 +54,14 @@ def resolve_run_dir(value: str | os.PathLike[str], key: str = "trainer.default_l
     if path.is_absolute():
         return str(path)
     cwd = Path.cwd()
-    if "runtime_resources" in cwd.parts or any(p.startswith("working_dir_files") for p in cwd.parts):
+    # a `ray job submit` entrypoint (Ray sets this variable for it) runs in Ray's copy of the job's
+    # working_dir, or in a directory of Ray's session: both go when the job or the cluster does
+    if RAY_JOB_ENV in os.environ or "runtime_resources" in cwd.parts:
         raise ConfigError(
-            f"{key}={text} is relative, and this driver runs in a copy of a Ray job's working_dir ({cwd}), "
-            f"which Ray deletes when the job ends: set {key} to an absolute path on storage every node "
-            "mounts (e.g. ray job submit -- agentgym train ... trainer.default_local_dir=/shared/runs/NAME)"
+            f"{key}={text} is relative, and this driver runs as a Ray job in {cwd} (Ray's copy of the job's "
+            f"working_dir, or its session directory), which Ray deletes: set {key} to an absolute path on "
+            "storage every node mounts (ray job submit -- agentgym train ... "
+            "trainer.default_local_dir=/shared/runs/NAME)"
         )
     return str((cwd / path).resolve())
 

@@ -32,12 +32,21 @@ def test_a_storage_uri_is_refused_with_the_way_out(uri):
 
 
 def test_relative_inside_a_ray_jobs_working_dir_copy_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
     copy = tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_abc"
     copy.mkdir(parents=True)
     monkeypatch.chdir(copy)
     with pytest.raises(ConfigError, match="which Ray deletes"):
         resolve_run_dir("outputs/run")
     assert resolve_run_dir("/shared/runs/x") == "/shared/runs/x"
+
+
+def test_relative_in_a_ray_job_entrypoint_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {}}')  # what ray job submit sets
+    with pytest.raises(ConfigError, match="runs as a Ray job"):
+        resolve_run_dir("outputs/run")
+    assert resolve_run_dir(str(tmp_path / "abs")) == str(tmp_path / "abs")
 
 
 def test_prepare_training_fixes_the_run_dir_before_any_stage(tmp_path, monkeypatch):
