@@ -62,7 +62,6 @@ echo "LOCAL_RC=$?"
 agentgym train --env sokoban $COMMON trainer.use_ray=false warm_start.sft.trainer.use_ray=true \
     trainer.total_training_steps=3 trainer.save_freq=1 trainer.default_local_dir="$SHARED" > "$OUT/resume.log" 2>&1
 echo "RESUME_RC=$?"
-ls /dev/shm | grep -c '^torch_' | sed 's/^/HEAD_TORCH_SHM=/'
 """
 
 
@@ -144,4 +143,3 @@ def test_two_nodes_rank0_elsewhere_shared_storage_resume_elsewhere(tmp_path):
     assert "RESUME_RC=0" in done.stdout, report
     assert (shared / "global_step_3" / "manifest.json").is_file(), report
     assert "resuming from" in logs["resume.log"] and [r["step"] for r in rows][-1] == 3, report
-    assert "HEAD_TORCH_SHM=0" in done.stdout, report
