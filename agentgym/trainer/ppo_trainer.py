@@ -673,7 +673,7 @@ class PPOTrainer:
             progress.close()
         self.write_curves()
         hf_dir = self.save_hf_model() if cfg.save_hf_model and self.global_step > 0 else None
-        return {
+        summary = {
             "steps": self.global_step,
             "seconds": time.perf_counter() - started,
             "metrics": self.last_metrics,
@@ -688,6 +688,9 @@ class PPOTrainer:
             "steps_run": self.steps_run,
             "flat_reward_steps": self.flat_steps,
         }
+        if self.use_ray:  # where the trainer's ranks ran (Ray node ids, rank order)
+            summary["placement"] = {"trainer": self.actor.call(PolicyWorker.node_id)}
+        return summary
 
     def write_curves(self) -> None:
         """``<run dir>/curves.png`` from the metrics so far (``agentgym plot``); a run without

@@ -3,17 +3,18 @@ cluster user runs ``agentgym train``.
 
 The cluster lives in a network namespace whose only interface is ``lo`` (``unshare -n``: Ray rewrites
 ``--node-ip-address=127.0.0.1`` to the host's interface address otherwise) and a private mount
-namespace with its own tmpfs ``/dev/shm`` (the head). The second node is started from a nested mount
-namespace with another tmpfs ``/dev/shm`` and a tmpfs over its "local disk" (``LOCAL``), and offers
-``agentgym_trainer_pool``: the trainer's rank 0 runs there, not on the driver's node. The run directory
+namespace with its own tmpfs ``/dev/shm`` (the head). Nodes 2 and 3 are each started from a nested
+mount namespace with another tmpfs ``/dev/shm`` and a tmpfs over its "local disk" (``LOCAL``), and
+offer ``agentgym_trainer_pool``: the trainer's ranks run there, never on the driver's node. The run directory
 is shared (the test's ``tmp_path``) unless a scenario says otherwise.
 
 Scenarios, in one cluster (a script, ``SCRIPT``): synchronous training of sokoban with rank 0 on node 2
 after the warm start (demos, SFT on the cluster; RL's rank 0 loads the SFT model from the shared run
 directory), weights through the object store, checkpoints, the HF export and the held-out table in the
 shared run directory, the same with a run directory node 2 does not share (refused before any step), resume of
-the first run with another placement (the workers in the driver's process), and the driver joining
-through ``RAY_ADDRESS`` (as under ``ray job submit``) with ``ray_init.num_cpus`` set.
+the first run with another placement (the workers in the driver's process), the driver joining
+through ``RAY_ADDRESS`` (as under ``ray job submit``) with ``ray_init.num_cpus`` set, and
+``trainer.nnodes=2`` on CPU: one rank on each trainer node (a placement group), gloo across them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ unshare -m --propagation private sh -c "mount -t tmpfs tmpfs /dev/shm && mount -
     ray start --address 127.0.0.1:6379 --node-ip-address 127.0.0.1 --num-cpus 2 \
     --resources '{\"agentgym_trainer_pool\": 1}' --disable-usage-stats" > "$OUT/node2.log" 2>&1 \
     || { echo NODE2_FAILED; exit 3; }
+unshare -m --propagation private sh -c "mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs '$LOCAL' && \
+    ray start --address 127.0.0.1:6379 --node-ip-address 127.0.0.1 --num-cpus 2 \
+    --resources '{\"agentgym_trainer_pool\": 1}' --disable-usage-stats" > "$OUT/node3.log" 2>&1 \
+    || { echo NODE3_FAILED; exit 3; }
 COMMON="data.train_batch_size=2 actor_rollout_ref.rollout.n=2 trainer.logger=[jsonl] \
     trainer.test_freq=-1 trainer.val_before_train=false trainer.cpu_threads_per_worker=1 \
     actor_rollout_ref.rollout.max_tokens_per_turn=16 held_out.num_tasks=4 held_out.temperatures=[0.0] \
@@ -62,6 +67,20 @@ echo "LOCAL_RC=$?"
 agentgym train --env sokoban $COMMON trainer.use_ray=false warm_start.sft.trainer.use_ray=true \
     trainer.total_training_steps=3 trainer.save_freq=1 trainer.default_local_dir="$SHARED" > "$OUT/resume.log" 2>&1
 echo "RESUME_RC=$?"
+# 4. trainer.nnodes=2: one rank on each trainer node (placement group, STRICT_SPREAD), gloo across them
+RAY_ADDRESS=auto python -c "
+import json, agentgym
+s = agentgym.train('first_letter', ['trainer.use_ray=true', 'trainer.nnodes=2', 'trainer.n_gpus_per_node=1',
+    'trainer.total_training_steps=1', 'trainer.save_freq=-1', 'trainer.save_hf_model=false',
+    'trainer.val_before_train=false', 'trainer.test_freq=-1', 'trainer.logger=[jsonl]', 'data.train_batch_size=2',
+    'actor_rollout_ref.rollout.n=2', 'trainer.cpu_threads_per_worker=1', 'trainer.default_local_dir=$SHARED-2'],
+    show_progress=False)
+import ray; ray.init(address='auto', logging_level='ERROR')
+head = ray.get_runtime_context().get_node_id()
+print('SPREAD', json.dumps({'ranks': s['placement']['trainer'], 'head': head, 'steps': s['steps']}))
+" > "$OUT/spread.log" 2>&1
+echo "SPREAD_RC=$?"
+grep '^SPREAD ' "$OUT/spread.log" || true
 """
 
 
@@ -143,3 +162,7 @@ def test_two_nodes_rank0_elsewhere_shared_storage_resume_elsewhere(tmp_path):
     assert "RESUME_RC=0" in done.stdout, report
     assert (shared / "global_step_3" / "manifest.json").is_file(), report
     assert "resuming from" in logs["resume.log"] and [r["step"] for r in rows][-1] == 3, report
+    # trainer.nnodes=2: the two ranks on two different nodes, neither the driver's
+    assert "SPREAD_RC=0" in done.stdout, report
+    spread = json.loads(done.stdout.split("SPREAD ", 1)[1].splitlines()[0])
+    assert spread["steps"] == 1 and len(set(spread["ranks"])) == 2 and spread["head"] not in spread["ranks"], spread
