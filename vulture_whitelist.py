@@ -135,6 +135,7 @@ _.update_actor
 _.update_sft
 _.weight_handles
 _.push_weights
+_.weight_buckets  # PolicyWorker, called by name from WeightSync._fetch_buckets and benchmarks/weight_sync.py
 _.compute_values
 _.update_critic
 _._pushed  # keeps the pushed tensors alive until the next push (their memory is shared by handle)

@@ -18,7 +18,15 @@ every push so each is a real new version):
   (``/update_weights_from_disk``: the path vLLM/SGLang and Ray workers use);
 * **server process, HTTP buckets**: safetensors bodies of ``--bucket-mb`` MB
   (``checkpoint_engine.device_buffer_size_M``), what a server on another machine gets; here over
-  loopback, so the network is not measured.
+  loopback, so the network is not measured;
+* **Ray object store** (``--ray ADDRESS``, or ``RAY_ADDRESS``): the trainer's rank 0 is a real
+  ``PolicyWorker`` on the cluster, on a node offering ``agentgym_trainer_pool`` when one does; a push
+  is what ``WeightSync`` does when rank 0 is on another node than the driver: ``weight_buckets``
+  (``--bucket-mb`` MB each, ``ray.put`` there), fetched bucket by bucket here, then copied into the
+  in-process engine. Run inside ``benchmarks/two_nodes.sh`` the worker is on the second "host" (own
+  ``/dev/shm``, Ray's object transfer between two raylets over loopback).
+
+Every row also gives milliseconds per MB pushed.
 
 Each figure is the median of ``--repeats`` pushes with its range; ratios are to the plain copy's
 median. Target on CPU: a push <= 1.5x a plain copy. On a GPU the 0.5B-shape target is <= 0.3 s
@@ -33,6 +41,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,7 +56,39 @@ from agentgym.server.engine import Engine  # noqa: E402
 from agentgym.server.launch import start_embedded_server  # noqa: E402
 
 
-def bench(name: str, repeats: int, bucket_mb: float, device: str, server_process: bool) -> None:
+def ray_push(path: str, bucket_mb: float, engine: Engine, version: Any) -> tuple[Any, Any, str]:
+    """A rank-0 ``PolicyWorker`` on the Ray cluster (on the trainer pool's node when the cluster has
+    one) and a push as ``WeightSync`` makes it when that worker is on another node; returns
+    (push function, the worker group to shut down, where rank 0 is)."""
+    import ray
+
+    from agentgym.trainer.config import load_config
+    from agentgym.trainer.resource_pools import POOL_RESOURCE, cluster_offers, pool_placement_group
+    from agentgym.trainer.worker_group import WorkerGroup
+    from agentgym.trainer.workers import PolicyWorker
+
+    cfg = load_config(overrides=[f"actor_rollout_ref.model.path={path}", "trainer.cpu_threads_per_worker=1"])
+    group = None
+    if cluster_offers(POOL_RESOURCE["trainer"]):
+        group = pool_placement_group("trainer", 1, 1, False)
+    workers = WorkerGroup(PolicyWorker, cfg, 1, True, "bench", 0.0, group)
+    workers.call("init_model", 1, False)
+    where = "another node" if workers.call_rank0("node_id") != ray.get_runtime_context().get_node_id() else "this node"
+    log(f"ray: rank 0 on {where}")
+
+    def push() -> None:
+        refs = workers.call("weight_buckets", bucket_mb)[0]
+        state: dict[str, Any] = {}
+        for ref in refs:
+            state.update(ray.get(ref))
+        engine.update_weights(state, next(version)).result()
+
+    return push, workers, where
+
+
+def bench(
+    name: str, repeats: int, bucket_mb: float, device: str, server_process: bool, ray_address: str | None = None
+) -> None:
     path = MODELS[name]()
     log(f"{name}: loading")
     trainer = load_causal_lm(path, device=device)
@@ -81,6 +122,15 @@ def bench(name: str, repeats: int, bucket_mb: float, device: str, server_process
         "in-process, copy": lambda: engine.update_weights(unique, next(version)).result(),
     }
     server = None
+    workers = None
+    if ray_address:
+        from omegaconf import OmegaConf
+
+        from agentgym.trainer.worker_group import init_ray
+
+        init_ray(OmegaConf.create({"ray_init": {"address": ray_address}}))
+        push, workers, where = ray_push(path, bucket_mb, engine, version)
+        methods[f"Ray object store, rank 0 on {where}, buckets of {bucket_mb:g} MB"] = push
 
     if server_process:
         log(f"{name}: a server process")
@@ -114,15 +164,19 @@ def bench(name: str, repeats: int, bucket_mb: float, device: str, server_process
         shared.stop()
         if server is not None:
             server.stop()
+        if workers is not None:
+            workers.shutdown()
     lora_line = lora_payload(path, rank=8)
     base = times["plain copy"]
     print(f"\n### {name} ({size_gb:.2f} GB, {device}, fp32), {repeats} interleaved rounds\n")
-    print("| push | median s | range s | x plain copy (median of rounds) | range |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| push | median s | range s | ms per MB | x plain copy (median of rounds) | range |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    megabytes = size_gb * 1e9 / 2**20
     for label, values in times.items():
         ratios = sorted(v / b for v, b in zip(values, base))
         print(
             f"| {label} | {statistics.median(values):.4f} | {min(values):.4f}-{max(values):.4f} | "
+            f"{1e3 * statistics.median(values) / megabytes:.3f} | "
             f"{statistics.median(ratios):.2f}x | {ratios[0]:.2f}-{ratios[-1]:.2f}x |",
             flush=True,
         )
@@ -162,6 +216,12 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-server-process", action="store_true", help="in-process rows only")
+    parser.add_argument(
+        "--ray",
+        default=os.environ.get("RAY_ADDRESS"),
+        metavar="ADDRESS",
+        help="add the Ray object store row on this cluster (auto, host:port; default $RAY_ADDRESS)",
+    )
     args = parser.parse_args()
     models = args.models or (["mid"] if args.quick else ["mid", "qwen05"])
     repeats = args.repeats or (3 if args.quick else 5)
@@ -170,7 +230,7 @@ def main() -> None:
         f"push dir {push_dir()}, load average {os.getloadavg()[0]:.1f}"
     )
     for name in models:
-        bench(name, repeats, args.bucket_mb, args.device, not args.no_server_process)
+        bench(name, repeats, args.bucket_mb, args.device, not args.no_server_process, args.ray)
 
 
 if __name__ == "__main__":

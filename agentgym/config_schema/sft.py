@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentgym.config_schema.fields import section, setting
+from agentgym.config_schema.train import RayInitConfig
 
 HEADER = """\
 agentgym sft: supervised fine-tuning on chat data (demonstrations, or any JSONL/Parquet of
@@ -112,3 +113,6 @@ class SFTConfig:
     model: SFTModelConfig = section(SFTModelConfig, "the model trained")
     optim: SFTOptimConfig = section(SFTOptimConfig, "the optimizer and learning-rate schedule")
     trainer: SFTTrainerConfig = section(SFTTrainerConfig, "the run: steps, logging, checkpoints, workers")
+    ray_init: RayInitConfig = section(
+        RayInitConfig, "with trainer.use_ray: passed to ray.init, as agentgym train's ray_init", open=True
+    )

@@ -369,6 +369,11 @@ class TrainerSettings:
     )
     n_gpus_per_node: int = setting(1, "data-parallel workers per node (on CPU: worker processes); veRL: 8")
     nnodes: int = setting(1, "nodes of the training pool (Ray)")
+    placement_strategy: Literal["auto", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = setting(
+        "auto",
+        "Ray placement group strategy of the trainer pool (auto: STRICT_PACK on one node, STRICT_SPREAD "
+        "with one worker per node, else PACK)",
+    )
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto | cpu | cuda")
     cpu_threads_per_worker: int | None = setting(None, "torch threads in each CPU worker (null: cores / workers)")
     seed: int = setting(0, "seeds the task order, the model's initialisation and the sampling")

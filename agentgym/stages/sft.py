@@ -37,6 +37,7 @@ from agentgym.tracking import Tracking
 from agentgym.trainer import checkpoint
 from agentgym.trainer.batch import build_batch, pad_for_workers, rank_shards, update_plan
 from agentgym.trainer.config import world_size
+from agentgym.trainer.run_storage import check_shared, resolve_in_config
 from agentgym.types import Trajectory
 
 log = logging.getLogger("agentgym.trainer")
@@ -161,7 +162,7 @@ class SFTTrainer:
 
         self.cfg = cfg
         self.show_progress = show_progress
-        self.run_dir = Path(cfg.trainer.default_local_dir)
+        self.run_dir = Path(resolve_in_config(cfg))  # absolute, fixed on the driver (trainer.run_storage)
         self.world_size = world_size(cfg)
         path = str(cfg.model.partial_pretrain)
         try:
@@ -219,10 +220,14 @@ class SFTTrainer:
 
         use_ray = self.cfg.trainer.use_ray
         if use_ray:
+            import ray
+
             from agentgym.trainer.worker_group import init_ray
 
-            init_ray(OmegaConf.create({"ray_init": {"address": None, "num_cpus": None, "include_dashboard": False}}))
+            self.started_ray = not ray.is_initialized()
+            init_ray(self.cfg)  # ray_init.address / RAY_ADDRESS: join that cluster
         self.actor = WorkerGroup(PolicyWorker, worker_config(self.cfg), self.world_size, use_ray, "sft")
+        check_shared(self.actor, self.run_dir)
         self.actor.call(PolicyWorker.init_model, self.total_steps, False)
 
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -347,14 +352,14 @@ class SFTTrainer:
 
         directory = checkpoint.step_dir(self.run_dir, self.global_step)
         directory.mkdir(parents=True, exist_ok=True)
-        self.actor.call(PolicyWorker.save_checkpoint, str(directory))
+        written = [name for part in self.actor.call(PolicyWorker.save_checkpoint, str(directory)) for name in part]
         checkpoint.save_trainer_state(directory, {"global_step": self.global_step, "kind": "sft"})
-        checkpoint.mark_latest(self.run_dir, self.global_step)
+        checkpoint.mark_latest(self.run_dir, self.global_step, written)
 
     def shutdown(self) -> None:
         if self.actor is not None:
             self.actor.shutdown()
-        if self.cfg.trainer.use_ray:
+        if getattr(self, "started_ray", False):  # a cluster someone else connected to stays connected
             import ray
 
             ray.shutdown()
@@ -425,6 +430,9 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         summary = trainer.fit()
+    except ConfigError as exc:  # found once the workers run (a run directory other nodes do not see)
+        print(f"agentgym sft: {exc}", file=sys.stderr)
+        return 2
     finally:
         trainer.shutdown()
     metrics = summary["metrics"]

@@ -26,6 +26,7 @@ from agentgym.config import ConfigError
 from agentgym.config_schema.train import TrainerSettings
 from agentgym.trainer.config import load_config
 from agentgym.trainer.run import agent_source, describe, rollout_servers, train
+from agentgym.trainer.run_storage import resolve_in_config
 
 
 def _check_env(name: str) -> None:
@@ -183,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
     except (TrainingFailed, CheckpointError) as exc:
         print(f"agentgym train: error: {exc}", file=sys.stderr, flush=True)
         code = 1
+    except ConfigError as exc:  # found once the workers run (a run directory other nodes do not see)
+        print(f"agentgym train: {exc}", file=sys.stderr, flush=True)
+        code = 2
     except SystemExit as exc:  # SIGTERM / SIGHUP (exit_on_signals): everything above has cleaned up
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
@@ -222,6 +226,8 @@ def prepare_training(
         )
     finally:
         line.delete()
+    # the run directory, absolute, before any stage writes there (the warm start, the held-out cache)
+    resolve_in_config(cfg)
     if agent is None:
         agent = resolve_agent_flow(cfg)  # actor_rollout_ref.rollout.agent
     plan = preflight(cfg, None if agent is None else agent_name(agent))

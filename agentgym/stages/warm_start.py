@@ -117,7 +117,10 @@ def sft_config(cfg: DictConfig, demos: Path, base_model: str) -> DictConfig:
     from agentgym.stages.sft import load_sft_config
 
     overrides = OmegaConf.to_container(cfg.warm_start.sft, resolve=True) or {}
-    dotted = [f"{k}={json.dumps(v)}" for k, v in _flatten(overrides).items()]
+    # the same Ray cluster as RL (with warm_start.sft.trainer.use_ray=true SFT runs on it); warm_start.sft wins
+    ray_init = OmegaConf.to_container(cfg.ray_init, resolve=True) if "ray_init" in cfg else {}
+    dotted = [f"ray_init.{k}={json.dumps(v)}" for k, v in (ray_init or {}).items()]
+    dotted += [f"{k}={json.dumps(v)}" for k, v in _flatten(overrides).items()]
     dotted += [
         f"data.train_files={json.dumps(str(demos))}",
         f"model.partial_pretrain={json.dumps(base_model)}",
@@ -151,7 +154,9 @@ def sft_stage(cfg: DictConfig, demos: Path, base_model: str, show_progress: bool
     sft_cfg = sft_config(cfg, demos, base_model)
     directory = Path(str(sft_cfg.trainer.default_local_dir))
     output = directory / "huggingface"
-    settings = {"sft": OmegaConf.to_container(sft_cfg, resolve=True), "demos": file_key(demos)}
+    sft_settings = OmegaConf.to_container(sft_cfg, resolve=True)
+    sft_settings.pop("ray_init", None)  # which cluster SFT ran on does not change the model: still cached
+    settings = {"sft": sft_settings, "demos": file_key(demos)}
     if is_cached(directory, settings, output):
         print(f"warm start: SFT model cached ({output})", flush=True)
         return output

@@ -166,7 +166,7 @@ class AsyncPPOTrainer(PPOTrainer):
             return None
         from agentgym.trainer.resource_pools import trainer_pool
 
-        self.placement_group = trainer_pool(self.cfg, self.world_size, num_gpus)
+        self.placement_group = trainer_pool(self.cfg, self.world_size, num_gpus)  # always: pools are disjoint
         return self.placement_group
 
     def init_workers(self) -> None:

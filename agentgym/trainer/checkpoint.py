@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +85,18 @@ def _choices(root: str | os.PathLike[str]) -> str:
     )
 
 
-def write_manifest(directory: str | os.PathLike[str]) -> Path:
-    """``manifest.json``: the size and SHA-256 of every file in the checkpoint ``directory``."""
+def write_manifest(directory: str | os.PathLike[str], expected: Iterable[str] = ()) -> Path:
+    """``manifest.json``: the size and SHA-256 of every file in the checkpoint ``directory``.
+    ``expected``: the files the workers report they wrote there; one this process cannot see (a worker
+    on a node that does not share the run directory) refuses the checkpoint instead of sealing a part."""
     directory = Path(directory)
+    missing = sorted(name for name in expected if not (directory / name).is_file())
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {directory} is split across nodes: the workers wrote {', '.join(missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''}, which this driver does not see there. Put "
+            "trainer.default_local_dir on storage every node mounts at the same path (see docs/cluster.md)"
+        )
     files = {
         str(f.relative_to(directory)): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
         for f in sorted(directory.rglob("*"))
@@ -167,9 +177,10 @@ def load_trainer_state(directory: Path) -> dict[str, Any]:
     return torch.load(Path(directory) / STATE_FILE, weights_only=False)
 
 
-def mark_latest(root: str | os.PathLike[str], step: int) -> None:
-    """Seal ``global_step_<step>`` (its ``manifest.json``), then make it the latest checkpoint."""
-    write_manifest(step_dir(root, step))
+def mark_latest(root: str | os.PathLike[str], step: int, expected: Iterable[str] = ()) -> None:
+    """Seal ``global_step_<step>`` (its ``manifest.json``, which must list ``expected``: the files the
+    workers wrote), then make it the latest checkpoint."""
+    write_manifest(step_dir(root, step), expected)
     marker = Path(root) / LATEST_FILE
     tmp = marker.with_name(LATEST_FILE + ".tmp")
     tmp.write_text(str(step))

@@ -61,6 +61,7 @@ from agentgym.trainer import algos, checkpoint, step_checks
 from agentgym.trainer.batch import Batch, build_batch, episode_rows, pad_for_workers, rank_shards, update_plan
 from agentgym.trainer.config import uses_reference, world_size
 from agentgym.trainer.distillation import distill_advantages, distilling
+from agentgym.trainer.run_storage import check_shared, resolve_in_config
 from agentgym.trainer.step_checks import (
     GroupRewardSpread,
     advantages_vanish,
@@ -118,7 +119,8 @@ class PPOTrainer:
         self.servers = servers
         self.world_size = world_size(cfg)
         self.use_ray = cfg.trainer.use_ray
-        self.run_dir = Path(cfg.trainer.default_local_dir)
+        # one absolute location, fixed here on the driver, which the workers are given (run_storage)
+        self.run_dir = Path(resolve_in_config(cfg))
         # the files RL starts from, saved with each checkpoint: a resume from other ones is refused
         self.start_model = model_key(str(cfg.actor_rollout_ref.model.path))
         self.show_progress = show_progress
@@ -136,6 +138,7 @@ class PPOTrainer:
         self.global_step = 0
         self.actor: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
+        self.placement_group: Any = None  # the trainer pool's, when the workers have one
         # pushes the weights after each update (None: no servers to push to; AsyncWeightSync when asynchronous)
         self.weight_sync: WeightSync | None = None
         self.tracking: Tracking | None = None
@@ -178,11 +181,13 @@ class PPOTrainer:
         num_gpus = 1.0 / groups if cuda and self.use_ray else 0.0
         bundles = self.worker_bundles(num_gpus)
         self.actor = WorkerGroup(PolicyWorker, self.cfg, self.world_size, self.use_ray, "actor", num_gpus, bundles)
+        check_shared(self.actor, self.run_dir)  # every rank sees the run directory, before any model is loaded
         pending = [self.actor.call_async(PolicyWorker.init_model, self.total_steps, uses_reference(self.cfg))]
         if self.cfg.critic.enable:
             self.critic = WorkerGroup(
                 CriticWorker, self.cfg, self.world_size, self.use_ray, "critic", num_gpus, bundles
             )
+            check_shared(self.critic, self.run_dir)
             pending.append(self.critic.call_async(CriticWorker.init_model, self.total_steps))
         self.actor.get(pending[0])
         if self.critic is not None:
@@ -193,15 +198,18 @@ class PPOTrainer:
             self.weight_sync = WeightSync(self.servers, self.actor, str(self.cfg.actor_rollout_ref.model.path))
 
     def worker_bundles(self, num_gpus: float) -> Any:
-        """The placement group the workers go in (rank r in bundle r), or None."""
-        if not num_gpus:
+        """The trainer pool's placement group the workers go in (rank r in bundle r; actor rank r and
+        critic rank r share bundle r, ranks never do), or None: on GPUs always; on CPU when the pool
+        spans nodes (``trainer.nnodes > 1``) or the cluster pins it (``agentgym_trainer_pool``); a
+        single-node CPU pool is left to Ray's scheduler."""
+        if not self.use_ray:
             return None
-        import ray  # one bundle per GPU: actor rank r and critic rank r share GPU r, ranks never do
-        from ray.util.placement_group import placement_group
+        from agentgym.trainer.resource_pools import POOL_RESOURCE, cluster_offers, trainer_pool
 
-        bundles = placement_group([{"GPU": 1}] * self.world_size, strategy="PACK")
-        ray.get(bundles.ready())
-        return bundles
+        if not num_gpus and self.cfg.trainer.nnodes <= 1 and not cluster_offers(POOL_RESOURCE["trainer"]):
+            return None
+        self.placement_group = trainer_pool(self.cfg, self.world_size, num_gpus)
+        return self.placement_group
 
     # ---- one step -------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -616,9 +624,9 @@ class PPOTrainer:
         pending = [self.actor.call_async(PolicyWorker.save_checkpoint, str(directory))]
         if self.critic is not None:
             pending.append(self.critic.call_async(CriticWorker.save_checkpoint, str(directory)))
-        self.actor.get(pending[0])
+        written = [name for part in self.actor.get(pending[0]) for name in part or ()]
         if self.critic is not None:
-            self.critic.get(pending[1])
+            written += [name for part in self.critic.get(pending[1]) for name in part or ()]
         state = {
             "global_step": step,
             "source": self.source.state_dict(),
@@ -629,7 +637,7 @@ class PPOTrainer:
             "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
         }
         checkpoint.save_trainer_state(directory, state)
-        checkpoint.mark_latest(self.run_dir, step)
+        checkpoint.mark_latest(self.run_dir, step, written)
         checkpoint.prune(self.run_dir, self.cfg.trainer.max_actor_ckpt_to_keep)
         return directory
 
@@ -733,7 +741,7 @@ class PPOTrainer:
             progress.close()
         self.write_curves()
         hf_dir = self.save_hf_model() if cfg.save_hf_model and self.global_step > 0 else None
-        return {
+        summary = {
             "steps": self.global_step,
             "seconds": time.perf_counter() - started,
             "metrics": self.last_metrics,
@@ -748,6 +756,9 @@ class PPOTrainer:
             "steps_run": self.steps_run,
             "flat_reward_steps": self.flat_steps,
         }
+        if self.use_ray:  # where the trainer's ranks ran (Ray node ids, rank order)
+            summary["placement"] = {"trainer": self.actor.call(PolicyWorker.node_id)}
+        return summary
 
     def write_curves(self) -> None:
         """``<run dir>/curves.png`` from the metrics so far (``agentgym plot``); a run without
@@ -776,6 +787,12 @@ class PPOTrainer:
                 self.run(self.servers.aclose())
             self.servers.stop()
         self.close_loop()
+        if self.placement_group is not None:
+            import ray
+
+            with contextlib.suppress(Exception):
+                ray.util.remove_placement_group(self.placement_group)
+            self.placement_group = None
 
     def close_loop(self) -> None:
         self.loop.close()

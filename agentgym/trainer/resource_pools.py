@@ -31,7 +31,19 @@ from agentgym.model.weights import buckets
 POOL_RESOURCE = {"trainer": "agentgym_trainer_pool", "rollout": "agentgym_rollout_pool"}
 
 
-def pool_placement_group(kind: str, nnodes: int, per_node: int, gpu: bool, timeout: float = 120.0) -> Any:
+def pool_strategy(nnodes: int, per_node: int, configured: str = "auto") -> str:
+    """The placement group strategy: ``configured``, or for ``auto`` one node's bundles packed together
+    (``STRICT_PACK``), one bundle per node on that many nodes (``STRICT_SPREAD``), else ``PACK``."""
+    if configured != "auto":
+        return configured
+    if int(nnodes) == 1:
+        return "STRICT_PACK"
+    return "STRICT_SPREAD" if int(per_node) == 1 else "PACK"
+
+
+def pool_placement_group(
+    kind: str, nnodes: int, per_node: int, gpu: bool, timeout: float = 120.0, strategy: str = "auto"
+) -> Any:
     """A placement group of ``nnodes * per_node`` device bundles for pool ``kind`` (see the module docstring)."""
     import ray
     from ray.util.placement_group import placement_group
@@ -43,7 +55,7 @@ def pool_placement_group(kind: str, nnodes: int, per_node: int, gpu: bool, timeo
     count = int(nnodes) * int(per_node)
     group = placement_group(
         [dict(bundle) for _ in range(count)],
-        strategy="STRICT_PACK" if nnodes == 1 else "PACK",
+        strategy=pool_strategy(nnodes, per_node, strategy),
         name=f"agentgym-{kind}-pool-{os.getpid()}",
     )
     try:
@@ -51,7 +63,8 @@ def pool_placement_group(kind: str, nnodes: int, per_node: int, gpu: bool, timeo
     except Exception:
         ray.util.remove_placement_group(group)
         raise RuntimeError(
-            f"the {kind} pool ({count} bundles of {bundle}) cannot be placed on this Ray cluster "
+            f"the {kind} pool ({count} bundles of {bundle}, {pool_strategy(nnodes, per_node, strategy)}) cannot be "
+            "placed on this Ray cluster "
             f"(resources: {ray.available_resources()}); lower {kind}.nnodes/n_gpus_per_node, or add nodes"
             + (f" offering {label}" if label in bundle else "")
         ) from None
@@ -63,7 +76,16 @@ def trainer_pool(cfg: Any, world_size: int, num_gpus: float) -> Any:
     from agentgym.trainer.worker_group import init_ray
 
     init_ray(cfg)
-    return pool_placement_group("trainer", cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, num_gpus > 0)
+    trainer = cfg.trainer
+    return pool_placement_group(
+        "trainer", trainer.nnodes, trainer.n_gpus_per_node, num_gpus > 0, strategy=trainer.placement_strategy
+    )
+
+
+def cluster_offers(resource: str) -> bool:
+    import ray
+
+    return bool(ray.cluster_resources().get(resource))
 
 
 class PolicyServerActor:
@@ -74,9 +96,8 @@ class PolicyServerActor:
 
         from agentgym.server.launch import start_policy_server
 
-        host = ray.util.get_node_ip_address()
-        if backend == "embedded":
-            kwargs = {**kwargs, "host": host}
+        # every backend listens on its node's address: reachable from a driver on another node
+        kwargs = {**kwargs, "host": ray.util.get_node_ip_address()}
         self.handle = start_policy_server(backend, model, port=0, **kwargs)
         self.node_id = ray.get_runtime_context().get_node_id()
         self.received: dict[str, Any] = {}

@@ -70,6 +70,9 @@ def train(
         from agentgym.preflight import preflight
 
         preflight(cfg)
+    from agentgym.trainer.run_storage import resolve_in_config
+
+    resolve_in_config(cfg)  # one absolute run directory, on this driver, before anything writes there
     started_ray = False
     if cfg.trainer.use_ray:
         import ray

@@ -184,7 +184,8 @@ class TrainState:
                 raise FileNotFoundError(
                     f"no {parts[part].name} in {directory} (found {found}); point trainer.resume_from_path at a "
                     "global_step_N directory written by agentgym train, and load only what its "
-                    "checkpoint.save_contents held (set checkpoint.load_contents to match)"
+                    "checkpoint.save_contents held (set checkpoint.load_contents to match); on a Ray cluster, "
+                    "a rank on a node that does not mount the run directory sees nothing there: see docs/cluster.md"
                 )
         options = StateDictOptions(full_state_dict=True)
         if "model" in contents:

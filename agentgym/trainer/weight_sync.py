@@ -20,7 +20,13 @@ reports ``version`` from then on. How they travel depends on where actor and ser
   server copies from there once;
 * otherwise (vLLM, SGLang, servers given by URL): the actor's rank 0 writes the whole policy as one
   safetensors file in a model directory under ``/dev/shm`` (RAM; the temp directory where
-  there is no ``/dev/shm``), every server loads it, and the file is deleted.
+  there is no ``/dev/shm``), every server loads it, and the file is deleted;
+* rank 0 on another node than this driver (a Ray cluster): its memory and its ``/dev/shm`` are not
+  here, so the weights come through Ray's object store in buckets of at most
+  ``async_training.checkpoint_engine.device_buffer_size_M`` MB (``PolicyWorker.weight_buckets``),
+  then go on as weights given here (state dicts to embedded servers, a file on this host for
+  vLLM/SGLang servers on this host). vLLM/SGLang servers given by URL on another host read weights
+  from a path on their own host: refused before training (``refuse_unreachable``).
 
 Both halves are timed (``weight_sync/save_s``, ``weight_sync/load_s``).
 
@@ -49,6 +55,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from agentgym.config import ConfigError
 from agentgym.trainer.rollout_servers import RolloutServers
 
 log = logging.getLogger("agentgym.trainer")
@@ -84,6 +91,20 @@ class WeightSync:
         # Ray workers on this host and embedded servers we started: the servers map the workers' memory
         self.handles = actor.use_ray and bool(servers.handles) and loads is not None and loads()
         self._mapped: dict[tuple, Any] = {}
+        # rank 0 on another node: neither its memory nor its /dev/shm is here; the weights come through
+        # Ray's object store in buckets, and servers that read files read one written on this host
+        self.remote_rank0 = actor.use_ray and rank0_elsewhere(actor)
+        if self.remote_rank0:  # embedded servers we started take the fetched state dict
+            self.handles = False
+            self.state_dicts = loads is not None and loads()
+            if getattr(servers, "lora_name", None):
+                raise ConfigError(
+                    "LoRA on vLLM servers loads the adapter from a directory the actor's rank 0 writes, and rank 0 "
+                    "runs on another node than this driver: keep the trainer pool on this node (ray start here "
+                    "with --resources '{\"agentgym_trainer_pool\": N}'), or train the whole model (lora_rank=0)"
+                )
+        self.bucket_mb = float(getattr(servers, "bucket_mb", 256) or 256)
+        refuse_unreachable(servers)
 
     async def push(self, version: int, abort: bool = False, state: dict[str, Any] | None = None) -> dict[str, float]:
         """Every server loads the weights as ``version``: the actor's current ones, or ``state``."""
@@ -92,12 +113,14 @@ class WeightSync:
             return await self._push_adapter(version, started)
         takes_state = self.direct or self.state_dicts or getattr(self.servers, "takes_state_dict", False)
         remote = getattr(self.servers, "remote_urls", list)()
+        if state is None and self.remote_rank0:  # through the object store, then as weights given here
+            state = await asyncio.to_thread(self._fetch_buckets)
         if self.share and state is None and not abort:
             size = await self._push_shared(version)
             saved = started
         elif self.handles and state is None and (size := await self._push_handles(version, abort)) is not None:
             saved = started
-        elif takes_state or (state is None and remote):
+        elif takes_state or (remote and getattr(self.servers, "backend", "embedded") == "embedded"):
             if state is None:
                 state = await asyncio.to_thread(self.actor.call_rank0, "full_state_dict")
             saved = time.perf_counter()
@@ -128,12 +151,15 @@ class WeightSync:
                 "weight_sync/version": float(version),
                 "weight_sync/buckets": float(self.servers.last_buckets),
             }
-        return {
+        out = {
             "weight_sync/save_s": saved - started,
             "weight_sync/load_s": done - saved,
             "weight_sync/mb": size / 2**20,
             "weight_sync/version": float(version),
         }
+        if self.remote_rank0:  # the weights came from rank 0 on another node, through the object store
+            out["weight_sync/object_store"] = 1.0
+        return out
 
     async def _push_handles(self, version: int, abort: bool) -> float | None:
         """Every server maps the rank-0 worker's memory and copies once; None (nothing pushed) when it
@@ -168,6 +194,17 @@ class WeightSync:
                 h.weight_version = version
         self._record(version)
         return float(sum(t.numel() * t.element_size() for t in state.values())) if state else 0.0
+
+    def _fetch_buckets(self) -> dict[str, Any]:
+        """The actor's weights from rank 0 on another node, bucket by bucket through Ray's object store."""
+        import ray
+
+        refs = next(r for r in self.actor.call("weight_buckets", self.bucket_mb) if r is not None)
+        state: dict[str, Any] = {}
+        for ref in refs:
+            state.update(ray.get(ref))
+            del ref
+        return state
 
     def _record(self, version: int) -> None:
         """What ``RolloutServers.update`` records, for pushes that go around it."""
@@ -257,16 +294,51 @@ class WeightSync:
         atexit.unregister(self.cleanup)
 
 
+ORPHANS = {"agentgym-policy-*-*": ("-", 2), "agentgym-weights-*-*": ("-", 2), "torch_*_*": ("_", 1)}
+"""What ``remove_orphans`` looks for, and where the PID is in each name (separator, field)."""
+
+
+def rank0_elsewhere(actor: Any) -> bool:
+    """Whether the actor's rank 0 (a Ray worker) runs on another node than this process."""
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    here = ray.get_runtime_context().get_node_id()
+    return actor.call_rank0("node_id") not in (None, here)
+
+
+def refuse_unreachable(servers: Any) -> None:
+    """vLLM/SGLang servers given by URL on another host load new weights from a file path on their own
+    host (``/update_weights_from_disk``, ``/v1/load_lora_adapter``), which agentgym cannot write there:
+    refused before any work, with the ways that work."""
+    backend = getattr(servers, "backend", "embedded")
+    remote = getattr(servers, "remote_urls", list)()
+    if backend == "embedded" or not remote:
+        return
+    raise ConfigError(
+        f"{backend} servers given by URL on another host ({', '.join(remote)}) cannot load the trained "
+        f"weights: {backend} takes new weights from a file path on its own host, and agentgym writes that "
+        "file on this one. Run those servers on this host (or mount this host's /dev/shm there), let "
+        "agentgym start them (leave actor_rollout_ref.rollout.server_urls empty; with --async and Ray they "
+        "go on the rollout pool's nodes and receive the weights through Ray's object store), or use "
+        "embedded servers, which take weights over HTTP; see docs/cluster.md"
+    )
+
+
 def remove_orphans(base: Path, min_age_s: float = 600.0) -> list[Path]:
-    """Remove push files left under ``base`` by agentgym processes that are gone (killed with no
-    chance to clean up): ``agentgym-policy-<pid>-*`` directories and ``agentgym-weights-<pid>-*`` files
-    untouched for ``min_age_s`` (a process of another PID namespace sharing ``/dev/shm`` looks gone
-    too; its files are left alone while it pushes)."""
+    """Remove push files left under ``base`` by processes that are gone (killed with no chance to
+    clean up): ``agentgym-policy-<pid>-*`` directories, ``agentgym-weights-<pid>-*`` files and torch's
+    shared-memory files ``torch_<pid>_*`` (a Ray worker's weights, ``PolicyWorker.weight_handles``,
+    left when Ray killed the worker together with torch's manager process), untouched for
+    ``min_age_s`` (a process of another PID namespace sharing ``/dev/shm`` looks gone too; its files
+    are left alone while it pushes)."""
     removed = []
     now = time.time()
-    for pattern in ("agentgym-policy-*-*", "agentgym-weights-*-*"):
+    for pattern, (separator, field) in ORPHANS.items():
         for path in base.glob(pattern):
-            pid = path.name.split("-")[2]
+            parts = path.name.split(separator)
+            pid = parts[field] if len(parts) > field else ""
             try:
                 idle = now - path.stat().st_mtime
             except OSError:

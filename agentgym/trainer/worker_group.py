@@ -28,8 +28,22 @@ def method_name(method: Method) -> str:
     return method if isinstance(method, str) else method.__name__
 
 
+LOCAL_ONLY = ("num_cpus", "num_gpus", "resources", "include_dashboard", "object_store_memory")
+"""``ray.init`` arguments that size a cluster this process starts; Ray refuses them when joining one."""
+
+
+def ray_address(cfg: DictConfig) -> str | None:
+    """The cluster to join: ``ray_init.address`` (``auto`` or ``host:port``), else ``RAY_ADDRESS`` (set by
+    ``ray job submit`` for its entrypoint, or by the user), else None: start a local cluster. ``local``
+    (Ray's name for a new local cluster) also means None."""
+    section = cfg.get("ray_init") or {}
+    address = section.get("address") or os.environ.get("RAY_ADDRESS") or None
+    return None if address in (None, "", "local") else str(address)
+
+
 def init_ray(cfg: DictConfig) -> None:
-    """Start a local Ray cluster, or join ``ray_init.address``."""
+    """Start a local Ray cluster, or join an existing one (``ray_address``): then the cluster's own
+    resources are used, and ``num_cpus``/``num_gpus`` (which only size a new cluster) are not passed."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -38,14 +52,23 @@ def init_ray(cfg: DictConfig) -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
     if ray.is_initialized():
         return
-    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.ray_init, resolve=True).items() if v is not None}
-    address = kwargs.pop("address", None)
+    section = cfg.get("ray_init") or {}
+    kwargs = {k: v for k, v in OmegaConf.to_container(section, resolve=True).items() if v is not None}
+    kwargs.pop("address", None)
     kwargs.pop("timeline_json_file", None)  # not a ray.init argument: written at the end (main.write_ray_timeline)
     kwargs.setdefault("logging_level", logging.WARNING)
     kwargs.setdefault("log_to_driver", True)
+    address = ray_address(cfg)
     if address:
-        for local_only in ("num_cpus", "num_gpus", "include_dashboard"):
-            kwargs.pop(local_only, None)
+        ignored = {k: kwargs.pop(k) for k in LOCAL_ONLY if k in kwargs and k != "include_dashboard"}
+        kwargs.pop("include_dashboard", None)
+        if ignored:
+            logging.getLogger("agentgym.trainer").warning(
+                "joining the Ray cluster at %s: ray_init %s only size a cluster agentgym starts, not one it "
+                "joins (its nodes' `ray start --num-cpus/--num-gpus` do): not passed",
+                address,
+                ", ".join(f"{k}={v}" for k, v in ignored.items()),
+            )
         ray.init(address=address, **kwargs)
     else:
         kwargs.setdefault("num_cpus", os.cpu_count() or 1)

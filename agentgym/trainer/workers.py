@@ -74,6 +74,12 @@ def quiet_transformers() -> None:
         pass
 
 
+def written_files(directory: str, part: str) -> list[str]:
+    """The files under ``directory/part``, relative to ``directory`` (what a rank saved, as it sees them)."""
+    root = Path(directory)
+    return sorted(str(f.relative_to(root)) for f in (root / part).rglob("*") if f.is_file())
+
+
 # ---- workers ----------------------------------------------------------------------------------------
 
 
@@ -155,6 +161,12 @@ class Worker:
         except Exception:  # noqa: BLE001 - informational only
             return None
 
+    def sees_run_dir(self, root: str, token: str) -> dict[str, Any]:
+        """Whether this rank sees the driver's run directory (``run_storage.check_shared``)."""
+        from agentgym.trainer.run_storage import sees_run_dir
+
+        return sees_run_dir(root, token, self.rank)
+
     def needs_process_group(self) -> bool:
         return self.world_size > 1 or self.strategy == "fsdp2"
 
@@ -170,6 +182,10 @@ class PolicyWorker(Worker):
 
     def init_model(self, total_steps: int, with_ref: bool) -> None:
         from agentgym.model import load_causal_lm
+        from agentgym.model.weights import push_dir
+        from agentgym.trainer.weight_sync import remove_orphans
+
+        remove_orphans(push_dir())  # what killed runs left in this node's shared memory
 
         cfg = self.config.actor_rollout_ref
         path = cfg.model.path
@@ -404,6 +420,32 @@ class PolicyWorker(Worker):
         self._pushed = state
         return share_handles(state)
 
+    def shutdown(self) -> None:
+        """Free the models: the weights ``weight_handles`` moved into shared memory
+        (``/dev/shm/torch_<pid>_*``, the whole model) are unlinked by torch when their last tensor goes.
+        Left to the end of the process, torch's manager process would do it, but Ray ends a worker
+        together with its child processes, the manager among them, and the files (RAM) stayed behind."""
+        import gc
+
+        for name in ("_pushed", "actor", "ref"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+        gc.collect()
+        super().shutdown()
+
+    def weight_buckets(self, size_mb: float) -> list[Any] | None:
+        """The pushed weights in the Ray object store, in buckets of at most ``size_mb`` MB (rank 0; a
+        collective under fsdp2): how a driver on another node gets them without a shared path. Returns
+        the buckets' object references (the data stays in this node's object store until fetched)."""
+        import ray
+
+        from agentgym.model.weights import buckets
+
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        return [ray.put(part) for part in buckets(state, size_mb)]
+
     def push_weights(self, path: str) -> dict[str, float] | None:
         """Write the weights as one safetensors file at ``path`` (rank 0; collective under fsdp2)."""
         started = time.perf_counter()
@@ -448,11 +490,14 @@ class PolicyWorker(Worker):
         if self.rank == 0:
             lora.save_adapter(self.actor.module, directory, self.config.actor_rollout_ref.model.path)
 
-    def save_checkpoint(self, directory: str) -> None:
+    def save_checkpoint(self, directory: str) -> list[str]:
+        """Save this rank's part; returns the files written (relative to ``directory``), which the
+        driver's manifest must list."""
         contents = self.checkpoint_parts(self.config.actor_rollout_ref.actor, "save_contents")
         self.actor.save(Path(directory) / "actor", self.rank, contents)
         if "hf_model" in contents:
             self.save_hf(str(Path(directory) / "actor" / "huggingface"))
+        return written_files(directory, "actor") if self.rank == 0 else []
 
     def load_checkpoint(self, directory: str) -> None:
         self.actor.load(
@@ -531,10 +576,11 @@ class CriticWorker(Worker):
         out["critic/lr"] = state.lr
         return out
 
-    def save_checkpoint(self, directory: str) -> None:
+    def save_checkpoint(self, directory: str) -> list[str]:
         self.critic.save(
             Path(directory) / "critic", self.rank, self.checkpoint_parts(self.config.critic, "save_contents")
         )
+        return written_files(directory, "critic") if self.rank == 0 else []
 
     def load_checkpoint(self, directory: str) -> None:
         self.critic.load(

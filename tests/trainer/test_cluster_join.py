@@ -1,0 +1,130 @@
+"""Joining a Ray cluster the way Ray users do: ``RAY_ADDRESS`` (what ``ray job submit`` sets for its
+entrypoint), ``ray_init.address=auto|host:port``; no resources are passed when joining (Ray refuses
+them), and ``agentgym sft`` and the warm start's SFT honour ``ray_init`` too."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from omegaconf import OmegaConf
+
+from agentgym.trainer import worker_group
+
+
+@pytest.fixture
+def ray_init_calls(monkeypatch):
+    """What ``init_ray`` passes to ``ray.init`` (Ray itself is not started)."""
+    import ray
+
+    calls: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return calls
+
+
+def _cfg(**ray_init):
+    return OmegaConf.create({"ray_init": {"address": None, "num_cpus": None, "include_dashboard": False, **ray_init}})
+
+
+def test_ray_address_from_the_environment_joins_without_resources(ray_init_calls, monkeypatch, caplog):
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")  # ray job submit sets this for the entrypoint
+    with caplog.at_level(logging.WARNING, logger="agentgym.trainer"):
+        worker_group.init_ray(_cfg(num_cpus=2))
+    (call,) = ray_init_calls
+    assert call["address"] == "10.0.0.5:6379"
+    assert not {"num_cpus", "num_gpus", "include_dashboard"} & set(call)
+    assert "num_cpus=2" in caplog.text and "not passed" in caplog.text  # said, not silently dropped
+
+
+@pytest.mark.parametrize("address", ["auto", "head:6379"])
+def test_ray_init_address_joins_and_wins_over_the_environment(ray_init_calls, monkeypatch, address):
+    monkeypatch.setenv("RAY_ADDRESS", "elsewhere:1")
+    worker_group.init_ray(_cfg(address=address))
+    assert ray_init_calls == [{"address": address, "logging_level": logging.WARNING, "log_to_driver": True}]
+
+
+@pytest.mark.parametrize("address", [None, "local"])
+def test_no_address_starts_a_local_cluster_sized_here(ray_init_calls, address):
+    worker_group.init_ray(_cfg(address=address, num_cpus=3))
+    (call,) = ray_init_calls
+    assert "address" not in call and call["num_cpus"] == 3
+
+
+def test_sft_config_has_ray_init_and_the_warm_start_passes_it_on(tmp_path):
+    from agentgym.stages.sft import load_sft_config
+    from agentgym.stages.warm_start import sft_config
+    from agentgym.trainer.config import load_config
+
+    assert load_sft_config(overrides=["ray_init.address=auto", "data.train_files=x.jsonl"]).ray_init.address == "auto"
+    train = load_config(
+        env="first_letter", overrides=[f"trainer.default_local_dir={tmp_path}", "ray_init.address=head:6379"]
+    )
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("")
+    assert sft_config(train, demos, "m").ray_init.address == "head:6379"
+    train.warm_start.sft = {"ray_init": {"address": "other:1"}}  # warm_start.sft's own setting wins
+    assert sft_config(train, demos, "m").ray_init.address == "other:1"
+
+
+def test_sft_trainer_joins_the_configured_cluster(ray_init_calls, monkeypatch, tmp_path):
+    """``agentgym sft trainer.use_ray=true ray_init.address=...`` attaches there (it passed None before)."""
+    from agentgym.stages import sft
+
+    seen: list = []
+
+    class Group:  # the worker group is not what is tested here: where Ray was pointed is
+        use_ray = False  # (no Ray workers to check the run directory with)
+
+        def __init__(self, *args, **kwargs):
+            seen.append(args[3])
+
+        def call(self, *args, **kwargs):
+            return [None]
+
+    monkeypatch.setattr(worker_group, "WorkerGroup", Group)
+    trainer = sft.SFTTrainer.__new__(sft.SFTTrainer)
+    trainer.cfg = sft.load_sft_config(
+        overrides=["trainer.use_ray=true", "ray_init.address=head:6379", "data.train_files=x.jsonl"]
+    )
+    trainer.world_size, trainer.total_steps, trainer.run_dir = 1, 1, tmp_path
+    trainer.init_workers()
+    assert ray_init_calls[0]["address"] == "head:6379" and seen == [True]
+    assert trainer.started_ray is True
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "per_node", "configured", "expected"),
+    [
+        (1, 4, "auto", "STRICT_PACK"),
+        (2, 1, "auto", "STRICT_SPREAD"),  # one worker on each node (PACK put both on one)
+        (2, 4, "auto", "PACK"),
+        (2, 1, "SPREAD", "SPREAD"),
+    ],
+)
+def test_the_trainer_pools_placement_strategy(nnodes, per_node, configured, expected):
+    from agentgym.trainer.resource_pools import pool_strategy
+
+    assert pool_strategy(nnodes, per_node, configured) == expected
+
+
+def test_a_multi_node_cpu_trainer_pool_gets_a_placement_group(monkeypatch, tmp_path):
+    """On CPU, ``trainer.nnodes=2`` used to only set the world size: both workers could land on one node."""
+    from agentgym.trainer import resource_pools
+    from agentgym.trainer.config import load_config
+    from agentgym.trainer.ppo_trainer import PPOTrainer
+
+    asked = []
+    monkeypatch.setattr(resource_pools, "cluster_offers", lambda resource: False)
+    monkeypatch.setattr(resource_pools, "pool_placement_group", lambda *a, **k: asked.append((a, k)) or "pg")
+    monkeypatch.setattr(worker_group, "init_ray", lambda cfg: None)
+    for nnodes, expected in ((1, None), (2, "pg")):
+        cfg = load_config(
+            env="first_letter",
+            overrides=[f"trainer.default_local_dir={tmp_path}", f"trainer.nnodes={nnodes}", "trainer.use_ray=true"],
+        )
+        trainer = PPOTrainer.__new__(PPOTrainer)
+        trainer.cfg, trainer.use_ray, trainer.world_size = cfg, True, nnodes
+        assert trainer.worker_bundles(0.0) == expected
+    assert asked == [(("trainer", 2, 1, False), {"strategy": "auto"})]
