@@ -109,9 +109,27 @@ def others():
                 state = f.read().rsplit(b")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if state not in (b"Z", b"X"):
+        if state not in (b"Z", b"X") or live_threads(name):
             found.append(int(name))
     return found
+
+
+def live_threads(pid):
+    """Whether a process whose leader is dead still runs threads: a main thread that ended with
+    ``SYS_exit`` (not ``exit_group``) shows as a zombie while the others go on. SIGKILL to the pid
+    takes the whole thread group."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def kill_others(deadline_s=2.0):
