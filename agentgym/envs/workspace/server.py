@@ -302,8 +302,15 @@ class Server:
             os.makedirs(os.path.dirname(full), exist_ok=True)
             if os.path.isdir(full):
                 raise ValueError(f"{path!r} is a directory")
-        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            if os.path.exists(full) and not os.path.isfile(full):
+                raise ValueError(f"{path!r} is not a regular file")
+        # O_NONBLOCK: opening a FIFO for writing would wait for a reader, hanging the server (ENXIO instead)
+        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         with open(fd, "wb") as f:
+            if (os.fstat(fd).st_mode & 0o170000) != 0o100000:  # S_ISREG, without importing stat
+                raise ValueError(f"{path!r} is not a regular file")
+            os.set_blocking(fd, True)
+            os.ftruncate(fd, 0)
             f.write(payload)
         return {"path": os.path.relpath(full, WORKSPACE)}, b""
 

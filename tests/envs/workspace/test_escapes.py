@@ -48,3 +48,12 @@ def test_a_process_whose_main_thread_exited_does_not_outlive_its_call(box: Works
     listing = box.run("cat /proc/[0-9]*/task/*/comm").output
     assert "python3" in listing  # the server
     assert listing.count("python3") == 1, listing
+
+
+def test_writing_to_a_fifo_is_refused_without_hanging_the_server(box: WorkspaceSandbox) -> None:
+    assert box.run("mkfifo pipe").ok
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="not a regular file"):
+        box.write("pipe", "x")
+    assert time.monotonic() - start < 5.0
+    assert box.run("echo alive").output == "alive\n"  # the episode goes on
