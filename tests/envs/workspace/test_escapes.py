@@ -4,10 +4,16 @@ Each test plays the hostile agent through the sandbox's own calls and fails if t
 
 from __future__ import annotations
 
+import os
+import site
+import sys
+import sysconfig
 import time
+from pathlib import Path
 
 import pytest
 
+from agentgym.envs.workspace import sandbox as sandbox_module
 from agentgym.envs.workspace.sandbox import WorkspaceLimits, WorkspaceSandbox
 
 LIMITS = WorkspaceLimits(timeout_s=5.0, memory_mb=512, max_processes=32, max_output_bytes=4000, max_disk_mb=16)
@@ -57,3 +63,21 @@ def test_writing_to_a_fifo_is_refused_without_hanging_the_server(box: WorkspaceS
         box.write("pipe", "x")
     assert time.monotonic() - start < 5.0
     assert box.run("echo alive").output == "alive\n"  # the episode goes on
+
+
+def test_without_a_system_python_the_host_interpreters_packages_and_venv_are_not_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server's fallback interpreter is bound read-only, but not its packages, nor a virtual
+    environment (which on a training host can hold a task suite's hidden tests) nor the project."""
+    monkeypatch.setattr(sandbox_module, "SERVER_PYTHON", "/nonexistent/python3")
+    packages = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib"), *site.getsitepackages()}
+    private = sorted(p for p in packages if p and os.path.isdir(p) and not p.startswith("/usr/"))
+    if not private:
+        pytest.skip("this interpreter keeps its packages under /usr (bound anyway, documented)")
+    project = str(Path(__file__).resolve().parents[3])
+    listing = " ".join(f"'{p}'" for p in [*private, sys.prefix, project])
+    with WorkspaceSandbox(LIMITS) as box:
+        result = box.run(f'for p in {listing}; do ls -A "$p" 2>/dev/null | head -3 | sed "s|^|$p: |"; done')
+        assert result.output == "", f"host directories are visible in the sandbox:\n{result.output}"
+        assert box.run("echo alive").output == "alive\n"
