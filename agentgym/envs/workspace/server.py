@@ -50,6 +50,12 @@ ENV = {
     "TERM": "dumb",
     "PAGER": "cat",
     "GIT_PAGER": "cat",
+    # /workspace is a tmpfs that (as root) bwrap made root's while commands run as nobody: without this,
+    # git refuses the repository ("dubious ownership"). Everything in the sandbox is one user, so the
+    # check protects nothing here. (Environment config counts as command-line config, which git honours.)
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
     "OMP_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
 }

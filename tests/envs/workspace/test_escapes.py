@@ -81,3 +81,11 @@ def test_without_a_system_python_the_host_interpreters_packages_and_venv_are_not
         result = box.run(f'for p in {listing}; do ls -A "$p" 2>/dev/null | head -3 | sed "s|^|$p: |"; done')
         assert result.output == "", f"host directories are visible in the sandbox:\n{result.output}"
         assert box.run("echo alive").output == "alive\n"
+
+
+def test_git_works_in_the_workspace_root(box: WorkspaceSandbox) -> None:
+    """As root, /workspace is a tmpfs owned by root while commands run as nobody: git refused the
+    repository ("dubious ownership") unless the workspace is marked safe."""
+    commit = "git -c user.name=a -c user.email=a@b commit -qm x --allow-empty"
+    result = box.run(f"git init -q . && git status --short && {commit}")
+    assert result.ok, result.output
