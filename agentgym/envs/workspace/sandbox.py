@@ -44,9 +44,11 @@ missing - there is no weaker fallback):
   parent-death signal on ``bwrap``, which is started from one long-lived thread, and bwrap's
   ``--die-with-parent``). The only host-side trace is the episode's cgroup directory, which the
   next agentgym process to make cgroups removes (the python tool's stale-cgroup sweep).
-* **the server**: it is non-dumpable, so code running as the same user cannot read its memory
-  or descriptors; code can kill or stop it, which only ends its own episode (the call fails
-  with ``WorkspaceError``, the verifier scores the episode 0).
+* **the server**: it is the PID namespace's init (no bwrap init holds the host's pipes in there)
+  and non-dumpable, so code running as the same user cannot read its memory or descriptors, nor
+  write the host a reply; as init it cannot be killed or stopped from inside. Where it dies anyway
+  (memory, ``SIGINT``, ``prlimit``), only its own episode ends (the call fails with
+  ``WorkspaceError``, the verifier scores the episode 0).
 
 Not protected against: reading what is mounted read-only (``/usr``), kernel bugs (the filter
 narrows the surface), CPU and memory-bandwidth contention with the host.
@@ -219,6 +221,12 @@ def workspace_bwrap_argv(limits: WorkspaceLimits, seccomp_fd: int | None) -> tup
     argv = [
         shutil.which("bwrap") or "bwrap",
         "--unshare-pid",
+        # the server is the namespace's pid 1: no bwrap init in there. As another user than root that
+        # init ran as the sandbox's uid, dumpable, holding the host's pipes (its stdin, stdout, stderr):
+        # code could open /proc/1/fd/1 and write the host forged replies (a check's exit code included).
+        # As pid 1, the server also cannot be signalled from inside (the kernel drops signals to a
+        # namespace's init that it has no handler for), and its death ends every process of the episode.
+        "--as-pid-1",
         "--unshare-net",
         "--unshare-ipc",
         "--unshare-uts",
@@ -382,7 +390,7 @@ class WorkspaceSandbox:
                 }
             )
             memory = (limits.memory_mb + limits.max_disk_mb + 2 * limits.max_tmp_mb) << 20
-            # bwrap's monitor, its init and the server come on top of the commands' own
+            # bwrap's monitor and the server come on top of the commands' own
             cgroups, cgroup_layers = make_run_cgroups(limits.max_processes + 3, memory)
             layers += ["rlimits", "session", *cgroup_layers]
             if "cgroup" not in cgroup_layers:

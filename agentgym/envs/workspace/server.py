@@ -41,7 +41,7 @@ import time
 # (tarfile, io and shutil are imported where they are used: start-up time is the episode's reset time)
 
 WORKSPACE = "/workspace"
-SIGKILL, SIGPIPE = 9, 13
+SIGINT, SIGKILL, SIGPIPE = 2, 9, 13
 ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",
@@ -104,7 +104,7 @@ def wait_exit(pid):
 
 
 def others():
-    """Pids of every live process in this sandbox but this one and the namespace's init (pid 1)."""
+    """Pids of every live process in this sandbox but this one (the namespace's init, pid 1)."""
     me = os.getpid()
     found = []
     for name in os.listdir("/proc"):
@@ -427,6 +427,9 @@ def main():
     libc = ctypes.CDLL(None)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
     _signal.signal(SIGPIPE, _signal.SIG_DFL)  # and commands inherit the default (Python ignores it)
+    # no handler for SIGINT either: the kernel then drops it (like every signal) from inside, as the
+    # server is the namespace's init; Python's handler would end the server with KeyboardInterrupt
+    _signal.signal(SIGINT, _signal.SIG_DFL)
     os.chdir(WORKSPACE)
     os.umask(0o022)
     Server(int(sys.argv[1]), int(sys.argv[2])).serve()

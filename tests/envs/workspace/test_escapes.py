@@ -89,3 +89,33 @@ def test_git_works_in_the_workspace_root(box: WorkspaceSandbox) -> None:
     commit = "git -c user.name=a -c user.email=a@b commit -qm x --allow-empty"
     result = box.run(f"git init -q . && git status --short && {commit}")
     assert result.ok, result.output
+
+
+# Every descriptor of every other process in the sandbox that the agent can open for writing. Before
+# the server became pid 1, bwrap's init held the host's pipes; as a non-root user it ran as the
+# sandbox's uid and was dumpable, so /proc/1/fd/1 let code write the host forged replies.
+OPEN_OTHERS = r"""python3 - <<'PY'
+import os
+me = {os.getpid(), os.getppid()}
+for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        continue
+    if pid in me:
+        continue
+    for fd in fds:
+        try:
+            os.close(os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK))
+            print("opened", pid, fd, os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+print("pid1", open("/proc/1/comm").read().strip())
+PY"""
+
+
+def test_no_process_in_the_sandbox_lends_the_agent_the_hosts_pipes(box: WorkspaceSandbox) -> None:
+    result = box.run(OPEN_OTHERS)
+    assert "opened" not in result.output, result.output
+    # the server itself is pid 1 (non-dumpable): no bwrap init holds the host's pipes in there
+    assert result.output.strip().endswith("pid1 python3"), result.output
