@@ -41,7 +41,7 @@ import time
 # (tarfile, io and shutil are imported where they are used: start-up time is the episode's reset time)
 
 WORKSPACE = "/workspace"
-SIGINT, SIGKILL, SIGPIPE = 2, 9, 13
+SIGINT, SIGKILL, SIGPIPE, SIGCHLD = 2, 9, 13, 17
 ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",
@@ -96,11 +96,17 @@ def spawn(argv, cwd, out_fd, keep_fd, timeout, memory_mb, max_file_mb):
 
 
 def wait_exit(pid):
-    """The child's exit status if it has exited (reaped), else None."""
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done == 0:
-        return None
-    return os.waitstatus_to_exitcode(status)
+    """The child's exit status if it has exited, else None. Every other exited child is reaped on the
+    way: the server is the namespace's init, so orphans of the command's processes are its children."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done == 0:
+            return None
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
 
 
 def others():
@@ -161,6 +167,14 @@ def kill_others(deadline_s=2.0):
         time.sleep(0.001)
 
 
+def drain(fd):
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def reap():
     while True:
         try:
@@ -171,8 +185,18 @@ def reap():
             return
 
 
+def _on_child(_signum, _frame):
+    """Nothing to do here: the signal's wakeup byte is what wakes the server."""
+
+
 class Server:
     def __init__(self, memory_mb, max_file_mb):
+        # SIGCHLD wakes the wait in op_run (a byte on this pipe), so that exited orphans are reaped at once
+        self.wake, wake_w = os.pipe()
+        os.set_blocking(self.wake, False)
+        os.set_blocking(wake_w, False)
+        _signal.signal(SIGCHLD, _on_child)
+        _signal.set_wakeup_fd(wake_w)
         self.memory_mb = memory_mb
         self.max_file_mb = max_file_mb
         self.cwd = WORKSPACE
@@ -248,8 +272,10 @@ class Server:
             if left <= 0:
                 timed_out = True
                 break
-            watched = ([out_r] if open_ else []) + ([pidfd] if pidfd is not None else [])
+            watched = ([out_r] if open_ else []) + ([pidfd] if pidfd is not None else []) + [self.wake]
             ready = select.select(watched, [], [], left if pidfd is not None else min(left, 0.005))[0]
+            if self.wake in ready:  # a child exited (SIGCHLD): reap it above
+                drain(self.wake)
             if out_r in ready:
                 chunk = os.read(out_r, 65536)
                 if not chunk:

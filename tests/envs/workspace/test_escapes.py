@@ -119,3 +119,11 @@ def test_no_process_in_the_sandbox_lends_the_agent_the_hosts_pipes(box: Workspac
     assert "opened" not in result.output, result.output
     # the server itself is pid 1 (non-dumpable): no bwrap init holds the host's pipes in there
     assert result.output.strip().endswith("pid1 python3"), result.output
+
+
+def test_orphans_are_reaped_during_a_call() -> None:
+    """The server is the namespace's init, so orphaned processes become its children: it must reap them
+    as they exit, or their zombies fill the process limit within one call."""
+    with WorkspaceSandbox(WorkspaceLimits(timeout_s=20.0, max_processes=32)) as box:
+        result = box.run("for i in $(seq 150); do (true &); done; echo done")
+        assert result.ok and result.output == "done\n", result.output[-500:]
