@@ -44,9 +44,11 @@ missing - there is no weaker fallback):
   parent-death signal on ``bwrap``, which is started from one long-lived thread, and bwrap's
   ``--die-with-parent``). The only host-side trace is the episode's cgroup directory, which the
   next agentgym process to make cgroups removes (the python tool's stale-cgroup sweep).
-* **the server**: it is non-dumpable, so code running as the same user cannot read its memory
-  or descriptors; code can kill or stop it, which only ends its own episode (the call fails
-  with ``WorkspaceError``, the verifier scores the episode 0).
+* **the server**: it is the PID namespace's init (no bwrap init holds the host's pipes in there)
+  and non-dumpable, so code running as the same user cannot read its memory or descriptors, nor
+  write the host a reply; as init it cannot be killed or stopped from inside. Where it dies anyway
+  (memory, ``SIGINT``, ``prlimit``), only its own episode ends (the call fails with
+  ``WorkspaceError``, the verifier scores the episode 0).
 
 Not protected against: reading what is mounted read-only (``/usr``), kernel bugs (the filter
 narrows the surface), CPU and memory-bandwidth contention with the host.
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import glob
 import itertools
 import logging
 import marshal
@@ -83,7 +86,6 @@ from agentgym.envs.tools.sandbox.bubblewrap import (  # the python tool's pieces
     SandboxUnavailable,
     _bind_roots,
     _outermost,
-    _python_roots,
     strong_problem,
 )
 from agentgym.envs.tools.sandbox.process import (
@@ -102,11 +104,25 @@ SERVER_PYTHON = "/usr/bin/python3"  # the system Python runs the server; else th
 
 def server_python() -> tuple[str, list[str]]:
     """``(interpreter, directories to bind read-only)`` for the server: the system ``python3`` (under
-    /usr, bound anyway), else this process's interpreter with its own directories (as the python tool
-    binds them; a GPU image may keep its Python in /opt)."""
+    /usr, bound anyway), else this process's *base* interpreter (a GPU image may keep its Python in
+    /opt) with only its installation's directories: not a virtual environment's, whose site-packages
+    and neighbours (a project checkout, a task suite's hidden tests) the agent must not read. The
+    installation's own site-packages are masked (``hidden_site_packages``); the server runs with
+    ``-I -S`` and needs none of them."""
     if os.access(SERVER_PYTHON, os.X_OK):
         return SERVER_PYTHON, []
-    return sys.executable, _outermost(_python_roots(None))
+    exe = os.path.realpath(sys.executable)
+    prefixes = {sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(exe))}
+    return exe, _outermost(sorted({os.path.realpath(p) for p in prefixes}))
+
+
+def hidden_site_packages(roots: list[str]) -> list[str]:
+    """The package directories inside the bound interpreter ``roots`` (masked by an empty read-only tmpfs)."""
+    found: set[str] = set()
+    for root in roots:
+        for pattern in ("lib*/python3*/site-packages", "lib*/python3*/dist-packages", "lib/site-packages"):
+            found.update(os.path.realpath(p) for p in glob.glob(os.path.join(root, pattern)))
+    return sorted(p for p in found if os.path.isdir(p) and any(p.startswith(r.rstrip("/") + "/") for r in roots))
 
 
 SERVER_SOURCE = (Path(__file__).with_name("server.py")).read_text()
@@ -205,6 +221,12 @@ def workspace_bwrap_argv(limits: WorkspaceLimits, seccomp_fd: int | None) -> tup
     argv = [
         shutil.which("bwrap") or "bwrap",
         "--unshare-pid",
+        # the server is the namespace's pid 1: no bwrap init in there. As another user than root that
+        # init ran as the sandbox's uid, dumpable, holding the host's pipes (its stdin, stdout, stderr):
+        # code could open /proc/1/fd/1 and write the host forged replies (a check's exit code included).
+        # As pid 1, the server also cannot be signalled from inside (the kernel drops signals to a
+        # namespace's init that it has no handler for), and its death ends every process of the episode.
+        "--as-pid-1",
         "--unshare-net",
         "--unshare-ipc",
         "--unshare-uts",
@@ -233,7 +255,10 @@ def workspace_bwrap_argv(limits: WorkspaceLimits, seccomp_fd: int | None) -> tup
         argv += ["--ro-bind-try", path, path]
     python, roots = server_python()
     made = {"/", "/usr", "/etc", *SYSTEM_DIRS}
-    argv += _bind_roots([r for r in roots if not r.startswith(("/tmp/", "/dev/shm/"))], made)
+    roots = [r for r in roots if not r.startswith(("/tmp/", "/dev/shm/"))]
+    argv += _bind_roots(roots, made)
+    for hidden in hidden_site_packages(roots):
+        argv += ["--perms", "0555", "--size", "4096", "--tmpfs", hidden, "--remount-ro", hidden]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     for mount, size in ((WORKSPACE, limits.max_disk_mb), ("/tmp", limits.max_tmp_mb), ("/dev/shm", limits.max_tmp_mb)):
         argv += ["--perms", "1777", "--size", str(size << 20), "--tmpfs", mount]
@@ -365,7 +390,7 @@ class WorkspaceSandbox:
                 }
             )
             memory = (limits.memory_mb + limits.max_disk_mb + 2 * limits.max_tmp_mb) << 20
-            # bwrap's monitor, its init and the server come on top of the commands' own
+            # bwrap's monitor and the server come on top of the commands' own
             cgroups, cgroup_layers = make_run_cgroups(limits.max_processes + 3, memory)
             layers += ["rlimits", "session", *cgroup_layers]
             if "cgroup" not in cgroup_layers:

@@ -41,7 +41,7 @@ import time
 # (tarfile, io and shutil are imported where they are used: start-up time is the episode's reset time)
 
 WORKSPACE = "/workspace"
-SIGKILL, SIGPIPE = 9, 13
+SIGINT, SIGKILL, SIGPIPE, SIGCHLD = 2, 9, 13, 17
 ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",
@@ -50,6 +50,12 @@ ENV = {
     "TERM": "dumb",
     "PAGER": "cat",
     "GIT_PAGER": "cat",
+    # /workspace is a tmpfs that (as root) bwrap made root's while commands run as nobody: without this,
+    # git refuses the repository ("dubious ownership"). Everything in the sandbox is one user, so the
+    # check protects nothing here. (Environment config counts as command-line config, which git honours.)
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
     "OMP_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
 }
@@ -90,15 +96,21 @@ def spawn(argv, cwd, out_fd, keep_fd, timeout, memory_mb, max_file_mb):
 
 
 def wait_exit(pid):
-    """The child's exit status if it has exited (reaped), else None."""
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done == 0:
-        return None
-    return os.waitstatus_to_exitcode(status)
+    """The child's exit status if it has exited, else None. Every other exited child is reaped on the
+    way: the server is the namespace's init, so orphans of the command's processes are its children."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done == 0:
+            return None
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
 
 
 def others():
-    """Pids of every live process in this sandbox but this one and the namespace's init (pid 1)."""
+    """Pids of every live process in this sandbox but this one (the namespace's init, pid 1)."""
     me = os.getpid()
     found = []
     for name in os.listdir("/proc"):
@@ -109,15 +121,38 @@ def others():
                 state = f.read().rsplit(b")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if state not in (b"Z", b"X"):
+        if state not in (b"Z", b"X") or live_threads(name):
             found.append(int(name))
     return found
+
+
+def live_threads(pid):
+    """Whether a process whose leader is dead still runs threads: a main thread that ended with
+    ``SYS_exit`` (not ``exit_group``) shows as a zombie while the others go on. SIGKILL to the pid
+    takes the whole thread group."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def kill_others(deadline_s=2.0):
     """SIGKILL every other process until none is left (a fork loop is capped by the pids cgroup)."""
     end = time.monotonic() + deadline_s
     while True:
+        # every process of the namespace but pid 1 and this one, in one step a fork chain cannot outrun
+        try:  # noqa: SIM105 - no contextlib: every import is start-up time
+            os.kill(-1, SIGKILL)
+        except OSError:
+            pass
         pids = others()
         if not pids:
             return True
@@ -132,6 +167,14 @@ def kill_others(deadline_s=2.0):
         time.sleep(0.001)
 
 
+def drain(fd):
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def reap():
     while True:
         try:
@@ -142,8 +185,18 @@ def reap():
             return
 
 
+def _on_child(_signum, _frame):
+    """Nothing to do here: the signal's wakeup byte is what wakes the server."""
+
+
 class Server:
     def __init__(self, memory_mb, max_file_mb):
+        # SIGCHLD wakes the wait in op_run (a byte on this pipe), so that exited orphans are reaped at once
+        self.wake, wake_w = os.pipe()
+        os.set_blocking(self.wake, False)
+        os.set_blocking(wake_w, False)
+        _signal.signal(SIGCHLD, _on_child)
+        _signal.set_wakeup_fd(wake_w)
         self.memory_mb = memory_mb
         self.max_file_mb = max_file_mb
         self.cwd = WORKSPACE
@@ -219,8 +272,10 @@ class Server:
             if left <= 0:
                 timed_out = True
                 break
-            watched = ([out_r] if open_ else []) + ([pidfd] if pidfd is not None else [])
+            watched = ([out_r] if open_ else []) + ([pidfd] if pidfd is not None else []) + [self.wake]
             ready = select.select(watched, [], [], left if pidfd is not None else min(left, 0.005))[0]
+            if self.wake in ready:  # a child exited (SIGCHLD): reap it above
+                drain(self.wake)
             if out_r in ready:
                 chunk = os.read(out_r, 65536)
                 if not chunk:
@@ -284,8 +339,15 @@ class Server:
             os.makedirs(os.path.dirname(full), exist_ok=True)
             if os.path.isdir(full):
                 raise ValueError(f"{path!r} is a directory")
-        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            if os.path.exists(full) and not os.path.isfile(full):
+                raise ValueError(f"{path!r} is not a regular file")
+        # O_NONBLOCK: opening a FIFO for writing would wait for a reader, hanging the server (ENXIO instead)
+        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         with open(fd, "wb") as f:
+            if (os.fstat(fd).st_mode & 0o170000) != 0o100000:  # S_ISREG, without importing stat
+                raise ValueError(f"{path!r} is not a regular file")
+            os.set_blocking(fd, True)
+            os.ftruncate(fd, 0)
             f.write(payload)
         return {"path": os.path.relpath(full, WORKSPACE)}, b""
 
@@ -391,6 +453,9 @@ def main():
     libc = ctypes.CDLL(None)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
     _signal.signal(SIGPIPE, _signal.SIG_DFL)  # and commands inherit the default (Python ignores it)
+    # no handler for SIGINT either: the kernel then drops it (like every signal) from inside, as the
+    # server is the namespace's init; Python's handler would end the server with KeyboardInterrupt
+    _signal.signal(SIGINT, _signal.SIG_DFL)
     os.chdir(WORKSPACE)
     os.umask(0o022)
     Server(int(sys.argv[1]), int(sys.argv[2])).serve()

@@ -184,7 +184,11 @@ def test_each_episode_sandbox_ends_with_its_episode(env: WorkspaceEnv) -> None:
 
 def test_a_dead_sandbox_ends_the_episode_with_reward_zero(env: WorkspaceEnv) -> None:
     env.reset(seed=9)
-    observation, _, terminated, _, info = env.step(call("bash", command="kill -9 $PPID"))
+    sandbox = env.handle.sandbox
+    assert sandbox is not None and sandbox.pid is not None
+    for server in psutil.Process(sandbox.pid).children(recursive=True):  # the agent cannot signal it: the host
+        server.kill()
+    observation, _, terminated, _, info = env.step(call("bash", command="true"))
     assert terminated and "workspace failed" in observation[0]["content"]
     assert info["outcome_reward"] == 0.0 and info["metrics"]["workspace_lost"] == 1.0
 
