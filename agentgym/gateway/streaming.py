@@ -183,6 +183,8 @@ class _Live:
         self.finish: str | None = None
         self.version = first.weight_version if first is not None else 0
         self.committed = False
+        self.failed = False  # the stream ended in an error event (else, uncommitted, the agent went away)
+        self.late = False  # the session was finished meanwhile (counted as a late completion)
 
     async def __aiter__(self) -> AsyncIterator[tuple[TokenDelta, str]]:
         """Each delta with the text it lets the agent see now."""
@@ -220,6 +222,7 @@ class _Live:
         finished meanwhile)."""
         if self.session.finished:
             self.gw.counts["late_completions"] += 1
+            self.late = True
             return False
         sample = self.sample()
         self.gw.store.commit(self.session, self.plan, sample, reply, text=text, shaped_by=self.sampling.shaped_by())
@@ -230,7 +233,10 @@ class _Live:
     async def close(self) -> None:
         if not self.committed:  # failed, or the agent went away: the branch stays as it was
             self.gw.store.release(self.plan)
-            self.gw.counts["errors"] += 1
+            if self.failed:
+                self.gw.counts["errors"] += 1
+            elif not self.late:  # the agent left before the end of the stream
+                self.gw.counts["undelivered"] += 1
         await self.deltas.aclose()  # an unfinished generation: the server stops sampling it
 
 
@@ -321,6 +327,7 @@ async def live_chat(
             if live.record(normalize_message(reply)):  # the agent has the whole reply: record it
                 gw.record_call(session, "chat/completions", plan, request, sampling, [sample], [reply], started, wall)
         except Exception as exc:  # after the first byte an error can only be an event of the stream
+            live.failed = True
             yield _error_event(exc)
         finally:
             await live.close()
@@ -385,6 +392,7 @@ async def live_completion(
             if live.record(text=text):
                 gw.record_call(session, "completions", plan, request, sampling, [sample], [text], started, wall)
         except Exception as exc:
+            live.failed = True
             yield _error_event(exc)
         finally:
             await live.close()

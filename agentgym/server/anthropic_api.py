@@ -16,6 +16,7 @@ completion, and its result becomes a Messages result (``anthropic_message``, or 
     tool_choice auto | any | tool | none -> auto | required | the named function | none
     disable_parallel_tool_use          -> parallel_tool_calls=false
     stop_sequences, max_tokens, temperature, top_p, top_k, metadata.user_id -> stop, max_tokens, ...
+    output_config.format (or the beta's output_format) json_schema -> response_format json_schema
 
     finish stop / tool_calls / length  -> stop_reason end_turn (stop_sequence when one of the
                                           stop_sequences ended it, named in stop_sequence) /
@@ -130,6 +131,9 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
             body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
         if choice.disable_parallel_tool_use is not None:
             body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+    fmt = (req.output_config.format if req.output_config else None) or req.output_format
+    if fmt is not None:  # structured outputs: constrained decoding, as for chat
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.json_schema}}
     if req.messages[-1].role == "assistant":  # a prefill: the reply continues it
         body["continue_final_message"] = True
         body["add_generation_prompt"] = False

@@ -155,6 +155,18 @@ class ThinkingParam(_Request):
         return v
 
 
+class OutputFormat(_Request):
+    """Structured outputs: the reply is JSON under ``schema`` (decoded under it, as chat's
+    ``response_format`` ``json_schema``)."""
+
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(..., alias="schema")
+
+
+class OutputConfig(_Request):
+    format: OutputFormat | None = None  # its other keys (effort) are Anthropic's model settings: ignored
+
+
 # ---- the request --------------------------------------------------------------------------------
 class MessagesRequest(_Request):
     """``POST /v1/messages``: ``max_tokens`` is required, as Anthropic requires it."""
@@ -172,6 +184,8 @@ class MessagesRequest(_Request):
     metadata: Metadata | None = None
     stream: bool = False
     thinking: ThinkingParam | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's name for output_config.format
 
     @field_validator("system", mode="before")
     @classmethod

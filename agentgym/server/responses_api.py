@@ -42,6 +42,7 @@ from agentgym.server.responses_types import (
     ResponseUsage,
 )
 from agentgym.server.streaming import until_disconnect
+from agentgym.server.tool_calls import is_cut
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 CHAT_TO_RESPONSES = {"messages": "input", "response_format": "text.format", "max_tokens": "max_output_tokens"}
@@ -318,7 +319,8 @@ class ResponseBuilder:
             self.response.output.append(item)
             index = len(self.response.output) - 1
             out.append(self.event("response.output_item.added", output_index=index, item=item.model_dump()))
-            item.arguments, item.status = function.get("arguments") or "", "completed"
+            item.arguments = function.get("arguments") or ""
+            item.status = "incomplete" if is_cut(call) else "completed"  # cut by max_output_tokens
             ids = {"item_id": item.id, "output_index": index}
             out += [
                 self.event("response.function_call_arguments.delta", **ids, delta=item.arguments),

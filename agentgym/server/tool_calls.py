@@ -33,8 +33,16 @@ __all__ = [
     "assistant_reply",
     "cut_tool_call",
     "forced_tool_names",
+    "is_cut",
     "parse_tool_calls",
 ]
+
+CUT_SUFFIX = "_cut"  # the id of a call cut by max_tokens ends so (cut_tool_call)
+
+
+def is_cut(call: dict[str, Any]) -> bool:
+    """Whether a chat tool call is one ``cut_tool_call`` made of a ``<tool_call>`` never closed."""
+    return str(call.get("id") or "").endswith(CUT_SUFFIX)
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]], list[str]]:
@@ -88,7 +96,7 @@ def cut_tool_call(text: str, forced: list[str] | None = None) -> tuple[str, dict
     if name is None:
         return text, None
     call = {
-        "id": f"call_{uuid.uuid4().hex[:16]}_cut",
+        "id": f"call_{uuid.uuid4().hex[:16]}{CUT_SUFFIX}",
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }

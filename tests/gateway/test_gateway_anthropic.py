@@ -253,3 +253,37 @@ def test_over_the_embedded_tiny_model_the_recorded_call_is_what_the_client_got(e
     if second.stop_reason != "tool_use":
         assert tok.decode(traj.turns[1].response_ids, skip_special_tokens=True).startswith(text)
     assert_token_views_consistent(traj)
+
+
+def test_a_cut_tool_use_sent_back_extends_its_branch(embedded_server):
+    """A forced call cut by ``max_tokens`` before its arguments reaches the client as a ``tool_use``
+    with ``input: {}`` (recorded with arguments ``""``); an agent that runs it and sends it back
+    continues the same trajectory instead of starting a branch of its own."""
+    pick = {
+        "name": "pick",
+        "input_schema": {
+            "type": "object",
+            "properties": {"op": {"type": "string", "enum": ["add", "mul"]}},
+            "required": ["op"],
+            "additionalProperties": False,
+        },
+    }
+    with start_gateway([embedded_server.url], model="tiny") as handle:
+        info = new_session(handle, sampling={"temperature": 0.0})
+        client = client_for(info)
+        messages = [{"role": "user", "content": "Add or multiply?"}]
+        first = client.messages.create(
+            model="tiny", max_tokens=3, tools=[pick], tool_choice={"type": "tool", "name": "pick"}, messages=messages
+        )
+        [call] = first.content
+        assert first.stop_reason == "max_tokens" and call.type == "tool_use" and call.input == {}
+        messages += [
+            {"role": "assistant", "content": [call.model_dump(include={"type", "id", "name", "input"})]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "no input"}]},
+        ]
+        client.messages.create(model="tiny", max_tokens=4, tools=[pick], messages=messages)
+        trajectories = finish(handle, info)
+    assert len(trajectories) == 1, [t.messages for t in trajectories]
+    [traj] = trajectories
+    assert traj.num_turns == 2 and traj.metrics["branches"] == 1
+    assert_token_views_consistent(traj)

@@ -166,6 +166,7 @@ def test_an_agent_that_leaves_mid_stream_records_nothing_and_the_session_goes_on
     info = _session(gw)
     headers = {"Authorization": f"Bearer {info['api_key']}"}
     body = {"model": "m", "messages": [{"role": "user", "content": "leave early"}], "max_tokens": 30, "stream": True}
+    before = dict(gw.gateway.counts)
     with httpx.stream("POST", info["base_url"] + "/chat/completions", json=body, headers=headers) as r:
         for line in r.iter_lines():
             if '"content":"e' in line:  # the first text: go away
@@ -174,6 +175,9 @@ def test_an_agent_that_leaves_mid_stream_records_nothing_and_the_session_goes_on
     while gw.gateway.inflight and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gw.gateway.inflight == 0  # the generation was given up, not left running
+    # counted as what it is (GET /stats): an answer the agent did not take, not a gateway error
+    assert gw.gateway.counts["undelivered"] == before["undelivered"] + 1
+    assert gw.gateway.counts["errors"] == before["errors"]
     r = httpx.post(
         info["base_url"] + "/chat/completions",
         headers=headers,

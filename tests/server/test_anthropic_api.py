@@ -320,3 +320,38 @@ def test_a_chat_stream_becomes_messages_events_and_is_closed_with_them():
     assert closed == [True]
     closed.clear()
     assert len(asyncio.run(collect(limit=2))) == 2 and closed == [True]  # the chat stream (its generation) ends too
+
+
+def test_structured_output_constrains_the_reply(client):
+    """``output_config.format`` (Anthropic's structured outputs; pydantic-ai's ``NativeOutput`` sends
+    it) and the beta's top-level ``output_format`` are decoded under the schema, not ignored."""
+    schema = {
+        "type": "object",
+        "properties": {"op": {"type": "string", "enum": ["add", "mul"]}, "ok": {"type": "boolean"}},
+        "required": ["op", "ok"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "schema": schema}
+    for extra in ({"output_config": {"format": fmt}}, {"output_format": fmt}):
+        for _ in range(3):  # the tiny model is random: unconstrained it never writes this object
+            reply = client.messages.create(
+                model="default",
+                max_tokens=60,
+                messages=[{"role": "user", "content": "Add or multiply?"}],
+                extra_body=extra,
+            )
+            assert reply.stop_reason == "end_turn", reply
+            out = json.loads(reply.content[0].text)
+            assert out["op"] in ("add", "mul") and isinstance(out["ok"], bool) and set(out) == {"op", "ok"}
+    request = {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "output_config": {"format": fmt}}
+    assert chat_body(MessagesRequest.model_validate(request))["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema},
+    }
+    with pytest.raises(anthropic.BadRequestError, match="output_config"):
+        client.messages.create(
+            model="default",
+            max_tokens=5,
+            messages=[{"role": "user", "content": "x"}],
+            extra_body={"output_config": {"format": {"type": "xml"}}},
+        )

@@ -273,3 +273,18 @@ def test_a_chat_stream_becomes_responses_events_text_then_calls_then_the_end():
     broken = asyncio.run(run([chunks[1], data({"error": {"message": "server gone", "code": "upstream"}})]))
     assert broken[-1]["type"] == "error" and broken[-1]["message"] == "server gone"
     assert "response.completed" not in [e["type"] for e in broken]
+
+
+def test_a_call_cut_by_max_output_tokens_is_an_incomplete_item(client):
+    """A forced call cut short is handed over (as chat hands a cut call over) but marked for what it is:
+    its ``function_call`` item is ``incomplete``, streamed or not, as the response is."""
+    body = {"model": "default", "input": "Count.", "tools": TOOLS[:1], "tool_choice": "required"}
+    whole = client.responses.create(**body, max_output_tokens=3)
+    with client.responses.stream(**body, max_output_tokens=3) as stream:
+        done = [e.item for e in stream if e.type == "response.output_item.done"]
+    for items in (whole.output, done):
+        [item] = items
+        assert item.type == "function_call" and item.name == "count" and item.status == "incomplete"
+    assert whole.status == "incomplete"
+    finished = client.responses.create(**body, max_output_tokens=60, parallel_tool_calls=False)
+    assert finished.status == "completed" and [o.status for o in finished.output] == ["completed"]
