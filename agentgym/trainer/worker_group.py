@@ -36,8 +36,7 @@ def ray_address(cfg: DictConfig) -> str | None:
     """The cluster to join: ``ray_init.address`` (``auto`` or ``host:port``), else ``RAY_ADDRESS`` (set by
     ``ray job submit`` for its entrypoint, or by the user), else None: start a local cluster. ``local``
     (Ray's name for a new local cluster) also means None."""
-    section = cfg.get("ray_init") or {}
-    address = section.get("address") or os.environ.get("RAY_ADDRESS") or None
+    address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS") or None
     return None if address in (None, "", "local") else str(address)
 
 
@@ -52,8 +51,7 @@ def init_ray(cfg: DictConfig) -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
     if ray.is_initialized():
         return
-    section = cfg.get("ray_init") or {}
-    kwargs = {k: v for k, v in OmegaConf.to_container(section, resolve=True).items() if v is not None}
+    kwargs = {k: v for k, v in OmegaConf.to_container(cfg.ray_init, resolve=True).items() if v is not None}
     kwargs.pop("address", None)
     kwargs.pop("timeline_json_file", None)  # not a ray.init argument: written at the end (main.write_ray_timeline)
     kwargs.setdefault("logging_level", logging.WARNING)
