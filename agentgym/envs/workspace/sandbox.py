@@ -78,7 +78,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agentgym.envs.tools.sandbox.bubblewrap import (  # the python tool's pieces of the same boundary
-    ETC_FILES,
     PATH,
     SANDBOX_GID,
     SANDBOX_UID,
@@ -86,6 +85,7 @@ from agentgym.envs.tools.sandbox.bubblewrap import (  # the python tool's pieces
     SandboxUnavailable,
     _bind_roots,
     _outermost,
+    isolation_argv,
     strong_problem,
 )
 from agentgym.envs.tools.sandbox.process import (
@@ -218,41 +218,12 @@ def _on_spawner(fn: Callable[[], T]) -> T:
 def workspace_bwrap_argv(limits: WorkspaceLimits, seccomp_fd: int | None) -> tuple[list[str], list[str]]:
     """``(argv, layers)``: bubblewrap running the server with /workspace, /tmp and /dev/shm as tmpfs."""
     as_root = os.geteuid() == 0
-    argv = [
-        shutil.which("bwrap") or "bwrap",
-        "--unshare-pid",
-        # the server is the namespace's pid 1: no bwrap init in there. As another user than root that
-        # init ran as the sandbox's uid, dumpable, holding the host's pipes (its stdin, stdout, stderr):
-        # code could open /proc/1/fd/1 and write the host forged replies (a check's exit code included).
-        # As pid 1, the server also cannot be signalled from inside (the kernel drops signals to a
-        # namespace's init that it has no handler for), and its death ends every process of the episode.
-        "--as-pid-1",
-        "--unshare-net",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--die-with-parent",
-        "--new-session",
-        "--clearenv",
-        "--hostname",
-        "workspace",
-    ]
-    layers = ["namespaces"]
-    if as_root:
-        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
-        layers.append("unprivileged-user")
-    else:
-        argv += ["--unshare-user", "--disable-userns"]
-        layers.append("userns")
-    argv += ["--ro-bind", "/usr", "/usr"]
-    for path in SYSTEM_DIRS:
-        if os.path.islink(path):
-            argv += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            argv += ["--ro-bind", path, path]
-    argv += ["--perms", "0755", "--dir", "/etc"]
-    for path in ETC_FILES:
-        argv += ["--ro-bind-try", path, path]
+    # the server is the namespace's pid 1 (--as-pid-1): no bwrap init in there. As another user than root that
+    # init ran as the sandbox's uid, dumpable, holding the host's pipes (its stdin, stdout, stderr): code could
+    # open /proc/1/fd/1 and write the host forged replies (a check's exit code included). As pid 1, the server
+    # also cannot be signalled from inside (the kernel drops signals to a namespace's init that it has no
+    # handler for), and its death ends every process of the episode.
+    argv, layers = isolation_argv("--as-pid-1", "--hostname", "workspace")
     python, roots = server_python()
     made = {"/", "/usr", "/etc", *SYSTEM_DIRS}
     roots = [r for r in roots if not r.startswith(("/tmp/", "/dev/shm/"))]

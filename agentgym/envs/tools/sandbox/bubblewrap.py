@@ -142,12 +142,14 @@ def _bind_roots(roots: list[str], made: set[str]) -> list[str]:
     return argv
 
 
-def bwrap_argv(python: str | None, disk_bytes: int, seccomp_fd: int | None) -> tuple[list[str], list[str]]:
-    """``(argv, layers)``: the bubblewrap command line that runs the bootstrap, and the layers it adds."""
-    as_root = os.geteuid() == 0
+def isolation_argv(*flags: str) -> tuple[list[str], list[str]]:
+    """``(argv, layers)``: what every sandbox here starts with (the python tool's and the workspace's):
+    bubblewrap with its namespaces (and ``flags``), the unprivileged user, and the read-only system
+    (``/usr``, the ``/bin``/``/lib*`` links, a few ``/etc`` files)."""
     argv = [
         shutil.which("bwrap") or "bwrap",
         "--unshare-pid",
+        *flags,
         "--unshare-net",
         "--unshare-ipc",
         "--unshare-uts",
@@ -157,7 +159,7 @@ def bwrap_argv(python: str | None, disk_bytes: int, seccomp_fd: int | None) -> t
         "--clearenv",
     ]
     layers = ["namespaces"]
-    if as_root:
+    if os.geteuid() == 0:
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
         layers.append("unprivileged-user")
     else:
@@ -172,6 +174,13 @@ def bwrap_argv(python: str | None, disk_bytes: int, seccomp_fd: int | None) -> t
     argv += ["--perms", "0755", "--dir", "/etc"]
     for path in ETC_FILES:
         argv += ["--ro-bind-try", path, path]
+    return argv, layers
+
+
+def bwrap_argv(python: str | None, disk_bytes: int, seccomp_fd: int | None) -> tuple[list[str], list[str]]:
+    """``(argv, layers)``: the bubblewrap command line that runs the bootstrap, and the layers it adds."""
+    as_root = os.geteuid() == 0
+    argv, layers = isolation_argv()
     made = {"/", "/usr", "/etc", *SYSTEM_DIRS}
     roots = _outermost(_python_roots(python))
     # an interpreter under /tmp or /dev/shm (a clone in /tmp) is bound after the private tmpfs
