@@ -38,7 +38,9 @@ session's key: ``POST /chat/completions`` (tools -> Hermes ``tool_calls``, ``n``
 way: ``agentgym.gateway.responses``), ``GET /models``. Anthropic's Messages API: ``POST /sessions/<id>/v1/messages``
 (``agentgym.gateway.messages``; the ``anthropic`` client's ``base_url`` is ``anthropic_base_url``,
 the session's URL without ``/v1``), recorded as a chat completion, errors in Anthropic's shape; the
-key may come as ``x-api-key``. A path not served is a 404 that lists the ones that are (``/v1/...`` at the
+key may come as ``x-api-key``. ``POST /sessions/<id>/v1/messages/count_tokens`` -> ``{"input_tokens": N}``:
+the prompt tokens that Messages request would be sampled from in the session (not a model call: nothing
+is recorded). A path not served is a 404 that lists the ones that are (``/v1/...`` at the
 root: how to get a session). Another session's key is a 403, a missing or unknown key a
 401; every other error has OpenAI's shape. An agent that disconnects before its answer cancels the
 generation and nothing is recorded (``GET /stats``: ``undelivered``).
@@ -66,12 +68,12 @@ from fastapi.responses import Response
 
 from agentgym.gateway.archive import STATUSES, ArchivedSession, archived_summary, finish_body
 from agentgym.gateway.gateway import SAMPLING_FIELDS, Gateway
-from agentgym.gateway.messages import messages
+from agentgym.gateway.messages import count_tokens, messages
 from agentgym.gateway.model_calls import Delivery
 from agentgym.gateway.responses import responses_call
 from agentgym.gateway.validation import check_index, check_number, check_sampling, check_task
 from agentgym.server import anthropic_api
-from agentgym.server.anthropic_types import MessagesRequest
+from agentgym.server.anthropic_types import CountTokensRequest, MessagesRequest
 from agentgym.server.errors import (
     APIError,
     error_response,
@@ -334,9 +336,10 @@ _MODEL_CALLS = {
     "chat/completions": (ChatCompletionRequest, Gateway.chat_completion),
     "completions": (CompletionRequest, Gateway.completion),
     "messages": (MessagesRequest, messages),
+    "messages/count_tokens": (CountTokensRequest, count_tokens),  # rendered and counted, not recorded
     "responses": (ResponsesRequest, responses_call),  # the Responses API: agentgym/gateway/responses.py
 }
-_ERROR_SHAPES = {"messages": anthropic_api.error_response}
+_ERROR_SHAPES = {"messages": anthropic_api.error_response, "messages/count_tokens": anthropic_api.error_response}
 """The model calls whose errors are not in OpenAI's shape."""
 
 

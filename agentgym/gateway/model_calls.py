@@ -187,7 +187,10 @@ class ModelCalls:
             self.store.release(p)
 
     # ---- chat -----------------------------------------------------------------------------
-    async def chat_completion(self, session: Session, req: ChatCompletionRequest) -> Any:
+    @staticmethod
+    def chat_prompt(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """The messages and tools a chat request is rendered from (a request the gateway cannot
+        record is a 400)."""
         if req.continue_final_message or not req.add_generation_prompt:
             raise APIError(
                 400,
@@ -202,14 +205,24 @@ class ModelCalls:
                 param="chat_template_kwargs",
             )
         messages = [normalize_message(m) for m in req.messages]
-        tools = req.tools if req.tools and req.tool_choice != "none" else None
+        return messages, req.tools if req.tools and req.tool_choice != "none" else None
+
+    def chat_prompt_ids(self, session: Session, req: ChatCompletionRequest) -> list[int]:
+        """The prompt ``chat_completion`` would sample ``req`` from in ``session`` (on the branch it
+        would continue), rendered but not reserved or recorded: ``messages/count_tokens``."""
+        messages, tools = self.chat_prompt(req)
+        try:
+            return self.store.chat_context(session, messages, tools)
+        except (ValueError, TypeError, KeyError, TemplateError) as exc:
+            raise render_error(exc) from exc
+
+    async def chat_completion(self, session: Session, req: ChatCompletionRequest) -> Any:
+        messages, tools = self.chat_prompt(req)
         started, wall = asyncio.get_running_loop().time(), time.time()
         try:
             plan = self.store.plan_chat(session, messages, tools)
         except (ValueError, TypeError, KeyError, TemplateError) as exc:
-            raise APIError(
-                400, f"could not render the messages with the chat template: {exc}", param="messages"
-            ) from exc
+            raise render_error(exc) from exc
         request = {"messages": messages, "tools": tools}
         if req.stream and req.n == 1:
             return await live_chat(
@@ -389,3 +402,8 @@ class _StreamDelivery(Delivery):
         finally:
             if not recorded:
                 self.release()
+
+
+def render_error(exc: Exception) -> APIError:
+    """A chat request the template could not render: the agent's 400."""
+    return APIError(400, f"could not render the messages with the chat template: {exc}", param="messages")

@@ -150,6 +150,10 @@ class Branch:
         return n
 
 
+_Match = tuple[int, int, int, Branch]
+"""A checkpoint a chat request continues from: (messages matched, extends the branch, branch index, branch)."""
+
+
 @dataclass
 class Plan:
     """A generation the gateway is about to run for a session, reserved on its branch."""
@@ -429,10 +433,10 @@ class SessionStore:
         return session.trajectories
 
     # ---- planning: which branch a request extends ----------------------------------------
-    def plan_chat(self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Plan:
-        """Match a chat request against the session's branches and reserve where its sample goes."""
-        tkey = tools_key(tools)
-        best: tuple[int, int, int, Branch] | None = None  # (messages, extends, index, branch) at a checkpoint
+    def _chat_match(self, session: Session, messages: list[dict[str, Any]], tkey: str) -> _Match | None:
+        """The branch checkpoint a chat request continues from (the most messages matched, then a
+        branch it extends, then the latest branch), or None: it starts a fresh branch."""
+        best: _Match | None = None
         for b in session.branches:
             if b.kind != "chat" or b.tkey != tkey or not b.checkpoints:
                 continue
@@ -444,6 +448,33 @@ class SessionStore:
             key = (point[0], extends, b.index, b)
             if best is None or key[:3] > best[:3]:
                 best = key
+        return best
+
+    def _chat_delta(
+        self, match: _Match, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tkey: str
+    ) -> tuple[int, list[int]]:
+        """Where on ``match``'s branch the request's context leaves it (a token count) and the
+        tokens it adds there."""
+        m, _, _, source = match
+        t = dict(source.checkpoints)[m]
+        return t, self.chat.delta_ids(messages[m:], tools, source.token_ids[t - 1], tkey=tkey)
+
+    def chat_context(
+        self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        """The tokens ``plan_chat`` would make a chat request's context (the prompt it is sampled
+        from), with nothing reserved, counted or recorded: what ``count_tokens`` counts."""
+        tkey = tools_key(tools)
+        match = self._chat_match(session, messages, tkey)
+        if match is None:
+            return self.chat.prompt_ids(messages, tools, tkey=tkey)
+        t, delta = self._chat_delta(match, messages, tools, tkey)
+        return match[3].token_ids[:t] + delta
+
+    def plan_chat(self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Plan:
+        """Match a chat request against the session's branches and reserve where its sample goes."""
+        tkey = tools_key(tools)
+        best = self._chat_match(session, messages, tkey)
         session.requests += 1
         session.last_used = time.monotonic()
         self.counts["requests"] += 1
@@ -453,8 +484,7 @@ class SessionStore:
             plan = Plan(branch, "fresh", ids, ids, messages, list(messages))
         else:
             m, extends, _, source = best
-            t = dict(source.checkpoints)[m]
-            delta = self.chat.delta_ids(messages[m:], tools, source.token_ids[t - 1], tkey=tkey)
+            t, delta = self._chat_delta(best, messages, tools, tkey)
             context = source.token_ids[:t] + delta
             if extends:
                 branch, kind, turn_prompt = source, "extend", list(delta)

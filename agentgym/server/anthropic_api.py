@@ -1,10 +1,13 @@
-"""Anthropic's Messages API (``POST /v1/messages``) over the chat completions path.
+"""Anthropic's Messages API (``POST /v1/messages``, ``POST /v1/messages/count_tokens``) over the chat
+completions path.
 
 One translation, used by the embedded server (``add_messages_route``) and the gateway
 (``agentgym.gateway.messages``) alike: a Messages request becomes a chat request
 (``chat_body``), the chat path renders, samples and (in the gateway) records it as any chat
 completion, and its result becomes a Messages result (``anthropic_message``, or the event stream
-``message_events`` turns a chat stream into).
+``message_events`` turns a chat stream into). ``count_tokens`` renders the same chat request's
+prompt (``prompt_body``: ``chat_body`` without the sampling fields) and answers ``{"input_tokens": N}``,
+the ``usage.input_tokens`` the Messages call would report.
 
     system (text or text blocks)       -> a system message
     user text blocks                   -> a user message
@@ -42,6 +45,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agentgym.server.anthropic_types import (
+    CountTokensRequest,
+    CountTokensResponse,
     ErrorObject,
     ErrorResponse,
     MessagesRequest,
@@ -90,10 +95,8 @@ def error_response(status: int, message: str, *_: Any) -> JSONResponse:
 def chat_body(req: MessagesRequest) -> dict[str, Any]:
     """The chat completions request body that asks for what ``req`` asks for (``return_token_ids``
     and streamed usage on, which the answer's ``stop_sequence`` and ``usage`` are read from)."""
-    messages = chat_messages(req)
-    body: dict[str, Any] = {
-        "model": req.model,
-        "messages": messages,
+    body = prompt_body(req)
+    body |= {
         "max_tokens": req.max_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
@@ -105,6 +108,13 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
     }
     if req.stream:
         body["stream_options"] = {"include_usage": True}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def prompt_body(req: CountTokensRequest) -> dict[str, Any]:
+    """The part of ``chat_body`` a request's prompt is rendered from (model, messages, tools,
+    tool_choice, response format, prefill): alone, the chat request ``count_tokens`` renders."""
+    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
     if req.tools:
         body["tools"] = [
             {
@@ -140,7 +150,7 @@ def chat_body(req: MessagesRequest) -> dict[str, Any]:
     return {k: v for k, v in body.items() if v is not None}
 
 
-def chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
+def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
     """``req``'s system prompt and messages as OpenAI chat messages (see the module docstring)."""
     out: list[dict[str, Any]] = []
     system = req.system_text
@@ -417,7 +427,8 @@ def stream_response(chat: StreamingResponse, stop_sequences: Sequence[str] | Non
 # ---- the embedded server's route ----------------------------------------------------------------------
 def add_messages_route(app: FastAPI, server: Any, body_json: Callable[[Request], Any]) -> None:
     """``POST /v1/messages`` on the embedded server's ``app``, answered by ``server.chat`` (the
-    chat completions path); ``body_json`` reads a request's JSON body within the server's limits.
+    chat completions path), and ``POST /v1/messages/count_tokens``, by ``server.chat_prompt_ids``;
+    ``body_json`` reads a request's JSON body within the server's limits.
     The ``x-api-key`` and ``anthropic-version`` headers Anthropic's clients send are accepted (the
     server has no key for model calls)."""
 
@@ -440,3 +451,18 @@ def add_messages_route(app: FastAPI, server: Any, body_json: Callable[[Request],
         if isinstance(result, Response):  # the client went away: nothing is sent
             return result
         return anthropic_message(result, req.stop_sequences, decode).model_dump()
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Any:
+        """The number of prompt tokens ``POST /v1/messages`` would render the same request to
+        (its ``usage.input_tokens``): rendered by the chat path, nothing sampled."""
+        try:
+            req = validate(CountTokensRequest, await body_json(request))
+            chat = validate(ChatCompletionRequest, prompt_body(req))
+            ids = await server.chat_prompt_ids(chat)
+        except APIError as exc:
+            return error_response(exc.status, exc.message)
+        except Exception as exc:  # the server stays up; the client gets a 500 in Anthropic's shape
+            log.exception("POST /v1/messages/count_tokens failed")
+            return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        return CountTokensResponse(input_tokens=len(ids)).model_dump()

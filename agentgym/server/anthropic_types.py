@@ -1,4 +1,5 @@
-"""Request and response bodies of Anthropic's Messages API (``POST /v1/messages``), field by field.
+"""Request and response bodies of Anthropic's Messages API (``POST /v1/messages`` and
+``POST /v1/messages/count_tokens``), field by field.
 
 Mirrors ``openai_types`` for chat: requests are validated here, at the edge (unknown fields are
 ignored, as Anthropic's own ``cache_control`` marks are); what a text-only model served here cannot
@@ -168,21 +169,15 @@ class OutputConfig(_Request):
 
 
 # ---- the request --------------------------------------------------------------------------------
-class MessagesRequest(_Request):
-    """``POST /v1/messages``: ``max_tokens`` is required, as Anthropic requires it."""
+class CountTokensRequest(_Request):
+    """``POST /v1/messages/count_tokens``: the prompt of a Messages request (what it is rendered
+    from), without ``max_tokens`` and the sampling fields; ``MessagesRequest`` adds those."""
 
     model: str | None = None
-    max_tokens: int = Field(..., ge=1)
     messages: list[MessageParam] = Field(..., min_length=1)
     system: str | list[TextBlockParam] | None = None
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoice | None = None
-    stop_sequences: list[str] | None = Field(None, max_length=64)
-    temperature: float | None = Field(None, ge=0.0, le=1.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    metadata: Metadata | None = None
-    stream: bool = False
     thinking: ThinkingParam | None = None
     output_config: OutputConfig | None = None
     output_format: OutputFormat | None = None  # the structured-outputs beta's name for output_config.format
@@ -194,18 +189,34 @@ class MessagesRequest(_Request):
             return _check_blocks(v, frozenset({"text"}), "system")
         return v
 
+    @property
+    def system_text(self) -> str | None:
+        if self.system is None or isinstance(self.system, str):
+            return self.system
+        return "".join(b.text for b in self.system)
+
+
+class CountTokensResponse(_Response):
+    input_tokens: int
+
+
+class MessagesRequest(CountTokensRequest):
+    """``POST /v1/messages``: ``max_tokens`` is required, as Anthropic requires it."""
+
+    max_tokens: int = Field(..., ge=1)
+    stop_sequences: list[str] | None = Field(None, max_length=64)
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    metadata: Metadata | None = None
+    stream: bool = False
+
     @field_validator("stop_sequences")
     @classmethod
     def _stops(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and any(not s for s in v):
             raise ValueError("stop sequences must not be empty")
         return v
-
-    @property
-    def system_text(self) -> str | None:
-        if self.system is None or isinstance(self.system, str):
-            return self.system
-        return "".join(b.text for b in self.system)
 
 
 # ---- responses ----------------------------------------------------------------------------------

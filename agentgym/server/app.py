@@ -2,7 +2,8 @@
 
 OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, and
 ``POST /v1/responses`` (the Responses API over the chat path: ``agentgym.server.responses_api``).
-Anthropic: ``POST /v1/messages`` (``agentgym.server.anthropic_api``, over the chat path).
+Anthropic: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (``agentgym.server.anthropic_api``,
+over the chat path).
 Serving: ``GET /health``, ``GET /weight_version``, ``GET /stats``.
 Weights (SGLang's names): ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"}``,
 ``POST /update_weights_from_tensor`` (a safetensors file as the body, ``?weight_version=N``; a part of
@@ -399,11 +400,16 @@ class _Server:
         self.check_prompt_chars(len(text), "messages")
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    async def chat(self, req: ChatCompletionRequest) -> Any:
+    async def chat_prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+        """The token ids the chat path renders ``req``'s prompt to (its model, template arguments
+        and size checked): what ``chat`` samples from, and what ``count_tokens`` counts."""
         self.check_model(req.model)
         kwargs = self.template_kwargs(req)
         self.check_prompt_chars(text_chars([req.messages, req.tools, kwargs]), "messages")
-        prompt_ids = await asyncio.to_thread(self.render_chat, req, kwargs)
+        return await asyncio.to_thread(self.render_chat, req, kwargs)
+
+    async def chat(self, req: ChatCompletionRequest) -> Any:
+        prompt_ids = await self.chat_prompt_ids(req)
         top = (req.top_logprobs or 0) if req.logprobs else 0
         params = await self.params(req, len(prompt_ids), top, "messages")
         parse_tools = bool(req.tools) and req.tool_choice != "none"

@@ -176,6 +176,60 @@ def test_stop_sequences_and_max_tokens(gw):
     assert "STOP" in trajs[0].turns[0].response_text  # the model's context keeps what it sampled
 
 
+def calls_of(gw, info: dict) -> list[dict]:
+    r = httpx.get(f"{gw.url}/sessions/{info['id']}/calls", headers={"x-api-key": info["api_key"]})
+    assert r.status_code == 200, r.text
+    return r.json()["calls"]
+
+
+def test_count_tokens_is_the_prompt_the_session_would_sample_and_records_nothing(gw):
+    """The count is the prompt the call is sampled from in the session (``usage.input_tokens``):
+    fresh, and on the branch a tool loop's second call extends. Counting is no model call."""
+    info = new_session(gw)
+    client = client_for(info)
+    ask = {"system": "Use tools.", "tools": [CALCULATOR], "messages": [{"role": "user", "content": "CALC: 6 * 7"}]}
+    counted = client.messages.count_tokens(model="tiny", **ask)
+    assert calls_of(gw, info) == []  # counting is not a model call
+    first = client.messages.create(model="tiny", max_tokens=200, **ask)
+    assert counted.input_tokens == first.usage.input_tokens > 0
+    [call] = first.content
+    ask["messages"] += [
+        {"role": "assistant", "content": [call.model_dump(include={"type", "id", "name", "input"})]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "42"}]},
+    ]
+    r = httpx.post(
+        info["anthropic_base_url"] + "/v1/messages/count_tokens",
+        json={"model": "tiny", **ask},
+        headers={"Authorization": f"Bearer {info['api_key']}"},  # the key as a Bearer token works too
+    )
+    assert r.status_code == 200, r.text
+    assert len(calls_of(gw, info)) == 1
+    second = client.messages.create(model="tiny", max_tokens=200, **ask)
+    assert r.json() == {"input_tokens": second.usage.input_tokens}
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    [traj] = finish(gw, info)
+    assert traj.num_turns == 2 and traj.metrics["branches"] == 1  # the counts made no turn and no branch
+
+
+def test_count_tokens_errors_have_anthropics_shape(gw):
+    a, b = new_session(gw), new_session(gw)
+    user = [{"role": "user", "content": "hi"}]
+    client = client_for(a)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.count_tokens(model="m", messages=user, tool_choice={"type": "any"})
+    assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "invalid_request_error"
+    assert "needs tools" in err.value.message
+    with pytest.raises(anthropic.BadRequestError, match="new assistant turn"):  # a prefill: the gateway takes none
+        client.messages.count_tokens(model="m", messages=[*user, {"role": "assistant", "content": "Hel"}])
+    wrong = anthropic.Anthropic(base_url=a["anthropic_base_url"], api_key=b["api_key"], max_retries=0)
+    with pytest.raises(anthropic.PermissionDeniedError) as err:
+        wrong.messages.count_tokens(model="m", messages=user)
+    assert err.value.body["error"]["type"] == "permission_error"
+    r = httpx.post(a["anthropic_base_url"] + "/v1/messages/count_tokens", json={"messages": user})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert finish(gw, a) == [] and finish(gw, b) == []
+
+
 def test_keys_and_errors_have_anthropics_shape(gw):
     a, b = new_session(gw), new_session(gw)
     user = [{"role": "user", "content": "hi"}]

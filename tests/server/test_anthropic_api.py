@@ -263,6 +263,52 @@ def test_errors_have_anthropics_shape(client, embedded_server):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_count_tokens_is_the_input_tokens_of_the_same_messages_call(client, embedded_server):
+    """``count_tokens`` renders what ``messages.create`` renders: a system prompt, tools (in the
+    template's system part), a tool_use / tool_result history and a prefill each count as the call does."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": "pick", "input": {"op": "add"}}
+    requests = [
+        {"messages": [{"role": "user", "content": "Add or multiply 2 and 3?"}]},
+        {"system": "Be brief.", "tools": [PICK], "messages": [{"role": "user", "content": "Add or multiply?"}]},
+        {
+            "system": [{"type": "text", "text": "Use "}, {"type": "text", "text": "tools."}],
+            "tools": [PICK],
+            "tool_choice": {"type": "auto"},
+            "messages": [
+                {"role": "user", "content": "Add or multiply?"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Picking."}, call]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "5"}]},
+            ],
+        },
+        {"messages": [{"role": "user", "content": "Say yes."}, {"role": "assistant", "content": "Yes, and"}]},
+    ]
+    counts = []
+    for req in requests:
+        counted = client.messages.count_tokens(model="default", **req)
+        made = client.messages.create(model="default", max_tokens=1, **req)
+        assert counted.input_tokens == made.usage.input_tokens > 0, req
+        counts.append(counted.input_tokens)
+    assert counts[1] > counts[0] and counts[2] > counts[1]  # tools and history are counted, not dropped
+    r = httpx.post(embedded_server.url + "/v1/messages/count_tokens", json=requests[0])
+    assert r.status_code == 200 and r.json() == {"input_tokens": counts[0]}
+
+
+def test_count_tokens_errors_have_anthropics_shape(client, embedded_server):
+    user = [{"role": "user", "content": "hi"}]
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.count_tokens(model="default", messages=user, tool_choice={"type": "any"})
+    assert err.value.status_code == 400 and err.value.body["type"] == "error"
+    assert err.value.body["error"]["type"] == "invalid_request_error" and "needs tools" in err.value.message
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client.messages.count_tokens(model="claude-nope", messages=user)
+    assert err.value.body["error"]["type"] == "not_found_error"
+    image = [{"role": "user", "content": [{"type": "image"}]}]
+    for body, says in [({"messages": []}, "messages"), ({"messages": image}, "text only")]:
+        r = httpx.post(embedded_server.url + "/v1/messages/count_tokens", json=body)
+        assert r.status_code == 400 and r.json()["type"] == "error", r.text
+        assert r.json()["error"]["type"] == "invalid_request_error" and says in r.json()["error"]["message"]
+
+
 def test_a_chat_stream_becomes_messages_events_and_is_closed_with_them():
     import asyncio
 
