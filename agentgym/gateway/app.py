@@ -111,7 +111,13 @@ def build_app(gateway: Gateway) -> GatewayApp:
             hint="An agent talks to its own session: base_url http://host:port/sessions/<id>/v1 (POST /sessions).",
         )
 
-    install_error_handlers(app, internal_type="server_error", on_internal=count_error, unserved=unserved)
+    install_error_handlers(
+        app,
+        internal_type="server_error",
+        on_internal=count_error,
+        unserved=unserved,
+        shape=anthropic_api.error_shape,  # an unserved /sessions/<id>/v1/messages/...: Anthropic's shape
+    )
 
     async def body(request: Request, model: type | None = None, required: bool = True) -> Any:
         return await read_body(gw, request, model, required)

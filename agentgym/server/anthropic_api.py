@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -85,10 +86,21 @@ def error_body(status: int, message: str) -> dict[str, Any]:
     return ErrorResponse(error=ErrorObject(type=error_type(status), message=message)).model_dump()
 
 
-def error_response(status: int, message: str, *_: Any) -> JSONResponse:
+def error_response(status: int, message: str, *_: Any, **__: Any) -> JSONResponse:
     """An error in Anthropic's shape (the arguments after ``message``, OpenAI's type, param and code,
-    are not part of it), so that it can stand in for ``agentgym.server.errors.error_response``."""
+    positional or named, are not part of it), so that it can stand in for
+    ``agentgym.server.errors.error_response``."""
     return JSONResponse(error_body(status, message), status_code=status)
+
+
+ANTHROPIC_PATH = re.compile(r"^(/sessions/[^/]+)?/v1/messages(/|$)")
+"""Paths under Anthropic's API: the server's ``/v1/messages...``, a session's ``/sessions/<id>/v1/messages...``."""
+
+
+def error_shape(path: str) -> Callable[..., JSONResponse] | None:
+    """``error_response`` for a path under Anthropic's API (an unserved one, say
+    ``/v1/messages/batches``, is answered in the shape its client reads), else None."""
+    return error_response if ANTHROPIC_PATH.match(path) else None
 
 
 # ---- request: Messages -> chat ---------------------------------------------------------------------

@@ -47,7 +47,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from agentgym.model.weights import tensors_from_bytes
-from agentgym.server.anthropic_api import add_messages_route
+from agentgym.server.anthropic_api import add_messages_route, error_shape
 from agentgym.server.engine import Engine, Sequence
 from agentgym.server.engine import Request as EngineRequest
 from agentgym.server.errors import APIError, install_error_handlers, json_object, validate
@@ -129,7 +129,7 @@ def build_app(
     app.state.server = server
     app.state.admin_key = admin_key
 
-    install_error_handlers(app, what="agentgym's policy server (OpenAI-compatible)")
+    install_error_handlers(app, what="agentgym's policy server (OpenAI-compatible)", shape=error_shape)
     staging, shared = BucketStaging(), SharedWeights()
 
     async def body_json(request: Request, required: bool = True) -> dict[str, Any]:

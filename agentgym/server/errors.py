@@ -198,10 +198,13 @@ def install_error_handlers(
     on_internal: Callable[[Exception], None] | None = None,
     what: str = "this agentgym server",
     unserved: Callable[[Request], tuple[int, str, str]] | None = None,
+    shape: Callable[[str], Callable[..., JSONResponse] | None] | None = None,
 ) -> None:
     """Answer every error ``app`` raises in OpenAI's shape. ``on_internal`` sees each unexpected one.
     ``what`` names the API in the answer to an unknown path; ``unserved`` (request -> ``(status,
-    message, code)``) replaces that answer (default: ``unserved_message`` over ``app``'s routes)."""
+    message, code)``) replaces that answer (default: ``unserved_message`` over ``app``'s routes).
+    ``shape`` (path -> an ``error_response`` or None) gives an unknown path under another API its
+    own error shape (Anthropic's ``/v1/messages/...``: ``agentgym.server.anthropic_api.error_shape``)."""
 
     def no_route(request: Request) -> JSONResponse:
         if unserved is not None:
@@ -209,7 +212,8 @@ def install_error_handlers(
         else:
             takes = path_methods(app, request.scope)
             status, message, code = unserved_message(what, request.method, request.url.path, served_routes(app), takes)
-        return error_response(status, message, ERROR_TYPES.get(status, "invalid_request_error"), code=code)
+        respond = (shape(request.url.path) if shape is not None else None) or error_response
+        return respond(status, message, ERROR_TYPES.get(status, "invalid_request_error"), code=code)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:

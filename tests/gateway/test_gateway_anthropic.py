@@ -227,6 +227,9 @@ def test_count_tokens_errors_have_anthropics_shape(gw):
     assert err.value.body["error"]["type"] == "permission_error"
     r = httpx.post(a["anthropic_base_url"] + "/v1/messages/count_tokens", json={"messages": user})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.post(a["anthropic_base_url"] + "/v1/messages/batches", json={}, headers={"x-api-key": a["api_key"]})
+    assert r.status_code == 404 and r.json()["type"] == "error", r.text  # unserved, in Anthropic's shape
+    assert r.json()["error"]["type"] == "not_found_error" and "messages/count_tokens" in r.json()["error"]["message"]
     assert finish(gw, a) == [] and finish(gw, b) == []
 
 

@@ -309,6 +309,17 @@ def test_count_tokens_errors_have_anthropics_shape(client, embedded_server):
         assert r.json()["error"]["type"] == "invalid_request_error" and says in r.json()["error"]["message"]
 
 
+def test_an_unserved_anthropic_path_is_answered_in_anthropics_shape(embedded_server):
+    """A client of Anthropic's API reads only Anthropic's error shape; other paths keep OpenAI's."""
+    r = httpx.post(embedded_server.url + "/v1/messages/batches", json={})
+    assert r.status_code == 404 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "not_found_error" and "POST /v1/messages/count_tokens" in r.text
+    r = httpx.get(embedded_server.url + "/v1/messages/count_tokens")
+    assert r.status_code == 405 and r.json()["type"] == "error" and "POST" in r.json()["error"]["message"]
+    r = httpx.post(embedded_server.url + "/v1/nope", json={})
+    assert r.status_code == 404 and "type" not in r.json() and r.json()["error"]["code"] == "unknown_url"
+
+
 def test_a_chat_stream_becomes_messages_events_and_is_closed_with_them():
     import asyncio
 
