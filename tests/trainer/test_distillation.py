@@ -268,27 +268,17 @@ def test_teacher_logprobs_line_up_with_the_batch_layout():
     assert scored[0].sum() == batch["response_mask"][0].sum() and scored[1].sum() < batch["response_mask"][1].sum()
 
 
-@pytest.mark.parametrize("enable", [True, False])
-def test_a_trainer_step_learns_from_the_teacher_when_every_env_reward_is_equal(tmp_path, enable):
-    """Every episode scored 0 by the env: GRPO's advantages are all 0 and the step is flat. With
-    distillation the teacher's per-token advantages remain (teacher logprob -1 on every sampled token,
-    the student's -6: +5 each) and the step is not counted flat."""
-    from agentgym.rollout.sources import FixedTrajectorySource
+def one_group_run(overrides: list[str], tmp_path, steps: int):
+    """first_letter's config for a short in-process run on fixed trajectories: one group of two, ``steps``
+    steps, metrics to ``tmp_path``, no validation, checkpoints or HF export; ``overrides`` on top."""
     from agentgym.trainer.config import load_config
-    from agentgym.trainer.ppo_trainer import PPOTrainer
 
-    trajs = [episode(10 + i, group=f"g{i // 2}") for i in range(4)]
-    for traj in trajs:
-        for turn in traj.turns:
-            turn.teacher_logprobs = [-1.0] * len(turn.response_ids)
-    cfg = load_config(
+    return load_config(
         env="first_letter",
         overrides=[
-            f"distillation.enable={str(enable).lower()}",
-            "distillation.teacher.path=tiny",
-            "distillation.env_coef=0",
+            *overrides,
             "trainer.use_ray=false",
-            "trainer.total_training_steps=1",
+            f"trainer.total_training_steps={steps}",
             "trainer.val_before_train=false",
             "trainer.test_freq=-1",
             "trainer.save_freq=-1",
@@ -300,6 +290,29 @@ def test_a_trainer_step_learns_from_the_teacher_when_every_env_reward_is_equal(t
             "data.max_response_length=64",
         ],
         warn=False,
+    )
+
+
+@pytest.mark.parametrize("enable", [True, False])
+def test_a_trainer_step_learns_from_the_teacher_when_every_env_reward_is_equal(tmp_path, enable):
+    """Every episode scored 0 by the env: GRPO's advantages are all 0 and the step is flat. With
+    distillation the teacher's per-token advantages remain (teacher logprob -1 on every sampled token,
+    the student's -6: +5 each) and the step is not counted flat."""
+    from agentgym.rollout.sources import FixedTrajectorySource
+    from agentgym.trainer.ppo_trainer import PPOTrainer
+
+    trajs = [episode(10 + i, group=f"g{i // 2}") for i in range(4)]
+    for traj in trajs:
+        for turn in traj.turns:
+            turn.teacher_logprobs = [-1.0] * len(turn.response_ids)
+    cfg = one_group_run(
+        [
+            f"distillation.enable={str(enable).lower()}",
+            "distillation.teacher.path=tiny",
+            "distillation.env_coef=0",
+        ],
+        tmp_path,
+        steps=1,
     )
     trainer = PPOTrainer(cfg, FixedTrajectorySource([trajs]), servers=None, show_progress=False)
     try:
@@ -321,31 +334,19 @@ def test_no_group_is_dropped_by_env_score_while_a_teacher_scores(tmp_path, caplo
     without a teacher the flat group is dropped; with one both groups reach the update (the teacher scores
     them all), and a line says the filter is off."""
     from agentgym.rollout.sources import FixedTrajectorySource
-    from agentgym.trainer.config import load_config
     from agentgym.trainer.run import train
 
     trajs = [episode(20 + i, group=f"g{i // 2}") for i in range(4)]
     trajs[3].outcome_reward = 1.0
-    cfg = load_config(
-        env="first_letter",
-        overrides=[
+    cfg = one_group_run(
+        [
             f"distillation.enable={str(distill).lower()}",
             "distillation.teacher.path=tiny",
             "algorithm.filter_groups.enable=true",
             "algorithm.filter_groups.max_num_gen_batches=1",
-            "trainer.use_ray=false",
-            "trainer.total_training_steps=1",
-            "trainer.val_before_train=false",
-            "trainer.test_freq=-1",
-            "trainer.save_freq=-1",
-            "trainer.save_hf_model=false",
-            "data.train_batch_size=2",
-            "actor_rollout_ref.rollout.n=2",
-            f"trainer.default_local_dir={tmp_path}",
-            "trainer.logger=[jsonl]",
-            "data.max_response_length=64",
         ],
-        warn=False,
+        tmp_path,
+        steps=1,
     )
     with caplog.at_level("WARNING", logger="agentgym.trainer"):
         train(cfg, source=FixedTrajectorySource([trajs]), servers=False, show_progress=False)
@@ -495,35 +496,23 @@ def test_a_trainer_step_with_the_topk_loss_moves_the_student_towards_the_teacher
     is in the loss, not the advantage), the actor's distillation loss is on, and two steps on the same
     episodes lower the top-k KL and raise the agreement with the teacher's greedy token."""
     from agentgym.rollout.sources import FixedTrajectorySource
-    from agentgym.trainer.config import load_config
     from agentgym.trainer.ppo_trainer import PPOTrainer
 
     trajs, _ = topk_setup(40)
     trajs += topk_setup(42)[0]
     for i, traj in enumerate(trajs):
         traj.group_id = f"g{i // 2}"
-    cfg = load_config(
-        env="first_letter",
-        overrides=[
+    cfg = one_group_run(
+        [
             "distillation.enable=true",
             "distillation.teacher.path=tiny",
             "distillation.env_coef=0",
             "distillation.loss_mode=topk",
             "distillation.topk=3",
             "actor_rollout_ref.actor.optim.lr=0.01",
-            "trainer.use_ray=false",
-            "trainer.total_training_steps=2",
-            "trainer.val_before_train=false",
-            "trainer.test_freq=-1",
-            "trainer.save_freq=-1",
-            "trainer.save_hf_model=false",
-            "data.train_batch_size=2",
-            "actor_rollout_ref.rollout.n=2",
-            f"trainer.default_local_dir={tmp_path}",
-            "trainer.logger=[jsonl]",
-            "data.max_response_length=64",
         ],
-        warn=False,
+        tmp_path,
+        steps=2,
     )
     trainer = PPOTrainer(cfg, FixedTrajectorySource([trajs]), servers=None, show_progress=False)
     try:
