@@ -24,10 +24,8 @@ from agentgym.gateway.client import GatewayClient
 from agentgym.gateway.serve import start_gateway
 from agentgym.model import load_tokenizer
 from agentgym.types import Trajectory
-from tests.support.bench_modules import gateway_bench
 from tests.support.fidelity import logprob_tolerance
-
-bench = gateway_bench()
+from tests.support.gateway_sessions import admin, client_for, finish, new_session
 
 TOOLS = [
     {
@@ -45,44 +43,8 @@ TOOLS = [
 
 
 @pytest.fixture(scope="module")
-def standin():
-    port = bench.free_port()
-    proc = bench.start_standin(port, version=3)
-    yield f"http://127.0.0.1:{port}"
-    bench.stop(proc)
-
-
-@pytest.fixture(scope="module")
-def gw(standin):
-    handle = start_gateway([standin], model="tiny", max_model_len=2048)
-    yield handle
-    handle.stop()
-
-
-@pytest.fixture(scope="module")
 def tok():
     return load_tokenizer("tiny")
-
-
-def admin(gw) -> dict:
-    """The admin key's header (a gateway always has a key: start_gateway makes one)."""
-    return {"Authorization": f"Bearer {gw.admin_key}"}
-
-
-def new_session(gw, **body) -> dict:
-    r = httpx.post(gw.url + "/sessions", json=body, headers=admin(gw))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def client_for(info: dict) -> openai.OpenAI:
-    return openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
-
-
-def finish(gw, info: dict, **body) -> list[Trajectory]:
-    r = httpx.post(f"{gw.url}/sessions/{info['id']}/finish", json=body, headers=admin(gw))
-    assert r.status_code == 200, r.text
-    return [Trajectory.from_dict(t) for t in r.json()["trajectories"]]
 
 
 def as_message(message) -> dict:

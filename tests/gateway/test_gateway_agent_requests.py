@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from agentgym.gateway.serve import start_gateway
-from agentgym.types import Trajectory
 from tests.server.test_agent_requests import ANSWER, ARGS, MESSAGES, NOTE, RESPONSE_FORMAT, TOOLS
+from tests.support.gateway_sessions import finish, session
 
 FUNCTIONS = [t["function"] for t in TOOLS]
 IDS = {"return_token_ids": True}
@@ -37,21 +37,6 @@ def gw(server):
 def bias(server):
     token = server.engine.tokenizer.convert_tokens_to_ids("<tool_call>")
     return lambda value: {str(token): value}
-
-
-def session(gw) -> tuple[dict, openai.OpenAI]:
-    r = httpx.post(gw.url + "/sessions", json={}, headers={"Authorization": f"Bearer {gw.admin_key}"})
-    assert r.status_code == 200, r.text
-    info = r.json()
-    return info, openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
-
-
-def finish(gw, info) -> list[Trajectory]:
-    r = httpx.post(
-        f"{gw.url}/sessions/{info['id']}/finish", json={}, headers={"Authorization": f"Bearer {gw.admin_key}"}
-    )
-    assert r.status_code == 200, r.text
-    return [Trajectory.from_dict(t) for t in r.json()["trajectories"]]
 
 
 def test_a_tool_call_then_the_json_under_auto_with_response_format(gw, bias):

@@ -9,22 +9,9 @@ import openai
 import pytest
 
 from agentgym.gateway.agent_source import AgentTrajectorySource, agent_failure
-from agentgym.gateway.serve import start_gateway
 from agentgym.trainer.step_checks import TrainingFailed, failed_episode_check
-from tests.support.bench_modules import gateway_bench
 
-bench = gateway_bench()
 TASKS = [{"index": 0, "question": "CALC: 2 * 10", "ground_truth": "20"}]  # no reward_fn, no data_source
-
-
-@pytest.fixture(scope="module")
-def gw():
-    port = bench.free_port()
-    proc = bench.start_standin(port, version=3)
-    handle = start_gateway([f"http://127.0.0.1:{port}"], model="tiny", max_model_len=2048)
-    yield handle
-    handle.stop()
-    bench.stop(proc)
 
 
 async def run(gw, agent, tasks=TASKS, n=2):

@@ -18,11 +18,9 @@ from agentgym.gateway.agent_source import load_agent
 from agentgym.gateway.serve import start_gateway
 from agentgym.model import load_tokenizer
 from tests.gateway.test_gateway import assert_sampled_by_server, assert_token_views_consistent, finish, new_session
-from tests.support.bench_modules import gateway_bench
 
 anthropic = pytest.importorskip("anthropic")
 
-bench = gateway_bench()
 
 CALCULATOR = {
     "name": "calculator",
@@ -33,21 +31,6 @@ CALCULATOR = {
         "required": ["expression"],
     },
 }
-
-
-@pytest.fixture(scope="module")
-def standin():
-    port = bench.free_port()
-    proc = bench.start_standin(port, version=3)
-    yield f"http://127.0.0.1:{port}"
-    bench.stop(proc)
-
-
-@pytest.fixture(scope="module")
-def gw(standin):
-    handle = start_gateway([standin], model="tiny", max_model_len=2048)
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture(scope="module")

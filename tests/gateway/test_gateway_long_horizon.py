@@ -9,24 +9,11 @@ import pytest
 
 from agentgym.gateway.agent_source import AgentTrajectorySource
 from agentgym.gateway.episodes import is_chain
-from agentgym.gateway.serve import start_gateway
 from agentgym.trainer.batch import build_batch
 from agentgym.types import Trajectory
-from tests.support.bench_modules import gateway_bench
 
-bench = gateway_bench()
 TURNS = 5
 WINDOW = 1  # exchanges the agent keeps after its task
-
-
-@pytest.fixture(scope="module")
-def gw():
-    port = bench.free_port()
-    proc = bench.start_standin(port, version=3)
-    handle = start_gateway([f"http://127.0.0.1:{port}"], model="tiny", max_model_len=2048)
-    yield handle
-    handle.stop()
-    bench.stop(proc)
 
 
 async def windowed_agent(base_url: str, api_key: str, task: dict) -> float:

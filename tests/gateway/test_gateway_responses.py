@@ -13,8 +13,8 @@ import pytest
 from agentgym.gateway.serve import start_gateway
 from agentgym.model import load_tokenizer
 from agentgym.server.tool_calls import parse_tool_calls
-from agentgym.types import Trajectory
 from tests.server.test_responses_api import ANSWER, TOOLS
+from tests.support.gateway_sessions import admin, finish, session
 
 QUESTION = [{"role": "user", "content": "Count to three."}]
 INSTRUCTIONS = "You count with the count tool."
@@ -30,23 +30,6 @@ def gw(embedded_server):
 @pytest.fixture(scope="module")
 def tokenizer():
     return load_tokenizer("tiny")
-
-
-def admin(gw) -> dict[str, str]:
-    return {"Authorization": f"Bearer {gw.admin_key}"}
-
-
-def session(gw) -> tuple[dict, openai.OpenAI]:
-    r = httpx.post(gw.url + "/sessions", json={}, headers=admin(gw))
-    assert r.status_code == 200, r.text
-    info = r.json()
-    return info, openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
-
-
-def finish(gw, info) -> list[Trajectory]:
-    r = httpx.post(f"{gw.url}/sessions/{info['id']}/finish", json={}, headers=admin(gw))
-    assert r.status_code == 200, r.text
-    return [Trajectory.from_dict(t) for t in r.json()["trajectories"]]
 
 
 def calls_of(gw, info) -> list[dict]:

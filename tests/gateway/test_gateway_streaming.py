@@ -13,12 +13,12 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
 
 from agentgym.gateway import start_gateway
 from agentgym.types import Trajectory
 from tests.support import standin_server
+from tests.support.gateway_sessions import admin, client_for, finish, new_session
 
 TOKEN_MS = 60
 TOOLS = [
@@ -52,23 +52,9 @@ def gw(slow):
         yield handle
 
 
-def _admin(gw) -> dict:
-    return {"Authorization": f"Bearer {gw.admin_key}"}
-
-
-def _session(gw) -> dict:
-    return httpx.post(gw.url + "/sessions", json={}, headers=_admin(gw)).json()
-
-
-def _finish(gw, info) -> list[Trajectory]:
-    r = httpx.post(f"{gw.url}/sessions/{info['id']}/finish", json={}, headers=_admin(gw))
-    assert r.status_code == 200, r.text
-    return [Trajectory.from_dict(t) for t in r.json()["trajectories"]]
-
-
 def test_tokens_reach_the_agent_as_they_are_sampled_and_are_recorded_exactly(gw, oracle):
-    info = _session(gw)
-    client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
+    info = new_session(gw)
+    client = client_for(info)
     start = time.perf_counter()
     arrivals, pieces = [], []
     stream = client.chat.completions.create(
@@ -78,26 +64,26 @@ def test_tokens_reach_the_agent_as_they_are_sampled_and_are_recorded_exactly(gw,
         stream=True,
         logprobs=True,
     )
-    finish = None
+    reason = None
     for chunk in stream:
         choice = chunk.choices[0]
         if choice.delta.content:
             arrivals.append(time.perf_counter() - start)
             pieces.append(choice.delta.content)
-        finish = choice.finish_reason or finish
+        reason = choice.finish_reason or reason
     total = time.perf_counter() - start
     assert total >= 10 * TOKEN_MS / 1e3 * 0.9  # the generation itself takes ten tokens' time
     assert arrivals[0] < total / 2  # the first text came long before the generation ended
     assert len(arrivals) >= 5 and arrivals[-1] - arrivals[0] > 4 * TOKEN_MS / 1e3  # spread over it, not in a burst
-    assert "".join(pieces) == "echo: a streamed answer"[: len("".join(pieces))] and finish == "length"
-    [traj] = _finish(gw, info)
+    assert "".join(pieces) == "echo: a streamed answer"[: len("".join(pieces))] and reason == "length"
+    [traj] = finish(gw, info)
     [turn] = traj.turns
     assert turn.response_ids == oracle.reply_ids(turn.prompt_ids)[:10]
     assert turn.logprobs == pytest.approx(oracle.logprobs(turn.response_ids))
     assert turn.weight_version == 5 and turn.finish_reason == "length"
     # the same request unstreamed answers the same text
-    info2 = _session(gw)
-    plain = openai.OpenAI(base_url=info2["base_url"], api_key=info2["api_key"], max_retries=0)
+    info2 = new_session(gw)
+    plain = client_for(info2)
     whole = plain.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "a streamed answer"}], max_tokens=10
     )
@@ -105,17 +91,17 @@ def test_tokens_reach_the_agent_as_they_are_sampled_and_are_recorded_exactly(gw,
 
 
 def test_a_streamed_tool_call_comes_whole_at_the_end_and_the_next_turn_extends_it(gw, oracle):
-    info = _session(gw)
-    client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
+    info = new_session(gw)
+    client = client_for(info)
     messages = [{"role": "user", "content": "CALC: 6 * 7"}]
-    content, calls, finish = "", [], None
+    content, calls, reason = "", [], None
     for chunk in client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True, max_tokens=64):
         delta = chunk.choices[0].delta if chunk.choices else None
         if delta is not None:
             content += delta.content or ""
             calls += delta.tool_calls or []
-            finish = chunk.choices[0].finish_reason or finish
-    assert "<tool_call>" not in content and finish == "tool_calls"
+            reason = chunk.choices[0].finish_reason or reason
+    assert "<tool_call>" not in content and reason == "tool_calls"
     [call] = calls
     assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "6 * 7"}
     messages += [
@@ -138,7 +124,7 @@ def test_a_streamed_tool_call_comes_whole_at_the_end_and_the_next_turn_extends_i
         if c.choices
     )
     assert text == "The tool says 42. #### 42"
-    [traj] = _finish(gw, info)
+    [traj] = finish(gw, info)
     assert traj.num_turns == 2 and traj.metrics["branches"] == 1  # the second call extended the first
     context = []
     for turn in traj.turns:
@@ -148,8 +134,8 @@ def test_a_streamed_tool_call_comes_whole_at_the_end_and_the_next_turn_extends_i
 
 
 def test_a_streamed_text_completion_and_its_usage(gw, oracle):
-    info = _session(gw)
-    client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
+    info = new_session(gw)
+    client = client_for(info)
     prompt = "<|im_start|>user\nplain text<|im_end|>\n<|im_start|>assistant\n"
     chunks = list(
         client.completions.create(
@@ -157,13 +143,13 @@ def test_a_streamed_text_completion_and_its_usage(gw, oracle):
         )
     )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    [traj] = _finish(gw, info)
+    [traj] = finish(gw, info)
     assert text == "echo: plain text" and chunks[-1].usage.completion_tokens == len(traj.turns[0].response_ids)
     assert traj.turns[0].response_ids == oracle.reply_ids(traj.turns[0].prompt_ids)
 
 
 def test_an_agent_that_leaves_mid_stream_records_nothing_and_the_session_goes_on(gw):
-    info = _session(gw)
+    info = new_session(gw)
     headers = {"Authorization": f"Bearer {info['api_key']}"}
     body = {"model": "m", "messages": [{"role": "user", "content": "leave early"}], "max_tokens": 30, "stream": True}
     before = dict(gw.gateway.counts)
@@ -184,7 +170,7 @@ def test_an_agent_that_leaves_mid_stream_records_nothing_and_the_session_goes_on
         json={"model": "m", "messages": [{"role": "user", "content": "again"}], "max_tokens": 5},
     )
     assert r.status_code == 200
-    [traj] = _finish(gw, info)
+    [traj] = finish(gw, info)
     assert traj.num_turns == 1 and traj.messages[0]["content"] == "again"
 
 
@@ -194,7 +180,7 @@ def test_a_server_that_refuses_is_an_http_error_not_a_broken_stream():
     server.start()
     try:
         with start_gateway([server.url], model="tiny", health_check_interval=0) as gw:
-            info = _session(gw)
+            info = new_session(gw)
             r = httpx.post(
                 info["base_url"] + "/chat/completions",
                 headers={"Authorization": f"Bearer {info['api_key']}"},
@@ -214,17 +200,17 @@ def test_servers_added_and_removed_while_sessions_run(oracle):
     dead = f"http://127.0.0.1:{mod_free_port()}"
     try:
         with start_gateway([a.url], model="tiny", health_check_interval=0.2) as gw:
-            admin = httpx.Client(base_url=gw.url, timeout=30, headers=_admin(gw))
-            r = admin.post("/servers", json={"url": dead})
+            control = httpx.Client(base_url=gw.url, timeout=30, headers=admin(gw))
+            r = control.post("/servers", json={"url": dead})
             assert r.status_code == 400 and r.json()["error"]["code"] == "server_unhealthy"
-            assert admin.delete("/servers", params={"url": a.url}).status_code == 409  # the last one stays
-            infos = [admin.post("/sessions", json={}).json() for _ in range(8)]
+            assert control.delete("/servers", params={"url": a.url}).status_code == 409  # the last one stays
+            infos = [control.post("/sessions", json={}).json() for _ in range(8)]
             errors: list[BaseException] = []
             b_added = threading.Event()  # no session may finish before b is in: some of its turns must go there
 
             def agent(info: dict, turns: int) -> None:
                 try:
-                    client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
+                    client = client_for(info)
                     messages = []
                     for k in range(turns):
                         if k == turns // 2:
@@ -240,9 +226,9 @@ def test_servers_added_and_removed_while_sessions_run(oracle):
             for t in threads:
                 t.start()
             time.sleep(0.3)
-            assert admin.post("/servers", json={"url": b.url}).json()["added"]
+            assert control.post("/servers", json={"url": b.url}).json()["added"]
             b_added.set()
-            r = admin.delete("/servers", params={"url": a.url})  # waits for a's calls in flight
+            r = control.delete("/servers", params={"url": a.url})  # waits for a's calls in flight
             assert r.status_code == 200 and [s["url"] for s in r.json()["servers"]] == [b.url]
             served_by_a = len(a.requests)
             for t in threads:
@@ -252,7 +238,7 @@ def test_servers_added_and_removed_while_sessions_run(oracle):
             for info in infos:
                 [traj] = [
                     Trajectory.from_dict(t)
-                    for t in admin.post(f"/sessions/{info['id']}/finish", json={}).json()["trajectories"]
+                    for t in control.post(f"/sessions/{info['id']}/finish", json={}).json()["trajectories"]
                 ]
                 assert traj.num_turns == 6  # no session lost a turn
                 context = []
@@ -261,12 +247,12 @@ def test_servers_added_and_removed_while_sessions_run(oracle):
                     assert turn.response_ids == oracle.reply_ids(context)
                     context += turn.response_ids
             # the health checks: a server that stops answering is marked, and passed over
-            admin.post("/servers", json={"url": a.url})
+            control.post("/servers", json={"url": a.url})
             a.stop()
             a = None
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                health = {s["url"]: s["healthy"] for s in admin.get("/servers").json()["servers"]}
+                health = {s["url"]: s["healthy"] for s in control.get("/servers").json()["servers"]}
                 if not all(health.values()):
                     break
                 time.sleep(0.1)

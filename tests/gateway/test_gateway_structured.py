@@ -15,8 +15,8 @@ import pytest
 
 from agentgym.gateway.serve import start_gateway
 from agentgym.model import load_causal_lm
-from agentgym.types import Trajectory
 from tests.support.fidelity import logprob_tolerance, teacher_forced
+from tests.support.gateway_sessions import finish, session
 
 ARGS = {
     "type": "object",
@@ -44,21 +44,6 @@ def gw(server):
     handle = start_gateway([server.url], model="tiny", max_model_len=4096)
     yield handle
     handle.stop()
-
-
-def session(gw, **body) -> tuple[dict, openai.OpenAI]:
-    r = httpx.post(gw.url + "/sessions", json=body, headers={"Authorization": f"Bearer {gw.admin_key}"})
-    assert r.status_code == 200, r.text
-    info = r.json()
-    return info, openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
-
-
-def finish(gw, info) -> list[Trajectory]:
-    r = httpx.post(
-        f"{gw.url}/sessions/{info['id']}/finish", json={}, headers={"Authorization": f"Bearer {gw.admin_key}"}
-    )
-    assert r.status_code == 200, r.text
-    return [Trajectory.from_dict(t) for t in r.json()["trajectories"]]
 
 
 def test_forced_tool_calls_and_json_through_the_gateway(gw, server):
