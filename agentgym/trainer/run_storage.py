@@ -57,10 +57,14 @@ def resolve_run_dir(value: str | os.PathLike[str], key: str = "trainer.default_l
     # a `ray job submit` entrypoint (Ray sets this variable for it) runs in Ray's copy of the job's
     # working_dir, or in a directory of Ray's session: both go when the job or the cluster does
     if RAY_JOB_ENV in os.environ or "runtime_resources" in cwd.parts:
+        where = (
+            "Ray's copy of the job's working_dir, which Ray deletes"
+            if "runtime_resources" in cwd.parts
+            else "the directory `ray start` ran in on the node the job's driver landed on, not one you chose"
+        )
         raise ConfigError(
-            f"{key}={text} is relative, and this driver runs as a Ray job in {cwd} (Ray's copy of the job's "
-            f"working_dir, or its session directory), which Ray deletes: set {key} to an absolute path on "
-            "storage every node mounts (ray job submit -- agentgym train ... "
+            f"{key}={text} is relative, and this driver runs as a Ray job in {cwd} ({where}): set {key} to an "
+            "absolute path on storage every node mounts (ray job submit -- agentgym train ... "
             "trainer.default_local_dir=/shared/runs/NAME)"
         )
     return str((cwd / path).resolve())
