@@ -8,7 +8,8 @@ SFT model). So:
 * ``resolve_run_dir``: ``trainer.default_local_dir`` becomes an absolute path on the driver, before
   any stage, and that path is what workers get (a relative one would be resolved against each
   process's own working directory: a Ray worker's is not the driver's, and a ``ray job submit``
-  entrypoint's is a copy of the job's ``working_dir`` that Ray deletes). A relative directory in a
+  entrypoint's is a copy of the job's ``working_dir`` that Ray deletes, or without one the directory
+  ``ray start`` ran in on the node the driver landed on). A relative directory in a
   Ray job entrypoint (or inside such a copy) is refused. Storage URIs (``s3://``, ``gs://``...) are
   refused with the way out: checkpoints are written with file APIs, so the bucket is mounted on every
   node (s3fs, gcsfuse, blobfuse2) and its mount path given.
@@ -55,12 +56,16 @@ def resolve_run_dir(value: str | os.PathLike[str], key: str = "trainer.default_l
         return str(path)
     cwd = Path.cwd()
     # a `ray job submit` entrypoint (Ray sets this variable for it) runs in Ray's copy of the job's
-    # working_dir, or in a directory of Ray's session: both go when the job or the cluster does
+    # working_dir (gone when the job is), or without one in the directory `ray start` ran in on its node
     if RAY_JOB_ENV in os.environ or "runtime_resources" in cwd.parts:
+        where = (
+            "Ray's copy of the job's working_dir, which Ray deletes"
+            if "runtime_resources" in cwd.parts
+            else "the directory `ray start` ran in on the node the job's driver landed on, not one you chose"
+        )
         raise ConfigError(
-            f"{key}={text} is relative, and this driver runs as a Ray job in {cwd} (Ray's copy of the job's "
-            f"working_dir, or its session directory), which Ray deletes: set {key} to an absolute path on "
-            "storage every node mounts (ray job submit -- agentgym train ... "
+            f"{key}={text} is relative, and this driver runs as a Ray job in {cwd} ({where}): set {key} to an "
+            "absolute path on storage every node mounts (ray job submit -- agentgym train ... "
             "trainer.default_local_dir=/shared/runs/NAME)"
         )
     return str((cwd / path).resolve())

@@ -44,7 +44,7 @@ def test_relative_inside_a_ray_jobs_working_dir_copy_is_refused(tmp_path, monkey
 def test_relative_in_a_ray_job_entrypoint_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {}}')  # what ray job submit sets
-    with pytest.raises(ConfigError, match="runs as a Ray job"):
+    with pytest.raises(ConfigError, match="runs as a Ray job in .* \\(the directory `ray start` ran in"):
         resolve_run_dir("outputs/run")
     assert resolve_run_dir(str(tmp_path / "abs")) == str(tmp_path / "abs")
 
