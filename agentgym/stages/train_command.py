@@ -157,7 +157,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """The ``agentgym train`` subcommand. Exit codes: 0 done, 1 the run stopped (its rollouts kept
     failing, or a checkpoint cannot be resumed: the message says why), 2 a bad config, 128 + N a signal."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from agentgym.trainer.worker_group import default_ray_auth
+
+    default_ray_auth()
     from agentgym.trainer.checkpoint import CheckpointError
     from agentgym.trainer.step_checks import TrainingFailed
     from agentgym.trainer.workers import quiet_transformers
