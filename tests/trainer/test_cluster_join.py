@@ -169,22 +169,22 @@ def _namespaces_allowed() -> bool:
 
     if not shutil.which("unshare"):
         return False
-    return subprocess.run(["unshare", "-n", "-m", "true"], capture_output=True).returncode == 0
+    return subprocess.run(["unshare", "-n", "-m", "-p", "--fork", "true"], capture_output=True).returncode == 0
 
 
 @pytest.mark.multinode
 def test_agentgym_joins_a_token_auth_cluster_with_address_auto():
     """A real head started the way Ray users start one, where a token exists (``ray start --head`` then enables
     token auth), joined from its node by agentgym's ``init_ray`` with ``ray_init.address=auto`` and no
-    ``RAY_AUTH_MODE`` set: in its own network namespace (only ``lo``) and a private ``/tmp``, so ``auto`` finds
-    this cluster and no other."""
+    ``RAY_AUTH_MODE`` set: in its own network, mount and PID namespaces (only ``lo``, a private ``/tmp``), so
+    ``auto`` finds this cluster and no other, and ``ray stop`` stops this one only."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     if not _namespaces_allowed():
-        pytest.skip("needs root and unshare (network and mount namespaces)")
+        pytest.skip("needs root and unshare (network, mount and PID namespaces)")
     root = Path(__file__).resolve().parents[2]
     ray_bin = Path(sys.executable).parent / "ray"
     join = (
@@ -202,7 +202,8 @@ def test_agentgym_joins_a_token_auth_cluster_with_address_auto():
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(PYTHONPATH=str(root))
     out = subprocess.run(
-        ["unshare", "-n", "-m", "--propagation", "private", "bash", "-c", script],
+        # its own PID namespace too: `ray stop` there sees this head only, not other Ray processes on the machine
+        ["unshare", "-n", "-m", "-p", "--fork", "--mount-proc", "--propagation", "private", "bash", "-c", script],
         env=env,
         capture_output=True,
         text=True,
