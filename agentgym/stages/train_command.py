@@ -214,6 +214,7 @@ def prepare_training(
     from agentgym.gateway.agent_flows import resolve_agent_flow
     from agentgym.preflight import preflight
     from agentgym.stages.config_command import resolve_command_line
+    from agentgym.trainer.weight_sync import refuse_unreachable_urls
 
     line = resolve_command_line(config_file, list(overrides or ()), config_path, config_name)
     for note in line.notes:
@@ -242,6 +243,7 @@ def prepare_training(
         for name in _env_names(cfg):  # before the stages, which look the env up too
             _check_env(name)
     check_stages(cfg)
+    refuse_unreachable_urls(cfg)  # vLLM/SGLang by URL on another host: before the warm start, not after it
     return cfg, plan, agent
 
 
