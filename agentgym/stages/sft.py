@@ -405,9 +405,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``agentgym sft [--config FILE] KEY=VALUE ...``."""
-    import os
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from agentgym.trainer.worker_group import default_ray_auth
+
+    default_ray_auth()
     from agentgym.stages.config_command import config_file_of
 
     if not log.handlers and not logging.getLogger().handlers:  # the key notes, readable on the command line

@@ -42,7 +42,9 @@ def train(
     held-out table ran (``held_out.enable``), ``held_out``: the content of the run's ``held_out.json``
     (``table`` is the printed table). A bad config raises ``agentgym.config.ConfigError`` saying what to
     change; a run that stops raises the trainer's error."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from agentgym.trainer.worker_group import default_ray_auth
+
+    default_ray_auth()
     from agentgym.stages.train_command import (
         held_out_report,
         prepare_training,

@@ -157,7 +157,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """The ``agentgym train`` subcommand. Exit codes: 0 done, 1 the run stopped (its rollouts kept
     failing, or a checkpoint cannot be resumed: the message says why), 2 a bad config, 128 + N a signal."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from agentgym.trainer.worker_group import default_ray_auth
+
+    default_ray_auth()
     from agentgym.trainer.checkpoint import CheckpointError
     from agentgym.trainer.step_checks import TrainingFailed
     from agentgym.trainer.workers import quiet_transformers
@@ -212,6 +214,7 @@ def prepare_training(
     from agentgym.gateway.agent_flows import resolve_agent_flow
     from agentgym.preflight import preflight
     from agentgym.stages.config_command import resolve_command_line
+    from agentgym.trainer.weight_sync import refuse_unreachable_urls
 
     line = resolve_command_line(config_file, list(overrides or ()), config_path, config_name)
     for note in line.notes:
@@ -240,6 +243,7 @@ def prepare_training(
         for name in _env_names(cfg):  # before the stages, which look the env up too
             _check_env(name)
     check_stages(cfg)
+    refuse_unreachable_urls(cfg)  # vLLM/SGLang by URL on another host: before the warm start, not after it
     return cfg, plan, agent
 
 

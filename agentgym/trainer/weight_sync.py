@@ -312,8 +312,19 @@ def refuse_unreachable(servers: Any) -> None:
     """vLLM/SGLang servers given by URL on another host load new weights from a file path on their own
     host (``/update_weights_from_disk``, ``/v1/load_lora_adapter``), which agentgym cannot write there:
     refused before any work, with the ways that work."""
-    backend = getattr(servers, "backend", "embedded")
-    remote = getattr(servers, "remote_urls", list)()
+    _refuse_remote(getattr(servers, "backend", "embedded"), getattr(servers, "remote_urls", list)())
+
+
+def refuse_unreachable_urls(cfg: Any) -> None:
+    """``refuse_unreachable`` from the config alone (``actor_rollout_ref.rollout.name`` and ``server_urls``), so
+    ``agentgym train`` refuses before its first stage (the warm start's demos and SFT come before RL's servers)."""
+    from agentgym.trainer.rollout_servers import is_local_url
+
+    rollout = cfg.actor_rollout_ref.rollout
+    _refuse_remote(str(rollout.name), [str(u) for u in rollout.server_urls if not is_local_url(str(u))])
+
+
+def _refuse_remote(backend: str, remote: list[str]) -> None:
     if backend == "embedded" or not remote:
         return
     raise ConfigError(

@@ -31,6 +31,20 @@ def method_name(method: Method) -> str:
 LOCAL_ONLY = ("num_cpus", "num_gpus", "resources", "include_dashboard", "object_store_memory")
 """``ray.init`` arguments that size a cluster this process starts; Ray refuses them when joining one."""
 
+_auth_defaulted = False
+"""``default_ray_auth`` set ``RAY_AUTH_MODE`` (the user did not)."""
+
+
+def default_ray_auth() -> None:
+    """A Ray cluster agentgym starts itself runs without Ray's token authentication: ``RAY_AUTH_MODE=disabled``
+    unless the user set a mode. ``init_ray`` takes that default back when it joins an existing cluster, so
+    joining authenticates as a plain ``ray.init(address=...)`` would (``auto`` with ``~/.ray/auth_token``:
+    token auth, which ``ray start --head`` turns on when that file exists)."""
+    global _auth_defaulted
+    if "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        _auth_defaulted = True
+
 
 def ray_address(cfg: DictConfig) -> str | None:
     """The cluster to join: ``ray_init.address`` (``auto`` or ``host:port``), else ``RAY_ADDRESS`` (set by
@@ -45,7 +59,8 @@ def init_ray(cfg: DictConfig) -> None:
     resources are used, and ``num_cpus``/``num_gpus`` (which only size a new cluster) are not passed."""
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    global _auth_defaulted
+    default_ray_auth()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Ray starts workers at nice 15; the trainer's workers are the main work, not background
     os.environ.setdefault("RAY_worker_niceness", "0")
@@ -58,6 +73,9 @@ def init_ray(cfg: DictConfig) -> None:
     kwargs.setdefault("log_to_driver", True)
     address = ray_address(cfg)
     if address:
+        if _auth_defaulted:  # the cluster's authentication is the cluster's: not agentgym's local default
+            os.environ.pop("RAY_AUTH_MODE", None)
+            _auth_defaulted = False
         ignored = {k: kwargs.pop(k) for k in LOCAL_ONLY if k in kwargs and k != "include_dashboard"}
         kwargs.pop("include_dashboard", None)
         if ignored:

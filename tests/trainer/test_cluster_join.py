@@ -128,3 +128,85 @@ def test_a_multi_node_cpu_trainer_pool_gets_a_placement_group(monkeypatch, tmp_p
         trainer.cfg, trainer.use_ray, trainer.world_size = cfg, True, nnodes
         assert trainer.worker_bundles(0.0) == expected
     assert asked == [(("trainer", 2, 1, False), {"strategy": "auto"})]
+
+
+@pytest.fixture
+def auth_mode_seen(monkeypatch):
+    """``RAY_AUTH_MODE`` as ``ray.init`` sees it, after ``agentgym train`` set its default (the user set none)."""
+    import os
+
+    import ray
+
+    seen: list = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append(os.environ.get("RAY_AUTH_MODE")))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setattr(worker_group, "_auth_defaulted", False)
+    return seen
+
+
+@pytest.mark.parametrize(("address", "expected"), [(None, "disabled"), ("auto", None), ("head:6379", None)])
+def test_joining_a_cluster_leaves_its_authentication_to_ray(auth_mode_seen, address, expected):
+    """A cluster agentgym starts has no token auth; one it joins is joined as ``ray.init(address=...)`` joins it:
+    ``ray start --head`` turns token auth on where ``~/.ray/auth_token`` exists, and ``ray.init(address="auto")``
+    then finds the token. agentgym's ``RAY_AUTH_MODE=disabled`` made that join fail (InvalidAuthToken)."""
+    worker_group.default_ray_auth()  # what agentgym train / sft / agentgym.train() do first
+    worker_group.init_ray(_cfg(address=address))
+    assert auth_mode_seen == [expected]
+
+
+def test_a_mode_the_user_set_is_kept_when_joining(auth_mode_seen, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    worker_group.default_ray_auth()
+    worker_group.init_ray(_cfg(address="head:6379"))
+    assert auth_mode_seen == ["token"]
+
+
+def _namespaces_allowed() -> bool:
+    import shutil
+    import subprocess
+
+    if not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "-n", "-m", "-p", "--fork", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.multinode
+def test_agentgym_joins_a_token_auth_cluster_with_address_auto():
+    """A real head started the way Ray users start one, where a token exists (``ray start --head`` then enables
+    token auth), joined from its node by agentgym's ``init_ray`` with ``ray_init.address=auto`` and no
+    ``RAY_AUTH_MODE`` set: in its own network, mount and PID namespaces (only ``lo``, a private ``/tmp``), so
+    ``auto`` finds this cluster and no other, and ``ray stop`` stops this one only."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not _namespaces_allowed():
+        pytest.skip("needs root and unshare (network, mount and PID namespaces)")
+    root = Path(__file__).resolve().parents[2]
+    ray_bin = Path(sys.executable).parent / "ray"
+    join = (
+        "from omegaconf import OmegaConf; import ray; from agentgym.trainer.worker_group import default_ray_auth, "
+        "init_ray; default_ray_auth(); init_ray(OmegaConf.create({'ray_init': {'address': 'auto', 'num_cpus': None, "
+        "'include_dashboard': False}})); print('joined', len(ray.nodes()))"
+    )
+    script = (
+        "set -e; ip link set lo up; mount -t tmpfs tmpfs /tmp; export HOME=/tmp/home; mkdir -p $HOME/.ray; "
+        "printf %064d 0 > $HOME/.ray/auth_token; "  # a token exists, as after any local ray.init()
+        f"{ray_bin} start --head --port 6379 --node-ip-address 127.0.0.1 --num-cpus 1 --include-dashboard false "
+        "--disable-usage-stats >/dev/null 2>&1; "
+        f'set +e; timeout 60 {sys.executable} -c "{join}"; rc=$?; {ray_bin} stop --force >/dev/null 2>&1; exit $rc'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(root))
+    out = subprocess.run(
+        # its own PID namespace too: `ray stop` there sees this head only, not other Ray processes on the machine
+        ["unshare", "-n", "-m", "-p", "--fork", "--mount-proc", "--propagation", "private", "bash", "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0 and "joined 1" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]

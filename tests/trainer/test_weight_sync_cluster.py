@@ -117,3 +117,26 @@ def test_servers_placed_by_ray_listen_on_their_nodes_address(backend, monkeypatc
     monkeypatch.setattr(launch, "start_policy_server", lambda b, m, port, **kw: started.append((b, kw)) or object())
     PolicyServerActor(backend, "tiny", {"max_model_len": 64})
     assert started == [(backend, {"max_model_len": 64, "host": "10.1.2.3"})]
+
+
+def test_agentgym_train_refuses_them_before_the_warm_start(tmp_path, monkeypatch):
+    """The refusal came when RL's weight sync started: after the warm start's demos, its SFT and the start
+    model's held-out scores (minutes with the sokoban preset). Now ``prepare_training`` refuses, before any stage."""
+    from agentgym.stages.train_command import prepare_training
+    from agentgym.trainer import rollout_servers
+    from tests.support.sglang_standin import SGLangStandin
+
+    standin = SGLangStandin(model_path="tiny", served_model_name="tiny")
+    url = standin.start()  # answers, so the preflight's reachability check passes
+    monkeypatch.setattr(rollout_servers, "is_local_url", lambda u: u != url)  # it runs on another host
+    overrides = [
+        f"trainer.default_local_dir={tmp_path}",
+        "actor_rollout_ref.rollout.name=sglang",
+        f"actor_rollout_ref.rollout.server_urls=[{url}]",
+    ]
+    try:
+        with pytest.raises(ConfigError, match="on another host.*Run those servers on this host"):
+            prepare_training("sokoban", None, None, overrides)
+    finally:
+        standin.stop()
+    assert not (tmp_path / "warm_start").exists()
