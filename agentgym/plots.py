@@ -4,7 +4,8 @@ Reads ``<run dir>/metrics.jsonl`` (one JSON object per step, written by the trai
 ``agentgym sft``) and draws one panel per quantity, training as a line and validation
 (``val/<metric>``) as dots on the same axes, against the step. Without ``-m`` the panels are
 the ones a person looks at first, each drawn only when the run logged it: reward, success,
-episode length, KL, entropy, staleness (async runs and weight-version lag), what long episodes cost
+episode length, KL, entropy, staleness (async runs and weight-version lag), the groups with no signal
+(the share trained on and, with dynamic sampling, the share sampled before the filter), what long episodes cost
 (tokens processed per episode, the last turn's prompt: docs/long_horizon.md), time per step, and the
 SFT loss.
 ``agentgym train`` writes ``curves.png`` into the run directory at every validation and at
@@ -30,7 +31,7 @@ DEFAULT_PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("KL", ("actor/kl_loss", "actor/ppo_kl"), "KL"),
     ("entropy", ("actor/entropy", "actor/entropy_before_update"), "entropy"),
     ("staleness", ("async/version_lag/mean", "rollout/weight_version_lag"), "weight versions behind"),
-    ("groups with no signal", ("sampling/flat_group_frac", "batch/zero_variance_group_frac"), "share of groups"),
+    ("groups with no signal", ("batch/zero_variance_group_frac", "sampling/flat_group_frac"), "share of groups"),
     ("malformed replies by turn", ("turn*/malformed",), "share of replies"),
     ("reply length by turn", ("turn*/reply_tokens",), "tokens"),
     ("tokens per episode", ("context/processed_tokens",), "prompt + reply tokens, all turns"),
@@ -39,6 +40,14 @@ DEFAULT_PANELS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("SFT loss", ("sft/loss",), "loss per assistant token"),
     ("learning rate", ("sft/lr",), "lr"),
 )
+
+# a panel's second series, drawn beside its key when the run logged it, with the labels of both: with dynamic
+# sampling (``algorithm.filter_groups``) the share of flat groups among those sampled (before the filter
+# dropped them) is not the share among those trained on (``batch/zero_variance_group_frac``, 0 when the filter
+# works)
+COMPANIONS: dict[str, tuple[str, str, str]] = {
+    "batch/zero_variance_group_frac": ("sampling/flat_group_frac", "trained on", "sampled, before the filter"),
+}
 
 # logged as 0 throughout when the feature is off (no KL loss; one update per batch has no PPO KL;
 # a synchronous run has no lag): the panel moves to the next key, or is left out
@@ -173,25 +182,13 @@ def figure(rows: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str, str]
         train_label, val_label = (
             ("train (reward trained on)", "validation (env's reward)") if rescored else ("train", "validation")
         )
+        companion = COMPANIONS.get(key)
+        other = series(rows, companion[0]) if companion else ([], [])
+        if companion and other[0]:
+            train_label = companion[1]
+            _train_lines(ax, *other, companion[2], "#ff7f0e")
         if steps:
-            noisy = len(steps) >= SMOOTH_FROM
-            ax.plot(
-                steps,
-                values,
-                color="#1f77b4",
-                linewidth=0.8 if noisy else 1.6,
-                alpha=0.35 if noisy else 1.0,
-                label=train_label,
-            )
-            if noisy:  # a step's batch is a few tasks: the trend is what a reader wants
-                window = max(3, len(steps) // 12)
-                ax.plot(
-                    steps,
-                    trailing_mean(values, window),
-                    color="#1f77b4",
-                    linewidth=1.8,
-                    label=f"{train_label}, mean of {window} steps",
-                )
+            _train_lines(ax, steps, values, train_label, "#1f77b4")
         val_steps, val_values = series(rows, f"val/{key}")
         if val_steps:
             ax.plot(
@@ -208,7 +205,7 @@ def figure(rows: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str, str]
         ax.set_xlabel("step")
         ax.set_ylabel(label if label != key else "")
         ax.grid(alpha=0.3)
-        if steps and val_steps:
+        if steps and (val_steps or other[0]):
             ax.legend(fontsize=8, loc="best")
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
@@ -216,6 +213,17 @@ def figure(rows: Sequence[dict[str, Any]], panels: Sequence[tuple[str, str, str]
         fig.suptitle(title, fontsize=12)
     fig.tight_layout()
     return fig
+
+
+def _train_lines(ax: Any, steps: list[int], values: list[float], label: str, colour: str) -> None:
+    """A training series: the raw line, and from ``SMOOTH_FROM`` steps on, faint under its trailing mean."""
+    noisy = len(steps) >= SMOOTH_FROM
+    ax.plot(steps, values, color=colour, linewidth=0.8 if noisy else 1.6, alpha=0.35 if noisy else 1.0, label=label)
+    if noisy:  # a step's batch is a few tasks: the trend is what a reader wants
+        window = max(3, len(steps) // 12)
+        ax.plot(
+            steps, trailing_mean(values, window), color=colour, linewidth=1.8, label=f"{label}, mean of {window} steps"
+        )
 
 
 def _per_turn_panel(ax: Any, rows: Sequence[dict[str, Any]], keys: Sequence[str], name: str, label: str) -> None:

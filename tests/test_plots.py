@@ -86,3 +86,21 @@ def test_plot_command_writes_a_png(tmp_path, capsys):
     assert main(["plot", str(run), "-m", "reward/maen"]) == 2
     assert "Did you mean reward/mean" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "nowhere")]) == 2
+
+
+def test_the_no_signal_panel_tells_sampled_groups_from_trained_ones(tmp_path):
+    """With dynamic sampling the share of flat groups among those sampled (``sampling/flat_group_frac``, before
+    the filter) is drawn beside the share among those trained on (``batch/zero_variance_group_frac``), each
+    labelled; without it the panel shows the trained share alone."""
+    rows = plots.read_metrics(write_run(tmp_path / "run"))
+    filtered = [{**r, "sampling/flat_group_frac": 0.4, "batch/zero_variance_group_frac": 0.0} for r in rows]
+    panels = plots.choose_panels(filtered)
+    index = [p[0] for p in panels].index("groups with no signal")
+    assert panels[index][1] == "batch/zero_variance_group_frac"
+    lines = plots.figure(filtered, panels).axes[index].get_lines()
+    assert [line.get_label() for line in lines] == ["sampled, before the filter", "trained on"]
+    assert list(lines[0].get_ydata()) == [0.4] * 6 and list(lines[1].get_ydata()) == [0.0] * 6
+    plain = [{**r, "batch/zero_variance_group_frac": 0.25} for r in rows]
+    panels = plots.choose_panels(plain)
+    index = [p[0] for p in panels].index("groups with no signal")
+    assert [line.get_label() for line in plots.figure(plain, panels).axes[index].get_lines()] == ["train"]

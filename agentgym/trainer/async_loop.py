@@ -12,7 +12,7 @@
   ``snapshot()``: copies the trainer's weights so the push can run while training goes on
   (``async_training.checkpoint_engine.enable``);
 * optionally a *group filter* (dynamic sampling, ``agentgym.trainer.dynamic_sampling.GroupFilter``):
-  ``keep(group)``, whether a finished group goes to the pool, and ``step_metrics()``.
+  ``keep(group)``, whether a finished group goes to the pool, ``has_signal(group)`` and ``step_metrics()``.
 
 Dynamic sampling filters where groups form: a finished group the filter drops never enters the pool
 (its announced place there is discarded), and its admission place is given back (``dropped``), so the
@@ -20,7 +20,11 @@ admission budget and the trainer's batch choice count only the tasks that are ke
 That keeps the lag bound for what is trained (the kept tasks admitted under ``V`` still number at most
 ``V * b + A``), and a dropped task is never consumed work: a new task takes its place under the
 servers' current version. Filtering at the trainer's take instead would let flat groups fill the pool
-(``max_queue_size``) and hold admission places until an update took them.
+(``max_queue_size``) and hold admission places until an update took them. The flat groups the filter keeps
+past its drop budget are the exception: they are taken like any other (their admission places counted as
+consumed), but when a taken batch also holds groups with a signal, only those train
+(``sampling/flat_groups_left_out`` counts the rest), as the synchronous trainer trains on the groups with a
+signal it has; a batch of flat groups alone trains as it is (the flat-reward warning).
 
 The rollout side (``_produce``) admits tasks while the plan allows (and the pool is not
 ``full()``, and fewer than ``max_tasks_in_flight`` run), runs each as its own asyncio task and
@@ -236,6 +240,11 @@ class AsyncCoordinator:
             await self._wait_pool(seen, after)
         taken = await self.pool.take(choice.group_ids)
         self._wake()
+        left_out = 0
+        if self.group_filter is not None:  # flat groups kept past the drop budget never train beside a signal
+            signal = [(info, group) for info, group in taken if self.group_filter.has_signal(group)]
+            if signal:
+                left_out, taken = len(taken) - len(signal), signal
         now = time.perf_counter()
         trajectories = [t for _, group in taken for t in group]
         oldest = []
@@ -264,6 +273,7 @@ class AsyncCoordinator:
         }
         if self.group_filter is not None:
             metrics.update(self.group_filter.step_metrics())
+            metrics["sampling/flat_groups_left_out"] = float(left_out)
         return trajectories, metrics, [info for info, _ in taken]
 
     async def _wait_pool(self, seen: int, after: int) -> None:

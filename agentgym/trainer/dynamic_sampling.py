@@ -117,11 +117,17 @@ class GroupFilter:
     finished group is judged before it reaches the DataPool; a flat one is dropped and frees its admission
     place, so the rollout side starts another task in its stead.
 
-    ``drop_budget`` bounds the drops per trainer update as ``max_num_gen_batches`` bounds the synchronous
-    trainer's rounds: a step samples at most ``max_num_gen_batches * gen_batch_size`` tasks to train
-    ``train_batch_size`` groups, so at most the difference is dropped between two batches taken; past it
-    flat groups are kept (trained with advantage 0, and a step of only those gets the flat-reward warning,
-    as the synchronous trainer's last unfiltered round does). None: no bound (``max_num_gen_batches <= 0``).
+    ``drop_budget`` bounds the drops as ``max_num_gen_batches`` bounds the synchronous trainer's rounds: a
+    step samples at most ``max_num_gen_batches * gen_batch_size`` tasks to train ``train_batch_size`` (``b``)
+    groups, so at most the difference is dropped per ``b`` groups with a signal. Between two batches taken
+    the filter drops up to ``drop_budget`` flat groups, and ``drop_budget`` more for every ``b`` groups with a
+    signal it kept in that time (the rollout side finishes groups in bursts after each weight push, several
+    batches' worth between two takes: a fixed count per take ran out while most of the burst was still to
+    come, and the Sokoban main job kept 44 flat groups past it on one seed). Past that flat groups
+    are kept, so a run whose groups are all flat still ends; they reach the pool, but the coordinator never
+    trains one beside a group with a signal (``has_signal`` at the take: as the synchronous trainer, a step
+    trains on the groups with a signal it has, and only a step with none trains its flat groups, which get
+    the flat-reward warning). None: no bound (``max_num_gen_batches <= 0``).
 
     ``step_metrics()`` gives the ``sampling/*`` counts of the groups finished since the last call (the
     synchronous trainer's names where they apply) and starts the next window.
@@ -133,12 +139,14 @@ class GroupFilter:
         drop_budget: int | None = None,
         turn_reward_coef: float = 1.0,
         outcome_reward_coef: float = 1.0,
+        batch_groups: int = 1,
     ) -> None:
         self.metric = metric
         self.drop_budget = drop_budget
+        self.batch_groups = max(1, int(batch_groups))
         self.turn_reward_coef = turn_reward_coef
         self.outcome_reward_coef = outcome_reward_coef
-        self._window = dict.fromkeys(("sampled", "kept", "flat", "dropped", "episodes", "solved"), 0)
+        self._window = dict.fromkeys(("sampled", "kept", "signal", "flat", "dropped", "episodes", "solved"), 0)
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> GroupFilter:
@@ -146,7 +154,18 @@ class GroupFilter:
         b = cfg.data.train_batch_size
         rounds = fg.max_num_gen_batches
         budget = None if rounds <= 0 else max(0, rounds * (cfg.data.gen_batch_size or b) - b)
-        return cls(fg.metric, budget, cfg.algorithm.turn_reward_coef, cfg.algorithm.outcome_reward_coef)
+        return cls(fg.metric, budget, cfg.algorithm.turn_reward_coef, cfg.algorithm.outcome_reward_coef, b)
+
+    def has_signal(self, group: list[Trajectory]) -> bool:
+        """Whether ``group``'s episodes scored differently (the spread test, counting nothing)."""
+        return has_spread(group, self.metric, self.turn_reward_coef, self.outcome_reward_coef)
+
+    def allowance(self) -> int | None:
+        """Flat groups this window may drop: ``drop_budget``, plus ``drop_budget`` per ``b`` groups with a signal
+        kept in it (see the class docstring); None: no bound."""
+        if self.drop_budget is None:
+            return None
+        return self.drop_budget * (1 + self._window["signal"] // self.batch_groups)
 
     def keep(self, group: list[Trajectory]) -> bool:
         """Whether ``group`` (one task's trajectories) goes to the pool; counts it."""
@@ -154,11 +173,13 @@ class GroupFilter:
         w["sampled"] += 1
         w["episodes"] += len(group)
         w["solved"] += sum(bool(t.success) for t in group)
-        if has_spread(group, self.metric, self.turn_reward_coef, self.outcome_reward_coef):
+        if self.has_signal(group):
             w["kept"] += 1
+            w["signal"] += 1
             return True
         w["flat"] += 1
-        if self.drop_budget is not None and w["dropped"] >= self.drop_budget:
+        allowance = self.allowance()
+        if allowance is not None and w["dropped"] >= allowance:
             w["kept"] += 1
             return True
         w["dropped"] += 1

@@ -239,7 +239,7 @@ async def _filtered(plan: StalenessPlan, steps: int, partial: bool, flat, drop_b
             trajectories, metrics, _ = await coordinator.next_batch(step)
             lags += [step - 1 - t.oldest_version() for t in trajectories]
             trained += [t.task["index"] for t in trajectories[::2]]
-            windows.append(metrics)
+            windows.append({**metrics, "trained": [t.task["index"] for t in trajectories[::2]]})
             await asyncio.sleep(rng.uniform(0.0, 0.004))
             await coordinator.after_update(step, last=step == steps)
         await coordinator.wait_push()
@@ -281,3 +281,45 @@ def test_when_every_group_is_flat_the_drop_budget_ends_each_step():
     assert all(w["sampling/groups_dropped"] <= 3 and w["sampling/flat_group_frac"] == 1.0 for w in windows)
     assert windows[0]["sampling/groups_dropped"] == 3  # the first step waits for its budget to run out
     assert coordinator.dropped == sum(w["sampling/groups_dropped"] for w in windows)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_flat_groups_kept_past_the_drop_budget_never_train_beside_a_signal(seed):
+    """No drop budget (``max_num_gen_batches=1``: every flat group reaches the pool): every batch that holds a
+    group with a signal trains those alone, the flat ones taken with it are counted as left out, and only a
+    batch of flat groups alone trains them (the synchronous trainer's last unfiltered round)."""
+    rng = random.Random(seed)
+    b, k, s = rng.choice([2, 3]), rng.choice([1, 2]), rng.choice([0.0, 0.5])
+    steps = rng.randint(4, 7)
+    plan = StalenessPlan(b, k, s, total_tasks=steps * b)
+    trained, lags, windows, coordinator, pool = asyncio.run(
+        _filtered(plan, steps, bool(seed % 2), lambda i: i % 3 == 0, 0, rng)
+    )
+    batches = [w["trained"] for w in windows]
+    assert all(all(i % 3 == 0 for i in batch) or not any(i % 3 == 0 for i in batch) for batch in batches)
+    flat_alone = sum(len(batch) for batch in batches if all(i % 3 == 0 for i in batch))
+    left_out = sum(w["sampling/flat_groups_left_out"] for w in windows)
+    assert left_out > 0 and coordinator.dropped == 0
+    assert left_out + flat_alone == len([i for i in range(coordinator.started) if i % 3 == 0])
+    assert sorted(i for i in trained if i % 3) == [i for i in range(coordinator.started) if i % 3]
+    assert len(pool) == 0 and max(lags) <= plan.max_lag
+
+
+def test_the_drop_budget_grows_with_the_groups_with_a_signal_kept():
+    """``drop_budget`` per ``b`` groups with a signal, plus one: a burst of groups finished between two takes
+    (several batches' worth) drops its flat groups as the synchronous trainer's rounds would for as many
+    batches, instead of keeping them once one batch's budget is spent; the next window starts from one budget."""
+
+    def group(flat: bool) -> list[Trajectory]:
+        group = [Trajectory(turns=[Turn(prompt_ids=[1], response_ids=[2], logprobs=[0.0])]) for _ in range(2)]
+        group[1].outcome_reward = 0.0 if flat else 1.0
+        return group
+
+    f = GroupFilter(drop_budget=2, batch_groups=2)
+    kept = [f.keep(group(flat)) for flat in [True] * 3 + [False] * 4 + [True] * 5]
+    # 2 dropped, the 3rd kept (no signal yet: one budget); 4 with a signal: 2 + 2 * 2 = 6 drops in all
+    assert kept == [False, False, True] + [True] * 4 + [False] * 4 + [True]
+    metrics = f.step_metrics()
+    assert metrics["sampling/groups_dropped"] == 6 and metrics["sampling/groups_kept"] == 6
+    assert [f.keep(group(True)) for _ in range(3)] == [False, False, True]
+    assert f.has_signal(group(False)) and not f.has_signal(group(True))

@@ -461,6 +461,25 @@ def test_async_dynamic_sampling_trains_no_group_without_signal(tmp_path, enable)
         assert any(seed % 2 == 0 for seed in seeds) and not any("sampling/groups_dropped" in r for r in rows)
 
 
+def test_async_trainer_trains_no_flat_group_the_filter_kept_past_its_budget(tmp_path):
+    """max_num_gen_batches=1 (no group may be dropped: a synchronous step trains the groups of its one round
+    that have a signal): every flat group reaches the pool, and no update trains one beside the groups with a
+    signal it took; the metrics say how many were left out and that every trained group had a signal."""
+    summary = _scripted_run(
+        tmp_path,
+        "budget",
+        lambda seed: seed % 2 == 0,
+        ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=1"],
+    )
+    seeds = [g["task"]["seed"] for r in _rows(Path(summary["run_dir"]) / "async_batches.jsonl") for g in r["groups"]]
+    rows = _rows(Path(summary["metrics_file"]))
+    assert len(rows) == 3 and seeds and all(seed % 2 for seed in seeds)
+    assert all(r["batch/zero_variance_group_frac"] == 0.0 for r in rows)
+    assert sum(r["sampling/groups_dropped"] for r in rows) == 0
+    assert sum(r["sampling/flat_groups_left_out"] for r in rows) == len(seeds) == 3
+    assert summary["flat_reward_steps"] == 0
+
+
 def test_async_distillation_drops_no_group_by_env_score(tmp_path):
     """A teacher scores (distillation.enable) with algorithm.filter_groups on: the filter judges env scores,
     which say nothing of what the teacher teaches, so it is off and the env-flat groups are trained too."""
