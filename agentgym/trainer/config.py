@@ -226,7 +226,7 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.trainer.total_training_steps is not None and cfg.trainer.total_training_steps < 1:
         raise ConfigError("trainer.total_training_steps must be at least 1 (or null to count epochs)")
-    minutes = cfg.trainer.get("total_training_minutes")
+    minutes = cfg.trainer.total_training_minutes
     if minutes is not None:
         if minutes <= 0:
             raise ConfigError("trainer.total_training_minutes must be positive (or null: no time limit)")
