@@ -348,6 +348,7 @@ class TrainerSettings:
     experiment_name: str | None = setting(None, "null: <env or agent>-<adv_estimator>")
     total_epochs: int = setting(30, "dataset envs: passes over data.train_files")
     total_training_steps: int | None = setting(None, "wins over total_epochs; generated envs need it")
+    total_training_minutes: float | None = setting(None, "also stop after the step that ends past it (null: none)")
     logger: list[str] = setting(
         ["console", "jsonl"], "console | jsonl | tensorboard | wandb (metrics.jsonl is always written)"
     )

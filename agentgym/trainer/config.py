@@ -226,6 +226,15 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.trainer.total_training_steps is not None and cfg.trainer.total_training_steps < 1:
         raise ConfigError("trainer.total_training_steps must be at least 1 (or null to count epochs)")
+    minutes = cfg.trainer.total_training_minutes
+    if minutes is not None:
+        if minutes <= 0:
+            raise ConfigError("trainer.total_training_minutes must be positive (or null: no time limit)")
+        if not cfg.actor_rollout_ref.hybrid_engine:
+            raise ConfigError(
+                "trainer.total_training_minutes is not implemented for the asynchronous trainer "
+                "(actor_rollout_ref.hybrid_engine=false): bound it with trainer.total_training_steps"
+            )
     actor = cfg.actor_rollout_ref.actor
     positive = {
         "data.train_batch_size": cfg.data.train_batch_size,

@@ -718,12 +718,17 @@ class PPOTrainer:
                 self.tracking.log(val, 0)
         progress = Progress(self.total_steps, initial=self.global_step, enabled=self.show_progress)
         last_saved: Path | None = None
+        minutes = cfg.get("total_training_minutes")
+        steps_started = time.perf_counter()
+        out_of_time = False
         try:
             for step in range(self.global_step + 1, self.total_steps + 1):
                 metrics = self.train_step(step)
                 self.global_step = step
                 self.steps_run += 1
-                last = step == self.total_steps
+                # a time budget ends the run after the step that passes it (this process's steps only)
+                out_of_time = minutes is not None and time.perf_counter() - steps_started >= 60 * minutes
+                last = step == self.total_steps or out_of_time
                 # veRL's rule: a positive frequency also fires on the last step; <= 0 never fires
                 if test_freq > 0 and (step % test_freq == 0 or last):
                     val = self.validate(step)
@@ -737,6 +742,13 @@ class PPOTrainer:
                 if "val/reward/mean" in metrics:
                     self.write_curves()
                 progress.update(metrics)
+                if out_of_time and step < self.total_steps:
+                    print(
+                        f"stopped after step {step} of {self.total_steps}: trainer.total_training_minutes="
+                        f"{minutes:g} reached ({(time.perf_counter() - steps_started) / 60:.1f} min of steps)",
+                        flush=True,
+                    )
+                    break
         finally:
             progress.close()
         self.write_curves()
@@ -754,6 +766,7 @@ class PPOTrainer:
             "samples_file": str(self.run_dir / "samples.jsonl"),
             "curves": str(self.curves) if self.curves else None,
             "steps_run": self.steps_run,
+            "stopped_by_time": out_of_time and self.global_step < self.total_steps,
             "flat_reward_steps": self.flat_steps,
         }
         if self.use_ray:  # where the trainer's ranks ran (Ray node ids, rank order)
