@@ -15,7 +15,7 @@ server with the model directory's own chat template, so the prompt tokens are th
 servers taking turns within every repeat (the order rotates), and each cell is the median of the repeats:
 
 * generated tokens/s with 1, 8 and 32 concurrent requests (usage.completion_tokens / wall time);
-* time to first token: one streamed request at a time, until the first chunk with text;
+* time to first token: one streamed request (16 new tokens) at a time, until the first chunk with text;
 * server CPU seconds per 1,000 generated tokens at each concurrency: user + system time of the server's
   process tree (the process listening on the server's port, or ``--pid``, and all its descendants:
   vLLM's engine core runs in a child process), so the figure does not move with other load;
@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from agentgym.model import resolve_model_path  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
+TTFT_TOKENS = 16  # the streamed request that times the first token needs no more
 TOPICS = (
     "a lighthouse keeper",
     "a lost umbrella",
@@ -216,7 +217,7 @@ async def first_token(client: httpx.AsyncClient, server: Server, new_tokens: int
 
 
 # ---- the rollout cell -------------------------------------------------------------------------------------
-def rollout(server: Server, model: str, episodes: int, max_turns: int | None, log_dir: Path) -> float:
+def rollout(server: Server, args: argparse.Namespace, log_dir: Path) -> float:
     """``throughput/turns_per_s`` of ``agentgym rollout --env sokoban -n EPISODES --tasks 1 --server URL``."""
     command = [
         sys.executable,
@@ -226,20 +227,22 @@ def rollout(server: Server, model: str, episodes: int, max_turns: int | None, lo
         "--env",
         "sokoban",
         "-n",
-        str(episodes),
+        str(args.episodes),
         "--tasks",
         "1",
         "--concurrency",
-        str(episodes),
+        str(args.episodes),
         "--server",
         server.url,
         "--backend",
         server.backend,
         "--model",
-        model,
+        args.model,
     ]
-    if max_turns:
-        command += ["--max-turns", str(max_turns)]
+    if args.max_turns:
+        command += ["--max-turns", str(args.max_turns)]
+    if args.rollout_max_tokens:
+        command += ["--max-tokens", str(args.rollout_max_tokens)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     (log_dir / f"rollout-{server.name}.log").write_text(done.stdout + done.stderr)
@@ -332,11 +335,12 @@ async def measure(servers: list[Server], args: argparse.Namespace, log_dir: Path
                         flush=True,
                     )
             for s in order:
-                s.add("ttft", await first_token(client, s, args.new_tokens))
+                s.add("ttft", await first_token(client, s, TTFT_TOKENS))
+                print(f"  repeat {rep + 1}: {s.name} first token {s.cells['ttft'][-1] * 1000:.0f} ms", file=sys.stderr)
     for rep in range(args.rollout_repeats):
         order = servers[rep % len(servers) :] + servers[: rep % len(servers)]
         for s in order:
-            rate = await asyncio.to_thread(rollout, s, args.model, args.episodes, args.max_turns, log_dir)
+            rate = await asyncio.to_thread(rollout, s, args, log_dir)
             s.add("turns/s", rate)
             print(
                 f"  [{time.strftime('%H:%M:%S')}] rollout {rep + 1}: {s.name} {rate:.2f} turns/s (load {loadavg()})",
@@ -348,7 +352,7 @@ async def measure(servers: list[Server], args: argparse.Namespace, log_dir: Path
 ROWS = [
     *((f"tok/s, {c} concurrent, {{n}} new tokens", f"tok/s {c}", "{:.1f}") for c in CONCURRENCY),
     ("time to first token, 1 concurrent (ms)", "ttft", "{:.0f}"),
-    ("Sokoban rollout turns/s (-n {e}, 1 task)", "turns/s", "{:.2f}"),
+    ("Sokoban rollout turns/s (-n {e}, 1 task, all at once)", "turns/s", "{:.2f}"),
     *((f"server CPU s per 1k tokens, {c} concurrent", f"cpu {c}", "{:.2f}") for c in CONCURRENCY),
 ]
 
@@ -385,17 +389,21 @@ def main() -> int:
     parser.add_argument("--vllm-python", default=None, help="the Python that has vLLM ($AGENTGYM_VLLM_PYTHON)")
     parser.add_argument("--vllm-memory", type=float, default=0.15, help="CPU: share of memory for vLLM's KV cache")
     parser.add_argument("--vllm-arg", action="append", metavar="ARG", help="an extra flag for vLLM (repeatable)")
-    parser.add_argument("--quick", action="store_true", help="2 repeats, a 4-turn rollout")
+    parser.add_argument("--quick", action="store_true", help="2 repeats; rollouts of 4 turns of 64 tokens at most")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats (5; --quick 2)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--episodes", type=int, default=32, help="rollout -n (%(default)s)")
     parser.add_argument("--max-turns", type=int, default=None, help="rollout --max-turns (the env's; --quick 4)")
+    parser.add_argument(
+        "--rollout-max-tokens", type=int, default=None, help="rollout --max-tokens per turn (256; --quick 64)"
+    )
     parser.add_argument("--rollout-repeats", type=int, default=None, help="rollouts per server (2; --quick 1)")
     parser.add_argument("--log-dir", default=None, help="rollout and vLLM logs (a temporary directory)")
     args = parser.parse_args()
     args.repeats = args.repeats or (2 if args.quick else 5)
     args.rollout_repeats = args.rollout_repeats if args.rollout_repeats is not None else (1 if args.quick else 2)
     args.max_turns = args.max_turns or (4 if args.quick else None)
+    args.rollout_max_tokens = args.rollout_max_tokens or (64 if args.quick else None)
     if not args.server and not args.start:
         parser.error("nothing to measure: give --server URL and/or --start embedded|vllm")
     import tempfile
@@ -422,7 +430,8 @@ def main() -> int:
     print(
         f"\n## OpenAI servers side by side: {Path(model).name}, {args.new_tokens} new tokens per request, greedy, "
         f"medians of {args.repeats} interleaved repeats ({args.rollout_repeats} for the rollout"
-        f"{f', at most {args.max_turns} turns' if args.max_turns else ''})\n"
+        f"{f', at most {args.max_turns} turns' if args.max_turns else ''}"
+        f"{f' of at most {args.rollout_max_tokens} tokens' if args.rollout_max_tokens else ''})\n"
     )
     print(table(servers, args))
     print(
