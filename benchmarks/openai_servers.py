@@ -340,7 +340,11 @@ async def measure(servers: list[Server], args: argparse.Namespace, log_dir: Path
     for rep in range(args.rollout_repeats):
         order = servers[rep % len(servers) :] + servers[: rep % len(servers)]
         for s in order:
-            rate = await asyncio.to_thread(rollout, s, args, log_dir)
+            try:
+                rate = await asyncio.to_thread(rollout, s, args, log_dir)
+            except RuntimeError as exc:  # the other cells still print
+                print(f"  rollout against {s.name} failed: {exc}", file=sys.stderr, flush=True)
+                continue
             s.add("turns/s", rate)
             print(
                 f"  [{time.strftime('%H:%M:%S')}] rollout {rep + 1}: {s.name} {rate:.2f} turns/s (load {loadavg()})",
@@ -421,7 +425,10 @@ def main() -> int:
     try:
         servers += [start(kind, model, args, log_dir) for kind in args.start]
         measured = time.perf_counter()
-        asyncio.run(measure(servers, args, log_dir))
+        try:
+            asyncio.run(measure(servers, args, log_dir))
+        except (RuntimeError, httpx.HTTPError) as exc:  # a server died: print what was measured before it
+            print(f"stopped early: {type(exc).__name__}: {exc}", file=sys.stderr)
         load_after = loadavg()
     finally:
         for s in servers:
@@ -442,7 +449,7 @@ def main() -> int:
     tokens = {s.name: s.prompt_tokens for s in servers}
     print(f"prompt tokens of request 0: {tokens}" + ("" if len(set(tokens.values())) == 1 else "  <- DIFFERENT"))
     texts = [s.greedy_text for s in servers]
-    same = next((i for i, chars in enumerate(zip(*texts)) if len(set(chars)) > 1), min(map(len, texts)))
+    same = next((i for i, chars in enumerate(zip(*texts)) if len(set(chars)) > 1), min(map(len, texts), default=0))
     print(
         "greedy replies to request 0: identical"
         if len(set(texts)) == 1
