@@ -163,12 +163,15 @@ def engine_device(engine: str, python: str = sys.executable) -> str | None:
     another engine). A child process asks ``vllm.platforms``: a few seconds, once per launch."""
     if engine != "vllm":
         return None
-    probe = subprocess.run(
-        [python, "-c", "from vllm.platforms import current_platform as p; print(p.device_type)"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    try:
+        probe = subprocess.run(
+            [python, "-c", "from vllm.platforms import current_platform as p; print(p.device_type)"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
     lines = probe.stdout.split()
     return lines[-1] if probe.returncode == 0 and lines else None
 
