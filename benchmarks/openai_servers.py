@@ -7,7 +7,7 @@
     # or from --pid NAME=PID)
     .venv/bin/python benchmarks/openai_servers.py --model smollm2-135m \\
         --server embedded=http://127.0.0.1:8000 --server vllm=http://127.0.0.1:8001
-    ... --quick       # 2 repeats, a shorter rollout (about 5 minutes on 2 cores with SmolLM2)
+    ... --quick       # 2 repeats; rollouts of at most 4 turns of 64 tokens
 
 Every server gets the same chat requests (``/v1/chat/completions``: the same messages, rendered by each
 server with the model directory's own chat template, so the prompt tokens are the same; ``max_tokens``
@@ -18,7 +18,7 @@ servers taking turns within every repeat (the order rotates), and each cell is t
 * time to first token: one streamed request (16 new tokens) at a time, until the first chunk with text;
 * server CPU seconds per 1,000 generated tokens at each concurrency: user + system time of the server's
   process tree (the process listening on the server's port, or ``--pid``, and all its descendants:
-  vLLM's engine core runs in a child process), so the figure does not move with other load;
+  vLLM's engine core runs in a child process), so the figure moves less with other load;
 * Sokoban rollout turns/s: ``agentgym rollout --env sokoban -n 32 --tasks 1 --server URL`` in a child
   process (its own ``throughput/turns_per_s``: turns over the rollout's wall time, start-up excluded).
 
@@ -26,7 +26,9 @@ and the ratio embedded / other for every other server (for tok/s and turns/s abo
 server faster; for time to first token and CPU per token below 1 is it cheaper). Load averages
 are printed before and after: on a shared machine wall-clock cells move with the load, CPU seconds
 much less. Servers started here (``--start``) run float32 (``--dtype float32`` for vLLM, which would
-otherwise run bfloat16 on a CPU); a server given by URL is the caller's to start in float32.
+otherwise run bfloat16 on a CPU); a server given by URL is the caller's to start in float32. ``--start vllm``
+goes through agentgym's launcher, which on a CPU turns chunked prefill off (docs/vllm_cpu.md;
+``--vllm-arg=--enable-chunked-prefill`` restores vLLM's default); its log is ``vllm.log`` in ``--log-dir``.
 ``benchmarks/server.py`` measures the embedded server alone (token-id prompts, weight pushes).
 Installing vLLM's CPU build beside the project: docs/vllm_cpu.md.
 """
