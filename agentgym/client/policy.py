@@ -26,6 +26,10 @@ a failure ends it); any other 4xx is the server refusing the request, raised at 
 removed while requests run (``add_server``, ``remove_server``: a removed server's sessions move to
 another server on their next request, its requests in flight finish first).
 
+A vLLM server that a seeded request could kill (vLLM on a CPU with chunked prefill, or one whose
+``/server_info`` is off) gets requests without their ``seed`` (``agentgym.client.vllm_cpu``; a warning
+says so once per server).
+
 Connections: ``http://`` servers are called through ``agentgym.client.http11`` (keep-alive
 connections, responses parsed by httptools: ~0.05 ms of CPU per call where httpx spends ~0.5 ms);
 ``https://`` ones through httpx, split into small pools (``HTTPPools``).
