@@ -1,5 +1,10 @@
 """Embedded policy server: generation throughput and weight-push time.
 
+This targets agentgym's embedded server only (it sends token-id prompts and reads the ``token_ids``
+field that server returns; it compares with ``model.generate``). To compare the embedded server with
+vLLM or any other OpenAI-compatible server on the same chat requests, use
+``benchmarks/openai_servers.py`` (docs/vllm_cpu.md).
+
     .venv/bin/python benchmarks/server.py            # tiny throughput + tiny and Qwen2.5-0.5B-shaped pushes
     .venv/bin/python benchmarks/server.py --quick    # fewer tokens and repeats
 

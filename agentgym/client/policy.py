@@ -26,6 +26,10 @@ a failure ends it); any other 4xx is the server refusing the request, raised at 
 removed while requests run (``add_server``, ``remove_server``: a removed server's sessions move to
 another server on their next request, its requests in flight finish first).
 
+A vLLM server that a seeded request could kill (vLLM on a CPU with chunked prefill, or one whose
+``/server_info`` is off) gets requests without their ``seed`` (``agentgym.client.vllm_cpu``; a warning
+says so once per server).
+
 Connections: ``http://`` servers are called through ``agentgym.client.http11`` (keep-alive
 connections, responses parsed by httptools: ~0.05 ms of CPU per call where httpx spends ~0.5 ms);
 ``https://`` ones through httpx, split into small pools (``HTTPPools``).
@@ -52,6 +56,7 @@ from agentgym.client.dialects import (
 from agentgym.client.http11 import ConnectionPool, TransportError
 from agentgym.client.httpx_pools import HttpxTransport, transport_for
 from agentgym.client.versions import known_weight_version, record_weight_version
+from agentgym.client.vllm_cpu import SERVER_INFO, seed_hazard, warn_unseeded
 from agentgym.types import SamplingParams, TokenSample
 
 BACKENDS = ("embedded", "vllm", "sglang")
@@ -77,7 +82,17 @@ class _Server:
     """One server's routing state and connections. A failed server is skipped for ``cooldown``
     seconds, then tried again (it may have restarted), instead of being dropped for good."""
 
-    __slots__ = ("url", "outstanding", "unhealthy_until", "transport", "removed", "model", "_model_lookup")
+    __slots__ = (
+        "url",
+        "outstanding",
+        "unhealthy_until",
+        "transport",
+        "removed",
+        "model",
+        "_model_lookup",
+        "seed_hazard",
+        "_seed_lookup",
+    )
 
     def __init__(self, url: str, transport: ConnectionPool | HttpxTransport) -> None:
         self.url = url.rstrip("/")
@@ -87,6 +102,9 @@ class _Server:
         self.removed = False
         self.model: str | None = None  # the name it serves, once asked (``PolicyClient.served_model``)
         self._model_lookup: asyncio.Task[str | None] | None = None
+        # vLLM: why a request with a seed could kill it ("" when it cannot), once asked (``agentgym.client.vllm_cpu``)
+        self.seed_hazard: str | None = None
+        self._seed_lookup: asyncio.Task[str] | None = None
 
     @property
     def version(self) -> int:
@@ -238,13 +256,14 @@ class PolicyClient:
         last_status: int | None = None
         failed: _Server | None = None
         headers = {"Authorization": f"Bearer {self.admin_key}"} if admin and self.admin_key else None
-        bodies: dict[str | None, bytes] = {}
+        bodies: dict[tuple[str | None, bool], bytes] = {}
         for attempt in range(self.max_retries + 1):
             target = server or self._pick(session_id, exclude=failed)
             model = await self.served_model(target) if name_model else None
-            body = bodies.get(model)
+            unseeded = await self._drops_seed(target, payload)
+            body = bodies.get((model, unseeded))
             if body is None:
-                body = bodies[model] = json.dumps({**payload, "model": model} if model else payload).encode()
+                body = bodies[(model, unseeded)] = self._body(payload, model, unseeded)
             target.outstanding += 1
             try:
                 if headers is None:
@@ -329,7 +348,7 @@ class PolicyClient:
         for attempt in range(self.max_retries + 1):
             target = self._pick(session_id, exclude=failed)
             model = await self.served_model(target)
-            body = json.dumps({**payload, "model": model} if model else payload).encode()
+            body = self._body(payload, model, await self._drops_seed(target, payload))
             target.outstanding += 1
             started = False
             try:
@@ -383,6 +402,38 @@ class PolicyClient:
         return TokenDelta(
             ids, logprobs, choice.get("finish_reason"), int(version) if version is not None else server.version, tops
         )
+
+    @staticmethod
+    def _body(payload: dict[str, Any], model: str | None, unseeded: bool) -> bytes:
+        if model or unseeded:
+            payload = {k: v for k, v in payload.items() if not (unseeded and k == "seed")}
+            if model:
+                payload["model"] = model
+        return json.dumps(payload).encode()
+
+    async def _drops_seed(self, server: _Server, payload: dict[str, Any]) -> bool:
+        """Whether ``payload`` goes to ``server`` without its ``seed``: a vLLM server that a seeded
+        request could kill (on a CPU with chunked prefill, or one that does not say;
+        ``agentgym.client.vllm_cpu``), asked once per server, a warning the first time."""
+        if self.backend != "vllm" or payload.get("seed") is None:
+            return False
+        if server.seed_hazard is None:
+            if server._seed_lookup is None or server._seed_lookup.done():
+                server._seed_lookup = asyncio.ensure_future(self._ask_seed_hazard(server))
+            hazard = await asyncio.shield(server._seed_lookup)
+            if server.seed_hazard is None:
+                server.seed_hazard = hazard
+                if hazard:
+                    warn_unseeded(server.url, hazard)
+        return bool(server.seed_hazard)
+
+    async def _ask_seed_hazard(self, server: _Server) -> str:
+        try:
+            status, raw = await server.transport.request("GET", SERVER_INFO, timeout=60.0)
+            info = json.loads(raw) if status == 200 else None
+        except (TransportError, ValueError):
+            info = None
+        return seed_hazard(info if isinstance(info, dict) else None) or ""
 
     async def served_model(self, server: _Server) -> str | None:
         """The model name to send ``server``: ``self.model`` if given, else the first id in the

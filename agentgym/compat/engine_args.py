@@ -49,7 +49,8 @@ def vllm_flags(rollout: DictConfig) -> list[str]:
         "--max-num-batched-tokens",
         str(rollout.max_num_batched_tokens),
     ]
-    flags.append("--enable-chunked-prefill" if rollout.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    if rollout.enable_chunked_prefill is not None:  # null: the launcher's choice (off for vLLM on a CPU)
+        flags.append("--enable-chunked-prefill" if rollout.enable_chunked_prefill else "--no-enable-chunked-prefill")
     if rollout.enforce_eager:
         flags.append("--enforce-eager")
     if rollout.load_format and rollout.load_format != "dummy":
@@ -59,7 +60,8 @@ def vllm_flags(rollout: DictConfig) -> list[str]:
 
 def sglang_flags(rollout: DictConfig) -> list[str]:
     flags = ["--max-running-requests", str(rollout.max_num_seqs)]
-    flags += ["--chunked-prefill-size", str(rollout.max_num_batched_tokens if rollout.enable_chunked_prefill else -1)]
+    chunked = rollout.enable_chunked_prefill is not False  # null: SGLang's default, on
+    flags += ["--chunked-prefill-size", str(rollout.max_num_batched_tokens if chunked else -1)]
     if rollout.enforce_eager:
         flags.append("--disable-cuda-graph")
     if rollout.load_format and rollout.load_format != "dummy":

@@ -419,6 +419,8 @@ DEFAULT_EXCEPTIONS: dict[str, str] = {
     f"{AR}.ref.log_prob_micro_batch_size_per_gpu": "null: the rollout's (16); veRL requires it to be set",
     f"{AR}.rollout.log_prob_micro_batch_size_per_gpu": f"16: veRL requires it to be set; {MEMORY}",
     f"{AR}.rollout.tensor_model_parallel_size": "1: hardware (GPUs per engine); 1 runs anywhere",
+    f"{AR}.rollout.enable_chunked_prefill": "null: on, except vLLM on a CPU, whose engine dies on a seeded request "
+    "prefilled in more than one step (docs/vllm_cpu.md)",
     f"{AR}.rollout.dtype": "null: the model's own dtype, so a float32 checkpoint is served in float32 and its "
     "logprobs match a float32 trainer's (docs/deploy.md, token fidelity by dtype)",
     "critic.ppo_micro_batch_size_per_gpu": "null: the actor's; veRL requires it to be set",

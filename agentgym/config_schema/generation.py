@@ -52,7 +52,11 @@ class GenerationRolloutConfig:
     load_format: str = setting("auto", "vllm / sglang: how the engine loads the weights (dummy: as auto)")
     max_num_batched_tokens: int = setting(8192, "vllm / sglang: most tokens in one engine batch")
     max_num_seqs: int = setting(1024, "vllm / sglang: most sequences in one engine batch")
-    enable_chunked_prefill: bool = setting(True, "vllm / sglang: split long prompts' prefill into chunks")
+    enable_chunked_prefill: bool | None = setting(
+        None,
+        "vllm / sglang: split long prompts' prefill into chunks; null: yes, except vLLM on a CPU, where a "
+        "seeded request crashes chunked prefill (agentgym/client/vllm_cpu.py)",
+    )
     engine_kwargs: dict[str, Any] = setting(
         {"vllm": {}, "sglang": {}}, "vllm / sglang: extra engine flags, e.g. {vllm: {swap_space: 4}}"
     )

@@ -207,7 +207,11 @@ class RolloutConfig:
     free_cache_engine: bool = setting(True, "release the KV cache between rollouts (vLLM sleep mode)")
     max_num_seqs: int = setting(256, "vllm / sglang: most sequences in one engine batch")
     max_num_batched_tokens: int = setting(8192, "vllm / sglang: most tokens in one engine batch")
-    enable_chunked_prefill: bool = setting(True, "vllm / sglang: split long prompts' prefill into chunks")
+    enable_chunked_prefill: bool | None = setting(
+        None,
+        "vllm / sglang: split long prompts' prefill into chunks; null: yes, except vLLM on a CPU, where a "
+        "seeded request crashes chunked prefill (agentgym/client/vllm_cpu.py)",
+    )
     load_format: str = setting("dummy", "dummy (veRL's default) starts from the model's own weights here")
     engine_kwargs: dict[str, Any] = setting(
         {"vllm": {}, "sglang": {}}, "extra engine flags, e.g. {vllm: {swap_space: 4}}"

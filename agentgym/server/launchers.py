@@ -158,6 +158,34 @@ def engine_available(engine: str, python: str = sys.executable) -> bool:
     return probe.returncode == 0
 
 
+def engine_device(engine: str, python: str = sys.executable) -> str | None:
+    """The device ``python``'s vLLM would run on (``cpu``, ``cuda``, ...; None when it cannot say, or for
+    another engine). A child process asks ``vllm.platforms``: a few seconds, once per launch."""
+    if engine != "vllm":
+        return None
+    try:
+        probe = subprocess.run(
+            [python, "-c", "from vllm.platforms import current_platform as p; print(p.device_type)"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = probe.stdout.split()
+    return lines[-1] if probe.returncode == 0 and lines else None
+
+
+def cpu_vllm_args(extra_args: Sequence[str]) -> list[str]:
+    """vLLM on a CPU: chunked prefill off unless the flags say otherwise, since a request with a ``seed``
+    whose prompt is prefilled in more than one step kills vLLM-CPU's engine (``agentgym.client.vllm_cpu``);
+    without it vLLM raises ``--max-num-batched-tokens`` to the context length (when not given) so every
+    prompt is prefilled in one step."""
+    if any(a.split("=")[0] in ("--enable-chunked-prefill", "--no-enable-chunked-prefill") for a in extra_args):
+        return list(extra_args)
+    return [*extra_args, "--no-enable-chunked-prefill"]
+
+
 def start_engine_server(
     engine: str,
     model: str,
@@ -180,7 +208,8 @@ def start_engine_server(
 
     ``python``: the interpreter that has the engine installed (default: this one, or
     ``$AGENTGYM_<ENGINE>_PYTHON``), so an engine can live in its own virtual environment.
-    ``dtype``: default the model's own (see the module docstring).
+    ``dtype``: default the model's own (see the module docstring). vLLM on a CPU runs without
+    chunked prefill unless ``extra_args`` turn it on (``cpu_vllm_args``).
     """
     from agentgym.model import resolve_model_path
     from agentgym.server.handles import SubprocessServerHandle, ensure_port_free, free_port
@@ -200,6 +229,8 @@ def start_engine_server(
     model_path = resolve_model_path(model)
     dtype = dtype or model_dtype(model_path)
     name = served_model_name or str(model)
+    if engine_device(engine, python) == "cpu":
+        extra_args = cpu_vllm_args(extra_args)
     command = COMMANDS[engine](
         model_path,
         host=host,

@@ -170,3 +170,22 @@ def test_serve_goes_down_with_its_engine_and_refuses_a_busy_port(fake_vllm):
         second = subprocess.run(serve, env=env, capture_output=True, text=True, timeout=60)
     assert second.returncode == 1 and f"port {port} on 127.0.0.1 is already in use" in second.stderr
     assert not fake_vllm.record.exists()
+
+
+@pytest.mark.parametrize(
+    ("device", "extra", "chunked_flags"),
+    [
+        ("cpu", [], ["--no-enable-chunked-prefill"]),
+        ("cpu", ["--enable-chunked-prefill"], ["--enable-chunked-prefill"]),  # the user's choice stands
+        ("cuda", [], []),
+    ],
+)
+def test_vllm_on_a_cpu_starts_without_chunked_prefill(fake_vllm, monkeypatch, device, extra, chunked_flags):
+    """vLLM-CPU's engine dies on a seeded request prefilled in more than one step (agentgym/client/vllm_cpu.py)."""
+    monkeypatch.setenv("FAKE_VLLM_DEVICE", device)
+    handle = start_engine_server("vllm", fake_vllm.model, python=fake_vllm.python, extra_args=extra, timeout=60)
+    try:
+        argv = recorded(fake_vllm.record)["argv"]
+        assert [a for a in argv if "chunked-prefill" in a] == chunked_flags
+    finally:
+        handle.stop()
