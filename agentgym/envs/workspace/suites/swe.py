@@ -305,9 +305,10 @@ class SweSuite:
 
 def _fix_edit(source: str, at: int, new: str, old: str) -> tuple[str, str]:
     """The ``str_replace`` (old snippet, new snippet) that undoes a bug: ``source`` holds ``new`` at offset ``at``
-    where the correct code had ``old``. The snippet is the bug's lines with the line before them (a deleted case
-    has no lines of its own), widened a line at a time until it occurs once in ``source``."""
-    lo = source.rfind("\n", 0, at - 1) + 1
+    where the correct code had ``old``. The snippet is the bug's lines (a deleted case, which has none: the line
+    before it), widened a line at a time until it occurs once in ``source``: the shortest edit, the fewest tokens
+    for an agent to write."""
+    lo = at if new else source.rfind("\n", 0, at - 1) + 1
     hi = at + len(new)
     while source.count(source[lo:hi]) != 1:
         lo = source.rfind("\n", 0, max(lo - 1, 0)) + 1
