@@ -43,11 +43,16 @@ class TerminalEnv(SuiteEnv):
     """Shell chores over a generated file tree (find, count, grep, move, extract, fix a config); seeded."""
 
     def __init__(
-        self, kinds: Sequence[str] | str | None = None, num_files: int = 6, nested: bool = True, **kwargs: Any
+        self,
+        kinds: Sequence[str] | str | None = None,
+        num_files: int = 6,
+        nested: bool = True,
+        name_words: int = 2,
+        **kwargs: Any,
     ) -> None:
         """``kinds``: chore kinds drawn from (default all); ``num_files``: filler files in the tree; ``nested``:
-        paths two directories deep (else one)."""
-        super().__init__(tasks=TerminalSuite(kinds, num_files, nested), **kwargs)
+        paths two directories deep (else one); ``name_words``: words in a file name's stem (2 or 1)."""
+        super().__init__(tasks=TerminalSuite(kinds, num_files, nested, name_words=name_words), **kwargs)
 
 
 class SweEnv(SuiteEnv):

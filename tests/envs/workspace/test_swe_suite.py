@@ -27,6 +27,14 @@ def test_every_bug_fails_the_visible_tests_and_the_expert_fixes_it(function, bug
     assert function.name in task.instruction and bug[3] in task.instruction
 
 
+@pytest.mark.parametrize("modules", [1, 2])
+def test_the_issue_names_the_file_the_expert_reads(modules):
+    # the expert's first call must not know more than the agent: demos that read an unnamed module teach a guess
+    for seed in range(40):
+        task = SweSuite(modules=modules, functions_per_module=2)(seed)
+        assert task.expert[0]["arguments"]["path"] in task.instruction, task.instruction
+
+
 def test_editing_the_tests_fails_the_check(tmp_path):
     task = SweSuite()(11)
     test_path = next(p for p in task.files if p.startswith("tests/test_"))

@@ -50,3 +50,17 @@ def test_flat_trees_keep_every_path_one_directory_deep(tmp_path):
         assert all(p.count("/") == 1 for p in task.files), task.files
         assert all(check_results(task, play(task, tmp_path / str(seed))))
     assert any(p.count("/") == 2 for s in range(30) for p in TerminalSuite()(s).files)
+
+
+def test_one_word_names_are_shorter_and_still_solved(tmp_path):
+    short, long = TerminalSuite(nested=False, name_words=1), TerminalSuite(nested=False)
+    for seed in range(14):
+        task = short(seed)
+        stems = [p.rpartition("/")[2].partition(".")[0] for p in task.files]
+        assert all("_" not in s for s in stems if not s.endswith(("_old", "_final", "_backup", "_v2"))), task.files
+        assert all(check_results(task, play(task, tmp_path / str(seed))))
+        assert task.metadata["kind"] == long(seed).metadata["kind"]  # the same chore, fewer characters to copy
+    mean = [sum(len(s(x).instruction) for x in range(70)) / 70 for s in (short, long)]
+    assert mean[0] < mean[1] - 4, mean
+    with pytest.raises(ValueError, match="name_words"):
+        TerminalSuite(name_words=3)

@@ -3,8 +3,8 @@
 Every seed gives a package ``<name>/`` of one or two modules, each a few functions drawn from ``FUNCTIONS``,
 with ``unittest`` tests in ``tests/`` (``python3 -m unittest`` runs them: no pytest needed in the sandbox).
 One function carries a bug drawn from its mutations: a swapped operator, an off-by-one, a wrong constant or a
-missing case. The instruction is a short issue (a call, what it returns, what it should return) and says how to
-run the tests. The verifier runs the visible tests, hidden tests (``verifier_files``: more cases for every
+missing case. The instruction is a short issue (the module's file, a call and what it should return) and says how
+to run the tests. The verifier runs the visible tests, hidden tests (``verifier_files``: more cases for every
 function, never shown to the agent) and checks that every visible test file is unchanged.
 
 The expert: ``read_file`` the module, ``str_replace`` the buggy line back, ``submit``.
@@ -275,9 +275,11 @@ class SweSuite:
             files[f"tests/test_{module}.py"] = _test_file(package, module, functions, hidden=False)
             hidden_parts.append(_test_file(package, module, functions, hidden=True))
         expected = dict(buggy.visible + buggy.hidden)[shown]
+        # the issue names the module's file, as a traceback would: the expert reads it first, and an agent can
+        # only do that when it knows which file it is (with two modules or more it still has to find the line)
         instruction = (
-            f"Bug: {package}.{buggy.name}: {shown} should return {expected}. "
-            f"Fix it in {package}/ (tests: {VISIBLE_TEST_COMMAND}; do not edit tests/), then submit."
+            f"Bug in {module_path}: {shown} should return {expected}. "
+            f"Fix it (tests: {VISIBLE_TEST_COMMAND}; do not edit tests/), then submit."
         )
         test_files = {p: t for p, t in files.items() if p.startswith("tests/")}
         checks = [
@@ -303,9 +305,10 @@ class SweSuite:
 
 def _fix_edit(source: str, at: int, new: str, old: str) -> tuple[str, str]:
     """The ``str_replace`` (old snippet, new snippet) that undoes a bug: ``source`` holds ``new`` at offset ``at``
-    where the correct code had ``old``. The snippet is the bug's lines with the line before them (a deleted case
-    has no lines of its own), widened a line at a time until it occurs once in ``source``."""
-    lo = source.rfind("\n", 0, at - 1) + 1
+    where the correct code had ``old``. The snippet is the bug's lines (a deleted case, which has none: the line
+    before it), widened a line at a time until it occurs once in ``source``: the shortest edit, the fewest tokens
+    for an agent to write."""
+    lo = at if new else source.rfind("\n", 0, at - 1) + 1
     hi = at + len(new)
     while source.count(source[lo:hi]) != 1:
         lo = source.rfind("\n", 0, max(lo - 1, 0)) + 1

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from agentgym.envs.workspace.expert_calls import bash, submit
 from agentgym.envs.workspace.task import Check, WorkspaceTask
@@ -47,14 +48,34 @@ CONFIG_KEYS = ("workers", "port", "timeout", "retries", "threads", "cache_size",
 Files = dict[str, str]
 
 
+@dataclass(frozen=True)
+class Shape:
+    """How names look: ``nested``: paths may go two directories deep (``logs/old/x.txt``; else one,
+    ``logs/x.txt``); ``name_words``: words in a file's stem (2: ``river_stone.log``; 1: ``river.log``).
+    Both only change how many tokens a name is, i.e. how much an agent copies from the instruction or a tool's
+    output into its calls: the chores and their checks are the same."""
+
+    nested: bool = True
+    name_words: int = 2
+
+    def stem(self, rng: random.Random, first: Sequence[str] = WORDS) -> str:
+        return rng.choice(first) if self.name_words == 1 else f"{rng.choice(first)}_{rng.choice(WORDS)}"
+
+
 class TerminalSuite:
     """Seed -> a shell chore (``WorkspaceTask``). ``kinds``: the chore kinds drawn from (default all of ``KINDS``);
     ``num_files``: how many filler files the tree has beside the chore's own; ``nested``: paths may go two
-    directories deep (``logs/old/x.txt``; else one, ``logs/x.txt``: fewer tokens to copy); ``max_turns``: the
-    episode's turn budget (the expert needs two)."""
+    directories deep (``logs/old/x.txt``; else one, ``logs/x.txt``: fewer tokens to copy); ``name_words``: words in
+    a file's stem (2: ``river_stone.log``, 1: ``river.log``); ``max_turns``: the episode's turn budget (the expert
+    needs two)."""
 
     def __init__(
-        self, kinds: Sequence[str] | str | None = None, num_files: int = 6, nested: bool = True, max_turns: int = 4
+        self,
+        kinds: Sequence[str] | str | None = None,
+        num_files: int = 6,
+        nested: bool = True,
+        max_turns: int = 4,
+        name_words: int = 2,
     ) -> None:
         if isinstance(kinds, str):
             kinds = [kinds]
@@ -64,15 +85,17 @@ class TerminalSuite:
             raise ValueError(f"unknown terminal chore kind(s) {unknown}; the kinds are {', '.join(KINDS)}")
         if num_files < 0 or max_turns < 2:
             raise ValueError("num_files must be >= 0 and max_turns >= 2 (the expert uses two turns)")
+        if name_words not in (1, 2):
+            raise ValueError(f"name_words must be 1 or 2 (words in a file name's stem), got {name_words!r}")
         self.num_files = int(num_files)
-        self.nested = bool(nested)
+        self.shape = Shape(bool(nested), int(name_words))
         self.max_turns = int(max_turns)
 
     def __call__(self, seed: int) -> WorkspaceTask:
         rng = random.Random(int(seed))
         kind = self.kinds[int(seed) % len(self.kinds)]  # in turn: any run of seeds holds every kind alike
-        files = filler_tree(rng, self.num_files, self.nested)
-        instruction, checks, expert = GENERATORS[kind](rng, files, self.nested)
+        files = filler_tree(rng, self.num_files, self.shape)
+        instruction, checks, expert = GENERATORS[kind](rng, files, self.shape)
         return WorkspaceTask(
             task_id=f"terminal/{kind}/{seed}",
             instruction=instruction,
@@ -93,22 +116,23 @@ def text_lines(rng: random.Random, count: int) -> str:
 
 
 def fresh_path(
-    rng: random.Random, files: Files, directory: str | None = None, ext: str | None = None, nested: bool = True
+    rng: random.Random, files: Files, directory: str | None = None, ext: str | None = None, shape: Shape = Shape()
 ) -> str:
-    """A path not in ``files`` (nor a prefix of one): ``DIR[/SUB]/word_word.ext`` (``SUB`` only when ``nested``)."""
+    """A path not in ``files`` (nor a prefix of one): ``DIR[/SUB]/STEM.ext`` (``SUB`` only when ``shape.nested``;
+    ``STEM`` is ``word_word`` or ``word``, ``shape.name_words``)."""
     while True:
         d = directory or rng.choice(DIRS)
-        if directory is None and nested and rng.random() < 0.4:
+        if directory is None and shape.nested and rng.random() < 0.4:
             d = f"{d}/{rng.choice(SUBDIRS)}"
-        path = f"{d}/{rng.choice(WORDS)}_{rng.choice(WORDS)}.{ext or rng.choice(EXTS)}"
+        path = f"{d}/{shape.stem(rng)}.{ext or rng.choice(EXTS)}"
         if path not in files and not any(p.startswith(path + "/") for p in files):
             return path
 
 
-def filler_tree(rng: random.Random, num_files: int, nested: bool = True) -> Files:
+def filler_tree(rng: random.Random, num_files: int, shape: Shape = Shape()) -> Files:
     files: Files = {}
     for _ in range(num_files):
-        files[fresh_path(rng, files, nested=nested)] = text_lines(rng, rng.randint(1, 6))
+        files[fresh_path(rng, files, shape=shape)] = text_lines(rng, rng.randint(1, 6))
     return files
 
 
@@ -120,12 +144,12 @@ def _no_rare(files: Files) -> None:
 # ---- the chores --------------------------------------------------------------------------------
 
 Chore = tuple[str, list[Check], list[dict]]
-# A chore: (rng, the tree so far, nested) -> (instruction, checks, expert); it adds its own files to the tree.
+# A chore: (rng, the tree so far, shape) -> (instruction, checks, expert); it adds its own files to the tree.
 
 
-def find_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
-    name = f"{rng.choice(RARE_WORDS)}_{rng.choice(WORDS)}.{rng.choice(EXTS)}"
-    deep = nested and rng.random() < 0.7
+def find_chore(rng: random.Random, files: Files, shape: Shape) -> Chore:
+    name = f"{shape.stem(rng, RARE_WORDS)}.{rng.choice(EXTS)}"
+    deep = shape.nested and rng.random() < 0.7
     path = f"{rng.choice(DIRS)}/{rng.choice(SUBDIRS)}/{name}" if deep else f"{rng.choice(DIRS)}/{name}"
     files[path] = text_lines(rng, rng.randint(1, 4))
     return (
@@ -135,8 +159,8 @@ def find_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     )
 
 
-def count_lines_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
-    path = fresh_path(rng, files, nested=nested)
+def count_lines_chore(rng: random.Random, files: Files, shape: Shape) -> Chore:
+    path = fresh_path(rng, files, shape=shape)
     count = rng.randint(3, 30)
     files[path] = text_lines(rng, count)
     return (
@@ -146,14 +170,14 @@ def count_lines_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     )
 
 
-def count_files_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
-    directory = f"{rng.choice(DIRS)}/{rng.choice(SUBDIRS)}" if nested else rng.choice(DIRS)
+def count_files_chore(rng: random.Random, files: Files, shape: Shape) -> Chore:
+    directory = f"{rng.choice(DIRS)}/{rng.choice(SUBDIRS)}" if shape.nested else rng.choice(DIRS)
     ext, other = rng.sample(EXTS, 2)
     count = rng.randint(1, 7)
     for _ in range(count):
-        files[fresh_path(rng, files, directory, ext)] = text_lines(rng, 1)
+        files[fresh_path(rng, files, directory, ext, shape)] = text_lines(rng, 1)
     for _ in range(rng.randint(0, 3)):
-        files[fresh_path(rng, files, directory, other)] = text_lines(rng, 1)
+        files[fresh_path(rng, files, directory, other, shape)] = text_lines(rng, 1)
     count = sum(1 for p in files if p.rpartition("/")[0] == directory and p.endswith("." + ext))
     return (
         f"How many .{ext} files are in {directory}? Submit the number.",
@@ -162,13 +186,13 @@ def count_files_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     )
 
 
-def grep_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
+def grep_chore(rng: random.Random, files: Files, shape: Shape) -> Chore:
     _no_rare(files)
     directory = rng.choice(DIRS)
     word = rng.choice(RARE_WORDS)
     for _ in range(rng.randint(1, 3)):  # siblings without the word
-        files[fresh_path(rng, files, directory)] = text_lines(rng, rng.randint(1, 4))
-    path = fresh_path(rng, files, directory)
+        files[fresh_path(rng, files, directory, shape=shape)] = text_lines(rng, rng.randint(1, 4))
+    path = fresh_path(rng, files, directory, shape=shape)
     lines = text_lines(rng, rng.randint(2, 5)).splitlines(keepends=True)
     at = rng.randrange(len(lines))
     lines[at] = lines[at].rstrip("\n") + f" {word}\n"
@@ -180,8 +204,8 @@ def grep_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     )
 
 
-def move_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
-    source = fresh_path(rng, files, nested=nested)
+def move_chore(rng: random.Random, files: Files, shape: Shape) -> Chore:
+    source = fresh_path(rng, files, shape=shape)
     content = text_lines(rng, rng.randint(1, 4))
     files[source] = content
     directory, _, name = source.rpartition("/")
@@ -203,9 +227,9 @@ def move_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     )
 
 
-def extract_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
+def extract_chore(rng: random.Random, files: Files, shape: Shape) -> Chore:
     if rng.random() < 0.5:  # a CSV field, submitted
-        path = fresh_path(rng, files, rng.choice(("data", "reports")), "csv")
+        path = fresh_path(rng, files, rng.choice(("data", "reports")), "csv", shape)
         people = rng.sample(NAMES, rng.randint(3, 6))
         rows = [(i + 1, name, rng.choice(CITIES)) for i, name in enumerate(people)]
         files[path] = "id,name,city\n" + "".join(f"{i},{n},{c}\n" for i, n, c in rows)
@@ -216,7 +240,7 @@ def extract_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
             [bash(f"awk -F, '$2==\"{name}\" {{print $3}}' {path}"), submit(city)],
         )
     # a JSON field, written into a file
-    path = fresh_path(rng, files, "config", "json")
+    path = fresh_path(rng, files, "config", "json", shape)
     key = rng.choice(("version", "name", "owner"))
     values = {
         "version": f"{rng.randint(0, 9)}.{rng.randint(0, 20)}.{rng.randint(0, 20)}",
@@ -234,8 +258,8 @@ def extract_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     )
 
 
-def fix_config_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
-    path = fresh_path(rng, files, "config", "ini")
+def fix_config_chore(rng: random.Random, files: Files, shape: Shape) -> Chore:
+    path = fresh_path(rng, files, "config", "ini", shape)
     keys = rng.sample(CONFIG_KEYS, rng.randint(3, 5))
     values = {k: rng.randint(1, 64) for k in keys}
     key = rng.choice(keys)
@@ -249,7 +273,7 @@ def fix_config_chore(rng: random.Random, files: Files, nested: bool) -> Chore:
     )
 
 
-GENERATORS: dict[str, Callable[[random.Random, Files, bool], Chore]] = {
+GENERATORS: dict[str, Callable[[random.Random, Files, Shape], Chore]] = {
     "find": find_chore,
     "count_lines": count_lines_chore,
     "count_files": count_files_chore,
