@@ -67,7 +67,12 @@ class LeanForward:
     """``(ids, positions, masks_by_kind) -> logits of the last column`` over a bound ``SlotKVCache``."""
 
     def __init__(
-        self, model: Any, kv: Any, adapters: dict[Any, Any] | None = None, pack: bool | None = None, batch_hint: int = 32
+        self,
+        model: Any,
+        kv: Any,
+        adapters: dict[Any, Any] | None = None,
+        pack: bool | None = None,
+        batch_hint: int = 32,
     ) -> None:
         self.model = model
         self.adapters = adapters if adapters is not None else {}  # LoRA: module -> (A, B), see lora_adapters.py
@@ -142,7 +147,7 @@ class LeanForward:
                 )
             out = out.reshape(b, self.heads, s, d).transpose(1, 2).reshape(b, s, self.heads * d)
             if packed is not None:
-                qkv_p, o_p, gate_up_p, down_p = packed[i]
+                _, o_p, gate_up_p, down_p = packed[i]
                 h = h + o_p(out, self.adapters)
                 x = rms_norm(h, layer.post_attention_layernorm.weight, eps)
                 gate, up = gate_up_p(x, self.adapters).chunk(2, dim=-1)
