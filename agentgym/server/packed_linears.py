@@ -34,13 +34,11 @@ def available(weight: torch.Tensor) -> bool:
     )
 
 
-def _stamp(t: torch.Tensor | None) -> tuple[int, int]:
-    if t is None:
-        return (0, 0)
+def _version(t: torch.Tensor) -> int | None:
     try:
-        return (t.data_ptr(), t._version)
+        return t._version
     except RuntimeError:  # an inference tensor keeps no version counter: its address still tells a rebind
-        return (t.data_ptr(), -1)
+        return None
 
 
 class PackedGroup:
@@ -50,12 +48,21 @@ class PackedGroup:
         self.modules = modules
         self.batch_hint = batch_hint
         self.sizes = [m.weight.shape[0] for m in modules]
-        self._stamp: tuple | None = None
+        self._seen: list[tuple[Any, str, torch.Tensor, int, int | None]] = []  # what was packed
         self._weight: torch.Tensor | None = None
         self._bias: torch.Tensor | None = None
 
-    def stamp(self) -> tuple:
-        return tuple(_stamp(m.weight) + _stamp(m.bias) for m in self.modules)
+    def stale(self) -> bool:
+        """Whether a weight or bias changed since the last pack: the module holds another tensor, or the
+        same one with new storage (``.data`` rebound) or an in-place update (its version counter moved).
+        Checked at every call, so it is kept to attribute lookups."""
+        if not self._seen:
+            return True
+        for params, name, tensor, address, version in self._seen:
+            now = params[name]
+            if now is not tensor or now.data_ptr() != address or (version is not None and now._version != version):
+                return True
+        return False
 
     def pack(self) -> None:
         weights = [m.weight for m in self.modules]
@@ -68,10 +75,15 @@ class PackedGroup:
             self._bias = torch.cat(
                 [b.detach() if b is not None else weights[0].new_zeros(n) for b, n in zip(biases, self.sizes)]
             )
-        self._stamp = self.stamp()
+        self._seen = [
+            (m._parameters, name, t, t.data_ptr(), _version(t))
+            for m in self.modules
+            for name in ("weight", "bias")
+            if (t := m._parameters.get(name)) is not None
+        ]
 
     def __call__(self, x: torch.Tensor, adapters: dict[Any, Any] | None = None) -> torch.Tensor:
-        if self._stamp != self.stamp():
+        if self.stale():
             self.pack()
         y = torch.ops.mkldnn._linear_pointwise(x, self._weight, self._bias, "none", [], "")
         if adapters:
