@@ -15,7 +15,14 @@
    built-in ``tiny`` (2 layers, hidden 64), a ``mid`` model built here (8 layers, hidden 512,
    random weights, the tiny tokenizer), and on a GPU a Qwen2.5-0.5B-shaped model in bf16.
    Targets: engine >= 1.0x generate at every concurrency on CPU; >= 2x at 128 on a GPU.
-2. **Prefix cache.** A multi-turn Sokoban rollout (the rollout runner against the embedded
+2. **Served, source trees interleaved** (``--only serve --trees OLD NEW``): ``agentgym serve`` from
+   each source tree (e.g. a worktree of the previous commit and this one), on ``--serve-model``
+   (default ``smollm2-135m``), driven with the same chat requests (``/v1/chat/completions``,
+   ``--new-tokens`` tokens each, temperature 1, eos ignored) at 1 / 8 / 32 concurrent, the trees
+   in alternation ``--repeats`` times: median tok/s, median time to the first streamed token of
+   one request, and the server process's CPU seconds (psutil user + system) per 1,000 tokens.
+   Only an interleaved comparison means anything on a shared machine.
+3. **Prefix cache.** A multi-turn Sokoban rollout (the rollout runner against the embedded
    server, groups of ``n`` samples) with the prefix cache on and off: prompt tokens, tokens
    actually prefilled, and the tokens the prefix cache and the shared group prefill saved.
 """
@@ -180,7 +187,116 @@ def throughput(
     return rows
 
 
-# ---- 2. prefix cache on a multi-turn rollout -----------------------------------------------------------
+# ---- 2. served, source trees interleaved ------------------------------------------------------------
+def serve_tree(tree: str, model: str, port: int, threads: int | None) -> tuple:
+    """``agentgym serve`` from the source tree ``tree`` (its own process); returns (process, url)."""
+    import subprocess
+
+    import httpx
+
+    command = [sys.executable, "-m", "agentgym.cli", "serve", "--model", model, "--port", str(port)]
+    command += ["--max-batch-size", "32"] + (["--threads", str(threads)] if threads is not None else [])
+    env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+    proc = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"agentgym serve from {tree} exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise TimeoutError(f"agentgym serve from {tree} did not answer /health")
+
+
+CHAT_TOPICS = ["the sea", "a red bicycle", "winter mornings", "prime numbers", "a lost key", "bread", "trains", "rain"]
+
+
+def chat_body(model: str, i: int, new_tokens: int, stream: bool = False) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Write a short story about {CHAT_TOPICS[i % len(CHAT_TOPICS)]}."}],
+        "max_tokens": new_tokens,
+        "temperature": 1.0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+
+
+async def chat_round(url: str, model: str, c: int, new_tokens: int) -> float:
+    """tok/s of ``c`` concurrent chat requests of ``new_tokens`` tokens."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as client:
+
+        async def one(i: int) -> int:
+            r = await client.post(url + "/v1/chat/completions", json=chat_body(model, i, new_tokens))
+            r.raise_for_status()
+            return r.json()["usage"]["completion_tokens"]
+
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(one(i) for i in range(c)))
+        elapsed = time.perf_counter() - start
+    assert all(n == new_tokens for n in counts), counts
+    return sum(counts) / elapsed
+
+
+async def first_token_s(url: str, model: str) -> float:
+    """Seconds to the first streamed token of one chat request."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        start = time.perf_counter()
+        async with client.stream("POST", url + "/v1/chat/completions", json=chat_body(model, 0, 8, True)) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and '"content"' in line and '"content":""' not in line:
+                    return time.perf_counter() - start
+    raise RuntimeError("no token streamed")
+
+
+def served(trees: list[str], model: str, concurrencies: list[int], new_tokens: int, repeats: int, threads) -> None:
+    import psutil
+
+    print(
+        f"\n## served, interleaved: {model}, chat requests of {new_tokens} new tokens, {repeats} repeats "
+        f"(medians; CPU = the server process's seconds per 1,000 tokens)\n"
+    )
+    print("| tree | concurrent | tok/s | CPU s / 1k tok | time to first token |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    servers = [serve_tree(tree, model, 18400 + i, threads) for i, tree in enumerate(trees)]
+    try:
+        results: dict = {}
+        for _, url in servers:  # warm-up
+            asyncio.run(chat_round(url, model, 2, 8))
+        for _ in range(repeats):
+            for (proc, url), tree in zip(servers, trees):
+                ps = psutil.Process(proc.pid)
+                results.setdefault((tree, "ttft"), []).append(asyncio.run(first_token_s(url, model)))
+                for c in concurrencies:
+                    before = sum(ps.cpu_times()[:2])
+                    rate = asyncio.run(chat_round(url, model, c, new_tokens))
+                    cpu = (sum(ps.cpu_times()[:2]) - before) / (c * new_tokens) * 1000
+                    results.setdefault((tree, c), []).append((rate, cpu))
+        for c in concurrencies:
+            for tree in trees:
+                rows = results[(tree, c)]
+                ttft = statistics.median(results[(tree, "ttft")]) * 1000
+                print(
+                    f"| {tree} | {c} | {statistics.median(r for r, _ in rows):.1f} | "
+                    f"{statistics.median(u for _, u in rows):.2f} | {ttft:.0f} ms |",
+                    flush=True,
+                )
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+# ---- 3. prefix cache on a multi-turn rollout -----------------------------------------------------------
 def sokoban(model: str, tasks: int, n: int, max_turns: int, concurrency: int) -> None:
     from agentgym.rollout import RolloutConfig
     from agentgym.server.handles import EmbeddedServerHandle
@@ -236,7 +352,10 @@ async def rollout(handle, tokenizer: str, config, tasks: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
-    parser.add_argument("--only", choices=["throughput", "sokoban"])
+    parser.add_argument("--only", choices=["throughput", "sokoban", "serve"])
+    parser.add_argument("--trees", nargs="+", default=["."], help="serve: source trees to compare, interleaved")
+    parser.add_argument("--serve-model", default="smollm2-135m", help="serve: the model")
+    parser.add_argument("--serve-threads", type=int, default=None, help="serve: agentgym serve --threads")
     parser.add_argument("--models", nargs="+", default=None, help="tiny mid (CPU); qwen05 is added on a GPU")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32, 128])
     parser.add_argument("--new-tokens", type=int, default=None)
@@ -254,6 +373,10 @@ def main() -> None:
         f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
+    if args.only == "serve":
+        concurrency = [c for c in args.concurrency if c <= 32]
+        served(args.trees, args.serve_model, concurrency, args.new_tokens or 128, args.repeats or 3, args.serve_threads)
+        return
     if args.only != "sokoban":
         print(
             f"\n## engine vs HF generate: {args.prompt_len}-token prompts, {new_tokens} new tokens, "

@@ -32,6 +32,19 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def set_cpu_threads(threads: int | None, device: str) -> int:
+    """Torch's intra-op threads for a server process of its own on a CPU: ``threads``, or by default one
+    fewer than torch's default (at least 1), so the HTTP thread and tokenizer keep a core: on 2 cores,
+    OpenMP threads that share the model's step with the HTTP thread (or other work) wait on each other,
+    and one thread decodes as fast for less CPU (docs/engine_profile.md). ``0`` keeps torch's default.
+    Returns the number in use. Never called for an engine inside a trainer's process (global setting)."""
+    import torch
+
+    if device == "cpu" and threads != 0:
+        torch.set_num_threads(threads if threads is not None else max(1, torch.get_num_threads() - 1))
+    return torch.get_num_threads()
+
+
 def create_engine(
     model: str = "tiny",
     *,
@@ -220,6 +233,7 @@ def serve_command(args: argparse.Namespace) -> int:
     admin_key = admin_key or new_admin_key()
     limits = limits_from_args(args)
     print(f"loading {args.model} ...", flush=True)
+    threads = set_cpu_threads(getattr(args, "threads", None), args.device or default_device())
     engine = create_engine(
         args.model,
         device=args.device,
@@ -231,7 +245,8 @@ def serve_command(args: argparse.Namespace) -> int:
     app = build_app(engine, admin_key=admin_key, limits=limits)
     print(
         f"agentgym embedded server: model {engine.model_name!r} on {engine.device}, "
-        f"max_model_len {engine.max_model_len}, max batch {engine.max_batch_size}; "
+        f"max_model_len {engine.max_model_len}, max batch {engine.max_batch_size}"
+        f"{f', {threads} torch threads' if engine.device.type == 'cpu' else ''}; "
         f"http://{args.host}:{args.port}/v1",
         flush=True,
     )

@@ -9,6 +9,9 @@ tensor calls on the model's own parameters, read at every call, so weight update
 or by rebinding) are seen at once. Its logprobs match a teacher-forced forward of the
 transformers model to float rounding (tests/server/test_engine_forward.py).
 
+On a CPU the linear layers run from oneDNN-packed copies of their weights (``packed_linears.py``:
+q/k/v and gate/up each as one product), repacked whenever a weight changes.
+
 Models of any other type, or with a feature this does not reproduce (attention or MLP
 biases on Llama are fine; anything else unusual is refused by ``supports``), go through the
 transformers forward instead.
@@ -20,6 +23,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from agentgym.server import packed_linears
+from agentgym.server.packed_linears import PackedGroup
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -60,7 +66,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class LeanForward:
     """``(ids, positions, masks_by_kind) -> logits of the last column`` over a bound ``SlotKVCache``."""
 
-    def __init__(self, model: Any, kv: Any, adapters: dict[Any, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        kv: Any,
+        adapters: dict[Any, Any] | None = None,
+        pack: bool | None = None,
+        batch_hint: int = 32,
+    ) -> None:
         self.model = model
         self.adapters = adapters if adapters is not None else {}  # LoRA: module -> (A, B), see lora_adapters.py
         self.kv = kv
@@ -74,6 +87,22 @@ class LeanForward:
         self.groups = self.heads // self.kv_heads
         self.qk_norm = hasattr(self.base.layers[0].self_attn, "q_norm")
         self.act = self.base.layers[0].mlp.act_fn
+        head = model.get_output_embeddings()
+        if pack is None:
+            pack = packed_linears.available(head.weight)
+        self.packed: list[tuple[PackedGroup, ...]] | None = None
+        self.packed_head: PackedGroup | None = None
+        if pack:
+            self.packed = [
+                (
+                    PackedGroup([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], batch_hint),
+                    PackedGroup([layer.self_attn.o_proj], batch_hint),
+                    PackedGroup([layer.mlp.gate_proj, layer.mlp.up_proj], batch_hint),
+                    PackedGroup([layer.mlp.down_proj], batch_hint),
+                )
+                for layer in self.base.layers
+            ]
+            self.packed_head = PackedGroup([head], batch_hint)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, masks: Any) -> torch.Tensor:
         base = self.base
@@ -84,18 +113,26 @@ class LeanForward:
         storage = self.kv.storage
         rows, write_rows, write_cols, length = self.kv._rows, self.kv._write_rows, self.kv._write_cols, self.kv._length
         eps, d = self.eps, self.head_dim
+        heads, kv_heads, packed = self.heads, self.kv_heads, self.packed
         for i, layer in enumerate(base.layers):
             attn, mlp = layer.self_attn, layer.mlp
             mask = masks[self.kinds[i]] if isinstance(masks, dict) else masks
             x = rms_norm(h, layer.input_layernorm.weight, eps)
-            q = self.linear(x, attn.q_proj).view(b, s, self.heads, d)
-            k = self.linear(x, attn.k_proj).view(b, s, self.kv_heads, d)
-            v = self.linear(x, attn.v_proj).view(b, s, self.kv_heads, d)
-            if self.qk_norm:
-                q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
-                k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
-            q = rotate(q.transpose(1, 2), cos, sin)
-            k = rotate(k.transpose(1, 2), cos, sin)
+            if packed is not None and not self.qk_norm:  # q and k rotated together, from one q/k/v product
+                qkv = packed[i][0](x, self.adapters).view(b, s, heads + 2 * kv_heads, d)
+                qk = rotate(qkv[:, :, : heads + kv_heads].transpose(1, 2), cos, sin)
+                q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, :, heads + kv_heads :]
+            else:
+                if packed is not None:
+                    q, k, v = packed[i][0](x, self.adapters).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+                else:
+                    q, k, v = (self.linear(x, m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+                q, k, v = q.view(b, s, heads, d), k.reshape(b, s, kv_heads, d), v.reshape(b, s, kv_heads, d)
+                if self.qk_norm:
+                    q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
+                    k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
+                q = rotate(q.transpose(1, 2), cos, sin)
+                k = rotate(k.transpose(1, 2), cos, sin)
             keys, values = storage[0, i], storage[1, i]
             keys[write_rows, :, write_cols] = k.transpose(1, 2).to(keys.dtype)
             values[write_rows, :, write_cols] = v.to(values.dtype)
@@ -109,10 +146,19 @@ class LeanForward:
                     q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=self.groups > 1
                 )
             out = out.reshape(b, self.heads, s, d).transpose(1, 2).reshape(b, s, self.heads * d)
+            if packed is not None:
+                _, o_p, gate_up_p, down_p = packed[i]
+                h = h + o_p(out, self.adapters)
+                x = rms_norm(h, layer.post_attention_layernorm.weight, eps)
+                gate, up = gate_up_p(x, self.adapters).chunk(2, dim=-1)
+                h = h + down_p(self.act(gate) * up, self.adapters)
+                continue
             h = h + self.linear(out, attn.o_proj)
             x = rms_norm(h, layer.post_attention_layernorm.weight, eps)
             h = h + self.linear(self.act(self.linear(x, mlp.gate_proj)) * self.linear(x, mlp.up_proj), mlp.down_proj)
         h = rms_norm(h[:, -1], base.norm.weight, base.norm.variance_epsilon)
+        if self.packed_head is not None:
+            return self.packed_head(h, self.adapters)
         return self.linear(h, self.model.get_output_embeddings())
 
     def linear(self, x: torch.Tensor, module: Any) -> torch.Tensor:

@@ -39,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-size", type=int, default=32, help="embedded: most sequences decoded together")
     p.add_argument("--device", default=None, help="embedded: cpu or cuda (default: cuda if available)")
     p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="embedded on a CPU: torch threads for the model (default: one fewer than the cores torch would use, "
+        "at least 1, so the HTTP thread keeps a core; 0: torch's own default)",
+    )
+    p.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],
         default=None,
