@@ -85,7 +85,15 @@ def init_ray(cfg: DictConfig) -> None:
                 address,
                 ", ".join(f"{k}={v}" for k, v in ignored.items()),
             )
-        ray.init(address=address, **kwargs)
+        try:
+            ray.init(address=address, **kwargs)
+        except ConnectionError as e:
+            raise ConnectionError(
+                f"{e}. Check that `ray start --head` runs at {address} and that this machine reaches it. If Ray "
+                "logged InvalidAuthToken above, the cluster uses token authentication (ray start --head turns it on "
+                "where ~/.ray/auth_token exists): export RAY_AUTH_MODE=token here and give this machine the head's "
+                "token (its ~/.ray/auth_token, or RAY_AUTH_TOKEN); see docs/cluster.md"
+            ) from e
     else:
         kwargs.setdefault("num_cpus", os.cpu_count() or 1)
         ray.init(**kwargs)
