@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     default_ray_auth()
     from agentgym.trainer.checkpoint import CheckpointError
     from agentgym.trainer.step_checks import TrainingFailed
+    from agentgym.trainer.worker_group import ClusterUnreachable
     from agentgym.trainer.workers import quiet_transformers
 
     quiet_transformers()  # no per-load progress bars between our own progress lines
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         print(summary_text(summary), flush=True)
         if cfg.held_out.enable:
             held_out_report(cfg, start_scores, summary)
-    except (TrainingFailed, CheckpointError) as exc:
+    except (TrainingFailed, CheckpointError, ClusterUnreachable) as exc:
         print(f"agentgym train: error: {exc}", file=sys.stderr, flush=True)
         code = 1
     except ConfigError as exc:  # found once the workers run (a run directory other nodes do not see)

@@ -31,6 +31,11 @@ def method_name(method: Method) -> str:
 LOCAL_ONLY = ("num_cpus", "num_gpus", "resources", "include_dashboard", "object_store_memory")
 """``ray.init`` arguments that size a cluster this process starts; Ray refuses them when joining one."""
 
+
+class ClusterUnreachable(ConnectionError):
+    """The Ray cluster to join (``ray_address``) did not answer, or refused this process."""
+
+
 _auth_defaulted = False
 """``default_ray_auth`` set ``RAY_AUTH_MODE`` (the user did not)."""
 
@@ -88,7 +93,7 @@ def init_ray(cfg: DictConfig) -> None:
         try:
             ray.init(address=address, **kwargs)
         except ConnectionError as e:
-            raise ConnectionError(
+            raise ClusterUnreachable(
                 f"{e}. Check that `ray start --head` runs at {address} and that this machine reaches it. If Ray "
                 "logged InvalidAuthToken above, the cluster uses token authentication (ray start --head turns it on "
                 "where ~/.ray/auth_token exists): export RAY_AUTH_MODE=token here and give this machine the head's "
