@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     default_ray_auth()
     from agentgym.trainer.checkpoint import CheckpointError
     from agentgym.trainer.step_checks import TrainingFailed
+    from agentgym.trainer.worker_group import ClusterUnreachable
     from agentgym.trainer.workers import quiet_transformers
 
     quiet_transformers()  # no per-load progress bars between our own progress lines
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         print(summary_text(summary), flush=True)
         if cfg.held_out.enable:
             held_out_report(cfg, start_scores, summary)
-    except (TrainingFailed, CheckpointError) as exc:
+    except (TrainingFailed, CheckpointError, ClusterUnreachable) as exc:
         print(f"agentgym train: error: {exc}", file=sys.stderr, flush=True)
         code = 1
     except ConfigError as exc:  # found once the workers run (a run directory other nodes do not see)
@@ -247,6 +248,27 @@ def prepare_training(
     return cfg, plan, agent
 
 
+def check_cluster_storage(cfg: DictConfig) -> None:
+    """A run whose trainer joins a Ray cluster: every node that can hold a trainer rank must see the run
+    directory, checked before the first stage (the warm start's demos and SFT come before RL's workers,
+    which check it again); ``RunDirNotShared`` says what to do."""
+    from agentgym.trainer.resource_pools import POOL_RESOURCE
+    from agentgym.trainer.run_storage import check_nodes_share
+    from agentgym.trainer.worker_group import init_ray, ray_address
+
+    if not (cfg.trainer.use_ray and ray_address(cfg)):
+        return  # a cluster agentgym starts itself is this machine
+    import ray
+
+    connected_here = not ray.is_initialized()
+    init_ray(cfg)
+    try:
+        check_nodes_share(cfg.trainer.default_local_dir, POOL_RESOURCE["trainer"])
+    finally:
+        if connected_here:  # each stage connects as it would have
+            ray.shutdown()
+
+
 def run_stages(cfg: DictConfig, plan: Any, agent: Any, show_progress: bool = True) -> tuple[dict[str, Any], Any]:
     """The run after ``prepare_training``: the warm start and the start scores, then RL (on the env, or on
     ``agent`` through the gateway). Returns the trainer's summary and the start scores for the held-out table."""
@@ -254,6 +276,7 @@ def run_stages(cfg: DictConfig, plan: Any, agent: Any, show_progress: bool = Tru
         print(describe(cfg, plan.steps), flush=True)
         for line in ([f"env chosen: {cfg.env.name} ({plan.env_chosen})"] if plan.env_chosen else []) + plan.notes:
             print(f"  {line}", flush=True)
+    check_cluster_storage(cfg)
     start_scores = run_start_stages(cfg)
     source = servers = None
     if agent is not None:

@@ -17,6 +17,9 @@ SFT model). So:
   the run directory; every rank reads it and writes one of its own, which the driver reads back. A
   rank that cannot (a node with its own local disk at that path) stops the run there, with the
   nodes named and the way out (shared storage, or the trainer pool on the driver's node).
+* ``check_nodes_share``: the same check before the first stage of a run that joins a cluster (the warm
+  start's demos and SFT come before RL's workers exist): one short task on every node that can hold a
+  trainer rank, so a run directory the cluster does not share costs seconds, not the warm start.
 """
 
 from __future__ import annotations
@@ -115,12 +118,46 @@ def check_shared(group: Any, root: str | os.PathLike[str]) -> None:
         for path in root.glob(f"{MARKER}{token}*"):
             path.unlink(missing_ok=True)
     if blind:
-        where = ", ".join(f"rank {r['rank']} on {r['host']} ({r['ip']})" for r in blind)
-        raise RunDirNotShared(
-            f"the run directory {root} is not shared with every node: {where} cannot see the files this "
-            f"driver ({socket.gethostname()}) writes there. Checkpoints, the final model and the warm start "
-            "are written by the rank that holds them and read by others, so put trainer.default_local_dir on "
-            "storage every node mounts at the same path (NFS, a cluster filesystem, a bucket mounted with "
-            "s3fs/gcsfuse), or keep the trainer pool on this node (ray start there with --resources "
-            "'{\"agentgym_trainer_pool\": N}'); see docs/cluster.md"
+        _refuse(root, ", ".join(f"rank {r['rank']} on {r['host']} ({r['ip']})" for r in blind))
+
+
+def check_nodes_share(root: str | os.PathLike[str], pool_resource: str) -> None:
+    """Refuse ``root`` unless every alive node of the Ray cluster this process is connected to that can hold a
+    trainer rank (those offering ``pool_resource``, the trainer pool's, when any does) reads what this process
+    writes there, and writes what this process reads: ``check_shared`` before any worker exists."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    pool = [n for n in nodes if n.get("Resources", {}).get(pool_resource)]
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    token = uuid.uuid4().hex[:12]
+    (root / f"{MARKER}{token}").write_text(token)
+    probe = ray.remote(num_cpus=0)(sees_run_dir)
+    try:
+        reports = ray.get(
+            [
+                probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+                    str(root), token, i
+                )
+                for i, n in enumerate(pool or nodes)
+            ]
         )
+        blind = [r for r in reports if not r["read"] or not (root / f"{MARKER}{token}-rank{r['rank']}").is_file()]
+    finally:
+        for path in root.glob(f"{MARKER}{token}*"):
+            path.unlink(missing_ok=True)
+    if blind:
+        _refuse(root, ", ".join(f"a worker on {r['host']} ({r['ip']})" for r in blind))
+
+
+def _refuse(root: Path, where: str) -> None:
+    raise RunDirNotShared(
+        f"the run directory {root} is not shared with every node: {where} cannot see the files this "
+        f"driver ({socket.gethostname()}) writes there. Checkpoints, the final model and the warm start "
+        "are written by the rank that holds them and read by others, so put trainer.default_local_dir on "
+        "storage every node mounts at the same path (NFS, a cluster filesystem, a bucket mounted with "
+        "s3fs/gcsfuse), or keep the trainer pool on this node (ray start there with --resources "
+        "'{\"agentgym_trainer_pool\": N}'); see docs/cluster.md"
+    )

@@ -31,6 +31,11 @@ def method_name(method: Method) -> str:
 LOCAL_ONLY = ("num_cpus", "num_gpus", "resources", "include_dashboard", "object_store_memory")
 """``ray.init`` arguments that size a cluster this process starts; Ray refuses them when joining one."""
 
+
+class ClusterUnreachable(ConnectionError):
+    """The Ray cluster to join (``ray_address``) did not answer, or refused this process."""
+
+
 _auth_defaulted = False
 """``default_ray_auth`` set ``RAY_AUTH_MODE`` (the user did not)."""
 
@@ -85,7 +90,15 @@ def init_ray(cfg: DictConfig) -> None:
                 address,
                 ", ".join(f"{k}={v}" for k, v in ignored.items()),
             )
-        ray.init(address=address, **kwargs)
+        try:
+            ray.init(address=address, **kwargs)
+        except ConnectionError as e:
+            raise ClusterUnreachable(
+                f"{e}. Check that `ray start --head` runs at {address} and that this machine reaches it. If Ray "
+                "logged InvalidAuthToken above, the cluster uses token authentication (ray start --head turns it on "
+                "where ~/.ray/auth_token exists): export RAY_AUTH_MODE=token here and give this machine the head's "
+                "token (its ~/.ray/auth_token, or RAY_AUTH_TOKEN); see docs/cluster.md"
+            ) from e
     else:
         kwargs.setdefault("num_cpus", os.cpu_count() or 1)
         ray.init(**kwargs)

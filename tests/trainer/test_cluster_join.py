@@ -210,3 +210,18 @@ def test_agentgym_joins_a_token_auth_cluster_with_address_auto():
         timeout=180,
     )
     assert out.returncode == 0 and "joined 1" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def test_a_cluster_that_cannot_be_joined_is_named_with_the_way_out(monkeypatch):
+    """Ray's own error names the address only; a token-auth cluster joined without the token fails the same way
+    after a minute of InvalidAuthToken lines."""
+    import ray
+
+    def refuse(**kwargs):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(worker_group.ClusterUnreachable, match="head:6379.*ray start --head.*RAY_AUTH_MODE=token"):
+        worker_group.init_ray(_cfg(address="head:6379"))

@@ -76,8 +76,8 @@ echo "SYNC_RC=$? at ${SECONDS}s"
 $JOB agentgym train --env first_letter trainer.use_ray=true trainer.default_local_dir=runs/relative \
     > "$OUT/job-relative.log" 2>&1
 echo "RELATIVE_RC=$? at ${SECONDS}s"
-# 3. a run directory node 2 does not see: refused before any step
-agentgym train --env first_letter $COMMON held_out.enable=false trainer.use_ray=true ray_init.address=auto \
+# 3. a run directory node 2 does not see: refused before any stage (the warm start's demos and SFT included)
+agentgym train --env sokoban $COMMON trainer.use_ray=true ray_init.address=auto \
     trainer.total_training_steps=1 trainer.default_local_dir="$LOCAL/run" > "$OUT/local.log" 2>&1
 echo "LOCAL_RC=$? at ${SECONDS}s"
 # 4. resume the first run with another placement: the workers in the driver's process, on the head
@@ -213,6 +213,7 @@ def test_two_nodes_rank0_elsewhere_shared_storage_resume_elsewhere(tmp_path):
     assert "LOCAL_RC=2 at " in done.stdout, report
     assert "not shared with every node" in logs["local.log"], report
     assert not (local / "run" / "global_step_1").exists()
+    assert "warm start:" not in logs["local.log"] and not (local / "run" / "warm_start").exists(), report
     # resumed on the driver's node from what node 2 saved
     assert "RESUME_RC=0 at " in done.stdout, report
     assert (shared / "global_step_3" / "manifest.json").is_file(), report
