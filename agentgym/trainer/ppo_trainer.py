@@ -718,7 +718,7 @@ class PPOTrainer:
                 self.tracking.log(val, 0)
         progress = Progress(self.total_steps, initial=self.global_step, enabled=self.show_progress)
         last_saved: Path | None = None
-        minutes = cfg.get("total_training_minutes")
+        minutes = cfg.total_training_minutes
         steps_started = time.perf_counter()
         out_of_time = False
         try:
