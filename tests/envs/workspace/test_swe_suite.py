@@ -67,3 +67,16 @@ def test_modules_hold_functions_per_module():
     task = SweSuite(modules=2, functions_per_module=3)(4)
     modules = [p for p in task.files if p.endswith(".py") and not p.startswith("tests/") and "__init__" not in p]
     assert [task.files[m].count("\ndef ") + task.files[m].startswith("def ") for m in modules] == [3, 3]
+
+
+@pytest.mark.parametrize("function,bug", BUGS, ids=[f"{f.name}-{b[0]}" for f, b in BUGS])
+def test_the_expert_edits_only_the_bugs_lines(function, bug):
+    # the fewest tokens for a small model to write: the bug's own lines; a deleted case anchors on the line before
+    task = SweSuite().build(3, random.Random(3), function, bug)
+    edit = task.expert[1]["arguments"]
+    source = task.files[task.metadata["path"]]
+    assert source.count(edit["old_str"]) == 1
+    if bug[2] and source.count(bug[2]) == 1:
+        assert edit == {"path": task.metadata["path"], "old_str": bug[2], "new_str": bug[1]}
+    else:
+        assert edit["old_str"].count("\n") >= 1 and bug[1] in edit["new_str"]
