@@ -17,7 +17,7 @@ table in the shared run directory; a Ray job with a relative run directory (refu
 is ``ray job submit``'s exit status); a run directory node 2 does not share (refused before any step);
 resume of the first run with another placement (the workers in the driver's process);
 ``trainer.nnodes=2`` on CPU: one rank on each trainer node (a placement group), gloo across them; and
-asynchronous training with ``rollout.name=vllm``: the vLLM stand-in (``tests/support/vllm_standin``:
+asynchronous training with ``rollout.name=vllm``: the vLLM stand-in (``tests/support/vllm_api_server``:
 agentgym's server behind vLLM's command line and weight routes) on the rollout pool's node, loading each
 push from its own ``/dev/shm`` through agentgym's vLLM worker extension.
 """
@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STANDIN = ROOT / "tests" / "support" / "vllm_standin"  # `vllm` there: tests/support/vllm_standin/vllm/...
+STANDIN = ROOT / "tests" / "support" / "vllm_api_server"  # `vllm` there: tests/support/vllm_api_server/vllm/...
 BIN = Path(sys.executable).parent
 
 SCRIPT = r"""
@@ -46,7 +46,7 @@ mount -t tmpfs tmpfs /dev/shm
 # RAY_TMPDIR: `ray start` records the cluster's address under it, where address=auto looks first (else auto
 # takes any Ray GCS process it sees: on a shared machine, maybe another cluster's, outside this network namespace)
 export RAY_AUTH_MODE=disabled PYTHONPATH="$ROOT" PATH="$BIN:$PATH" TOKENIZERS_PARALLELISM=false RAY_TMPDIR="$TEMP"
-# rollout.name=vllm runs the vLLM stand-in (tests/support/vllm_standin) wherever Ray puts the server
+# rollout.name=vllm runs the vLLM stand-in (tests/support/vllm_api_server) wherever Ray puts the server
 export AGENTGYM_VLLM_PYTHON="$VLLM_PYTHON" AGENTGYM_VLLM_STANDIN_RECORD="$OUT/vllm-loads"
 ray start --head --node-ip-address 127.0.0.1 --port 6379 --num-cpus 2 --temp-dir "$TEMP/ray" \
     --include-dashboard true --dashboard-host 127.0.0.1 --dashboard-port 8265 --disable-usage-stats \

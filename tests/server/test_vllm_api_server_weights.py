@@ -1,4 +1,4 @@
-"""agentgym's vLLM weight path end to end on CPU, against the vLLM stand-in (tests/support/vllm_standin:
+"""agentgym's vLLM weight path end to end on CPU, against the vLLM stand-in (tests/support/vllm_api_server:
 vLLM's command line and dev-mode weight routes in front of agentgym's server). A state dict pushed through
 the handle ``start_engine_server("vllm")`` returns goes the way it goes to a real vLLM: a safetensors file
 in ``/dev/shm``, ``/pause``, ``/collective_rpc`` with ``agentgym_load_weights`` (agentgym's worker
@@ -21,7 +21,7 @@ from agentgym.server.launch import start_embedded_server
 from agentgym.server.launchers import start_engine_server
 from agentgym.types import SamplingParams
 
-STANDIN = Path(__file__).resolve().parents[1] / "support" / "vllm_standin"
+STANDIN = Path(__file__).resolve().parents[1] / "support" / "vllm_api_server"
 
 
 async def _greedy(url: str, backend: str) -> tuple[list[int], list[float], int]:
