@@ -89,7 +89,7 @@ class LeanForward:
         self.act = self.base.layers[0].mlp.act_fn
         head = model.get_output_embeddings()
         if pack is None:
-            pack = packed_linears.available(head.weight)
+            pack = packed_linears.available(head.weight) and packed_linears.pays(int(config.hidden_size))
         self.packed: list[tuple[PackedGroup, ...]] | None = None
         self.packed_head: PackedGroup | None = None
         if pack:
