@@ -33,15 +33,15 @@ def default_device() -> str:
 
 
 def set_cpu_threads(threads: int | None, device: str) -> int:
-    """Torch's intra-op threads for a server process of its own on a CPU: ``threads``, or by default one
-    fewer than torch's default (at least 1), so the HTTP thread and tokenizer keep a core: on 2 cores,
-    OpenMP threads that share the model's step with the HTTP thread (or other work) wait on each other,
-    and one thread decodes as fast for less CPU (docs/engine_profile.md). ``0`` keeps torch's default.
-    Returns the number in use. Never called for an engine inside a trainer's process (global setting)."""
+    """Torch's intra-op threads for a server process of its own on a CPU (``--threads``; None or 0 keeps
+    torch's default, one per core). Fewer threads cost less CPU per token (on 2 cores, 1 thread: 15-40%
+    less for SmolLM2), but on a machine shared with other work a process with fewer threads also gets a
+    smaller share of it, so it can be slower in wall-clock time (docs/engine_profile.md). Returns the
+    number in use. Never called for an engine inside a trainer's process (the setting is global)."""
     import torch
 
-    if device == "cpu" and threads != 0:
-        torch.set_num_threads(threads if threads is not None else max(1, torch.get_num_threads() - 1))
+    if device == "cpu" and threads:
+        torch.set_num_threads(threads)
     return torch.get_num_threads()
 
 

@@ -89,7 +89,7 @@ class LeanForward:
         self.act = self.base.layers[0].mlp.act_fn
         head = model.get_output_embeddings()
         if pack is None:
-            pack = packed_linears.available(head.weight)
+            pack = packed_linears.available(head.weight) and packed_linears.pays(int(config.hidden_size))
         self.packed: list[tuple[PackedGroup, ...]] | None = None
         self.packed_head: PackedGroup | None = None
         if pack:
@@ -125,9 +125,11 @@ class LeanForward:
             else:
                 if packed is not None:
                     q, k, v = packed[i][0](x, self.adapters).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+                    q, k, v = q.view(b, s, heads, d), k.reshape(b, s, kv_heads, d), v.reshape(b, s, kv_heads, d)
                 else:
-                    q, k, v = (self.linear(x, m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
-                q, k, v = q.view(b, s, heads, d), k.reshape(b, s, kv_heads, d), v.reshape(b, s, kv_heads, d)
+                    q = self.linear(x, attn.q_proj).view(b, s, heads, d)
+                    k = self.linear(x, attn.k_proj).view(b, s, kv_heads, d)
+                    v = self.linear(x, attn.v_proj).view(b, s, kv_heads, d)
                 if self.qk_norm:
                     q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
                     k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)

@@ -22,6 +22,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+MIN_HIDDEN = 512  # a packed product costs ~13 us more per call: below this width F.linear wins at few rows
+
+
+def pays(hidden_size: int) -> bool:
+    """Whether packing pays for a model this wide (measured on AVX-512: at hidden 512 packed products
+    take 15% less time at 1 row, 25% less at 32; at hidden 64, 2-5x more)."""
+    return hidden_size >= MIN_HIDDEN
+
 
 def available(weight: torch.Tensor) -> bool:
     """Whether this torch can pack ``weight`` (a CPU float32 or bfloat16 tensor, oneDNN built in)."""

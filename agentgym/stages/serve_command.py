@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="embedded on a CPU: torch threads for the model (default: one fewer than the cores torch would use, "
-        "at least 1, so the HTTP thread keeps a core; 0: torch's own default)",
+        help="embedded on a CPU: torch threads for the model (default: torch's, one per core; fewer cost less CPU "
+        "per token, see docs/engine_profile.md)",
     )
     p.add_argument(
         "--dtype",

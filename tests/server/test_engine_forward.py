@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentgym.model import load_tokenizer
-from agentgym.server import lean_forward
+from agentgym.server import lean_forward, packed_linears
 from agentgym.server.engine import Engine
 from agentgym.server.sampling import GenerationParams
 
@@ -81,17 +81,32 @@ def generate(engine, prompts, **params):
     return asyncio.run(go())
 
 
+PACKED = pytest.mark.skipif(not packed_linears.available(torch.zeros(1)), reason="no oneDNN weight packing here")
+
+
 @pytest.mark.parametrize(
-    "kind,lean",
-    [("llama", True), ("qwen3", True), ("mistral", True), ("qwen2-mixed", True), ("llama", False), ("gpt2", False)],
+    "kind,lean,pack",
+    [
+        ("llama", True, False),
+        ("qwen3", True, False),
+        ("mistral", True, False),
+        ("qwen2-mixed", True, False),
+        ("llama", False, False),
+        ("gpt2", False, False),
+        # the lean forward's linear layers from oneDNN-packed weights (on by default for wide CPU models)
+        pytest.param("llama", True, True, marks=PACKED),  # attention biases
+        pytest.param("qwen3", True, True, marks=PACKED),  # q/k norms
+        pytest.param("mistral", True, True, marks=PACKED),
+    ],
 )
-def test_engine_logprobs_equal_a_teacher_forced_forward(kind, lean):
+def test_engine_logprobs_equal_a_teacher_forced_forward(kind, lean, pack):
     model = build(kind)
     assert lean_forward.supports(model) == (kind != "gpt2")
     served = build(kind)
-    engine = Engine(served, load_tokenizer("tiny"), max_batch_size=4, lean=lean).start()
+    engine = Engine(served, load_tokenizer("tiny"), max_batch_size=4, lean=lean, pack_weights=pack).start()
     try:
         assert (engine.lean is not None) == lean
+        assert not lean or (engine.lean.packed is not None) == pack
         prompts = [list(range(10, 10 + k)) for k in (5, 23, 14)]
         first = generate(engine, prompts)
         turns = [p + s.output_ids + [3, 4] for p, s in zip(prompts, first)]
