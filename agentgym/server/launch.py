@@ -36,7 +36,7 @@ def set_cpu_threads(threads: int | None, device: str) -> int:
     """Torch's intra-op threads for a server process of its own on a CPU (``--threads``; None or 0 keeps
     torch's default, one per core). Fewer threads cost less CPU per token (on 2 cores, 1 thread: 15-40%
     less for SmolLM2), but on a machine shared with other work a process with fewer threads also gets a
-    smaller share of it, so it can be slower in wall-clock time (docs/engine_profile.md). Returns the
+    smaller share of it, so it can be slower in wall-clock time (docs/results.md). Returns the
     number in use. Never called for an engine inside a trainer's process (the setting is global)."""
     import torch
 

@@ -1,7 +1,7 @@
 """oneDNN-packed copies of a model's linear weights, for the lean forward on a CPU.
 
 On a CPU, a decode step of a small model is mostly its matrix products (about three quarters
-of SmolLM2-135M's step, ``docs/engine_profile.md``), and ``F.linear`` on a plain row-major
+of SmolLM2-135M's step, ``docs/results.md``), and ``F.linear`` on a plain row-major
 weight runs them at a fraction of what the core can do for the few-row inputs decoding has.
 oneDNN's matmul on a weight reordered once into its blocked layout (what inductor's
 ``freezing`` does for CPU models) takes a third less time at 8 and 32 rows. The projections

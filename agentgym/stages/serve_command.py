@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="embedded on a CPU: torch threads for the model (default: torch's, one per core; fewer cost less CPU "
-        "per token, see docs/engine_profile.md)",
+        "per token, see docs/results.md)",
     )
     p.add_argument(
         "--dtype",
