@@ -48,6 +48,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from tests.support.app_thread_standin import ThreadedStandin
+
 # SamplingParams' API fields (sampling_params.py); anything else is SamplingParams(**params)'s TypeError
 SAMPLING_FIELDS = {
     "max_new_tokens",
@@ -86,7 +88,7 @@ def logprob(j: int, token: int, loads: int) -> float:
     return -round(0.001 * (1 + j) + 0.0001 * (token % 97) + 0.1 * loads, 6)
 
 
-class SGLangStandin:
+class SGLangStandin(ThreadedStandin):
     """The app and its state; ``start()`` serves it in a thread and returns the URL."""
 
     def __init__(
@@ -111,20 +113,6 @@ class SGLangStandin:
         self._inflight: set[asyncio.Future[None]] = set()
         self.calls: list[tuple[str, Any]] = []
         self.app = self._build()
-        self._thread: Any = None
-        self.url = ""
-
-    # ---- serving -----------------------------------------------------------------------------
-    def start(self) -> str:
-        from agentgym.server.handles import AppThread
-
-        self._thread = AppThread(self.app)
-        self.url = self._thread.url
-        return self.url
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._thread.stop()
 
     # ---- SGLang's behaviour ------------------------------------------------------------------
     def sampling_error(self, params: Any) -> str | None:

