@@ -233,7 +233,7 @@ def serve_command(args: argparse.Namespace) -> int:
     admin_key = admin_key or new_admin_key()
     limits = limits_from_args(args)
     print(f"loading {args.model} ...", flush=True)
-    threads = set_cpu_threads(getattr(args, "threads", None), args.device or default_device())
+    threads = set_cpu_threads(args.threads, args.device or default_device())
     engine = create_engine(
         args.model,
         device=args.device,

@@ -5,6 +5,8 @@ them), and ``agentgym sft`` and the warm start's SFT honour ``ray_init`` too."""
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 
 import pytest
 from omegaconf import OmegaConf
@@ -192,11 +194,14 @@ def test_agentgym_joins_a_token_auth_cluster_with_address_auto():
         "init_ray; default_ray_auth(); init_ray(OmegaConf.create({'ray_init': {'address': 'auto', 'num_cpus': None, "
         "'include_dashboard': False}})); print('joined', len(ray.nodes()))"
     )
+    # its own temp dir (not a tmpfs over /tmp, which would hide a checkout or venv that lives under /tmp); a short
+    # path, as Ray's socket paths under it must fit a Unix socket's 107 characters
+    scratch = tempfile.mkdtemp(prefix="agj-")
     script = (
-        "set -e; ip link set lo up; mount -t tmpfs tmpfs /tmp; export HOME=/tmp/home; mkdir -p $HOME/.ray; "
+        f"set -e; ip link set lo up; export HOME={scratch}/home RAY_TMPDIR={scratch}/ray; mkdir -p $HOME/.ray; "
         "printf %064d 0 > $HOME/.ray/auth_token; "  # a token exists, as after any local ray.init()
         f"{ray_bin} start --head --port 6379 --node-ip-address 127.0.0.1 --num-cpus 1 --include-dashboard false "
-        "--disable-usage-stats >/dev/null 2>&1; "
+        f"--temp-dir {scratch}/ray --disable-usage-stats >/dev/null 2>&1; "
         f'set +e; timeout 60 {sys.executable} -c "{join}"; rc=$?; {ray_bin} stop --force >/dev/null 2>&1; exit $rc'
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -209,6 +214,7 @@ def test_agentgym_joins_a_token_auth_cluster_with_address_auto():
         text=True,
         timeout=180,
     )
+    shutil.rmtree(scratch, ignore_errors=True)
     assert out.returncode == 0 and "joined 1" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
 
 
