@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,16 +108,7 @@ def check_shared(group: Any, root: str | os.PathLike[str]) -> None:
     if not group.use_ray:
         return
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex[:12]
-    marker = root / f"{MARKER}{token}"
-    marker.write_text(token)
-    try:
-        reports = group.call("sees_run_dir", str(root), token)  # Worker.sees_run_dir
-        blind = [r for r in reports if not r["read"] or not (root / f"{MARKER}{token}-rank{r['rank']}").is_file()]
-    finally:
-        for path in root.glob(f"{MARKER}{token}*"):
-            path.unlink(missing_ok=True)
+    blind = _blind_readers(root, lambda token: group.call("sees_run_dir", str(root), token))  # Worker.sees_run_dir
     if blind:
         _refuse(root, ", ".join(f"rank {r['rank']} on {r['host']} ({r['ip']})" for r in blind))
 
@@ -131,12 +123,10 @@ def check_nodes_share(root: str | os.PathLike[str], pool_resource: str) -> None:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     pool = [n for n in nodes if n.get("Resources", {}).get(pool_resource)]
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex[:12]
-    (root / f"{MARKER}{token}").write_text(token)
     probe = ray.remote(num_cpus=0)(sees_run_dir)
-    try:
-        reports = ray.get(
+
+    def ask(token: str) -> list[dict]:
+        return ray.get(
             [
                 probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
                     str(root), token, i
@@ -144,12 +134,25 @@ def check_nodes_share(root: str | os.PathLike[str], pool_resource: str) -> None:
                 for i, n in enumerate(pool or nodes)
             ]
         )
-        blind = [r for r in reports if not r["read"] or not (root / f"{MARKER}{token}-rank{r['rank']}").is_file()]
+
+    blind = _blind_readers(root, ask)
+    if blind:
+        _refuse(root, ", ".join(f"a worker on {r['host']} ({r['ip']})" for r in blind))
+
+
+def _blind_readers(root: Path, ask: Callable[[str], list[dict]]) -> list[dict]:
+    """Write a marker with a fresh token in ``root``, ``ask(token)`` the readers (each runs ``sees_run_dir``),
+    and return the reports of those that could not read it or whose answer this process cannot see; the
+    markers are removed whatever happens."""
+    root.mkdir(parents=True, exist_ok=True)
+    token = uuid.uuid4().hex[:12]
+    (root / f"{MARKER}{token}").write_text(token)
+    try:
+        reports = ask(token)
+        return [r for r in reports if not r["read"] or not (root / f"{MARKER}{token}-rank{r['rank']}").is_file()]
     finally:
         for path in root.glob(f"{MARKER}{token}*"):
             path.unlink(missing_ok=True)
-    if blind:
-        _refuse(root, ", ".join(f"a worker on {r['host']} ({r['ip']})" for r in blind))
 
 
 def _refuse(root: Path, where: str) -> None:
