@@ -212,17 +212,16 @@ def main() -> int:
 
     base = Path(args.run_dir or tempfile.mkdtemp(prefix="agentgym-learning-"))
     dry = args.dry_run
-    runs = [
-        run_once(args.env, seed, "full recipe", list(args.overrides), base, args.keep_cache, dry_run=dry)
-        for seed in args.seeds
-    ]
-    if args.run_async:
-        runs += [
-            run_once(
-                args.env, seed, ASYNC, list(args.overrides), base, args.keep_cache, flags=("--async",), dry_run=dry
+    runs, async_runs = [], []
+    for seed in args.seeds:  # a seed's sync and async runs back to back: both see the machine's load of the moment
+        runs.append(run_once(args.env, seed, "full recipe", list(args.overrides), base, args.keep_cache, dry_run=dry))
+        if args.run_async:
+            async_runs.append(
+                run_once(
+                    args.env, seed, ASYNC, list(args.overrides), base, args.keep_cache, flags=("--async",), dry_run=dry
+                )
             )
-            for seed in args.seeds
-        ]
+    runs += async_runs
     if dry:
         return 0
     if args.ablate:  # RL only, from the full recipe's SFT model of the same seed: the change is the only difference
