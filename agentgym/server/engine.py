@@ -16,11 +16,16 @@ Each iteration of the engine thread
    the last running sequence moves into its slot, so running sequences stay in slots
    ``0 .. B-1``.
 
-The KV cache is one block of memory allocated at start (``kv_cache.py``: fixed slots of
-``max_model_len`` tokens, grown by doubling up to that, ``max_batch_size`` slots for running
-sequences plus ``prefix_cache_slots`` for finished ones). On a GPU, decode steps replay CUDA
-graphs captured per batch-size and length bucket (``decode_graphs.py``); on a CPU they run
-eagerly.
+The KV cache is one block of memory within a budget (``kv_cache.py``, ``kv_cache_memory_bytes``,
+vLLM's name; default a share of the memory available at start): slots of one width (grown by
+doubling up to ``max_model_len`` + 1), at most ``max_batch_size`` for running sequences plus
+``prefix_cache_slots`` for finished ones, as many as the budget holds at that width. A request is
+admitted only when the running sequences, each as long as its prompt plus ``max_tokens`` could make
+it, fit the budget beside it (else it waits; one that could not fit alone fails at once), so a
+sequence never runs out of room mid-decode; prefix-cache entries give way first (moved to lower
+slots, shortened, or dropped), and the width shrinks back when more rows need the room. On a GPU,
+decode steps replay CUDA graphs captured per batch-size and length bucket (``decode_graphs.py``); on
+a CPU they run eagerly.
 
 The HTTP side runs in another thread of the same process, so the engine releases the GIL
 between steps, and for the first few milliseconds of a burst that reaches an idle engine
@@ -51,7 +56,7 @@ from typing import Any
 import torch
 
 from agentgym.server.grammar import Grammars
-from agentgym.server.kv_cache import AttentionMasks, SlotKVCache
+from agentgym.server.kv_cache import AttentionMasks, SlotKVCache, default_kv_cache_bytes
 from agentgym.server.lean_forward import LeanForward
 from agentgym.server.lean_forward import supports as lean_supports
 from agentgym.server.lora_adapters import EngineAdapters
@@ -93,6 +98,9 @@ class Engine:
     (default: wherever it supports the model). ``pack_weights``: the lean forward's linear layers
     run from oneDNN-packed copies of the weights (``packed_linears.py``; default: on a CPU, where
     about a third faster at 8+ rows, for one more copy of the weights in memory).
+    ``kv_cache_memory_bytes``: the KV cache's budget (vLLM's ``--kv-cache-memory-bytes``; default
+    ``default_kv_cache_bytes``: a quarter of the memory available at start, or what every slot at
+    ``max_model_len`` takes, whichever is less).
     """
 
     def __init__(
@@ -113,6 +121,7 @@ class Engine:
         static_decode: bool | None = None,
         lean: bool | None = None,
         pack_weights: bool | None = None,
+        kv_cache_memory_bytes: int | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -142,7 +151,14 @@ class Engine:
         self._masks = AttentionMasks(model, self.device, self.max_model_len + 1)
         cache_slots = max_batch_size if prefix_cache_slots is None else max(0, int(prefix_cache_slots))
         self.prefix_caching = cache_slots > 0
-        self.kv = SlotKVCache(model.config, max_batch_size + cache_slots, self.max_model_len, first.dtype, self.device)
+        slots = max_batch_size + cache_slots
+        if kv_cache_memory_bytes is None:
+            kv_cache_memory_bytes = default_kv_cache_bytes(
+                model.config, slots, self.max_model_len, first.dtype, self.device
+            )
+        self.kv = SlotKVCache(
+            model.config, slots, self.max_model_len, first.dtype, self.device, budget=kv_cache_memory_bytes
+        )
         self.grammars = Grammars(tokenizer, self.vocab_size, sorted(self.eos_token_ids))
         self.batch = RunningBatch(
             max_batch_size,
@@ -176,7 +192,8 @@ class Engine:
             "prefix_cache_hits": 0,
             "shared_prefill_tokens": 0,
             "kv_cache_slots": self.kv.slots,
-            "kv_cache_mb": 0.0,
+            "kv_cache_mb": self.kv.nbytes / 2**20,
+            "kv_cache_budget_mb": self.kv.budget / 2**20,
         }
         for p in model.parameters():
             p.requires_grad_(False)
@@ -397,8 +414,17 @@ class Engine:
         free = self.max_batch_size - self.batch.size
         batch: list[Request] = []
         longest = 0
+        rows, widest = self.batch.size, max((self.kv_need(s.request) for s in self._seqs), default=0)
         while self._waiting and free > 0:
             req = self._waiting[0]
+            need = self.kv_need(req)
+            too_big = self.kv_too_big(req.n, need)
+            if too_big:
+                self._waiting.popleft()
+                self._fail_request(req, "abort", EngineError(too_big))
+                continue
+            if not self.kv.fits(rows + req.n, max(widest, need) + 1):
+                break  # wait until running sequences finish and leave room in the KV cache's budget
             if req.n > self.max_batch_size:
                 self._waiting.popleft()
                 self._fail_request(
@@ -419,6 +445,7 @@ class Engine:
             batch.append(req)
             longest = longest2
             free -= req.n
+            rows, widest = rows + req.n, max(widest, need)
         if batch:
             try:
                 self._prefill(batch)
@@ -427,6 +454,49 @@ class Engine:
                 for req in batch:
                     self._fail_request(req, "abort", exc)
         return len(batch)
+
+    def kv_need(self, req: Request) -> int:
+        """The most tokens a sequence of ``req`` can hold in the KV cache: its prompt and ``max_tokens``."""
+        return min(len(req.prompt_ids) + req.params.max_tokens, self.max_model_len)
+
+    def kv_too_big(self, n: int, need: int) -> str | None:
+        """Why ``n`` sequences of ``need`` tokens could never run together in the KV cache's budget (None: they can)."""
+        if self.kv.fits(n, need + 1):
+            return None
+        mib = n * (need + 1) * self.kv.column_bytes / 2**20
+        budget = self.kv.budget / 2**20
+        fewer = "max_tokens or choices (n)" if n > 1 else "max_tokens"
+        return (
+            f"{n} sequence{'s' if n > 1 else ''} of up to {need} tokens (prompt + max_tokens) need {mib:.1f} MiB "
+            f"of KV cache, more than this server's budget of {budget:.1f} MiB ({self.kv.columns} tokens): ask for "
+            f"fewer {fewer}, or start the server with a larger --kv-cache-memory-bytes "
+            "(config: actor_rollout_ref.rollout.kv_cache_memory_bytes)"
+        )
+
+    def _fit(self, rows: int, length: int) -> None:
+        """Lay the KV cache out with at least ``rows`` slots of ``length`` tokens (and a scratch column),
+        within the budget: the width doubles when it grows (at most ``max_model_len`` + 1, at most what
+        ``rows`` slots leave room for) and shrinks to make room for more rows; the slots are as many as
+        the budget holds at that width. Prefix-cache entries past the last slot move to free slots or go,
+        and entries longer than the width are shortened (``PrefixIndex.fit``)."""
+        kv = self.kv
+        if rows <= kv.slots and length <= kv.scratch:
+            return
+        width = kv.width
+        if length > kv.scratch:
+            # double, else grow by a quarter, if that still leaves a slot for every running sequence and
+            # prefix-cache entry; else as much as the running ones leave room for
+            in_use = rows + sum(1 for e in self.index.entries.values() if not e.live)
+            steps = (min(2 * kv.scratch, kv.max_len) + 1, kv.scratch + max(kv.scratch // 4, 16) + 1)
+            width = next((w for w in steps if w > length and kv.columns // w >= in_use), max(steps[1], length + 1))
+        width = min(width, kv.columns // max(rows, 1), kv.max_len + 1)
+        if width < length + 1:
+            raise EngineError(f"{rows} sequences of {length} tokens do not fit the KV cache's budget")
+        slots = min(kv.max_slots, kv.columns // width)
+        self.index.fit(slots, rows, width - 1, kv.copy)
+        kv.relayout(slots, width)
+        self.stats["kv_cache_mb"] = kv.nbytes / 2**20
+        self.stats["kv_cache_slots"] = kv.slots
 
     def _prefill(self, requests: list[Request]) -> None:
         # one leader per distinct prompt computes it; its copies (n > 1, identical prompts) follow
@@ -445,12 +515,11 @@ class Engine:
                     leaders.append(seq)
         b0 = self.batch.size
         new = len(leaders) + len(followers)
+        lengths = [len(seq.prompt_ids) for seq in leaders]
+        self._fit(b0 + new, max(*lengths, self.batch.next_length() if b0 else 0))
         self._vacate(range(b0, b0 + new))
         prefixes = [self._reuse_prefix(seq, b0 + i) for i, seq in enumerate(leaders)]
-        lengths = [len(seq.prompt_ids) for seq in leaders]
-        self.kv.ensure_length(max(lengths))
         self.batch.ensure_out(self.kv.width)
-        self.stats["kv_cache_mb"] = self.kv.nbytes / 2**20
         logits = self._prefill_forward(leaders, prefixes, b0)
         for seq, _ in followers:
             seq.cached_tokens = len(seq.prompt_ids)
@@ -542,9 +611,8 @@ class Engine:
         self.stats["max_batch"] = max(self.stats["max_batch"], b)
         length = batch.next_length()
         if length > self.kv.scratch:
-            self.kv.ensure_length(length)
+            self._fit(b, length)
             batch.ensure_out(self.kv.width)
-            self.stats["kv_cache_mb"] = self.kv.nbytes / 2**20
         cols = batch.positions()[:, None]
         if self.graphs is not None:
             logits = self.graphs.run(b, length, batch.next_token[:b], cols)

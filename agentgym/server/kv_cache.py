@@ -37,8 +37,35 @@ def kv_shape(config: Any) -> tuple[int, int, int]:
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
 
 
+def column_bytes(config: Any, dtype: torch.dtype) -> int:
+    """Bytes of one token of one sequence in the cache: every layer's key and value."""
+    layers, kv_heads, head_dim = kv_shape(config)
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+KV_CACHE_SHARE = 0.25  # of the memory available at start: the default budget
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for new allocations on ``device``: the kernel's MemAvailable on a CPU (psutil)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def default_kv_cache_bytes(config: Any, slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> int:
+    """The default budget: what ``slots`` slots of ``max_len`` tokens take, at most ``KV_CACHE_SHARE`` of
+    the memory available now, and never less than one sequence of ``max_len`` tokens needs."""
+    column = column_bytes(config, dtype)
+    share = int(available_memory(torch.device(device)) * KV_CACHE_SHARE)
+    return max(min(slots * (max_len + 1) * column, share), (max_len + 1) * column)
+
+
 class SlotKVCache(Cache):
-    """Keys and values of ``slots`` sequences of at most ``max_len`` tokens (see the module docstring)."""
+    """Keys and values of up to ``slots`` sequences of at most ``max_len`` tokens, in at most
+    ``budget`` bytes (see the module docstring)."""
 
     is_compileable = False
 
@@ -50,27 +77,58 @@ class SlotKVCache(Cache):
         dtype: torch.dtype,
         device: torch.device | str,
         initial_width: int = 256,
+        budget: int | None = None,
     ) -> None:
         super().__init__(layers=[])
         self.num_layers, self.kv_heads, self.head_dim = kv_shape(config)
-        self.slots = slots
+        self.max_slots = slots
         self.max_len = max_len
         self.dtype = dtype
         self.device = torch.device(device)
-        self.storage = self._allocate(min(max_len, initial_width) + 1)
+        self.column_bytes = column_bytes(config, dtype)
+        full = slots * (max_len + 1) * self.column_bytes
+        self.budget = full if budget is None else int(budget)
+        # the budget in columns (one token of one slot, every layer's key and value)
+        self.columns = self.budget // self.column_bytes
+        if self.columns < max_len + 1:
+            raise ValueError(
+                f"a KV cache of {self.budget / 2**20:.1f} MiB holds {self.columns - 1} tokens of one sequence, "
+                f"fewer than max_model_len ({max_len}): give it at least "
+                f"{(max_len + 1) * self.column_bytes} bytes (--kv-cache-memory-bytes) or a smaller --max-model-len"
+            )
+        # on a CPU the whole budget is reserved at once (address space only: a page costs memory once written);
+        # elsewhere the buffer grows to the extent in use (its old contents copied)
+        self._buffer = torch.empty(0, dtype=dtype, device=self.device)
+        self._finite = 0  # elements at the buffer's start ever written (zeros or keys/values: never NaN)
+        width = min(max_len, initial_width) + 1
+        self.storage = self._layout(min(slots, self.columns // width), width)
         self.generation = 0  # bumped when the storage moves (captured CUDA graphs hold its address)
         self._rows: slice = slice(0, 0)
         self._write_rows: torch.Tensor | None = None
         self._write_cols: torch.Tensor | None = None
         self._length = 0
 
-    def _allocate(self, width: int) -> torch.Tensor:
-        # zeros, not empty: attention multiplies masked-out values by a weight of 0, and 0 * NaN is NaN
-        return torch.zeros(
-            (2, self.num_layers, self.slots, self.kv_heads, width, self.head_dim), dtype=self.dtype, device=self.device
-        )
+    def _layout(self, slots: int, width: int) -> torch.Tensor:
+        """The buffer's first elements as a ``(2, layers, slots, kv_heads, width, head_dim)`` tensor."""
+        shape = (2, self.num_layers, slots, self.kv_heads, width, self.head_dim)
+        extent = 2 * self.num_layers * slots * self.kv_heads * width * self.head_dim
+        if extent > self._buffer.numel():
+            capacity = self.budget // self._buffer.element_size() if self.device.type == "cpu" else extent
+            grown = torch.empty(capacity, dtype=self.dtype, device=self.device)
+            grown[: self._finite] = self._buffer[: self._finite]
+            self._buffer = grown
+        # zeros, not garbage: attention multiplies masked-out values by a weight of 0, and 0 * NaN is NaN
+        if extent > self._finite:
+            self._buffer[self._finite : extent].zero_()
+            self._finite = extent
+        return self._buffer[:extent].view(shape)
 
     # ---- size --------------------------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        """Slots in the current layout (at most ``max_slots``; fewer when the width leaves no room)."""
+        return self.storage.shape[2]
+
     @property
     def width(self) -> int:
         """Columns per slot, the scratch column included."""
@@ -83,20 +141,33 @@ class SlotKVCache(Cache):
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the current layout (at most ``budget``)."""
         return self.storage.numel() * self.storage.element_size()
 
-    def ensure_length(self, length: int) -> None:
-        """Make room for ``length`` tokens per slot (doubling the width, at most ``max_len``)."""
-        if length <= self.scratch:
+    def fits(self, slots: int, width: int) -> bool:
+        """Whether ``slots`` slots of ``width`` columns (scratch included) fit the budget."""
+        return slots * width <= self.columns
+
+    def relayout(self, slots: int, width: int) -> None:
+        """Lay the cache out as ``slots`` slots of ``width`` columns, in place: the first ``min`` slots
+        keep their first ``min`` columns (the caller has moved or dropped what lies past either).
+        No second copy of the cache is ever held: each layer's keys (then values) move through a
+        buffer of their own size, in the order that never overwrites what is still to move."""
+        if (slots, width) == (self.slots, self.width):
             return
-        if length > self.max_len:
-            raise ValueError(f"{length} tokens do not fit the KV cache's {self.max_len} per sequence")
-        width = self.scratch
-        while width < length:
-            width *= 2
-        grown = self._allocate(min(width, self.max_len) + 1)
-        grown[..., : self.scratch, :] = self.storage[..., : self.scratch, :]
-        self.storage = grown
+        if not self.fits(slots, width) or width > self.max_len + 1 or slots > self.max_slots:
+            raise ValueError(f"{slots} slots of {width} columns exceed the KV cache's budget or shape")
+        old = self.storage
+        keep_s, keep_w = min(slots, old.shape[2]), min(width, old.shape[4])
+        new = self._layout(slots, width)  # may move the buffer (not on a CPU): read the old layout from it
+        old = self._buffer[: old.numel()].view(old.shape)
+        chunks = [(k, layer) for k in range(2) for layer in range(self.num_layers)]
+        if new[0, 0].numel() > old[0, 0].numel():
+            chunks.reverse()  # chunks move toward the end: the last first
+        for k, layer in chunks:
+            kept = old[k, layer, :keep_s, :, :keep_w].clone()
+            new[k, layer, :keep_s, :, :keep_w] = kept
+        self.storage = new
         self.generation += 1
 
     # ---- the engine's side -------------------------------------------------------------------

@@ -114,6 +114,27 @@ class PrefixIndex:
         copy(slot, target, len(entry.tokens))
         self.move(slot, target)
 
+    def fit(self, slots: int, keep_from: int, length: int, copy: Callable[[int, int, int], None]) -> None:
+        """Make the entries fit a cache of ``slots`` slots of ``length`` tokens: an entry past the last
+        slot moves (``copy(src, dst, length)``) to a free slot in ``keep_from .. slots-1`` (the most
+        recently used first) or is dropped; an entry longer than ``length`` keeps its first ``length``
+        tokens (still a prefix worth reusing)."""
+        outside = [slot for slot in self.entries if slot >= slots]
+        recent = {slot: i for i, slot in enumerate(self._cached)}
+        outside.sort(key=lambda slot: (not self.entries[slot].live, -recent.get(slot, -1)))
+        targets = sorted(slot for slot in self.free if keep_from <= slot < slots)
+        for slot in outside:
+            if targets:
+                target = targets.pop(0)
+                copy(slot, target, min(len(self.entries[slot].tokens), length))
+                self.move(slot, target)
+            else:
+                self.remove(slot)
+        for slot, entry in list(self.entries.items()):
+            if len(entry.tokens) > length:
+                self.add(slot, entry.tokens[:length], entry.live)
+        self.free = set(range(slots)) - set(self.entries)
+
     def clear(self) -> None:
         self.free.update(self.entries)
         self.entries.clear()

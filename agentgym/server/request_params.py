@@ -1,9 +1,10 @@
 """An OpenAI request's sampling fields as the engine's ``GenerationParams``, checked against the model.
 
 Everything here answers a 400 in OpenAI's shape naming the field: a prompt or ``max_tokens`` past
-the context, ``min_tokens`` over ``max_tokens``, token ids (``stop_token_ids``, ``logit_bias``)
-outside the vocabulary, a constraint whose grammar does not compile (the compiled grammar is kept
-for the request's sequences: ``grammar.py``).
+the context, ``n`` sequences of prompt + ``max_tokens`` past what the engine's KV cache budget holds,
+``min_tokens`` over ``max_tokens``, token ids (``stop_token_ids``, ``logit_bias``) outside the
+vocabulary, a constraint whose grammar does not compile (the compiled grammar is kept for the
+request's sequences: ``grammar.py``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def generation_params(
             param=param,
             code="context_length_exceeded",
         )
+    too_big = engine.kv_too_big(req.n, prompt_len + max_tokens)
+    if too_big:
+        raise APIError(400, too_big, param="max_tokens", code="kv_cache_budget_exceeded")
     if req.min_tokens > max_tokens:
         raise APIError(400, "min_tokens must not exceed max_tokens", param="min_tokens")
     vocab = engine.vocab_size
