@@ -46,6 +46,11 @@ class GenerationRolloutConfig:
     server_urls: list[str] = setting([], "running servers to use instead of starting one")
     dtype: str | None = setting("bfloat16", "vllm / sglang: the weights' dtype (null: the model's own)")
     gpu_memory_utilization: float = setting(0.5, "vllm / sglang: the share of GPU memory the engine takes")
+    kv_cache_memory_bytes: str | None = setting(
+        None,
+        "embedded: the KV cache's memory budget, bytes or 4G (GiB) / 4g (GB) as vLLM's --kv-cache-memory-bytes; "
+        "null: a quarter of the memory available at start (docs/vllm_cpu.md)",
+    )
     tensor_model_parallel_size: int = setting(1, "vllm / sglang: GPUs per engine")
     enforce_eager: bool = setting(True, "vllm / sglang: no CUDA graphs")
     free_cache_engine: bool = setting(True, "veRL's key, accepted for its configs: no effect here")

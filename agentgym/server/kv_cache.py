@@ -19,6 +19,7 @@ answers no length questions.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -41,6 +42,23 @@ def column_bytes(config: Any, dtype: torch.dtype) -> int:
     """Bytes of one token of one sequence in the cache: every layer's key and value."""
     layers, kv_heads, head_dim = kv_shape(config)
     return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def parse_bytes(value: int | str) -> int:
+    """Bytes as vLLM's ``--kv-cache-memory-bytes`` takes them: an integer, or a number with a decimal
+    (k, m, g, t: powers of 1000) or binary (K, M, G, T: powers of 1024) suffix: ``4G``, ``2.5g``."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if match:
+        number, suffix = match.groups()
+        scale = 1000 if suffix.islower() else 1024
+        return int(float(number) * scale ** ("kmgt".index(suffix.lower()) + 1))
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number of bytes (e.g. 4294967296, 4G = 4 GiB, 4g = 4 GB)") from None
 
 
 KV_CACHE_SHARE = 0.25  # of the memory available at start: the default budget

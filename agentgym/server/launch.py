@@ -53,10 +53,13 @@ def create_engine(
     max_batch_size: int = 32,
     max_model_len: int | None = None,
     served_model_name: str | None = None,
+    kv_cache_memory_bytes: int | str | None = None,
 ) -> Any:
-    """Load ``model`` and start an ``Engine`` thread on it (fp32 on CPU, bf16 on a GPU by default)."""
+    """Load ``model`` and start an ``Engine`` thread on it (fp32 on CPU, bf16 on a GPU by default);
+    ``kv_cache_memory_bytes``: its KV cache's budget (``Engine``; ``4G`` and the like as vLLM reads them)."""
     from agentgym.model import load_causal_lm, load_tokenizer
     from agentgym.server.engine import Engine
+    from agentgym.server.kv_cache import parse_bytes
 
     device = device or default_device()
     dtype = dtype or ("float32" if device == "cpu" else "bfloat16")
@@ -68,6 +71,7 @@ def create_engine(
         model_name=served_model_name or str(model),
         max_batch_size=max_batch_size,
         max_model_len=max_model_len,
+        kv_cache_memory_bytes=None if kv_cache_memory_bytes is None else parse_bytes(kv_cache_memory_bytes),
     )
     return engine.start()
 
@@ -86,13 +90,15 @@ def start_embedded_server(
     timeout: float = 120.0,
     admin_key: str | None = None,
     limits: ServerLimits | None = None,
+    kv_cache_memory_bytes: int | str | None = None,
 ) -> PolicyServerHandle:
     """Start the embedded server on ``model``; ``port=0`` picks a free port (see ``.url``).
 
     ``in_process=True`` (default): a thread in this process. ``False``: ``agentgym serve`` in a
     child process (its own process group), returned once ``/health`` answers. ``admin_key``
     guards its control routes (default: a new random key; the handle's ``.admin_key``, handed to
-    a child process through ``$AGENTGYM_SERVER_ADMIN_KEY``); ``limits``: its ``ServerLimits``.
+    a child process through ``$AGENTGYM_SERVER_ADMIN_KEY``); ``limits``: its ``ServerLimits``;
+    ``kv_cache_memory_bytes``: its KV cache's budget (default: ``Engine``'s, from the memory available).
     """
     if in_process:
         engine = create_engine(
@@ -102,6 +108,7 @@ def start_embedded_server(
             max_batch_size=max_batch_size,
             max_model_len=max_model_len,
             served_model_name=served_model_name,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
         )
         try:
             return EmbeddedServerHandle(engine, host=host, port=port, admin_key=admin_key, limits=limits)
@@ -136,6 +143,8 @@ def start_embedded_server(
         command += ["--max-model-len", str(max_model_len)]
     if served_model_name:
         command += ["--served-model-name", served_model_name]
+    if kv_cache_memory_bytes is not None:
+        command += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
     command += limit_flags(limits or ServerLimits())
     from agentgym.client.weights import EmbeddedWeights
     from agentgym.model import resolve_model_path
@@ -241,11 +250,13 @@ def serve_command(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         max_model_len=args.max_model_len,
         served_model_name=args.served_model_name,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
     )
     app = build_app(engine, admin_key=admin_key, limits=limits)
     print(
         f"agentgym embedded server: model {engine.model_name!r} on {engine.device}, "
-        f"max_model_len {engine.max_model_len}, max batch {engine.max_batch_size}"
+        f"max_model_len {engine.max_model_len}, max batch {engine.max_batch_size}, "
+        f"KV cache budget {engine.kv.budget / 2**30:.2f} GiB ({engine.kv.columns} tokens)"
         f"{f', {threads} torch threads' if engine.device.type == 'cpu' else ''}; "
         f"http://{args.host}:{args.port}/v1",
         flush=True,

@@ -118,6 +118,7 @@ def score_model(cfg: DictConfig, model_dir: str, temperature: float, label: str,
             max_batch_size=concurrency,
             max_model_len=max_len,
             device=str(rollout.device) if rollout.device else None,
+            kv_cache_memory_bytes=rollout.kv_cache_memory_bytes,
         )
         try:
             async with PolicyClient([server.url], backend="embedded") as client:

@@ -39,6 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-size", type=int, default=32, help="embedded: most sequences decoded together")
     p.add_argument("--device", default=None, help="embedded: cpu or cuda (default: cuda if available)")
     p.add_argument(
+        "--kv-cache-memory-bytes",
+        default=None,
+        metavar="BYTES",
+        help="embedded: the KV cache's memory budget, as vLLM's flag: bytes, or 4G (GiB) / 4g (GB) "
+        "(default: a quarter of the memory available at start, at most what every slot at --max-model-len takes; "
+        "vllm/sglang: give it with --engine-arg)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,

@@ -156,6 +156,7 @@ class RayRolloutServers:
         kwargs: dict[str, Any] = {"max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length}
         if self.backend == "embedded":
             kwargs["max_batch_size"] = max(1, rollout.concurrency)
+            kwargs["kv_cache_memory_bytes"] = rollout.kv_cache_memory_bytes
             if rollout.device:
                 kwargs["device"] = str(rollout.device)
         else:

@@ -41,6 +41,7 @@ class RolloutServers:
                     kwargs["device"] = str(rollout.device)
                 kwargs["max_model_len"] = cfg.data.max_prompt_length + cfg.data.max_response_length
                 kwargs["max_batch_size"] = max(1, rollout.concurrency)
+                kwargs["kv_cache_memory_bytes"] = rollout.kv_cache_memory_bytes
             else:
                 from agentgym.compat.engine_args import engine_server_kwargs
 

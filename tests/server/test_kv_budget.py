@@ -182,3 +182,50 @@ def test_the_server_answers_400_naming_the_budget_flag(model, tok):
         assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
     finally:
         handle.stop()
+
+
+# ---- the knob ---------------------------------------------------------------------------------------------
+def test_budgets_are_read_as_vllm_reads_them():
+    from agentgym.server.kv_cache import parse_bytes
+
+    assert parse_bytes("4G") == 4 * 2**30 and parse_bytes("2.5g") == 2_500_000_000
+    assert parse_bytes("512M") == 512 * 2**20 and parse_bytes(" 1000 ") == 1000 and parse_bytes(7) == 7
+    with pytest.raises(ValueError, match="4G = 4 GiB"):
+        parse_bytes("4 gigs")
+
+
+def test_the_server_flag_and_the_config_key_reach_the_engine(tok):
+    from agentgym.config import compose
+    from agentgym.server.launch import create_engine
+
+    engine = create_engine("tiny", max_model_len=MAX_LEN, kv_cache_memory_bytes="1M")
+    try:
+        assert engine.kv.budget == 2**20 and engine.kv.nbytes <= 2**20
+    finally:
+        engine.stop()
+    from agentgym.trainer.rollout_servers import RolloutServers
+
+    cfg = compose(
+        overrides=[
+            "actor_rollout_ref.model.path=tiny",
+            "actor_rollout_ref.rollout.kv_cache_memory_bytes=3M",
+            "data.max_prompt_length=200",
+            "data.max_response_length=56",
+        ]
+    ).cfg
+    servers = RolloutServers(cfg)
+    try:
+        assert servers.handles[0].engine.kv.budget == 3 * 2**20
+    finally:
+        servers.stop()
+
+
+def test_the_default_budget_is_a_share_of_available_memory(model, monkeypatch):
+    from agentgym.server import kv_cache
+
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device: 400 * 257 * columns(model))
+    assert kv_cache.default_kv_cache_bytes(model.config, 200, 256, torch.float32, "cpu") == 100 * 257 * columns(model)
+    # never more than every slot at full length takes, never less than one sequence needs
+    assert kv_cache.default_kv_cache_bytes(model.config, 8, 256, torch.float32, "cpu") == 8 * 257 * columns(model)
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device: 0)
+    assert kv_cache.default_kv_cache_bytes(model.config, 8, 256, torch.float32, "cpu") == 257 * columns(model)

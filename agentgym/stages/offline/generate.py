@@ -103,6 +103,7 @@ def generate(cfg: DictConfig) -> tuple[str, int]:
         kwargs: dict[str, Any] = {"max_model_len": rollout.prompt_length + rollout.response_length}
         if rollout.name == "embedded":
             kwargs["max_batch_size"] = max(1, min(cfg.data.batch_size, 256))
+            kwargs["kv_cache_memory_bytes"] = rollout.kv_cache_memory_bytes
         else:
             kwargs.update(
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
