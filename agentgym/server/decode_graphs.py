@@ -3,7 +3,8 @@
 A decode step on a GPU is dozens of small kernels per layer, and launching them from
 Python costs more than running them at the batch sizes RL rollouts use. A CUDA graph
 launches a whole step at once, but only for the shapes it was captured with, so a step is
-padded to a bucket: the batch to the next of 1, 2, 4, 8, 16, 24, 32, 48, 64, ... rows, the
+padded to a bucket: the batch to the next of 1, 2, 4, 8, 16, 24, 32, 48, 64, ... rows (at most
+the KV cache's slots: within a memory budget they can be fewer than the bucket), the
 attention to the next power of two of columns (at least 64). Padding rows feed the pad
 token, write their keys and values to the cache's scratch column and attend to anything:
 their logits are thrown away. Inputs live in static buffers the graph reads; one memory
@@ -57,7 +58,8 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
 
     def buckets(self, rows: int, length: int) -> tuple[int, int]:
-        size = next(s for s in self.sizes if s >= rows)
+        # never past the cache's slots: a budget can leave fewer than the bucket (then the graph is of ``rows``)
+        size = min(next(s for s in self.sizes if s >= rows), self.kv.slots)
         width = 64
         while width < length:
             width *= 2

@@ -149,6 +149,24 @@ def test_many_long_requests_in_a_small_budget_all_complete_within_it_token_for_t
     assert second.output_ids == free_second.output_ids
 
 
+def test_padded_static_decode_stays_within_the_slots_a_budget_leaves(model, tok):
+    """The bucketed decode the CUDA graphs replay pads 5 rows to 8; a budget of 5 full-length sequences
+    leaves 5 slots at full width, so the padding stops at the last slot."""
+    budget = 5 * (MAX_LEN + 1) * columns(model)
+    engine = Engine(
+        model, tok, max_model_len=MAX_LEN, max_batch_size=8, static_decode=True, kv_cache_memory_bytes=budget
+    ).start()
+    try:
+        prompts = [list(range(10 + i, 130 + i)) for i in range(5)]
+        seqs = run(engine, prompts, [120] * 5)
+        assert engine.kv.slots == 5 and engine.stats["max_batch"] == 5
+    finally:
+        engine.stop()
+    for p, seq in zip(prompts, seqs):
+        assert len(seq.output_ids) == 120
+        assert_faithful(model, p, seq)
+
+
 def test_a_request_too_big_for_the_budget_alone_fails_at_once(model, tok):
     budget = 2 * (MAX_LEN + 1) * columns(model)
     engine = Engine(model, tok, max_model_len=MAX_LEN, kv_cache_memory_bytes=budget).start()
