@@ -1,4 +1,4 @@
-"""The engine's KV cache: one block of memory, allocated once, in fixed slots.
+"""The engine's KV cache: one block of memory within a budget, in slots of one width.
 
 Every layer's keys and values live in one tensor of shape
 ``(2, layers, slots, kv_heads, width, head_dim)``. A slot holds one sequence's cache, token
@@ -7,8 +7,13 @@ sequences occupy slots ``0 .. B-1`` (the engine keeps them packed), so a decode 
 attention reads the view ``[:B, :, :length]`` with no gather; finished sequences stay in
 other slots as prefix-cache entries until their slot is needed.
 
-The width starts small and doubles (up to ``max_len`` + 1) when a sequence needs more
-columns; that copy happens a few times in a server's life, never per step.
+The tensor is a view of the first ``slots x width`` columns of one buffer of ``budget`` bytes
+(``kv_cache_memory_bytes``; on a CPU reserved at once as address space, elsewhere grown to the
+extent in use). The width starts small and grows (up to ``max_len`` + 1) when a sequence needs
+more columns, or shrinks when more slots are needed; ``slots x width`` never passes the budget,
+and a re-layout (``relayout``) moves the kept columns within the buffer, never holding a second
+copy. That happens a few times in a server's life, never per step; which layout, and what
+happens to the prefix-cache entries that no longer fit, is the engine's choice (``Engine._fit``).
 
 ``SlotKVCache`` is a transformers ``Cache``: before each forward the engine says which slots
 the batch rows are and which columns their tokens go to (``bind``); each attention layer
