@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 import torch
 
-from agentgym.model import load_causal_lm, load_tokenizer
+from agentgym.model import load_causal_lm
 from agentgym.server.engine import Engine
 from agentgym.server.prefix_cache import PrefixIndex
 from agentgym.server.running_batch import RunningBatch
 from agentgym.server.sampling import GenerationParams
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_causal_lm("tiny")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny")
 
 
 def teacher_forced(model, prompt, tokens):

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from agentgym.model import load_causal_lm, load_tokenizer
+from agentgym.model import load_causal_lm
 from agentgym.server.engine import Engine
 from agentgym.server.kv_cache import SlotKVCache, column_bytes
 from agentgym.server.prefix_cache import PrefixIndex
@@ -19,16 +19,6 @@ from agentgym.server.sampling import GenerationParams
 from tests.server.test_engine_cache import assert_faithful
 
 MAX_LEN = 256
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_causal_lm("tiny")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny")
 
 
 def columns(model) -> int:

@@ -54,11 +54,6 @@ def own_server():
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_causal_lm("tiny")
-
-
-@pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
 

@@ -15,7 +15,6 @@ import pydantic
 import pytest
 import torch
 
-from agentgym.model import load_causal_lm
 from tests.support.fidelity import logprob_tolerance, teacher_forced
 
 CALC = {
@@ -49,11 +48,6 @@ def server(embedded_server):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_causal_lm("tiny")
 
 
 def extra(obj, name):
