@@ -9,6 +9,16 @@ import sys
 from agentgym.stages.from_run import Given
 
 
+def memory_bytes(value: str) -> int:
+    """``--kv-cache-memory-bytes`` read at the door: a bad size is a usage error, not a traceback at start."""
+    from agentgym.server.kv_cache import parse_bytes
+
+    try:
+        return parse_bytes(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from agentgym.server.limits import ServerLimits
 
@@ -40,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="embedded: cpu or cuda (default: cuda if available)")
     p.add_argument(
         "--kv-cache-memory-bytes",
+        type=memory_bytes,
         default=None,
         metavar="BYTES",
         help="embedded: the KV cache's memory budget, as vLLM's flag: bytes, or 4G (GiB) / 4g (GB) "

@@ -202,6 +202,20 @@ def test_budgets_are_read_as_vllm_reads_them():
         parse_bytes("4 gigs")
 
 
+def test_a_bad_size_on_the_command_line_is_a_usage_error(capsys):
+    import argparse
+
+    from agentgym.stages.serve_command import add_arguments
+
+    parser = argparse.ArgumentParser(prog="agentgym serve")
+    add_arguments(parser)
+    assert parser.parse_args(["--kv-cache-memory-bytes", "4G"]).kv_cache_memory_bytes == 4 * 2**30
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--kv-cache-memory-bytes", "4 gigs"])
+    assert exited.value.code == 2
+    assert "not a number of bytes" in capsys.readouterr().err
+
+
 def test_the_server_flag_and_the_config_key_reach_the_engine(tok):
     from agentgym.config import compose
     from agentgym.server.launch import create_engine
