@@ -270,11 +270,21 @@ def start(kind: str, model: str, args: argparse.Namespace, log_dir: Path) -> Ser
     if kind == "embedded":
         from agentgym.server.launch import start_embedded_server
 
-        handle = start_embedded_server(model, in_process=False, dtype="float32", max_batch_size=32, timeout=600)
+        handle = start_embedded_server(
+            model,
+            in_process=False,
+            dtype="float32",
+            max_batch_size=32,
+            timeout=600,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        )
     else:
         import torch
 
         from agentgym.server.launchers import start_engine_server
+
+        # the same KV cache memory as the embedded server's (vLLM's own flag; it overrides the share below)
+        kv_flag = ["--kv-cache-memory-bytes", args.kv_cache_memory_bytes] if args.kv_cache_memory_bytes else []
 
         handle = start_engine_server(
             "vllm",
@@ -282,7 +292,7 @@ def start(kind: str, model: str, args: argparse.Namespace, log_dir: Path) -> Ser
             dtype="float32",
             # on vLLM's CPU backend this is the share of the machine's memory it takes for its KV cache
             gpu_memory_utilization=0.85 if torch.cuda.is_available() else args.vllm_memory,
-            extra_args=args.vllm_arg or (),
+            extra_args=[*(args.vllm_arg or ()), *kv_flag],
             log_path=log_dir / "vllm.log",
             timeout=1200,
             python=args.vllm_python,
@@ -394,6 +404,12 @@ def main() -> int:
     )
     parser.add_argument("--vllm-python", default=None, help="the Python that has vLLM ($AGENTGYM_VLLM_PYTHON)")
     parser.add_argument("--vllm-memory", type=float, default=0.15, help="CPU: share of memory for vLLM's KV cache")
+    parser.add_argument(
+        "--kv-cache-memory-bytes",
+        default=None,
+        metavar="SIZE",
+        help="KV cache memory for every server started here (4G, ...; default: each server's own)",
+    )
     parser.add_argument("--vllm-arg", action="append", metavar="ARG", help="an extra flag for vLLM (repeatable)")
     parser.add_argument("--quick", action="store_true", help="2 repeats; rollouts of 4 turns of 64 tokens at most")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats (5; --quick 2)")
@@ -440,7 +456,8 @@ def main() -> int:
         f"\n## OpenAI servers side by side: {Path(model).name}, {args.new_tokens} new tokens per request, greedy, "
         f"medians of {args.repeats} interleaved repeats ({args.rollout_repeats} for the rollout"
         f"{f', at most {args.max_turns} turns' if args.max_turns else ''}"
-        f"{f' of at most {args.rollout_max_tokens} tokens' if args.rollout_max_tokens else ''})\n"
+        f"{f' of at most {args.rollout_max_tokens} tokens' if args.rollout_max_tokens else ''})"
+        f"{f', KV cache {args.kv_cache_memory_bytes} each' if args.kv_cache_memory_bytes else ''}\n"
     )
     print(table(servers, args))
     print(
