@@ -48,8 +48,9 @@ class GenerationRolloutConfig:
     gpu_memory_utilization: float = setting(0.5, "vllm / sglang: the share of GPU memory the engine takes")
     kv_cache_memory_bytes: str | None = setting(
         None,
-        "embedded: the KV cache's memory budget, bytes or 4G (GiB) / 4g (GB) as vLLM's --kv-cache-memory-bytes; "
-        "null: a quarter of the memory available at start (docs/vllm_cpu.md)",
+        "embedded and vllm: the KV cache's memory, bytes or 4G (GiB) / 4g (GB) as vLLM's --kv-cache-memory-bytes; "
+        "null: the engine's default (embedded: a quarter of the memory available at start; docs/vllm_cpu.md). "
+        "sglang: refused (it sizes its cache by gpu_memory_utilization)",
     )
     tensor_model_parallel_size: int = setting(1, "vllm / sglang: GPUs per engine")
     enforce_eager: bool = setting(True, "vllm / sglang: no CUDA graphs")

@@ -199,8 +199,9 @@ class RolloutConfig:
     gpu_memory_utilization: float = setting(0.5, "vllm / sglang servers")
     kv_cache_memory_bytes: str | None = setting(
         None,
-        "embedded: the KV cache's memory budget, bytes or 4G (GiB) / 4g (GB) as vLLM's --kv-cache-memory-bytes; "
-        "null: a quarter of the memory available at start (docs/vllm_cpu.md)",
+        "embedded and vllm: the KV cache's memory, bytes or 4G (GiB) / 4g (GB) as vLLM's --kv-cache-memory-bytes; "
+        "null: the engine's default (embedded: a quarter of the memory available at start; docs/vllm_cpu.md). "
+        "sglang: refused (it sizes its cache by gpu_memory_utilization)",
     )
     tensor_model_parallel_size: int = setting(1, "veRL: 2 (hardware; set it to your GPUs per engine)")
     dtype: Literal["float32", "bfloat16", "float16"] | None = setting(

@@ -215,9 +215,10 @@ def serve_command(args: argparse.Namespace) -> int:
                 log_path=None,
                 served_model_name=args.served_model_name,
                 dtype=dtype,
+                kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                 extra_args=args.engine_arg,
             )
-        except (RuntimeError, TimeoutError) as exc:
+        except (RuntimeError, TimeoutError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         try:

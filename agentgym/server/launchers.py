@@ -50,11 +50,13 @@ def vllm_command(
     max_model_len: int | None = None,
     tool_call_parser: str = "hermes",
     dtype: str | None = None,
+    kv_cache_memory_bytes: int | None = None,
     extra_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
     """vLLM's OpenAI server (``vllm serve`` checks its own version and fails on some builds;
-    the module entry point does not)."""
+    the module entry point does not). ``kv_cache_memory_bytes``: its KV cache's size (on a GPU it
+    then ignores ``gpu_memory_utilization`` for the cache; on a CPU it replaces ``VLLM_CPU_KVCACHE_SPACE``)."""
     cmd = [
         python,
         "-m",
@@ -76,6 +78,8 @@ def vllm_command(
         cmd += ["--max-model-len", str(max_model_len)]
     if dtype:
         cmd += ["--dtype", dtype]
+    if kv_cache_memory_bytes is not None:
+        cmd += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
     if tool_call_parser:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
     cmd += ["--worker-extension-cls", VLLM_EXTENSION]
@@ -125,6 +129,22 @@ def sglang_command(
 
 COMMANDS: dict[str, Callable[..., list[str]]] = {"vllm": vllm_command, "sglang": sglang_command}
 MODULES = {"vllm": "vllm", "sglang": "sglang"}
+
+
+def engine_kv_cache_bytes(engine: str, value: int | str | None) -> int | None:
+    """A KV cache size for ``engine`` in bytes (None: the engine's default). Only vLLM takes one;
+    SGLang sizes its cache by the memory share (``gpu_memory_utilization``), so a size for it is refused."""
+    if value is None:
+        return None
+    from agentgym.server.kv_cache import parse_bytes
+
+    size = parse_bytes(value)
+    if engine == "sglang":
+        raise ValueError(
+            "SGLang takes no KV cache size: it sizes its cache by its memory share; set gpu_memory_utilization "
+            "(--mem-fraction-static) instead and leave kv_cache_memory_bytes null"
+        )
+    return size
 
 
 def engine_environment(engine: str) -> dict[str, str]:
@@ -198,6 +218,7 @@ def start_engine_server(
     max_model_len: int | None = None,
     tool_call_parser: str = "hermes",
     dtype: str | None = None,
+    kv_cache_memory_bytes: int | str | None = None,
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
@@ -209,13 +230,16 @@ def start_engine_server(
     ``python``: the interpreter that has the engine installed (default: this one, or
     ``$AGENTGYM_<ENGINE>_PYTHON``), so an engine can live in its own virtual environment.
     ``dtype``: default the model's own (see the module docstring). vLLM on a CPU runs without
-    chunked prefill unless ``extra_args`` turn it on (``cpu_vllm_args``).
+    chunked prefill unless ``extra_args`` turn it on (``cpu_vllm_args``). ``kv_cache_memory_bytes``
+    (``4G`` and the like, vLLM's ``--kv-cache-memory-bytes``): vLLM only; SGLang sizes its cache by
+    ``gpu_memory_utilization`` and is refused one rather than have it dropped.
     """
     from agentgym.model import resolve_model_path
     from agentgym.server.handles import SubprocessServerHandle, ensure_port_free, free_port
 
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES} (or 'embedded'), got {engine!r}")
+    kv_bytes = engine_kv_cache_bytes(engine, kv_cache_memory_bytes)
     python = python or os.environ.get(f"AGENTGYM_{engine.upper()}_PYTHON") or sys.executable
     if not engine_available(engine, python):
         raise RuntimeError(
@@ -231,6 +255,7 @@ def start_engine_server(
     name = served_model_name or str(model)
     if engine_device(engine, python) == "cpu":
         extra_args = cpu_vllm_args(extra_args)
+    sizes = {"kv_cache_memory_bytes": kv_bytes} if kv_bytes is not None else {}
     command = COMMANDS[engine](
         model_path,
         host=host,
@@ -243,6 +268,7 @@ def start_engine_server(
         dtype=dtype,
         extra_args=extra_args,
         python=python,
+        **sizes,
     )
     from agentgym.client.weights import weights_adapter
 

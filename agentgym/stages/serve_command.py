@@ -53,9 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=memory_bytes,
         default=None,
         metavar="BYTES",
-        help="embedded: the KV cache's memory budget, as vLLM's flag: bytes, or 4G (GiB) / 4g (GB) "
-        "(default: a quarter of the memory available at start, at most what every slot at --max-model-len takes; "
-        "vllm/sglang: give it with --engine-arg)",
+        help="embedded and vllm: the KV cache's memory, as vLLM's flag: bytes, or 4G (GiB) / 4g (GB) "
+        "(embedded default: a quarter of the memory available at start, at most what every slot at --max-model-len "
+        "takes; sglang takes none: --gpu-memory-utilization)",
     )
     p.add_argument(
         "--threads",

@@ -204,6 +204,7 @@ def validate(cfg: DictConfig) -> None:
             close = difflib.get_close_matches(str(name), LOGGERS, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"trainer.logger has {name!r}, not one of {', '.join(LOGGERS)}.{hint}")
+    check_kv_cache_size("actor_rollout_ref.rollout", cfg.actor_rollout_ref.rollout)
     check_kl_estimator("algorithm.kl_penalty", str(cfg.algorithm.kl_penalty))
     check_kl_estimator("actor_rollout_ref.actor.kl_loss_type", str(cfg.actor_rollout_ref.actor.kl_loss_type))
     for section in ("actor_rollout_ref.actor", "critic"):
@@ -293,6 +294,16 @@ def validate(cfg: DictConfig) -> None:
     from agentgym.rollout.env_groups import check_env_groups
 
     check_env_groups(cfg)
+
+
+def check_kv_cache_size(where: str, rollout: DictConfig) -> None:
+    """``kv_cache_memory_bytes`` reads as a size the engine takes (``engine_kv_cache_bytes``), before anything loads."""
+    from agentgym.server.launchers import engine_kv_cache_bytes
+
+    try:
+        engine_kv_cache_bytes(str(rollout.name), rollout.kv_cache_memory_bytes)
+    except ValueError as exc:
+        raise ConfigError(f"{where}.kv_cache_memory_bytes={rollout.kv_cache_memory_bytes!r}: {exc}") from None
 
 
 def check_reward_sources(cfg: DictConfig) -> None:

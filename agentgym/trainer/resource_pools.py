@@ -153,10 +153,12 @@ class RayRolloutServers:
         gpu = str(rollout.device or "") == "cuda" or (not rollout.device and _cluster_has_gpus())
         tp = rollout.tensor_model_parallel_size
         self.group = pool_placement_group("rollout", cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, gpu)
-        kwargs: dict[str, Any] = {"max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length}
+        kwargs: dict[str, Any] = {
+            "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
+            "kv_cache_memory_bytes": rollout.kv_cache_memory_bytes,
+        }
         if self.backend == "embedded":
             kwargs["max_batch_size"] = max(1, rollout.concurrency)
-            kwargs["kv_cache_memory_bytes"] = rollout.kv_cache_memory_bytes
             if rollout.device:
                 kwargs["device"] = str(rollout.device)
         else:

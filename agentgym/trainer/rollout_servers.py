@@ -49,6 +49,7 @@ class RolloutServers:
                     gpu_memory_utilization=rollout.gpu_memory_utilization,
                     tensor_parallel_size=rollout.tensor_model_parallel_size,
                     max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                    kv_cache_memory_bytes=rollout.kv_cache_memory_bytes,
                     **engine_server_kwargs(cfg),
                 )
                 if self.lora_name:

@@ -251,3 +251,37 @@ def test_the_default_budget_is_a_share_of_available_memory(model, monkeypatch):
     assert kv_cache.default_kv_cache_bytes(model.config, 8, 256, torch.float32, "cpu") == 8 * 257 * columns(model)
     monkeypatch.setattr(kv_cache, "available_memory", lambda device: 0)
     assert kv_cache.default_kv_cache_bytes(model.config, 8, 256, torch.float32, "cpu") == 257 * columns(model)
+
+
+def test_the_config_key_reaches_a_vllm_server_and_is_checked_before_anything_loads(monkeypatch):
+    from types import SimpleNamespace
+
+    from agentgym.config import ConfigError
+    from agentgym.server import launch
+    from agentgym.server.launchers import vllm_command
+    from agentgym.trainer.config import load_config
+    from agentgym.trainer.rollout_servers import RolloutServers
+
+    cmd = vllm_command("/m", kv_cache_memory_bytes=2**31)
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(2**31)
+    assert "--kv-cache-memory-bytes" not in vllm_command("/m")
+    started: list[dict] = []
+
+    def start_policy_server(backend, model, **kwargs):
+        started.append({"backend": backend, **kwargs})
+        return SimpleNamespace(url="http://127.0.0.1:9", model=model, stop=lambda: None)
+
+    monkeypatch.setattr(launch, "start_policy_server", start_policy_server)
+    cfg = load_config(
+        overrides=["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.kv_cache_memory_bytes=2G"],
+        warn=False,
+    )
+    RolloutServers(cfg).stop()
+    assert started[0]["backend"] == "vllm" and started[0]["kv_cache_memory_bytes"] == "2G"
+    with pytest.raises(ConfigError, match=r"kv_cache_memory_bytes='2 gigs'.*not a number of bytes"):
+        load_config(overrides=["actor_rollout_ref.rollout.kv_cache_memory_bytes=2 gigs"], warn=False)
+    with pytest.raises(ConfigError, match="SGLang takes no KV cache size.*gpu_memory_utilization"):
+        load_config(
+            overrides=["actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.kv_cache_memory_bytes=2G"],
+            warn=False,
+        )

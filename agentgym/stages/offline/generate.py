@@ -36,6 +36,9 @@ def check(cfg: DictConfig) -> None:
             "greedy decoding (rollout.do_sample=false or rollout.temperature=0) gives the same response "
             f"every time: set data.n_samples=1 (got {data.n_samples})"
         )
+    from agentgym.trainer.config import check_kv_cache_size
+
+    check_kv_cache_size("rollout", rollout)
 
 
 async def sample_all(cfg: DictConfig, rows: list[dict[str, Any]], client: Any, chat: Any) -> list[list[str]]:
@@ -100,10 +103,12 @@ def generate(cfg: DictConfig) -> tuple[str, int]:
     if not urls:
         from agentgym.server.launch import start_policy_server
 
-        kwargs: dict[str, Any] = {"max_model_len": rollout.prompt_length + rollout.response_length}
+        kwargs: dict[str, Any] = {
+            "max_model_len": rollout.prompt_length + rollout.response_length,
+            "kv_cache_memory_bytes": rollout.kv_cache_memory_bytes,
+        }
         if rollout.name == "embedded":
             kwargs["max_batch_size"] = max(1, min(cfg.data.batch_size, 256))
-            kwargs["kv_cache_memory_bytes"] = rollout.kv_cache_memory_bytes
         else:
             kwargs.update(
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
