@@ -239,7 +239,19 @@ def policy_overrides(policy: str) -> list[str]:
     return out
 
 
-def warm_start_model(directory: str, demos: int, sft_steps: int) -> str:
+def task_overrides(args: argparse.Namespace) -> list[str]:
+    """The learn table's lake (``--map-seed``: one fixed lake for every episode, held-out ones included) and
+    window (``--window``), for the warm start, every run and every score alike."""
+    out = [f"actor_rollout_ref.rollout.multi_turn.context_window={args.window}"]
+    return out + ([f"env.kwargs.map_seed={args.map_seed}"] if args.map_seed is not None else [])
+
+
+def task_flags(args: argparse.Namespace) -> list[str]:
+    """``task_overrides``' flags, for a child process of this script."""
+    return ["--window", str(args.window)] + (["--map-seed", str(args.map_seed)] if args.map_seed is not None else [])
+
+
+def warm_start_model(directory: str, demos: int, sft_steps: int, extra: list[str]) -> str:
     """One warm start for every policy and seed: expert demos, then SFT on whole-history rows."""
     from agentgym.stages.warm_start import run_warm_start
     from agentgym.trainer.config import load_config
@@ -254,6 +266,7 @@ def warm_start_model(directory: str, demos: int, sft_steps: int) -> str:
             f"warm_start.sft.data.max_length={MODEL_LEN}",
             "warm_start.sft.data.truncation=skip",  # a demo longer than the model's context is left out
             f"trainer.default_local_dir={directory}",
+            *extra,
         ],
     )
     return str(run_warm_start(cfg, show_progress=False))
@@ -264,12 +277,14 @@ def turn_overrides(turns: int) -> list[str]:
     return [f"env.kwargs.max_steps={turns}", f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={turns}"]
 
 
-def held_out_scores(policy: str, model: str, tasks: int, directory: str, turns: int) -> dict[str, Any]:
+def held_out_scores(
+    policy: str, model: str, tasks: int, directory: str, turns: int, extra: list[str]
+) -> dict[str, Any]:
     """Greedy success of ``model`` on the held-out tasks under ``policy``'s context, per task."""
     from agentgym.stages.held_out import score_model
     from agentgym.trainer.config import load_config
 
-    overrides = [*policy_overrides(policy), *turn_overrides(turns), f"held_out.num_tasks={tasks}"]
+    overrides = [*policy_overrides(policy), *turn_overrides(turns), f"held_out.num_tasks={tasks}", *extra]
     overrides.append(f"trainer.default_local_dir={directory}")
     cfg = load_config(env="frozenlake_long", overrides=overrides)
     score = score_model(cfg, model, 0.0, f"{policy} greedy", show_progress=False)
@@ -307,7 +322,8 @@ def learn_table(args: argparse.Namespace) -> str:
     root.mkdir(parents=True, exist_ok=True)
     print(f"before: {load_average()}; run dirs under {root}", flush=True)
     started = time.perf_counter()
-    model = child(["--warm", str(root / "warm"), str(args.demos), str(args.sft_steps)], root / "warm.log")
+    warm = ["--warm", str(root / "warm"), str(args.demos), str(args.sft_steps), *task_flags(args)]
+    model = child(warm, root / "warm.log")
     if model is None:
         return "the warm start failed"
     warm_min = (time.perf_counter() - started) / 60
@@ -315,7 +331,7 @@ def learn_table(args: argparse.Namespace) -> str:
     scores: dict[tuple[str, str], dict[str, Any]] = {}
     for policy in args.policies:
         scored = ["--score", policy, model, str(args.tasks), str(root / f"start-{policy}"), str(args.max_turns)]
-        found = child(scored, root / "score.log")
+        found = child([*scored, *task_flags(args)], root / "score.log")
         scores[(policy, "start")] = found
         print(f"  start model under {policy}: {summary_of(found)}", flush=True)
     runs: dict[tuple[str, int], dict[str, Any]] = {}
@@ -324,6 +340,7 @@ def learn_table(args: argparse.Namespace) -> str:
             run_dir = root / f"{policy}-seed{seed}"
             cmd = [sys.executable, "-m", "agentgym.cli", "train", "--env", "frozenlake_long", *LEARN_COMMON]
             cmd += [*policy_overrides(policy), *turn_overrides(args.max_turns), "warm_start.enable=false"]
+            cmd += task_overrides(args)
             cmd += [f"data.train_batch_size={args.batch}", f"actor_rollout_ref.rollout.n={args.n}"]
             cmd += [f"actor_rollout_ref.model.path={model}"]
             cmd += [f"trainer.seed={seed}", f"trainer.total_training_steps={args.max_steps}"]
@@ -339,7 +356,7 @@ def learn_table(args: argparse.Namespace) -> str:
             found = None
             if code == 0 and hf.is_dir():
                 scored = ["--score", policy, str(hf), str(args.tasks), str(run_dir / "held_out"), str(args.max_turns)]
-                found = child(scored, root / "score.log")
+                found = child([*scored, *task_flags(args)], root / "score.log")
             runs[(policy, seed)] = {"steps": len(rows), "step_min": step_min, "wall_min": wall, "code": code}
             scores[(policy, str(seed))] = found
             print(f"  {policy} seed {seed}: {runs[(policy, seed)]}, held out {summary_of(found)}", flush=True)
@@ -386,11 +403,13 @@ def learn_report(args: argparse.Namespace, scores: dict, runs: dict, warm_min: f
             mean = sum(per_seed) / len(per_seed)
             se = math.sqrt(sum((d - mean) ** 2 for d in per_seed) / (len(per_seed) - 1) / len(per_seed))
             lines.append(f"  mean over {len(per_seed)} seeds: {mean:+.3f} ± {se:.3f} (SE over seeds)")
+    lake = f" (one lake, map_seed={args.map_seed}: they differ in where it slips)" if args.map_seed is not None else ""
     lines.append(
         f"warm start (shared): {args.demos} expert episodes, {args.sft_steps} SFT steps on whole-history rows, "
         f"{warm_min:.1f} min; RL: {args.batch} tasks x {args.n} episodes a step, up to {args.max_turns} turns, "
         f"trainer.total_training_minutes={args.minutes:g} per run (the run ends after the step that passes it), "
-        f"{args.tasks} held-out tasks; after: {load_average()}"
+        f"{args.tasks} held-out tasks{lake}"
+        f"; window {args.window}; after: {load_average()}"
     )
     return "\n".join(lines)
 
@@ -411,6 +430,9 @@ def main() -> int:
     parser.add_argument("--run-root", help="learn: where the run dirs go (default: a new temporary directory)")
     parser.add_argument("--one", nargs=2, metavar=("POLICY", "TURNS"), help=argparse.SUPPRESS)
     parser.add_argument("--warm", nargs=3, metavar=("DIR", "DEMOS", "STEPS"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--map-seed", type=int, default=None, help="learn: one fixed lake (env.kwargs.map_seed) for every episode"
+    )
     parser.add_argument("--max-turns", type=int, default=50, help="learn: RL and held-out turn limit (the lake's)")
     parser.add_argument("--batch", type=int, default=2, help="learn: data.train_batch_size (tasks per RL step)")
     parser.add_argument("--n", type=int, default=4, help="learn: actor_rollout_ref.rollout.n (episodes per task)")
@@ -422,9 +444,10 @@ def main() -> int:
         if args.one:
             found: Any = one_cell(args.one[0], int(args.one[1]), args.episodes, args.window)
         elif args.warm:
-            found = warm_start_model(args.warm[0], int(args.warm[1]), int(args.warm[2]))
+            found = warm_start_model(args.warm[0], int(args.warm[1]), int(args.warm[2]), task_overrides(args))
         else:
-            found = held_out_scores(args.score[0], args.score[1], int(args.score[2]), args.score[3], int(args.score[4]))
+            score = args.score
+            found = held_out_scores(score[0], score[1], int(score[2]), score[3], int(score[4]), task_overrides(args))
         print("RESULT " + json.dumps(found), flush=True)
         return 0
     print(cost_table(args) if args.table == "cost" else learn_table(args))
