@@ -93,6 +93,17 @@ def engine_keys_for_embedded(comp: Composition) -> str | None:
     )
 
 
+def sizes_for_servers_not_started(comp: Composition) -> str | None:
+    rollout = comp.cfg.actor_rollout_ref.rollout
+    key = f"{AR}.rollout.kv_cache_memory_bytes"
+    if not rollout.server_urls or key not in comp.explicit:
+        return None
+    return (
+        f"{key}={rollout.kv_cache_memory_bytes}: no effect, {AR}.rollout.server_urls names running servers and "
+        "agentgym starts none; give the size where they start (agentgym serve --kv-cache-memory-bytes)"
+    )
+
+
 def kl_settings_unused(comp: Composition) -> str | None:
     cfg = comp.cfg
     out = []
@@ -176,6 +187,7 @@ CHECKS: list[Callable[[Composition], str | None]] = [
     critic_without_gae,
     clip_ratio_shadowed,
     engine_keys_for_embedded,
+    sizes_for_servers_not_started,
     kl_settings_unused,
     gspo_aggregation,
     greedy_temperature,

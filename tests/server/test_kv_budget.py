@@ -285,3 +285,12 @@ def test_the_config_key_reaches_a_vllm_server_and_is_checked_before_anything_loa
             overrides=["actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.kv_cache_memory_bytes=2G"],
             warn=False,
         )
+
+
+def test_a_size_for_servers_agentgym_does_not_start_is_named_as_having_no_effect():
+    from agentgym.trainer.config import compose_training, config_notes
+
+    size = "actor_rollout_ref.rollout.kv_cache_memory_bytes=2G"
+    running = compose_training(overrides=[size, "actor_rollout_ref.rollout.server_urls=[http://127.0.0.1:9]"])
+    assert any("kv_cache_memory_bytes=2G: no effect" in note for note in config_notes(running))
+    assert not any("kv_cache_memory_bytes" in note for note in config_notes(compose_training(overrides=[size])))
