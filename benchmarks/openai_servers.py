@@ -283,16 +283,14 @@ def start(kind: str, model: str, args: argparse.Namespace, log_dir: Path) -> Ser
 
         from agentgym.server.launchers import start_engine_server
 
-        # the same KV cache memory as the embedded server's (vLLM's own flag; it overrides the share below)
-        kv_flag = ["--kv-cache-memory-bytes", args.kv_cache_memory_bytes] if args.kv_cache_memory_bytes else []
-
         handle = start_engine_server(
             "vllm",
             model,
             dtype="float32",
             # on vLLM's CPU backend this is the share of the machine's memory it takes for its KV cache
             gpu_memory_utilization=0.85 if torch.cuda.is_available() else args.vllm_memory,
-            extra_args=[*(args.vllm_arg or ()), *kv_flag],
+            extra_args=args.vllm_arg or (),
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes,  # when given it overrides the share above
             log_path=log_dir / "vllm.log",
             timeout=1200,
             python=args.vllm_python,

@@ -81,6 +81,20 @@ def test_generate_refuses_greedy_with_several_samples(tmp_path, capsys):
     assert "set data.n_samples=1" in capsys.readouterr().err
 
 
+def test_generate_names_a_cache_size_for_servers_it_does_not_start(tmp_path, capsys):
+    main(
+        [
+            "generate",
+            f"data.path={tmp_path}/missing.parquet",
+            f"data.output_path={tmp_path}/o.parquet",
+            "model.path=tiny",
+            "rollout.server_urls=[http://127.0.0.1:9]",
+            "rollout.kv_cache_memory_bytes=2G",
+        ]
+    )
+    assert "warning: rollout.kv_cache_memory_bytes: no effect (rollout.server_urls" in capsys.readouterr().err
+
+
 def test_eval_with_env_keeps_its_options(capsys):
     assert main(["eval", "--env", "first_letter", "data.path=x"]) == 2
     assert "with --env use the options" in capsys.readouterr().err

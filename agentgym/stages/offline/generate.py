@@ -158,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         cfg, ignored = load_offline_config(
             "generation.yaml", list(args.overrides or ()), config_file_of(args, "generation")
         )
+        if cfg.rollout.server_urls and cfg.rollout.kv_cache_memory_bytes is not None:
+            ignored["rollout.kv_cache_memory_bytes"] = "rollout.server_urls names running servers; agentgym starts none"
         for key, reason in sorted(ignored.items()):
             print(f"agentgym generate: warning: {key}: no effect ({reason})", file=sys.stderr)
         check(cfg)
