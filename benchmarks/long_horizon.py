@@ -324,12 +324,16 @@ def learn_table(args: argparse.Namespace) -> str:
     root.mkdir(parents=True, exist_ok=True)
     print(f"before: {load_average()}; run dirs under {root}", flush=True)
     started = time.perf_counter()
-    warm = ["--warm", str(root / "warm"), str(args.demos), str(args.sft_steps), *task_flags(args)]
-    model = child(warm, root / "warm.log")
-    if model is None:
-        return "the warm start failed"
-    warm_min = (time.perf_counter() - started) / 60
-    print(f"warm start: {warm_min:.1f} min -> {model}", flush=True)
+    if args.warm_model:
+        model, warm_min = args.warm_model, 0.0
+        print(f"warm start: reused {model}", flush=True)
+    else:
+        warm = ["--warm", str(root / "warm"), str(args.demos), str(args.sft_steps), *task_flags(args)]
+        model = child(warm, root / "warm.log")
+        if model is None:
+            return "the warm start failed"
+        warm_min = (time.perf_counter() - started) / 60
+        print(f"warm start: {warm_min:.1f} min -> {model}", flush=True)
     scores: dict[tuple[str, str], dict[str, Any]] = {}
     for policy in args.policies:
         scored = ["--score", policy, model, str(args.tasks), str(root / f"start-{policy}"), str(args.max_turns)]
@@ -347,6 +351,7 @@ def learn_table(args: argparse.Namespace) -> str:
             cmd += [f"actor_rollout_ref.model.path={model}"]
             cmd += [f"trainer.seed={seed}", f"trainer.total_training_steps={args.max_steps}"]
             cmd += [f"trainer.total_training_minutes={args.minutes}", f"trainer.default_local_dir={run_dir}"]
+            cmd += args.override
             t0 = time.perf_counter()
             with (root / f"{policy}-seed{seed}.log").open("w") as out:
                 code = subprocess.call(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=child_env())
@@ -406,9 +411,15 @@ def learn_report(args: argparse.Namespace, scores: dict, runs: dict, warm_min: f
             se = math.sqrt(sum((d - mean) ** 2 for d in per_seed) / (len(per_seed) - 1) / len(per_seed))
             lines.append(f"  mean over {len(per_seed)} seeds: {mean:+.3f} ± {se:.3f} (SE over seeds)")
     lake = f" (one lake, map_seed={args.map_seed}: they differ in where it slips)" if args.map_seed is not None else ""
+    warm = (
+        f"reused ({args.warm_model})"
+        if args.warm_model
+        else f"{args.demos} expert episodes, {args.sft_steps} SFT steps on whole-history rows, {warm_min:.1f} min"
+    )
+    overrides = f" with {' '.join(args.override)}" if args.override else ""
     lines.append(
-        f"warm start (shared): {args.demos} expert episodes, {args.sft_steps} SFT steps on whole-history rows, "
-        f"{warm_min:.1f} min; RL: {args.batch} tasks x {args.n} episodes a step, up to {args.max_turns} turns, "
+        f"warm start (shared): {warm}; RL{overrides}: {args.batch} tasks x {args.n} episodes a step, "
+        f"up to {args.max_turns} turns, "
         f"trainer.total_training_minutes={args.minutes:g} per run (the run ends after the step that passes it), "
         f"{args.tasks} held-out tasks{lake}"
         f"; window {args.window}; after: {load_average()}"
@@ -438,6 +449,14 @@ def main() -> int:
     parser.add_argument("--max-turns", type=int, default=50, help="learn: RL and held-out turn limit (the lake's)")
     parser.add_argument("--batch", type=int, default=2, help="learn: data.train_batch_size (tasks per RL step)")
     parser.add_argument("--n", type=int, default=4, help="learn: actor_rollout_ref.rollout.n (episodes per task)")
+    parser.add_argument("--warm-model", help="learn: a warm start's model to reuse (no demos, no SFT)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="learn: a config override for every RL run (repeatable), e.g. actor_rollout_ref.actor.optim.lr=1e-5",
+    )
     parser.add_argument(
         "--score", nargs=5, metavar=("POLICY", "MODEL", "TASKS", "DIR", "TURNS"), help=argparse.SUPPRESS
     )
