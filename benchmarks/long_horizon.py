@@ -24,12 +24,15 @@ Two tables:
   mean over seeds with the standard error over seeds. ``full`` keeps the model's 4096 positions: an
   episode whose history passes them ends there, truncated. ``--map-seed N`` plays one lake in every
   episode (with a new lake per episode the short warm starts tried on this CPU solved none; on map 16
-  the expert wins 85% in 30 turns on average).
+  the expert wins 85% in 30 turns on average). ``--warm-model DIR`` reuses an earlier warm start's model
+  (its run root's ``warm/warm_start/sft/huggingface``); ``--override KEY=VALUE`` (repeatable) reaches every RL
+  run, e.g. a learning rate.
 
     nice -n 10 python benchmarks/long_horizon.py                       # the cost table
     nice -n 10 python benchmarks/long_horizon.py --turns 10 20 --episodes 2 --policies full window
     nice -n 10 python benchmarks/long_horizon.py --table learn --policies full window --minutes 5 \\
-        --seeds 1 2 3 --map-seed 16 --demos 200 --sft-steps 300 --tasks 40 --run-root runs/long-horizon-learn
+        --seeds 1 2 3 --map-seed 16 --demos 200 --sft-steps 300 --tasks 40 --run-root runs/long-horizon-learn \\
+        --override actor_rollout_ref.actor.optim.lr=1e-5
 
 The load average is printed with every table: the machine these figures come from may be shared.
 """
