@@ -26,7 +26,9 @@ Two tables:
   episode (with a new lake per episode the short warm starts tried on this CPU solved none; on map 16
   the expert wins 85% in 30 turns on average). ``--warm-model DIR`` reuses an earlier warm start's model
   (its run root's ``warm/warm_start/sft/huggingface``); ``--override KEY=VALUE`` (repeatable) reaches every RL
-  run, e.g. a learning rate.
+  run, e.g. a learning rate. ``--adapt-steps N`` gives each policy its own start: N more SFT steps from the
+  shared warm start on the same demos, each reply on the prompt that policy shows (a window's rows for
+  ``window``), so neither policy starts from a model trained on the other's prompts.
 
     nice -n 10 python benchmarks/long_horizon.py                       # the cost table
     nice -n 10 python benchmarks/long_horizon.py --turns 10 20 --episodes 2 --policies full window
@@ -256,25 +258,51 @@ def task_flags(args: argparse.Namespace) -> list[str]:
     return ["--window", str(args.window)] + (["--map-seed", str(args.map_seed)] if args.map_seed is not None else [])
 
 
-def warm_start_model(directory: str, demos: int, sft_steps: int, extra: list[str]) -> str:
-    """One warm start for every policy and seed: expert demos, then SFT on whole-history rows."""
+def warm_start_model(
+    directory: str, demos: int, sft_steps: int, extra: list[str], policy: str = "full", adapt: list[str] | None = None
+) -> str:
+    """One warm start for every policy and seed: expert demos, then SFT on whole-history rows (``policy``
+    ``full``). With ``adapt`` (a model and its demos file): SFT continued from that model on the same demos,
+    each reply on the prompt ``policy`` shows it (a window's rows for ``window``)."""
     from agentgym.stages.warm_start import run_warm_start
     from agentgym.trainer.config import load_config
 
+    start = [f"actor_rollout_ref.model.path={adapt[0]}", f"warm_start.demos_file={adapt[1]}"] if adapt else []
     cfg = load_config(
         env="frozenlake_long",
         overrides=[
-            *policy_overrides("full"),
+            *policy_overrides(policy),
             f"warm_start.demos={demos}",
             f"warm_start.sft.trainer.total_training_steps={sft_steps}",
             "warm_start.sft.data.train_batch_size=4",
             f"warm_start.sft.data.max_length={MODEL_LEN}",
             "warm_start.sft.data.truncation=skip",  # a demo longer than the model's context is left out
             f"trainer.default_local_dir={directory}",
+            *start,
             *extra,
         ],
     )
     return str(run_warm_start(cfg, show_progress=False))
+
+
+def adapt_models(args: argparse.Namespace, model: str, root: Path) -> dict[str, str] | None:
+    """Each policy's own start: ``--adapt-steps`` more SFT steps from the shared warm start on the same
+    demos, laid out as that policy's prompts (the same steps and demos for every policy)."""
+    demos = Path(model).parents[1] / "demos" / "demos.jsonl"  # <run>/warm_start/sft/huggingface
+    if not demos.is_file():
+        print(f"--adapt-steps: no demos beside the warm start ({demos})", file=sys.stderr, flush=True)
+        return None
+    models = {}
+    for policy in args.policies:
+        t0 = time.perf_counter()
+        directory = str(root / f"adapt-{policy}")
+        adapt = ["--adapt", policy, model, str(demos), directory, str(args.adapt_steps), *task_flags(args)]
+        found = child(adapt, root / f"adapt-{policy}.log")
+        if found is None:
+            return None
+        models[policy] = found
+        print(f"adapted for {policy}: {(time.perf_counter() - t0) / 60:.1f} min -> {found}", flush=True)
+    return models
 
 
 def turn_overrides(turns: int) -> list[str]:
@@ -337,9 +365,13 @@ def learn_table(args: argparse.Namespace) -> str:
             return "the warm start failed"
         warm_min = (time.perf_counter() - started) / 60
         print(f"warm start: {warm_min:.1f} min -> {model}", flush=True)
+    models = adapt_models(args, model, root) if args.adapt_steps else dict.fromkeys(args.policies, model)
+    if models is None:
+        return "adapting the warm start failed"
     scores: dict[tuple[str, str], dict[str, Any]] = {}
     for policy in args.policies:
-        scored = ["--score", policy, model, str(args.tasks), str(root / f"start-{policy}"), str(args.max_turns)]
+        start_dir = str(root / f"start-{policy}")
+        scored = ["--score", policy, models[policy], str(args.tasks), start_dir, str(args.max_turns)]
         found = child([*scored, *task_flags(args)], root / "score.log")
         scores[(policy, "start")] = found
         print(f"  start model under {policy}: {summary_of(found)}", flush=True)
@@ -351,7 +383,7 @@ def learn_table(args: argparse.Namespace) -> str:
             cmd += [*policy_overrides(policy), *turn_overrides(args.max_turns), "warm_start.enable=false"]
             cmd += task_overrides(args)
             cmd += [f"data.train_batch_size={args.batch}", f"actor_rollout_ref.rollout.n={args.n}"]
-            cmd += [f"actor_rollout_ref.model.path={model}"]
+            cmd += [f"actor_rollout_ref.model.path={models[policy]}"]
             cmd += [f"trainer.seed={seed}", f"trainer.total_training_steps={args.max_steps}"]
             cmd += [f"trainer.total_training_minutes={args.minutes}", f"trainer.default_local_dir={run_dir}"]
             cmd += args.override
@@ -389,7 +421,8 @@ def learn_report(args: argparse.Namespace, scores: dict, runs: dict, warm_min: f
     head = "| policy | seed | RL steps | minutes of steps | run minutes | greedy held-out success |"
     lines = [head, "|---|---|---|---|---|---|"]
     for policy in args.policies:
-        lines.append(f"| {policy} | start (warm start) | 0 | | | {summary_of(scores.get((policy, 'start')))} |")
+        start = f"start (warm start + {args.adapt_steps} SFT steps on its prompts)" if args.adapt_steps else "start"
+        lines.append(f"| {policy} | {start} | 0 | | | {summary_of(scores.get((policy, 'start')))} |")
         for seed in args.seeds:
             r = runs[(policy, seed)]
             lines.append(
@@ -419,6 +452,8 @@ def learn_report(args: argparse.Namespace, scores: dict, runs: dict, warm_min: f
         if args.warm_model
         else f"{args.demos} expert episodes, {args.sft_steps} SFT steps on whole-history rows, {warm_min:.1f} min"
     )
+    if args.adapt_steps:
+        warm += f", then {args.adapt_steps} SFT steps on the same demos per policy, on its own prompts"
     overrides = f" with {' '.join(args.override)}" if args.override else ""
     lines.append(
         f"warm start (shared): {warm}; RL{overrides}: {args.batch} tasks x {args.n} episodes a step, "
@@ -454,6 +489,14 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=4, help="learn: actor_rollout_ref.rollout.n (episodes per task)")
     parser.add_argument("--warm-model", help="learn: a warm start's model to reuse (no demos, no SFT)")
     parser.add_argument(
+        "--adapt-steps",
+        type=int,
+        default=0,
+        help="learn: continue the warm start's SFT this many steps per policy, on rows laid out as its prompts",
+    )
+    adapt_meta = ("POLICY", "MODEL", "DEMOS", "DIR", "STEPS")
+    parser.add_argument("--adapt", nargs=5, metavar=adapt_meta, help=argparse.SUPPRESS)
+    parser.add_argument(
         "--override",
         action="append",
         default=[],
@@ -464,11 +507,14 @@ def main() -> int:
         "--score", nargs=5, metavar=("POLICY", "MODEL", "TASKS", "DIR", "TURNS"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
-    if args.one or args.warm or args.score:
+    if args.one or args.warm or args.score or args.adapt:
         if args.one:
             found: Any = one_cell(args.one[0], int(args.one[1]), args.episodes, args.window)
         elif args.warm:
             found = warm_start_model(args.warm[0], int(args.warm[1]), int(args.warm[2]), task_overrides(args))
+        elif args.adapt:
+            policy, base, demos, directory, steps = args.adapt
+            found = warm_start_model(directory, 1, int(steps), task_overrides(args), policy, [base, demos])
         else:
             score = args.score
             found = held_out_scores(score[0], score[1], int(score[2]), score[3], int(score[4]), task_overrides(args))
