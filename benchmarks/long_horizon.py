@@ -34,7 +34,7 @@ Two tables:
     nice -n 10 python benchmarks/long_horizon.py --turns 10 20 --episodes 2 --policies full window
     nice -n 10 python benchmarks/long_horizon.py --table learn --policies full window --minutes 5 \\
         --seeds 1 2 3 --map-seed 16 --demos 200 --sft-steps 300 --tasks 40 --run-root runs/long-horizon-learn \\
-        --override actor_rollout_ref.actor.optim.lr=1e-5
+        --override actor_rollout_ref.actor.optim.lr=1e-5 --adapt-steps 30
 
 The load average is printed with every table: the machine these figures come from may be shared.
 """
