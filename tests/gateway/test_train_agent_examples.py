@@ -47,3 +47,38 @@ def test_agentgym_train_runs_the_example_agent(tmp_path, agent):
     trained = [s for s in samples if s["split"] == "train"]
     assert trained and all(s["messages"][0]["content"].startswith("You solve grade-school maths") for s in trained)
     assert all(sum(len(t["response_ids"]) for t in s["turns"]) > 0 for s in trained)
+
+
+@pytest.mark.slow
+def test_agentgym_train_runs_the_windowed_example_agent(tmp_path):
+    """``examples/windowed_agent.py`` keeps only its last exchanges, so no request extends the one before:
+    each session still trains as one episode of all its turns (later ones starting a context of their
+    own), with no template mismatch."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from examples.windowed_agent import TURNS, WINDOW
+
+    root = Path(__file__).resolve().parents[2]
+    rows = [
+        {"question": "Guess my number.", "answer": f"#### {101 + i}"} for i in range(4)
+    ]  # never guessed: every turn
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "agentgym.cli", "train", "--agent", "examples.windowed_agent:run"]
+    command += [f"data.train_files={tmp_path / 'train.jsonl'}", "data.train_batch_size=2", "data.val_batch_size=2"]
+    command += ["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.max_tokens_per_turn=8"]
+    command += ["trainer.total_training_steps=2", "trainer.use_ray=false", f"trainer.default_local_dir={out}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [s for s in steps if s.get("split") != "val" and "reward/mean" in s]
+    assert [s["step"] for s in train_steps] == [1, 2]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    trained = [s for s in samples if s["split"] == "train"]
+    assert trained and all(len(s["turns"]) == TURNS for s in trained)  # one episode per session, every turn
+    assert all(s["metrics"]["joined_branches"] > 1 and s["metrics"]["template_mismatch"] == 0 for s in trained)
+    assert all(any(t["new_context"] for t in s["turns"][WINDOW + 1 :]) for s in trained)  # old turns dropped
