@@ -136,7 +136,12 @@ def test_the_example_agent_gives_trajectories_to_train_on(embedded_server):
         trajs = asyncio.run(collect())
     finally:
         gw.stop()
-    assert len(trajs) >= 4 and all(t.status != "failed" for t in trajs), [t.failure for t in trajs]
-    for traj in trajs:
+    # a random model's reply can run into the token limit (200) before its answer closes: the SDK raises for
+    # the incomplete response and the session is finished failed, as the example says; nothing else may fail
+    finished = [t for t in trajs if t.status != "failed"]
+    cut = [t for t in trajs if t.status == "failed" and "max_output_tokens" in (t.failure or "")]
+    assert len(trajs) >= 4 and len(finished) + len(cut) == len(trajs), [t.failure for t in trajs]
+    assert len(finished) >= 2, [t.failure for t in trajs]
+    for traj in finished:
         assert traj.num_turns >= 1 and traj.outcome_reward in (0.0, 1.0)
         json.loads(load_tokenizer("tiny").decode(traj.turns[-1].response_ids, skip_special_tokens=True))
