@@ -9,7 +9,8 @@ extends the one before it, so the gateway records a new branch for each; ``Agent
 the session's chain of branches into one episode (docs/long_horizon.md, "Agents that rewrite their
 context"), whose turns train as per-turn samples, each on exactly the tokens the server was sent and
 sampled. The agent returns its reward (1.0 when it found the number), so the gateway takes it as the
-outcome. A task row is a GSM8K-style row whose answer is the number, ``{"question": "Guess.", "answer": "#### 37"}``.
+outcome. A task row is a GSM8K-style row whose answer is the number:
+``{"question": "Guess.", "answer": "#### 37"}``.
 
 Try it against any OpenAI-compatible server too:
 
@@ -29,7 +30,7 @@ SYSTEM = "Guess the number between 1 and 100. Reply with one number."
 
 def feedback(reply: str, target: int) -> tuple[str, bool]:
     """What the game says to a reply, and whether it found the number."""
-    found = re.search(r"-?\d+", reply or "")
+    found = re.search(r"-?\d{1,9}", reply or "")  # bounded: int() refuses strings of thousands of digits
     if not found:
         return "Reply with one number.", False
     guess = int(found.group())

@@ -62,9 +62,8 @@ def test_agentgym_train_runs_the_windowed_example_agent(tmp_path):
     from examples.windowed_agent import TURNS, WINDOW
 
     root = Path(__file__).resolve().parents[2]
-    rows = [
-        {"question": "Guess my number.", "answer": f"#### {101 + i}"} for i in range(4)
-    ]  # never guessed: every turn
+    # a number the game never accepts (it asks for 1-100), so every session plays every turn
+    rows = [{"question": "Guess my number.", "answer": f"#### {101 + i}"} for i in range(4)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
     command = [sys.executable, "-m", "agentgym.cli", "train", "--agent", "examples.windowed_agent:run"]
