@@ -225,6 +225,11 @@ class DistillationConfig:
     topk: int = setting(
         20, "the teacher's k most likely tokens returned per scored position (topk's support; 0 with sampled: none)"
     )
+    beta: float = setting(
+        1.0,
+        "topk: which divergence, TRL GKD's beta (generalized Jensen-Shannon): 1 reverse KL(student || teacher), "
+        "0 forward KL(teacher || student), between: JSD with the mixture beta*teacher + (1-beta)*student",
+    )
     action_tag: str | None = setting(
         "answer", "distill/*_action metrics: tokens inside <tag>...</tag> of a reply (null: no split)"
     )

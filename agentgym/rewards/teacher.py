@@ -96,6 +96,16 @@ class TeacherSettings:
                 f"distillation.loss_mode=topk needs distillation.topk >= 1 (got {topk}): the KL is taken over "
                 "the teacher's top-k tokens at each position"
             )
+        if not 0.0 <= float(d.beta) <= 1.0:
+            raise ConfigError(
+                f"distillation.beta={d.beta}: GKD's beta lies in [0, 1] (1 reverse KL, 0 forward KL, between a "
+                "generalized JSD)"
+            )
+        if float(d.beta) != 1.0 and str(d.loss_mode) != "topk":
+            raise ConfigError(
+                f"distillation.beta={d.beta} picks the divergence of the top-k loss: set "
+                "distillation.loss_mode=topk, or leave beta at 1 (the sampled form estimates the reverse KL)"
+            )
         device = str(cfg.trainer.device)
         if device == "auto":
             import torch

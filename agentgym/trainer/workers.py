@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentgym.model import lora
 from agentgym.trainer import algos
-from agentgym.trainer.algos.distill import topk_metrics, topk_reverse_kl
+from agentgym.trainer.algos.distill import topk_generalized_jsd, topk_metrics, topk_reverse_kl
 from agentgym.trainer.batch import micro_batches
 from agentgym.trainer.forward import ValueModel, chunks, policy_forward, select_rows, value_forward
 from agentgym.trainer.train_state import (
@@ -338,7 +338,8 @@ class PolicyWorker(Worker):
         self, aux: Tensors, micro: Tensors, global_info: dict[str, Any], metrics: dict[str, float]
     ) -> torch.Tensor:
         """On-policy distillation against the teacher's top-k tokens (``distillation.loss_mode=topk``):
-        ``kl_coef`` times the per-token reverse KL over them and a tail bucket (``algos.distill``),
+        ``kl_coef`` times the per-token reverse KL over them and a tail bucket (``algos.distill``; with
+        ``distillation.beta`` < 1 GKD's generalized JSD, forward KL at 0),
         aggregated like the policy loss over the scored tokens; 0 with ``loss_mode=sampled``, where only
         the ``distill/greedy_agreement*`` and ``distill/topk_kl*`` metrics are read from it."""
         d = self.config.distillation
@@ -348,7 +349,12 @@ class PolicyWorker(Worker):
         metrics.update(topk_metrics(kl, aux["student_greedy"], teacher_greedy, mask, micro.get("distill_action")))
         if d.loss_mode != "topk":
             return torch.zeros((), device=kl.device)
-        loss = algos.agg_loss(kl, mask, self.config.actor_rollout_ref.actor.loss_agg_mode, **global_info)
+        divergence = (
+            kl
+            if d.beta >= 1.0
+            else topk_generalized_jsd(aux["student_topk_log_probs"], micro["teacher_topk_log_probs"], d.beta)
+        )
+        loss = algos.agg_loss(divergence, mask, self.config.actor_rollout_ref.actor.loss_agg_mode, **global_info)
         metrics["actor/distill_loss"] = float(loss.detach())
         return d.kl_coef * loss
 

@@ -141,6 +141,11 @@ def test_the_config_names_the_teacher_it_needs():
             overrides=["distillation.enable=true", "distillation.teacher.server_urls=[http://x:1]"],
             warn=False,
         )
+    teacher = ["distillation.enable=true", "distillation.teacher.path=tiny"]
+    with pytest.raises(ConfigError, match=r"GKD's beta lies in \[0, 1\]"):
+        load_config(env="first_letter", overrides=[*teacher, "distillation.loss_mode=topk", "distillation.beta=1.5"])
+    with pytest.raises(ConfigError, match="set distillation.loss_mode=topk, or leave beta at 1"):
+        load_config(env="first_letter", overrides=[*teacher, "distillation.beta=0"], warn=False)
 
 
 class StandinTeacherServer:
@@ -382,6 +387,38 @@ def test_topk_reverse_kl_is_zero_with_zero_gradient_when_the_teacher_is_the_stud
     assert float(topk_reverse_kl(student.detach(), other).min()) > 0
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_gkd_divergences_vanish_only_when_the_teacher_is_the_student(beta):
+    from agentgym.trainer.algos.distill import student_on_teacher_support, topk_generalized_jsd
+
+    logits = torch.randn(2, 5, 50, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    teacher_values, ids = torch.log_softmax(logits.detach(), -1).topk(8, -1)
+    student, _ = student_on_teacher_support(logits, ids)
+    jsd = topk_generalized_jsd(student, teacher_values, beta)
+    jsd.sum().backward()
+    assert jsd.abs().max() < 1e-6 and logits.grad.abs().max() < 1e-6
+    other = torch.log_softmax(torch.randn(2, 5, 50, generator=torch.Generator().manual_seed(1)), -1).gather(-1, ids)
+    assert float(topk_generalized_jsd(student.detach(), other, beta).min()) > 0
+
+
+def test_gkd_beta_runs_from_the_forward_kl_to_the_reverse_kl():
+    from agentgym.trainer.algos.distill import topk_generalized_jsd, topk_reverse_kl, with_tail
+
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.arange(6).expand(3, 6)
+    student = torch.log_softmax(torch.randn(3, 20, generator=gen), -1).gather(-1, ids)
+    teacher = torch.log_softmax(3 * torch.randn(3, 20, generator=gen), -1).gather(-1, ids)
+    s, t = with_tail(student, 1e-6), with_tail(teacher, 1e-6)
+    forward = (t.exp() * (t - s)).sum(-1)
+    assert torch.allclose(topk_generalized_jsd(student, teacher, 0.0), forward)
+    assert torch.allclose(topk_generalized_jsd(student, teacher, 1.0), topk_reverse_kl(student, teacher))
+    # scaled by beta * (1 - beta), the JSD tends to each end: the two ends are the limits, not other losses
+    for beta, end in ((1e-4, forward), (1 - 1e-4, topk_reverse_kl(student, teacher))):
+        scaled = topk_generalized_jsd(student.double(), teacher.double(), beta) / (beta * (1 - beta))
+        assert torch.allclose(scaled.float(), end, rtol=1e-2)
+    assert not torch.allclose(forward, topk_reverse_kl(student, teacher), rtol=0.1)
+
+
 def topk_setup(seed: int = 30):
     """Two episodes in a batch (prompt, sampled tokens, env tokens, sampled tokens), a teacher whose top-3
     at every sampled position is tokens 5, 6, 7 with probabilities 0.8, 0.1, 0.05 (a token the tiny student
@@ -403,25 +440,25 @@ def topk_setup(seed: int = 30):
 class _Self:
     """What ``PolicyWorker.distill_loss`` reads of its worker: the config."""
 
-    def __init__(self, loss_mode: str = "topk") -> None:
+    def __init__(self, loss_mode: str = "topk", beta: float = 1.0) -> None:
         from omegaconf import OmegaConf
 
         self.config = OmegaConf.create(
             {
-                "distillation": {"loss_mode": loss_mode, "kl_coef": 1.0},
+                "distillation": {"loss_mode": loss_mode, "kl_coef": 1.0, "beta": beta},
                 "actor_rollout_ref": {"actor": {"loss_agg_mode": "token-mean"}},
             }
         )
 
 
-def _distill_loss(model, batch, loss_mode: str = "topk"):
+def _distill_loss(model, batch, loss_mode: str = "topk", beta: float = 1.0):
     from agentgym.trainer.forward import policy_forward
     from agentgym.trainer.workers import PolicyWorker
 
     aux: dict = {}
     policy_forward(model, batch.tensors, aux=aux)
     metrics: dict = {}
-    loss = PolicyWorker.distill_loss(_Self(loss_mode), aux, batch.tensors, {}, metrics)
+    loss = PolicyWorker.distill_loss(_Self(loss_mode, beta), aux, batch.tensors, {}, metrics)
     return loss, metrics
 
 
@@ -451,19 +488,21 @@ def test_the_topk_loss_ignores_whatever_lies_outside_the_scored_tokens():
         batch["teacher_topk_log_probs"][inside] = torch.tensor([-0.01, -9.0, -9.0])  # a scored position counts
         assert abs(float(_distill_loss(model, batch)[0]) - float(base)) > 1e-3
         assert float(_distill_loss(model, batch, "sampled")[0]) == 0.0  # sampled: metrics only
+        assert abs(float(_distill_loss(model, batch, beta=0.0)[0]) - float(base)) > 1e-3  # beta picks the loss
 
 
-def test_one_topk_step_moves_the_student_towards_the_teachers_tokens():
+@pytest.mark.parametrize("beta", [1.0, 0.0])
+def test_one_topk_step_moves_the_student_towards_the_teachers_tokens(beta):
     _, batch = topk_setup()
     model = load_causal_lm("tiny")
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    loss, before = _distill_loss(model, batch)
+    loss, before = _distill_loss(model, batch, beta=beta)
     assert before["distill/topk_kl"] > 0.5 and before["distill/greedy_agreement"] < 0.5
     loss.backward()
     opt.step()
     opt.zero_grad()
     with torch.no_grad():
-        _, after = _distill_loss(model, batch)
+        _, after = _distill_loss(model, batch, beta=beta)
     # the tiny student's near-uniform 50k-token tail keeps the KL high, but its choice turns to the teacher's
     assert after["distill/topk_kl"] < before["distill/topk_kl"] - 0.02
     assert after["distill/greedy_agreement"] > 0.5 > before["distill/greedy_agreement"]

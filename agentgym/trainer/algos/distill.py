@@ -19,9 +19,14 @@ sampled estimator follows in expectation (the two modes differ in variance, not 
 and because it is mode-seeking: a small student is pushed to put its mass on the teacher's likely
 tokens rather than to cover the teacher's whole distribution. The tail bucket keeps it a proper KL
 without renormalising: student mass outside the teacher's top-k is pushed down too.
+``distillation.beta`` (TRL GKD's) picks another divergence over the same buckets: 0 the forward KL (the
+teacher's distribution as soft labels on the student's own states), between 0 and 1 a generalized JSD
+(``topk_generalized_jsd``).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -40,17 +45,38 @@ def log1mexp(x: Tensor, floor: float) -> Tensor:
     return torch.log((-torch.expm1(x)).clamp(min=floor))
 
 
+def with_tail(topk: Tensor, floor: float) -> Tensor:
+    """``(..., k)`` log-probs of the teacher's top-k tokens, and a last bucket with the rest of the mass,
+    ``log(1 - sum exp(topk))`` floored at ``floor`` (a model sure of its top-k keeps a KL finite)."""
+    return torch.cat([topk, log1mexp(torch.logsumexp(topk, -1), floor).unsqueeze(-1)], -1)
+
+
 def topk_reverse_kl(student_topk: Tensor, teacher_topk: Tensor, floor: float = 1e-6) -> Tensor:
     """Per-position ``KL(student || teacher)`` over the teacher's top-k tokens and a tail bucket.
 
     ``student_topk`` / ``teacher_topk``: ``(..., k)`` log-probs (full-vocabulary ``log_softmax``) of the
-    teacher's top-k tokens under each model. The tail bucket's log-mass is ``log(1 - sum exp(topk))``,
-    floored at ``floor`` so a teacher sure of its top-k does not make the KL infinite. Returns ``(...)``."""
-    s_tail = log1mexp(torch.logsumexp(student_topk, -1), floor).unsqueeze(-1)
-    t_tail = log1mexp(torch.logsumexp(teacher_topk, -1), floor).unsqueeze(-1)
-    s = torch.cat([student_topk, s_tail], -1)
-    t = torch.cat([teacher_topk.to(s.dtype), t_tail.to(s.dtype)], -1)
+    teacher's top-k tokens under each model. Returns ``(...)``."""
+    s = with_tail(student_topk, floor)
+    t = with_tail(teacher_topk.to(s.dtype), floor)
     return (s.exp() * (s - t)).sum(-1)
+
+
+def topk_generalized_jsd(student_topk: Tensor, teacher_topk: Tensor, beta: float, floor: float = 1e-6) -> Tensor:
+    """Per-position generalized Jensen-Shannon divergence over the same ``k + 1`` buckets, with TRL GKD's
+    ``beta``: ``beta * KL(teacher || M) + (1 - beta) * KL(student || M)``, ``M = beta * teacher + (1 - beta) *
+    student``. Divided by ``beta * (1 - beta)`` it tends to the reverse KL as ``beta -> 1`` (so ``beta=1`` is
+    ``topk_reverse_kl``) and to the forward ``KL(teacher || student)`` as ``beta -> 0``; both ends are taken
+    exactly, the inside unscaled, as TRL does. The forward end is a cross-entropy against the teacher's
+    distribution on the student's own states: its gradient on a token is ``p_student - p_teacher``, however
+    little mass the student puts there, where the reverse KL's is weighted by the student's own mass."""
+    if beta >= 1.0:
+        return topk_reverse_kl(student_topk, teacher_topk, floor)
+    s = with_tail(student_topk, floor)
+    t = with_tail(teacher_topk.to(s.dtype), floor)
+    if beta <= 0.0:
+        return (t.exp() * (t - s)).sum(-1)
+    m = torch.logsumexp(torch.stack([s + math.log(1 - beta), t + math.log(beta)]), 0)
+    return beta * (t.exp() * (t - m)).sum(-1) + (1 - beta) * (s.exp() * (s - m)).sum(-1)
 
 
 def student_on_teacher_support(logits: Tensor, topk_ids: Tensor) -> tuple[Tensor, Tensor]:
