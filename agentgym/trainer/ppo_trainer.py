@@ -10,7 +10,8 @@ One training step (``train_step``), top to bottom, each phase a method and timed
    weighted by ``algorithm.turn_reward_coef`` / ``algorithm.outcome_reward_coef``.
 3. ``old_log_prob`` (``compute_log_probs``, as 4 and 5): the actor's log-probs before the update; or the servers' own
    (``actor.use_rollout_log_probs``); or, with one epoch over one mini-batch, the update's
-   own first forward pass (the weights have not moved, so it is the same number).
+   own first forward pass (the weights have not moved, so it is the same number), which then also
+   gives decoupled PPO's weights (``algorithm.rollout_correction``).
 4. ``ref``: the reference policy's log-probs, only when a KL term is on.
 5. ``values``: the critic's values, only for ``gae``.
 6. ``adv`` (``compute_advantages``): ROLL's reward shaping, KL in the reward
@@ -337,8 +338,18 @@ class PPOTrainer:
         actor_cfg = cfg.actor_rollout_ref.actor
         on_policy_single_pass = actor_cfg.ppo_epochs == 1 and layout.actor_minis == 1
         correction = algos.RolloutCorrection.from_cfg(cfg)  # decoupled PPO needs the proximal policy's log-probs
+        # With one epoch over one mini-batch the proximal policy is the update's own first pass, so the
+        # worker weighs each micro-batch there (one forward pass a step less); a batch-normalised weight
+        # or a KL in the reward needs the whole batch's log-probs first.
+        weights_in_update = (
+            correction.enabled
+            and on_policy_single_pass
+            and not correction.rollout_is_batch_normalize
+            and not cfg.algorithm.use_kl_in_reward
+        )
         need_old = (
             correction.enabled
+            and not weights_in_update
             or not actor_cfg.use_rollout_log_probs
             and (not on_policy_single_pass or cfg.algorithm.use_kl_in_reward)
         )
@@ -354,9 +365,9 @@ class PPOTrainer:
                 batch["old_log_probs"] = torch.cat([o["old_log_probs"] for o in outs])
                 entropy = torch.cat([o["entropys"] for o in outs])
                 metrics["actor/entropy_before_update"] = float(algos.masked_mean(entropy, batch["response_mask"]))
-        elif actor_cfg.use_rollout_log_probs:
+        elif actor_cfg.use_rollout_log_probs and not weights_in_update:
             batch["old_log_probs"] = batch["rollout_log_probs"].clone()
-        if correction.enabled:
+        if correction.enabled and not weights_in_update:
             batch["rollout_is_weights"], is_metrics = algos.rollout_is_weights(
                 batch["old_log_probs"],
                 batch["rollout_log_probs"],

@@ -286,6 +286,8 @@ class PolicyWorker(Worker):
         totals: dict[str, list[float]] = defaultdict(list)
         started = time.perf_counter()
         tokens = 0
+        correction = algos.RolloutCorrection.from_cfg(self.config)
+        in_pass: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (old, behaviour, mask) rows
         for entry in plan:
             per_step: dict[str, list[float]] = defaultdict(list)
             micros = self.micro_batches(batch, entry["rows"], cfg)
@@ -300,6 +302,14 @@ class PolicyWorker(Worker):
                 # One epoch over one mini-batch: the weights have not moved since the rollout's
                 # old log-probs would have been computed, so they are this pass's own, detached.
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
+                is_weights = micro.get("rollout_is_weights")
+                if is_weights is None and correction.enabled:
+                    # decoupled PPO's weights pi_old / pi_behav from this same pass (the trainer skipped
+                    # the recompute: ``PPOTrainer.compute_log_probs``)
+                    is_weights, _ = algos.rollout_is_weights(
+                        old, micro["rollout_log_probs"], mask, correction.rollout_is, correction.rollout_is_threshold
+                    )
+                    in_pass.append((old.cpu(), micro["rollout_log_probs"].cpu(), mask.cpu()))
                 loss, metrics = algos.compute_actor_loss(
                     old,
                     log_prob,
@@ -307,7 +317,7 @@ class PolicyWorker(Worker):
                     mask,
                     entropy=entropy,
                     ref_log_prob=micro.get("ref_log_prob"),
-                    rollout_is_weights=micro.get("rollout_is_weights"),
+                    rollout_is_weights=is_weights,
                     global_batch_info=entry["global"],
                     episode_scores=micro["token_level_scores"].sum(-1),
                     **loss_kwargs,
@@ -329,6 +339,13 @@ class PolicyWorker(Worker):
             totals["actor/grad_norm"].append(grad_norm)
         state.scheduler.step()
         out = {key: float(np.mean(values)) for key, values in totals.items()}
+        if in_pass:  # the weights' metrics over the whole batch, as the trainer reports them otherwise
+            old_all, behaviour, mask_all = (torch.cat(parts) for parts in zip(*in_pass))
+            out.update(
+                algos.rollout_is_weights(
+                    old_all, behaviour, mask_all, correction.rollout_is, correction.rollout_is_threshold
+                )[1]
+            )
         out["actor/lr"] = state.lr
         out["perf/update_tokens"] = float(tokens)
         out["perf/update_s"] = time.perf_counter() - started

@@ -122,6 +122,67 @@ def test_truncated_importance_weights_token_and_sequence():
     assert float(w[mask.bool()].mean()) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_decoupled_ppo_weights_from_the_update_pass_take_the_recomputed_step(level):
+    """One epoch over one mini-batch: the worker weighs pi_old / pi_behav in the update's own forward pass
+    (the trainer skips the old log-prob pass) and takes the step, and reports the weights, that a recompute
+    of the old log-probs first gives; without the weights the step differs."""
+    from agentgym.trainer import algos
+    from agentgym.trainer.batch import build_batch, pad_for_workers, update_plan
+    from agentgym.trainer.worker_group import WorkerGroup
+    from agentgym.trainer.workers import PolicyWorker
+    from tests.trainer.test_trainer import make_trajectories
+
+    def step(rollout_is: str | None, recompute: bool) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        cfg = load_config(
+            env="first_letter",
+            config_name="async_ppo_trainer",
+            overrides=[
+                "trainer.use_ray=false",
+                "trainer.device=cpu",
+                "actor_rollout_ref.actor.optim.lr=1e-3",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",  # two micro-batches
+                "data.train_batch_size=2",
+                "actor_rollout_ref.rollout.n=4",
+                f"algorithm.rollout_correction.rollout_is={rollout_is or 'null'}",
+            ],
+        )
+        batch, _ = build_batch(make_trajectories(2, 4, seed=6), pad_token_id=0)
+        mask = batch["response_mask"]
+        # behaviour log-probs around the model's own, so some weights are truncated at 2 and some are not
+        noise = torch.Generator().manual_seed(0)
+        batch["rollout_log_probs"] = (torch.randn(mask.shape, generator=noise) * 0.7 - 6.5) * mask
+        batch["advantages"], _ = algos.compute_advantage(
+            "grpo", token_level_rewards=batch["token_level_scores"], response_mask=mask, index=batch.uid
+        )
+        rows = len(batch)
+        batch, pads = pad_for_workers(batch, 1, [1])
+        group = WorkerGroup(PolicyWorker, cfg, 1, False)
+        try:
+            group.call("init_model", 10, False)
+            metrics: dict[str, float] = {}
+            if recompute:
+                old = group.call("compute_log_prob", group.put(batch.tensors), per_rank=[(list(range(rows)),)])
+                batch["old_log_probs"] = old[0]["old_log_probs"]
+                batch["rollout_is_weights"], metrics = algos.rollout_is_weights(
+                    batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], level, 2.0
+                )
+            plan = update_plan(batch["response_mask"], rows, pads, 1, 1, 1)
+            out = group.call("update_actor", group.put(batch.tensors), per_rank=[(p,) for p in plan])[0]
+            return group.call("full_state_dict")[0], metrics if recompute else out
+        finally:
+            group.shutdown()
+
+    recomputed, recomputed_metrics = step(level, recompute=True)
+    in_pass, in_pass_metrics = step(level, recompute=False)
+    unweighted, _ = step(None, recompute=False)
+    assert max(float((recomputed[k] - in_pass[k]).abs().max()) for k in recomputed) < 1e-6
+    assert max(float((unweighted[k] - in_pass[k]).abs().max()) for k in in_pass) > 1e-5
+    assert 0 < recomputed_metrics["rollout_corr/rollout_is_ratio_fraction_high"] < 1 or level == "sequence"
+    for key, value in recomputed_metrics.items():
+        assert in_pass_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
 def test_async_partial_rollout_with_decoupled_ppo_runs_and_logs(tmp_path):
     summary = _run(
         tmp_path,
@@ -140,6 +201,7 @@ def test_async_partial_rollout_with_decoupled_ppo_runs_and_logs(tmp_path):
     rows = _rows(Path(summary["metrics_file"]))
     assert len(rows) == 4
     for row in rows:
+        assert "timing_s/old_log_prob" not in row  # one mini-batch: the weights come from the update's pass
         assert row["async/version_lag/max"] <= row["async/version_lag/bound"] == 2  # ceil(1.5 * 2) - 1
         for key in (
             "rollout_corr/rollout_is_mean",
@@ -161,7 +223,7 @@ def test_async_partial_rollout_with_decoupled_ppo_runs_and_logs(tmp_path):
 
 def test_async_config_is_selected_by_name_and_checked():
     cfg = load_config(env="first_letter", config_name="async_ppo_trainer")
-    assert cfg.actor_rollout_ref.hybrid_engine is False and cfg.async_training.trigger_parameter_sync_step == 4
+    assert cfg.actor_rollout_ref.hybrid_engine is False and cfg.async_training.trigger_parameter_sync_step == 2
     assert cfg.actor_rollout_ref.actor.use_rollout_log_probs is True  # follows async_training
     cfg = load_config(
         env="first_letter",
