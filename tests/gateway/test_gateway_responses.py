@@ -72,7 +72,10 @@ def test_a_tool_loop_is_one_trajectory_with_the_tokens_the_agent_got(gw, tokeniz
     assert traj.num_turns == 2 and all(t.shaped_by == ["grammar"] for t in traj.turns)
     check_tool_turn(tokenizer, traj.turns[0], first)
     second = traj.turns[1]
-    if any(o.type == "function_call" for o in answer.output):  # tools beside text.format under "auto":
+    if answer.status == "incomplete":  # the random-weights model may chain calls past the 50 tokens
+        assert answer.incomplete_details.reason == "max_output_tokens"
+        assert len(second.response_ids) == answer.usage.output_tokens == 50
+    elif any(o.type == "function_call" for o in answer.output):  # tools beside text.format under "auto":
         check_tool_turn(tokenizer, second, answer)  # the grammar allows a call or the JSON
     else:
         jsonschema.validate(json.loads(answer.output_text), ANSWER)

@@ -401,7 +401,7 @@ def test_black_box_agent_trains_through_the_gateway_in_async_mode(tmp_path, part
 def test_async_learns_first_letter_as_well_as_sync(tmp_path):
     """The same number of samples (20 updates x 8 tasks x 8 episodes) reaches the same held-out reward
     (32 unseen tasks x 8 sampled episodes at temperature 1) within 0.05, with the asynchronous
-    defaults (staleness 0.1, a push every 4 updates: lags up to 4, decoupled PPO)."""
+    defaults (staleness 0.1, a push every 2 updates: lags up to 2, decoupled PPO)."""
     held_out = [
         "trainer.total_training_steps=20",
         "trainer.test_freq=20",
@@ -410,7 +410,7 @@ def test_async_learns_first_letter_as_well_as_sync(tmp_path):
     ]
     sync = _run(tmp_path, "sync", held_out)["val_metrics"]["val/reward/mean"]
     summary = _run(tmp_path, "async", held_out, config_name="async_ppo_trainer")
-    assert max(summary["lag_histogram"]) == 4  # it did train on stale samples
+    assert max(summary["lag_histogram"]) == 2  # it did train on stale samples, up to the bound
     asyn = summary["val_metrics"]["val/reward/mean"]
     assert sync > 0.8 and abs(asyn - sync) <= 0.05, (sync, asyn)
 
