@@ -159,7 +159,7 @@ def test_training_on_arithmetic_follows_the_reward_model(rm_dir, tmp_path):
     """``agentgym train --env arithmetic reward_model.enable=true reward_model.model.path=DIR``: the
     reward model prefers digits; the random tiny model writes one in about 1 reply of 7 and almost
     never a right sum, so the env's own reward is flat and only the reward model's score can teach it.
-    Within 8 GRPO steps nearly every reply holds a digit."""
+    Within 8 GRPO steps most replies hold a digit."""
     from agentgym.cli import main
 
     run = tmp_path / "run"
@@ -197,7 +197,8 @@ def test_training_on_arithmetic_follows_the_reward_model(rm_dir, tmp_path):
     for step in (1, 8):
         replies = ["".join(t["response_text"] for t in s["turns"]) for s in samples if s["step"] == step]
         rate[step] = sum(any(c.isdigit() for c in r) for r in replies) / len(replies)
-    assert rate[1] < 0.4 and rate[8] > 0.8, rate
+    # measured over 11 runs on one machine: 0.09-0.22 at step 1, 0.78-1.0 at step 8 (sampling is unseeded)
+    assert rate[1] < 0.4 and rate[8] > 0.6 and rate[8] - rate[1] > 0.4, rate
 
 
 @pytest.mark.slow
